@@ -1,0 +1,123 @@
+//! The iSCSI wire format: the BHS view, per-opcode header values, AHS, and whole PDUs.
+//!
+//! Two levels, as in smoltcp: [`Bhs`] is a zero-copy view over header bytes with getters and
+//! setters; [`Header`] is an owned value per opcode holding only the fields that opcode defines.
+//! [`Pdu`] joins a header with its AHS and data segment, which stay slices of (or `Bytes` handles
+//! into) the receive buffer: data is never copied into a PDU value.
+//!
+//! Contract: [`Pdu::parse`] never panics; reserved fields are ignored on parse and written as
+//! zero on emit. Digests and padding on the stream are the TCP datamover's business; `Pdu`
+//! knows only the padding needed to find the next PDU in a contiguous buffer.
+
+mod ahs;
+mod bhs;
+mod pdu;
+
+pub use ahs::{AHS_BIDI_READ_LENGTH, AHS_EXTENDED_CDB, Ahs, AhsIter, bidi_read_length_ahs, extended_cdb_ahs};
+pub use bhs::{BHS_LEN, Bhs, FINAL, IMMEDIATE, pad4};
+pub use pdu::*;
+
+use core::fmt;
+
+/// Largest DataSegmentLength the 24-bit field can express.
+pub const MAX_DATA_SEGMENT_LEN: u32 = (1 << 24) - 1;
+
+/// The reserved "no task" tag.
+pub const RESERVED_TAG: u32 = 0xffff_ffff;
+
+/// An iSCSI opcode (6 bits), open code space.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Opcode(pub u8);
+
+#[allow(missing_docs)]
+impl Opcode {
+    pub const NOP_OUT: Self = Self(0x00);
+    pub const SCSI_COMMAND: Self = Self(0x01);
+    pub const TASK_MGMT_REQUEST: Self = Self(0x02);
+    pub const LOGIN_REQUEST: Self = Self(0x03);
+    pub const TEXT_REQUEST: Self = Self(0x04);
+    pub const DATA_OUT: Self = Self(0x05);
+    pub const LOGOUT_REQUEST: Self = Self(0x06);
+    pub const SNACK: Self = Self(0x10);
+    pub const NOP_IN: Self = Self(0x20);
+    pub const SCSI_RESPONSE: Self = Self(0x21);
+    pub const TASK_MGMT_RESPONSE: Self = Self(0x22);
+    pub const LOGIN_RESPONSE: Self = Self(0x23);
+    pub const TEXT_RESPONSE: Self = Self(0x24);
+    pub const DATA_IN: Self = Self(0x25);
+    pub const LOGOUT_RESPONSE: Self = Self(0x26);
+    pub const R2T: Self = Self(0x31);
+    pub const ASYNC_MESSAGE: Self = Self(0x32);
+    pub const REJECT: Self = Self(0x3f);
+
+    /// Sent by initiators (bit 5 clear).
+    pub const fn is_initiator(self) -> bool {
+        self.0 & 0x20 == 0
+    }
+}
+
+impl fmt::Debug for Opcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = match *self {
+            Self::NOP_OUT => "NOP-Out",
+            Self::SCSI_COMMAND => "SCSI Command",
+            Self::TASK_MGMT_REQUEST => "Task Management Request",
+            Self::LOGIN_REQUEST => "Login Request",
+            Self::TEXT_REQUEST => "Text Request",
+            Self::DATA_OUT => "SCSI Data-Out",
+            Self::LOGOUT_REQUEST => "Logout Request",
+            Self::SNACK => "SNACK Request",
+            Self::NOP_IN => "NOP-In",
+            Self::SCSI_RESPONSE => "SCSI Response",
+            Self::TASK_MGMT_RESPONSE => "Task Management Response",
+            Self::LOGIN_RESPONSE => "Login Response",
+            Self::TEXT_RESPONSE => "Text Response",
+            Self::DATA_IN => "SCSI Data-In",
+            Self::LOGOUT_RESPONSE => "Logout Response",
+            Self::R2T => "R2T",
+            Self::ASYNC_MESSAGE => "Asynchronous Message",
+            Self::REJECT => "Reject",
+            _ => return write!(f, "Opcode({:#04x})", self.0),
+        };
+        f.write_str(n)
+    }
+}
+
+/// Why bytes are not a valid PDU. Cheap (`Copy`), no allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// Fewer bytes than the header says.
+    #[error("truncated PDU: need {need} bytes, have {have}")]
+    Truncated {
+        /// Bytes required.
+        need: usize,
+        /// Bytes present.
+        have: usize,
+    },
+    /// An AHS's length runs past TotalAHSLength.
+    #[error("AHS length inconsistent with TotalAHSLength")]
+    BadAhsLength,
+    /// DataSegmentLength above the receiver's limit.
+    #[error("data segment of {len} bytes exceeds the limit of {max}")]
+    DataSegmentTooLong {
+        /// Announced length.
+        len: u32,
+        /// Limit in force.
+        max: u32,
+    },
+    /// A field holds a value the PDU cannot have.
+    #[error("invalid field: {0}")]
+    InvalidField(&'static str),
+}
+
+impl DecodeError {
+    /// The Reject reason to send for this error when the BHS itself was readable
+    /// (RFC 7143 §11.17.1): a protocol error.
+    pub const fn reject_reason(&self) -> RejectReason {
+        match self {
+            Self::InvalidField(_) => RejectReason::INVALID_PDU_FIELD,
+            _ => RejectReason::PROTOCOL_ERROR,
+        }
+    }
+}
