@@ -1,1 +1,205 @@
-fn main() {}
+//! `cargo xtask <command>`: the project's automation.
+//!
+//! * `demo` — the login of a riser initiator to a riser target, in memory through the real
+//!   codec, printing the exchange and the negotiated parameters (the TCP demo with a RAM LUN
+//!   replaces this when the TCP datamover lands).
+//! * `fuzz-seeds` — regenerate `fuzz/seeds/<target>/` from the captured PDUs in
+//!   `testdata/captures/`.
+//! * `fuzz-smoke [--seconds N]` — run every fuzz target for N seconds (default 10) on its seeds.
+//! * `fuzz-list` — print the fuzz targets.
+
+use riser_iscsi::login::{InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent, TargetLogin, TargetLoginConfig, TargetLoginEvent, TargetLoginParams, TargetNode};
+use riser_iscsi::text::parse_pairs;
+use riser_iscsi::wire::{Header, Isid, Opcode, Pdu};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Duration;
+
+const FUZZ_TARGETS: [&str; 6] = ["pdu", "text", "cdb", "sense", "login_target", "login_initiator"];
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("demo") => demo(),
+        Some("fuzz-seeds") => fuzz_seeds(),
+        Some("fuzz-smoke") => {
+            let secs = args.iter().position(|a| a == "--seconds").and_then(|i| args.get(i + 1)).and_then(|s| s.parse().ok()).unwrap_or(10);
+            fuzz_smoke(secs)
+        }
+        Some("fuzz-list") => {
+            FUZZ_TARGETS.iter().for_each(|t| println!("{t}"));
+            Ok(())
+        }
+        _ => {
+            eprintln!("usage: cargo xtask <demo | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn demo() -> Result<(), String> {
+    let target = "iqn.2026-11.io.riser:target0";
+    let tcfg = TargetLoginConfig { targets: vec![TargetNode::open(target)], ..TargetLoginConfig::default() };
+    let icfg = InitiatorLoginConfig::new("iqn.2026-11.io.riser:demo", Some(target.into()), Isid([0x80, 0x52, 0x49, 0x53, 0x45, 0x52]));
+    let now = Duration::ZERO;
+    let seed = |b: u8| -> [u8; 32] {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+        let mut s = [b; 32];
+        s[..16].copy_from_slice(&t.to_le_bytes());
+        s
+    };
+    let mut ini = InitiatorLogin::new(icfg, now, seed(1));
+    let mut tgt = TargetLogin::new(tcfg, TargetLoginParams { new_tsih: 1, initial_stat_sn: 1, cmd_window: 64, entropy: seed(2) });
+    println!("riser demo: initiator and target login machines, joined in memory through the iSCSI codec\n");
+    let show = |dir: &str, bytes: &[u8]| {
+        let (p, _) = Pdu::parse(bytes).expect("own PDU parses");
+        let text: Vec<String> = parse_pairs(p.data).unwrap_or_default().iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!("{dir} {:?} ({} bytes): {}", p.header.opcode(), bytes.len(), text.join(" "));
+    };
+    for _ in 0..32 {
+        let mut moved = false;
+        while let Some(p) = ini.poll_transmit() {
+            moved = true;
+            let mut b = Vec::new();
+            Pdu::new(Header::LoginRequest(p.header), &[][..], &p.data[..]).encode(&mut b);
+            show("I->T", &b);
+            let (pdu, _) = Pdu::parse(&b).map_err(|e| e.to_string())?;
+            tgt.handle_pdu(now, &pdu.header, pdu.data);
+        }
+        while let Some(p) = tgt.poll_transmit() {
+            moved = true;
+            let mut b = Vec::new();
+            Pdu::new(Header::LoginResponse(p.header), &[][..], &p.data[..]).encode(&mut b);
+            show("T->I", &b);
+            let (pdu, _) = Pdu::parse(&b).map_err(|e| e.to_string())?;
+            ini.handle_pdu(now, &pdu.header, pdu.data);
+        }
+        if !moved {
+            break;
+        }
+    }
+    let t = tgt.poll_event();
+    match (ini.poll_event(), t) {
+        (Some(InitiatorLoginEvent::Complete(o)), Some(TargetLoginEvent::Complete(_))) => {
+            println!("\nlogin complete: TSIH {:#06x}, ExpStatSN {}, CmdSN window {}..={}", o.tsih, o.stat_sn, o.exp_cmd_sn, o.max_cmd_sn);
+            println!("{:#?}", o.params);
+            println!("\n(the TCP datamover, target and initiator add the RAM-LUN demo in the next milestone)");
+            Ok(())
+        }
+        (i, t) => Err(format!("login did not complete: initiator {i:?}, target {t:?}")),
+    }
+}
+
+fn capture_pdus() -> Result<Vec<(String, Vec<u8>)>, String> {
+    let dir = root().join("testdata/captures");
+    let mut out = Vec::new();
+    let mut dirs: Vec<_> = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
+    dirs.sort();
+    for d in dirs {
+        let mut files: Vec<_> = std::fs::read_dir(&d).map_err(|e| e.to_string())?.flatten().map(|e| e.path()).collect();
+        files.sort();
+        for f in files.into_iter().filter(|f| f.extension().is_some_and(|e| e == "bin")) {
+            let name = format!("{}-{}", d.file_name().unwrap_or_default().to_string_lossy(), f.file_stem().unwrap_or_default().to_string_lossy());
+            out.push((name, std::fs::read(&f).map_err(|e| e.to_string())?));
+        }
+    }
+    Ok(out)
+}
+
+fn fuzz_seeds() -> Result<(), String> {
+    let pdus = capture_pdus()?;
+    let seeds = root().join("fuzz/seeds");
+    let _ = std::fs::remove_dir_all(&seeds);
+    let write = |target: &str, name: &str, bytes: &[u8]| -> Result<(), String> {
+        let d = seeds.join(target);
+        std::fs::create_dir_all(&d).map_err(|e| e.to_string())?;
+        std::fs::write(d.join(name), bytes).map_err(|e| e.to_string())
+    };
+    let mut logins: std::collections::BTreeMap<String, (Vec<u8>, Vec<u8>)> = Default::default();
+    for (name, bytes) in &pdus {
+        let (pdu, _) = Pdu::parse(bytes).map_err(|e| format!("{name}: {e}"))?;
+        write("pdu", name, bytes)?;
+        // "<capture>-<NNN>-s<stream>-<i|t>-<op>": one login per capture and TCP stream.
+        let parts: Vec<&str> = name.split('-').collect();
+        let session = format!("{}-{}", parts.first().unwrap_or(&""), parts.get(2).unwrap_or(&""));
+        match pdu.header.opcode() {
+            Opcode::LOGIN_REQUEST | Opcode::TEXT_REQUEST | Opcode::LOGIN_RESPONSE | Opcode::TEXT_RESPONSE if !pdu.data.is_empty() => {
+                let mut t = vec![8u8];
+                t.extend_from_slice(pdu.data);
+                write("text", name, &t)?;
+            }
+            Opcode::SCSI_COMMAND => write("cdb", name, &pdu.full_cdb().unwrap_or_default())?,
+            Opcode::SCSI_RESPONSE if pdu.data.len() > 2 => write("sense", name, &pdu.data[2..])?,
+            Opcode::DATA_IN if !pdu.data.is_empty() => write("sense", name, pdu.data)?,
+            _ => {}
+        }
+        let e = logins.entry(session).or_default();
+        match pdu.header.opcode() {
+            Opcode::LOGIN_REQUEST => e.0.extend_from_slice(bytes),
+            Opcode::LOGIN_RESPONSE => e.1.extend_from_slice(bytes),
+            _ => {}
+        }
+    }
+    for (session, (reqs, rsps)) in logins {
+        for ctl in [0u8, 1] {
+            if !reqs.is_empty() {
+                let mut s = vec![ctl];
+                s.extend_from_slice(&reqs);
+                write("login_target", &format!("{session}-{ctl}"), &s)?;
+            }
+            if !rsps.is_empty() {
+                let mut s = vec![ctl];
+                s.extend_from_slice(&rsps);
+                write("login_initiator", &format!("{session}-{ctl}"), &s)?;
+            }
+        }
+    }
+    println!("wrote seeds under {}", seeds.display());
+    Ok(())
+}
+
+fn fuzz_smoke(secs: u32) -> Result<(), String> {
+    let fuzz = root().join("fuzz");
+    let ok = Command::new("cargo").args(["fuzz", "--help"]).output().map(|o| o.status.success()).unwrap_or(false);
+    if !ok {
+        println!("installing cargo-fuzz");
+        let st = Command::new("cargo").args(["install", "--locked", "cargo-fuzz"]).status().map_err(|e| e.to_string())?;
+        if !st.success() {
+            return Err("cargo install cargo-fuzz failed".into());
+        }
+    }
+    let mut failed = Vec::new();
+    for t in FUZZ_TARGETS {
+        let corpus = fuzz.join("corpus").join(t);
+        std::fs::create_dir_all(&corpus).map_err(|e| e.to_string())?;
+        let seeds = fuzz.join("seeds").join(t);
+        println!("== fuzz {t} for {secs} s");
+        let mut cmd = Command::new("cargo");
+        cmd.current_dir(&fuzz).args(["fuzz", "run", "-s", "none", t]).arg(&corpus);
+        if seeds.is_dir() {
+            cmd.arg(&seeds);
+        }
+        cmd.args(["--", &format!("-max_total_time={secs}"), "-print_final_stats=1"]);
+        let st = cmd.status().map_err(|e| e.to_string())?;
+        if !st.success() {
+            failed.push(t);
+        }
+    }
+    if failed.is_empty() {
+        println!("{} passed, 0 failed", FUZZ_TARGETS.len());
+        Ok(())
+    } else {
+        Err(format!("fuzz targets failed: {failed:?}"))
+    }
+}

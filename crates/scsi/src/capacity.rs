@@ -112,7 +112,8 @@ pub fn lba_status_to_bytes(descriptors: &[LbaStatusDescriptor]) -> Vec<u8> {
 /// Parse GET LBA STATUS parameter data (as much as the buffer holds).
 pub fn parse_lba_status(b: &[u8]) -> Result<Vec<LbaStatusDescriptor>, Error> {
     need("GET LBA STATUS data", b, 8)?;
-    let end = (4 + u32_at(b, 0) as usize).min(b.len());
+    // PARAMETER DATA LENGTH counts from byte 4; a value below 4 leaves no descriptors.
+    let end = (4 + u32_at(b, 0) as usize).clamp(8, b.len());
     Ok(b[8..end]
         .chunks_exact(16)
         .map(|d| LbaStatusDescriptor { lba: u64_at(d, 0), blocks: u32_at(d, 8), status: d[12] & 0x0f })
@@ -145,5 +146,7 @@ mod tests {
         assert_eq!(&b[..4], &[0, 0, 0, 36]);
         assert_eq!(parse_lba_status(&b).unwrap(), d);
         assert_eq!(parse_lba_status(&b[..20]).unwrap(), []);
+        // A parameter data length below 4 (found by the sense fuzzer): no descriptors, no panic.
+        assert_eq!(parse_lba_status(&[0, 0, 0, 1, 0, 0, 0, 0, 9]).unwrap(), []);
     }
 }

@@ -470,7 +470,8 @@ pub enum Header {
     R2t(R2t),
     AsyncMessage(AsyncMessage),
     Reject(Reject),
-    /// Vendor-specific or unassigned opcode: the 48 bytes as received (lengths included).
+    /// Vendor-specific or unassigned opcode: the 48 bytes as received, with TotalAHSLength and
+    /// DataSegmentLength zeroed (they are the PDU's).
     Unknown([u8; BHS_LEN]),
 }
 
@@ -700,6 +701,8 @@ impl Header {
             _ => {
                 let mut raw = [0u8; BHS_LEN];
                 raw.copy_from_slice(h.bytes());
+                // The lengths belong to the PDU, not the header value.
+                raw[4..8].fill(0);
                 Self::Unknown(raw)
             }
         })
