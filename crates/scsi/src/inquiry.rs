@@ -1,7 +1,7 @@
 //! INQUIRY data (SPC-5 §6.7): the standard data and the VPD pages a block target serves.
 
-use crate::be::{need, put_u16, put_u32, put_u64, u16_at, u32_at, u64_at};
 use crate::Error;
+use crate::be::{need, put_u16, put_u32, put_u64, u16_at, u32_at, u64_at};
 use alloc::vec::Vec;
 
 /// Peripheral device type: direct-access block device.
@@ -13,7 +13,11 @@ pub const NOT_PRESENT: u8 = 0x7f;
 pub fn ascii_field<const N: usize>(s: &str) -> [u8; N] {
     let mut f = [b' '; N];
     for (d, c) in f.iter_mut().zip(s.bytes()) {
-        *d = if c.is_ascii_graphic() || c == b' ' { c } else { b'?' };
+        *d = if c.is_ascii_graphic() || c == b' ' {
+            c
+        } else {
+            b'?'
+        };
     }
     f
 }
@@ -65,7 +69,11 @@ impl StandardInquiry {
 
     /// Encode: 36 bytes, or 58 + 2 per version descriptor when there are any.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let len = if self.version_descriptors.is_empty() { 36 } else { 58 + 2 * self.version_descriptors.len().min(8) };
+        let len = if self.version_descriptors.is_empty() {
+            36
+        } else {
+            58 + 2 * self.version_descriptors.len().min(8)
+        };
         let mut b = alloc::vec![0u8; len];
         b[0] = self.peripheral;
         b[1] = if self.rmb { 0x80 } else { 0 };
@@ -187,24 +195,46 @@ impl Designator {
     /// vendor-specific value (here: 36 bits + 64 bits extension), association logical unit.
     pub fn naa_registered_extended(oui: u32, vendor_specific: u64, extension: u64) -> Self {
         let mut v = alloc::vec![0u8; 16];
-        let hi = (6u64 << 60) | (u64::from(oui & 0xff_ffff) << 36) | (vendor_specific & 0xf_ffff_ffff);
+        let hi =
+            (6u64 << 60) | (u64::from(oui & 0xff_ffff) << 36) | (vendor_specific & 0xf_ffff_ffff);
         put_u64(&mut v, 0, hi);
         put_u64(&mut v, 8, extension);
-        Self { protocol: 0, code_set: 1, piv: false, association: association::LOGICAL_UNIT, kind: designator_type::NAA, value: v }
+        Self {
+            protocol: 0,
+            code_set: 1,
+            piv: false,
+            association: association::LOGICAL_UNIT,
+            kind: designator_type::NAA,
+            value: v,
+        }
     }
 
     /// T10 vendor ID based designator: 8-byte vendor then an identifier (ASCII).
     pub fn t10_vendor(vendor: &str, id: &str) -> Self {
         let mut v = ascii_field::<8>(vendor).to_vec();
         v.extend(id.bytes());
-        Self { protocol: 0, code_set: 2, piv: false, association: association::LOGICAL_UNIT, kind: designator_type::T10_VENDOR_ID, value: v }
+        Self {
+            protocol: 0,
+            code_set: 2,
+            piv: false,
+            association: association::LOGICAL_UNIT,
+            kind: designator_type::T10_VENDOR_ID,
+            value: v,
+        }
     }
 
     /// Relative target port identifier (association target port, iSCSI protocol).
     pub fn relative_target_port(port: u16) -> Self {
         let mut v = alloc::vec![0u8; 4];
         put_u16(&mut v, 2, port);
-        Self { protocol: 5, code_set: 1, piv: true, association: association::TARGET_PORT, kind: designator_type::RELATIVE_TARGET_PORT, value: v }
+        Self {
+            protocol: 5,
+            code_set: 1,
+            piv: true,
+            association: association::TARGET_PORT,
+            kind: designator_type::RELATIVE_TARGET_PORT,
+            value: v,
+        }
     }
 
     /// SCSI name string (UTF-8, NUL-terminated, padded to a multiple of 4).
@@ -214,12 +244,21 @@ impl Designator {
         while v.len() % 4 != 0 {
             v.push(0);
         }
-        Self { protocol: 5, code_set: 3, piv: true, association, kind: designator_type::SCSI_NAME_STRING, value: v }
+        Self {
+            protocol: 5,
+            code_set: 3,
+            piv: true,
+            association,
+            kind: designator_type::SCSI_NAME_STRING,
+            value: v,
+        }
     }
 
     fn emit(&self, out: &mut Vec<u8>) {
         out.push((self.protocol << 4) | (self.code_set & 0x0f));
-        out.push(if self.piv { 0x80 } else { 0 } | ((self.association & 3) << 4) | (self.kind & 0x0f));
+        out.push(
+            if self.piv { 0x80 } else { 0 } | ((self.association & 3) << 4) | (self.kind & 0x0f),
+        );
         out.push(0);
         out.push(self.value.len() as u8);
         out.extend_from_slice(&self.value);
@@ -338,7 +377,10 @@ impl BlockDeviceCharacteristics {
     /// Parse a page body.
     pub fn parse(b: &[u8]) -> Result<Self, Error> {
         need("Block Device Characteristics VPD", b, 4)?;
-        Ok(Self { rotation_rate: u16_at(b, 0), form_factor: b[3] & 0x0f })
+        Ok(Self {
+            rotation_rate: u16_at(b, 0),
+            form_factor: b[3] & 0x0f,
+        })
     }
 }
 
@@ -434,12 +476,35 @@ mod tests {
 
     #[test]
     fn block_pages() {
-        let bl = BlockLimits { max_compare_and_write_len: 1, max_transfer_len: 2048, max_unmap_lba_count: 8192, unmap_granularity_alignment: Some(0), max_write_same_len: 1 << 20, ..Default::default() };
+        let bl = BlockLimits {
+            max_compare_and_write_len: 1,
+            max_transfer_len: 2048,
+            max_unmap_lba_count: 8192,
+            unmap_granularity_alignment: Some(0),
+            max_write_same_len: 1 << 20,
+            ..Default::default()
+        };
         assert_eq!(BlockLimits::parse(&bl.to_body()).unwrap(), bl);
-        let lbp = LogicalBlockProvisioning { lbpu: true, lbpws: true, lbpws10: true, lbprz: 1, provisioning_type: 2, ..Default::default() };
+        let lbp = LogicalBlockProvisioning {
+            lbpu: true,
+            lbpws: true,
+            lbpws10: true,
+            lbprz: 1,
+            provisioning_type: 2,
+            ..Default::default()
+        };
         assert_eq!(lbp.to_body(), [0, 0xe4, 2, 0]);
-        assert_eq!(LogicalBlockProvisioning::parse(&lbp.to_body()).unwrap(), lbp);
-        let bdc = BlockDeviceCharacteristics { rotation_rate: 1, form_factor: 0 };
-        assert_eq!(BlockDeviceCharacteristics::parse(&bdc.to_body()).unwrap(), bdc);
+        assert_eq!(
+            LogicalBlockProvisioning::parse(&lbp.to_body()).unwrap(),
+            lbp
+        );
+        let bdc = BlockDeviceCharacteristics {
+            rotation_rate: 1,
+            form_factor: 0,
+        };
+        assert_eq!(
+            BlockDeviceCharacteristics::parse(&bdc.to_body()).unwrap(),
+            bdc
+        );
     }
 }

@@ -67,6 +67,25 @@ pub enum Error {
 }
 
 impl Error {
+    /// The sense data a target returns (with CHECK CONDITION) when a CDB (`in_cdb`) or a
+    /// parameter list fails to parse: INVALID FIELD IN CDB / PARAMETER LIST with a field
+    /// pointer, or PARAMETER LIST LENGTH ERROR for a short parameter list.
+    pub fn sense(&self, in_cdb: bool) -> sense::Sense {
+        match *self {
+            Self::InvalidField { byte, bit, .. } if in_cdb => {
+                sense::Sense::invalid_field_in_cdb(byte, bit)
+            }
+            Self::InvalidField { byte, bit, .. } => {
+                sense::Sense::invalid_field_in_parameter_list(byte, bit)
+            }
+            Self::Truncated { .. } if in_cdb => sense::Sense::invalid_field_in_cdb(0, None),
+            Self::Truncated { .. } => sense::Sense::new(
+                sense::SenseKey::ILLEGAL_REQUEST,
+                sense::AscAscq::PARAMETER_LIST_LENGTH_ERROR,
+            ),
+        }
+    }
+
     pub(crate) const fn truncated(what: &'static str, need: usize, have: usize) -> Self {
         Self::Truncated { what, need, have }
     }

@@ -1,8 +1,8 @@
 //! Sense data (SPC-5 §4.4): fixed format (0x70/0x71) and descriptor format (0x72/0x73), with the
 //! sense keys and additional sense codes a block target reports.
 
-use crate::be::{need, put_u16, put_u32, put_u64, u32_at, u64_at};
 use crate::Error;
+use crate::be::{need, put_u16, put_u32, put_u64, u32_at, u64_at};
 use alloc::vec::Vec;
 use core::fmt;
 
@@ -278,14 +278,31 @@ impl Sense {
     /// ILLEGAL REQUEST / INVALID FIELD IN CDB with a field pointer to `byte` (and `bit`).
     pub fn invalid_field_in_cdb(byte: u16, bit: Option<u8>) -> Self {
         let mut s = Self::new(SenseKey::ILLEGAL_REQUEST, AscAscq::INVALID_FIELD_IN_CDB);
-        s.key_specific = Some(FieldPointer { in_cdb: true, bit, byte }.to_bytes());
+        s.key_specific = Some(
+            FieldPointer {
+                in_cdb: true,
+                bit,
+                byte,
+            }
+            .to_bytes(),
+        );
         s
     }
 
     /// ILLEGAL REQUEST / INVALID FIELD IN PARAMETER LIST with a field pointer.
     pub fn invalid_field_in_parameter_list(byte: u16, bit: Option<u8>) -> Self {
-        let mut s = Self::new(SenseKey::ILLEGAL_REQUEST, AscAscq::INVALID_FIELD_IN_PARAMETER_LIST);
-        s.key_specific = Some(FieldPointer { in_cdb: false, bit, byte }.to_bytes());
+        let mut s = Self::new(
+            SenseKey::ILLEGAL_REQUEST,
+            AscAscq::INVALID_FIELD_IN_PARAMETER_LIST,
+        );
+        s.key_specific = Some(
+            FieldPointer {
+                in_cdb: false,
+                bit,
+                byte,
+            }
+            .to_bytes(),
+        );
         s
     }
 
@@ -408,7 +425,11 @@ impl Sense {
                 }
                 Ok(s)
             }
-            _ => Err(Error::InvalidField { what: "sense data", byte: 0, bit: Some(0) }),
+            _ => Err(Error::InvalidField {
+                what: "sense data",
+                byte: 0,
+                bit: Some(0),
+            }),
         }
     }
 }
@@ -433,11 +454,20 @@ mod tests {
         let b = s.to_fixed();
         assert_eq!(
             b,
-            [0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x24, 0, 0, 0xcf, 0, 2]
+            [
+                0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x24, 0, 0, 0xcf, 0, 2
+            ]
         );
         let p = Sense::parse(&b).unwrap();
         assert_eq!(p, s);
-        assert_eq!(p.field_pointer(), Some(FieldPointer { in_cdb: true, bit: Some(7), byte: 2 }));
+        assert_eq!(
+            p.field_pointer(),
+            Some(FieldPointer {
+                in_cdb: true,
+                bit: Some(7),
+                byte: 2
+            })
+        );
     }
 
     #[test]
@@ -474,8 +504,14 @@ mod tests {
 
     #[test]
     fn names() {
-        assert_eq!(format!("{:?}", AscAscq::LBA_OUT_OF_RANGE), "21/00 LBA_OUT_OF_RANGE");
-        assert_eq!(format!("{:?}", SenseKey::ILLEGAL_REQUEST), "ILLEGAL REQUEST");
+        assert_eq!(
+            format!("{:?}", AscAscq::LBA_OUT_OF_RANGE),
+            "21/00 LBA_OUT_OF_RANGE"
+        );
+        assert_eq!(
+            format!("{:?}", SenseKey::ILLEGAL_REQUEST),
+            "ILLEGAL REQUEST"
+        );
         assert_eq!(format!("{:?}", Status(0x99)), "Status(0x99)");
     }
 }

@@ -13,7 +13,9 @@ mod ahs;
 mod bhs;
 mod pdu;
 
-pub use ahs::{AHS_BIDI_READ_LENGTH, AHS_EXTENDED_CDB, Ahs, AhsIter, bidi_read_length_ahs, extended_cdb_ahs};
+pub use ahs::{
+    AHS_BIDI_READ_LENGTH, AHS_EXTENDED_CDB, Ahs, AhsIter, bidi_read_length_ahs, extended_cdb_ahs,
+};
 pub use bhs::{BHS_LEN, Bhs, FINAL, IMMEDIATE, pad4};
 pub use pdu::*;
 
@@ -111,13 +113,25 @@ pub enum DecodeError {
     InvalidField(&'static str),
 }
 
+/// What goes on the wire in answer to a malformed PDU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reaction {
+    /// Answer with a Reject PDU carrying the offending header, and go on.
+    Reject(RejectReason),
+    /// The byte stream can no longer be trusted: drop the connection (ERL 0 recovery).
+    DropConnection,
+}
+
 impl DecodeError {
-    /// The Reject reason to send for this error when the BHS itself was readable
-    /// (RFC 7143 §11.17.1): a protocol error.
-    pub const fn reject_reason(&self) -> RejectReason {
+    /// The reaction RFC 7143 asks for (§7.9, §11.17). A header that parsed but holds an
+    /// impossible field is rejected; lost framing or an oversized segment drops the connection
+    /// (the receiver cannot, or must not, read past it).
+    pub const fn reaction(&self) -> Reaction {
         match self {
-            Self::InvalidField(_) => RejectReason::INVALID_PDU_FIELD,
-            _ => RejectReason::PROTOCOL_ERROR,
+            Self::InvalidField(_) => Reaction::Reject(RejectReason::INVALID_PDU_FIELD),
+            Self::Truncated { .. } | Self::BadAhsLength | Self::DataSegmentTooLong { .. } => {
+                Reaction::DropConnection
+            }
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Owned header values per opcode, the [`Header`] enum over them, and the [`Pdu`] container.
 
-use super::bhs::{Bhs, BHS_LEN, FINAL, pad4};
-use super::{AhsIter, DecodeError, Opcode, MAX_DATA_SEGMENT_LEN};
+use super::bhs::{BHS_LEN, Bhs, FINAL, pad4};
+use super::{AhsIter, DecodeError, MAX_DATA_SEGMENT_LEN, Opcode};
 use alloc::vec::Vec;
 use bytes::Bytes;
 use core::fmt;
@@ -785,7 +785,9 @@ impl Header {
             }
             Self::ScsiCommand(p) => {
                 h.set_opcode(op, p.immediate);
-                h.set_flags(flag(p.final_, FINAL) | flag(p.read, 0x40) | flag(p.write, 0x20) | (p.attr & 7));
+                h.set_flags(
+                    flag(p.final_, FINAL) | flag(p.read, 0x40) | flag(p.write, 0x20) | (p.attr & 7),
+                );
                 h.set_lun(p.lun);
                 h.set_itt(p.itt);
                 h.set_u32(20, p.expected_data_len);
@@ -1021,9 +1023,15 @@ impl PduLayout {
     pub fn of<T: AsRef<[u8]>>(bhs: &Bhs<T>, max_data: u32) -> Result<Self, DecodeError> {
         let dsl = bhs.data_segment_len();
         if dsl > max_data {
-            return Err(DecodeError::DataSegmentTooLong { len: dsl, max: max_data });
+            return Err(DecodeError::DataSegmentTooLong {
+                len: dsl,
+                max: max_data,
+            });
         }
-        Ok(Self { ahs_len: bhs.total_ahs_len(), data_len: dsl as usize })
+        Ok(Self {
+            ahs_len: bhs.total_ahs_len(),
+            data_len: dsl as usize,
+        })
     }
     /// Offset of the data segment.
     pub const fn data_offset(&self) -> usize {
@@ -1044,12 +1052,23 @@ impl<'a> Pdu<&'a [u8]> {
 
     /// Parse with a data segment limit (the receiver's MaxRecvDataSegmentLength). With
     /// `padded == false` (message transports such as iSER) the data padding may be absent.
-    pub fn parse_limited(buf: &'a [u8], max_data: u32, padded: bool) -> Result<(Self, usize), DecodeError> {
+    pub fn parse_limited(
+        buf: &'a [u8],
+        max_data: u32,
+        padded: bool,
+    ) -> Result<(Self, usize), DecodeError> {
         let bhs = Bhs::new_checked(buf)?;
         let layout = PduLayout::of(&bhs, max_data)?;
-        let need = if padded { layout.padded_len() } else { layout.data_offset() + layout.data_len };
+        let need = if padded {
+            layout.padded_len()
+        } else {
+            layout.data_offset() + layout.data_len
+        };
         if buf.len() < need {
-            return Err(DecodeError::Truncated { need, have: buf.len() });
+            return Err(DecodeError::Truncated {
+                need,
+                have: buf.len(),
+            });
         }
         let header = Header::parse(&bhs)?;
         let ahs = &buf[BHS_LEN..layout.data_offset()];
@@ -1065,7 +1084,14 @@ impl Pdu<Bytes> {
     /// Like [`Pdu::parse`], returning handles into `buf` instead of borrows (no copy).
     pub fn parse_bytes(buf: &Bytes) -> Result<(Self, usize), DecodeError> {
         let (p, used) = Pdu::parse(buf)?;
-        Ok((Self { header: p.header, ahs: buf.slice_ref(p.ahs), data: buf.slice_ref(p.data) }, used))
+        Ok((
+            Self {
+                header: p.header,
+                ahs: buf.slice_ref(p.ahs),
+                data: buf.slice_ref(p.data),
+            },
+            used,
+        ))
     }
 }
 
@@ -1078,7 +1104,11 @@ impl<D: AsRef<[u8]>> Pdu<D> {
     /// The encoded BHS with lengths filled in.
     pub fn bhs(&self) -> [u8; BHS_LEN] {
         let mut b = [0u8; BHS_LEN];
-        self.header.emit(&mut b, self.ahs.as_ref().len(), self.data.as_ref().len() as u32);
+        self.header.emit(
+            &mut b,
+            self.ahs.as_ref().len(),
+            self.data.as_ref().len() as u32,
+        );
         b
     }
 
@@ -1104,7 +1134,9 @@ impl<D: AsRef<[u8]>> Pdu<D> {
     /// The complete CDB of a SCSI Command: the 16 bytes of the BHS followed by an extended-CDB
     /// AHS if present.
     pub fn full_cdb(&self) -> Option<Vec<u8>> {
-        let Header::ScsiCommand(c) = &self.header else { return None };
+        let Header::ScsiCommand(c) = &self.header else {
+            return None;
+        };
         let mut cdb = c.cdb.to_vec();
         for a in self.ahs_iter().flatten() {
             if let super::Ahs::ExtendedCdb(rest) = a {
@@ -1112,5 +1144,167 @@ impl<D: AsRef<[u8]>> Pdu<D> {
             }
         }
         Some(cdb)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Byte-array vectors for the PDU types the captures do not contain (NOP-Out/In, SNACK,
+    //! Asynchronous Message, Reject): deconstruct, construct, truncated.
+    use super::*;
+
+    fn bhs(fill: &[(usize, &[u8])]) -> [u8; BHS_LEN] {
+        let mut b = [0u8; BHS_LEN];
+        for (at, bytes) in fill {
+            b[*at..*at + bytes.len()].copy_from_slice(bytes);
+        }
+        b
+    }
+
+    fn check(bytes: [u8; BHS_LEN], expect: Header) {
+        let h = Header::parse(&Bhs::new_checked(&bytes[..]).unwrap()).unwrap();
+        assert_eq!(h, expect);
+        let mut out = [0u8; BHS_LEN];
+        h.emit(&mut out, 0, 0);
+        assert_eq!(out, bytes);
+        assert!(Bhs::new_checked(&bytes[..47]).is_err());
+    }
+
+    #[test]
+    fn nop_out_ping() {
+        let b = bhs(&[
+            (0, &[0x40, 0x80]),
+            (9, &[3]),
+            (16, &[0, 0, 0, 5]),
+            (20, &[0xff; 4]),
+            (24, &[0, 0, 0, 9]),
+            (28, &[0, 0, 0, 2]),
+        ]);
+        check(
+            b,
+            Header::NopOut(NopOut {
+                immediate: true,
+                lun: Lun::from_number(3).unwrap(),
+                itt: 5,
+                ttt: u32::MAX,
+                cmd_sn: 9,
+                exp_stat_sn: 2,
+            }),
+        );
+    }
+
+    #[test]
+    fn nop_in_target_ping() {
+        let b = bhs(&[
+            (0, &[0x20, 0x80]),
+            (16, &[0xff; 4]),
+            (20, &[0, 0, 0, 1]),
+            (24, &[0, 0, 0, 10]),
+            (28, &[0, 0, 0, 11]),
+            (32, &[0, 0, 0, 42]),
+        ]);
+        check(
+            b,
+            Header::NopIn(NopIn {
+                lun: Lun::ZERO,
+                itt: u32::MAX,
+                ttt: 1,
+                stat_sn: 10,
+                exp_cmd_sn: 11,
+                max_cmd_sn: 42,
+            }),
+        );
+    }
+
+    #[test]
+    fn snack_data() {
+        let b = bhs(&[
+            (0, &[0x10, 0x80]),
+            (16, &[0, 0, 0, 7]),
+            (20, &[0xff; 4]),
+            (28, &[0, 0, 0, 3]),
+            (40, &[0, 0, 0, 4]),
+            (44, &[0, 0, 0, 2]),
+        ]);
+        check(
+            b,
+            Header::Snack(Snack {
+                snack_type: 0,
+                lun: Lun::ZERO,
+                itt: 7,
+                ttt: u32::MAX,
+                exp_stat_sn: 3,
+                beg_run: 4,
+                run_length: 2,
+            }),
+        );
+    }
+
+    #[test]
+    fn async_drop_connection() {
+        let b = bhs(&[
+            (0, &[0x32, 0x80]),
+            (16, &[0xff; 4]),
+            (24, &[0, 0, 0, 8]),
+            (28, &[0, 0, 0, 9]),
+            (32, &[0, 0, 0, 40]),
+            (36, &[2, 0, 0, 1, 0, 2, 0, 20]),
+        ]);
+        check(
+            b,
+            Header::AsyncMessage(AsyncMessage {
+                lun: Lun::ZERO,
+                itt: u32::MAX,
+                stat_sn: 8,
+                exp_cmd_sn: 9,
+                max_cmd_sn: 40,
+                event: AsyncEvent::DROP_CONNECTION,
+                vcode: 0,
+                param1: 1,
+                param2: 2,
+                param3: 20,
+            }),
+        );
+    }
+
+    #[test]
+    fn reject_protocol_error() {
+        let b = bhs(&[
+            (0, &[0x3f, 0x80, 0x04]),
+            (16, &[0xff; 4]),
+            (24, &[0, 0, 0, 8]),
+            (28, &[0, 0, 0, 9]),
+            (32, &[0, 0, 0, 40]),
+        ]);
+        check(
+            b,
+            Header::Reject(Reject {
+                reason: RejectReason::PROTOCOL_ERROR,
+                itt: u32::MAX,
+                stat_sn: 8,
+                exp_cmd_sn: 9,
+                max_cmd_sn: 40,
+                data_sn: 0,
+            }),
+        );
+        assert_eq!(format!("{:?}", RejectReason(0x04)), "PROTOCOL_ERROR");
+        assert_eq!(format!("{:?}", RejectReason(0x77)), "RejectReason(0x77)");
+    }
+
+    #[test]
+    fn reactions() {
+        use super::super::Reaction;
+        assert_eq!(
+            DecodeError::InvalidField("x").reaction(),
+            Reaction::Reject(RejectReason::INVALID_PDU_FIELD)
+        );
+        assert_eq!(
+            DecodeError::DataSegmentTooLong {
+                len: 9000,
+                max: 8192
+            }
+            .reaction(),
+            Reaction::DropConnection
+        );
     }
 }
