@@ -6,6 +6,9 @@
 //! |---|---|---|
 //! | [`scsi`] | `riser-scsi` | SCSI CDBs, sense, payloads (no_std + alloc) |
 //! | [`iscsi`] | `riser-iscsi` | sans-IO iSCSI: PDU codec, text keys, negotiation, login with CHAP |
+//! | `datamover` | `riser-datamover` | RFC 5047 Datamover Interface (feature `target`) |
+//! | `tcp` | `riser-tcp` | iSCSI/TCP datamover (feature `target`) |
+//! | `target` | `riser-target` | SCSI block target core and iSCSI target server (feature `target`) |
 //!
 //! The datamover seam, the TCP and iSER datamovers, the target and the initiator join as their
 //! crates land (see `docs/ARCHITECTURE.md`).
@@ -15,5 +18,11 @@
 #![cfg_attr(not(feature = "std"), no_std)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "target")]
+pub use riser_datamover as datamover;
 pub use riser_iscsi as iscsi;
 pub use riser_scsi as scsi;
+#[cfg(feature = "target")]
+pub use riser_target as target;
+#[cfg(feature = "target")]
+pub use riser_tcp as tcp;

@@ -1,0 +1,254 @@
+//! # riser-datamover — the seam between the iSCSI layer and the transports
+//!
+//! RFC 5047 splits iSCSI into the protocol layer (sessions, sequence numbers, login, tasks) and
+//! a *datamover* that moves PDUs and data. riser's target and initiator are written against
+//! the [`Datamover`] trait only; the TCP datamover turns its primitives into PDUs on a socket,
+//! the iSER datamover into RDMA operations. The iSCSI layer decides **what** moves (offsets,
+//! lengths, DataSN, R2TSN, TTT); the datamover decides **how**.
+//!
+//! | RFC 5047 primitive | here |
+//! |---|---|
+//! | Send_Control | [`Datamover::send_control`] |
+//! | Put_Data | [`Datamover::put_data`] (target) |
+//! | Get_Data | [`Datamover::get_data`] (target) |
+//! | Allocate_Connection_Resources | [`Datamover::allocate_connection_resources`] |
+//! | Deallocate_Connection_Resources | [`Datamover::deallocate_connection_resources`] |
+//! | Deallocate_Task_Resources | [`Datamover::deallocate_task_resources`] |
+//! | Enable_Datamover | [`Datamover::enable`] |
+//! | Connection_Terminate | [`Datamover::terminate`] |
+//! | Notice_Key_Values | [`Datamover::notice_key_values`] |
+//! | Control_Notify | [`DmEvent::Control`] |
+//! | Data_Completion_Notify | the completion of the [`Datamover::put_data`] / [`Datamover::get_data`] future |
+//! | Data_ACK_Notify | [`DmEvent::DataAck`] (ERL > 0 only) |
+//! | Connection_Terminate_Notify | [`DmEvent::Terminated`] |
+//!
+//! The trait is object-safe (`Box<dyn Datamover>`) and names no runtime: its futures are plain
+//! boxed futures; a datamover implementation picks its runtime (riser-tcp uses tokio).
+//!
+//! Task buffers belong to the datamover: write data arrives in a [`TaskBuffer`] the datamover
+//! allocated (registered memory on iSER) and filled — immediate, unsolicited and solicited
+//! data all land in place, and the target core never copies them.
+
+pub mod link;
+pub mod loopback;
+mod mover;
+
+pub use mover::{MAX_TASK_BUFFER, PduDatamover};
+
+use bytes::{Bytes, BytesMut};
+use core::future::Future;
+use core::pin::Pin;
+use riser_iscsi::keys::NegotiatedParams;
+use riser_iscsi::wire::Header;
+use riser_scsi::lun::Lun;
+use riser_scsi::sense::Status;
+
+/// A boxed, sendable future (keeps the trait object-safe without naming a runtime).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A control-type PDU (RFC 5047 §7): everything but Data-In, Data-Out and R2T.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ControlPdu {
+    /// The header.
+    pub header: Header,
+    /// AHS area (rarely used).
+    pub ahs: Bytes,
+    /// Data segment (text, sense, ping data, rejected header…). For a SCSI Command carrying
+    /// write data this is empty: immediate data went straight into the task's [`TaskBuffer`].
+    pub data: Bytes,
+    /// For a received SCSI Command with write data: bytes of immediate data already placed in
+    /// the task buffer.
+    pub immediate: u32,
+}
+
+impl ControlPdu {
+    /// A PDU without AHS.
+    pub fn new(header: Header, data: Bytes) -> Self {
+        Self {
+            header,
+            ahs: Bytes::new(),
+            data,
+            immediate: 0,
+        }
+    }
+}
+
+/// A task's data buffer, allocated by the datamover.
+#[derive(Debug, Default)]
+pub struct TaskBuffer {
+    /// The bytes (for a write: the data received, in buffer-offset order).
+    pub data: BytesMut,
+}
+
+/// Contents of the would-be Data-In PDUs for one contiguous range of a READ (Put_Data).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataInDesc {
+    /// Task.
+    pub itt: u32,
+    /// LUN.
+    pub lun: Lun,
+    /// Buffer offset of the first byte.
+    pub offset: u32,
+    /// First DataSN to use.
+    pub data_sn: u32,
+    /// When the range ends the command and the status is GOOD without sense, the TCP
+    /// datamover may collapse it into the last Data-In (S bit); iSER never does.
+    pub collapse_status: Option<CollapsedStatus>,
+}
+
+/// Status carried in the last Data-In (phase collapse).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CollapsedStatus {
+    /// SCSI status (GOOD or CONDITION MET).
+    pub status: Status,
+    /// Residual underflow / overflow and count.
+    pub underflow: bool,
+    /// Overflow.
+    pub overflow: bool,
+    /// Residual count.
+    pub residual: u32,
+    /// StatSN, ExpCmdSN, MaxCmdSN to stamp.
+    pub stat_sn: u32,
+    /// ExpCmdSN.
+    pub exp_cmd_sn: u32,
+    /// MaxCmdSN.
+    pub max_cmd_sn: u32,
+}
+
+/// What Put_Data did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PutDataDone {
+    /// Data-In PDUs sent (DataSN consumed); 0 on iSER.
+    pub pdus: u32,
+    /// Whether the status went out collapsed in the last Data-In.
+    pub status_sent: bool,
+}
+
+/// Contents of a would-be R2T (Get_Data).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct R2tDesc {
+    /// Task.
+    pub itt: u32,
+    /// LUN.
+    pub lun: Lun,
+    /// Target Transfer Tag.
+    pub ttt: u32,
+    /// R2TSN.
+    pub r2t_sn: u32,
+    /// Buffer offset.
+    pub offset: u32,
+    /// Desired data transfer length (≤ MaxBurstLength).
+    pub len: u32,
+    /// StatSN (not advanced), ExpCmdSN, MaxCmdSN to stamp.
+    pub stat_sn: u32,
+    /// ExpCmdSN.
+    pub exp_cmd_sn: u32,
+    /// MaxCmdSN.
+    pub max_cmd_sn: u32,
+}
+
+/// Why the datamover could not do something.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DmError {
+    /// The connection is gone.
+    #[error("connection closed")]
+    Closed,
+    /// The task is unknown or was aborted.
+    #[error("no such task {0:#x}")]
+    NoTask(u32),
+    /// The peer sent something the datamover cannot accept (e.g. Data-Out beyond the burst);
+    /// the connection is dropped.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// Transport I/O error.
+    #[error("I/O error: {0}")]
+    Io(String),
+}
+
+/// Why a connection ended (Connection_Terminate_Notify).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Terminated {
+    /// The peer closed the connection.
+    PeerClosed,
+    /// A framing, digest or protocol error dropped it.
+    Error(String),
+    /// We terminated it.
+    Local,
+}
+
+/// Notifications from the datamover to the iSCSI layer.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum DmEvent {
+    /// Control_Notify: a control PDU arrived. For a SCSI Command with write data the datamover
+    /// has allocated the task buffer and placed the immediate data; the buffer is handed out by
+    /// [`Datamover::get_data`] later.
+    Control(ControlPdu),
+    /// Data_ACK_Notify (ERL > 0).
+    DataAck {
+        /// Task.
+        itt: u32,
+        /// Acknowledged DataSN.
+        data_sn: u32,
+    },
+    /// Connection_Terminate_Notify.
+    Terminated(Terminated),
+}
+
+/// Sizes the iSCSI layer asks the datamover to provision (Allocate_Connection_Resources).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ConnectionResources {
+    /// Commands that may be outstanding (the CmdSN window).
+    pub commands: u32,
+}
+
+/// The datamover of one connection.
+pub trait Datamover: Send + Sync {
+    /// Send_Control: send a control-type PDU. Completion means it is on its way in order with
+    /// everything sent before it.
+    fn send_control(&self, pdu: ControlPdu) -> BoxFuture<'_, Result<(), DmError>>;
+
+    /// Put_Data (target): move `data` to the initiator's buffer at `desc.offset`, as Data-In
+    /// PDUs (TCP) or RDMA Writes (iSER). Completes when the data is handed to the transport in
+    /// order (Data_Completion_Notify).
+    fn put_data(
+        &self,
+        desc: DataInDesc,
+        data: Bytes,
+    ) -> BoxFuture<'_, Result<PutDataDone, DmError>>;
+
+    /// Get_Data (target): obtain the write data of task `itt` in `[offset, offset+len)` of every
+    /// `r2ts` (sent as R2Ts on TCP, RDMA Reads on iSER), after all unsolicited data (up to
+    /// `unsolicited_len`) has arrived. Returns the task's filled buffer of `total_len` bytes.
+    fn get_data(
+        &self,
+        itt: u32,
+        total_len: u32,
+        unsolicited_len: u32,
+        r2ts: Vec<R2tDesc>,
+    ) -> BoxFuture<'_, Result<TaskBuffer, DmError>>;
+
+    /// Notice_Key_Values: the negotiated keys, applied from the next PDU on.
+    fn notice_key_values(&self, params: &NegotiatedParams);
+
+    /// Allocate_Connection_Resources (post receive buffers on iSER).
+    fn allocate_connection_resources(&self, res: ConnectionResources) -> Result<(), DmError>;
+
+    /// Deallocate_Connection_Resources.
+    fn deallocate_connection_resources(&self);
+
+    /// Enable_Datamover: login is over; full feature phase begins.
+    fn enable(&self);
+
+    /// Deallocate_Task_Resources: forget task `itt` (aborted or finished): drop its buffer,
+    /// fail a pending Get_Data, ignore its further Data-Out.
+    fn deallocate_task_resources(&self, itt: u32);
+
+    /// Connection_Terminate.
+    fn terminate(&self);
+
+    /// The next notification (Control_Notify, Connection_Terminate_Notify, …).
+    fn next_event(&self) -> BoxFuture<'_, DmEvent>;
+}

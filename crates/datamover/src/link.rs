@@ -1,0 +1,67 @@
+//! A PDU link: the byte-level half of a PDU-based datamover. The TCP datamover frames PDUs on a
+//! socket (BHS, AHS, digests, padding); the loopback passes them through memory. Receiving is
+//! split in two so that data segments land directly in their final buffer.
+
+use crate::{BoxFuture, DmError};
+use bytes::Bytes;
+use riser_iscsi::keys::Digest;
+use riser_iscsi::wire::Header;
+
+/// A received PDU whose data segment has not been read yet.
+#[derive(Debug)]
+pub struct RxHeader {
+    /// Parsed header.
+    pub header: Header,
+    /// AHS area.
+    pub ahs: Bytes,
+    /// DataSegmentLength: the caller must now read exactly this many bytes.
+    pub data_len: usize,
+}
+
+/// Link framing parameters, effective from the next PDU (set after login).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinkParams {
+    /// Header digest.
+    pub header_digest: Digest,
+    /// Data digest.
+    pub data_digest: Digest,
+    /// Largest data segment accepted from the peer.
+    pub max_recv_data_segment_length: u32,
+}
+
+impl Default for LinkParams {
+    fn default() -> Self {
+        Self {
+            header_digest: Digest::None,
+            data_digest: Digest::None,
+            max_recv_data_segment_length: 8192,
+        }
+    }
+}
+
+/// Receiving half.
+pub trait LinkRx: Send {
+    /// Next PDU header, or `None` at a clean end of stream.
+    fn read_header(&mut self) -> BoxFuture<'_, Result<Option<RxHeader>, DmError>>;
+    /// Read the current PDU's data segment into `dst` (exactly `data_len` bytes), consuming
+    /// padding and checking the data digest.
+    fn read_data<'a>(&'a mut self, dst: &'a mut [u8]) -> BoxFuture<'a, Result<(), DmError>>;
+    /// Apply new framing parameters.
+    fn set_params(&mut self, p: LinkParams);
+}
+
+/// Sending half.
+pub trait LinkTx: Send {
+    /// Write one PDU: header (lengths filled from `ahs` and the data slices), AHS, then the
+    /// data segment given as consecutive slices (written without copying them).
+    fn write_pdu<'a>(
+        &'a mut self,
+        header: &'a Header,
+        ahs: &'a [u8],
+        data: &'a [&'a [u8]],
+    ) -> BoxFuture<'a, Result<(), DmError>>;
+    /// Apply new framing parameters.
+    fn set_params(&mut self, p: LinkParams);
+    /// Close the sending direction.
+    fn shutdown(&mut self) -> BoxFuture<'_, ()>;
+}

@@ -1,0 +1,551 @@
+//! [`PduDatamover`]: the iSCSI/TCP datamover semantics (RFC 7143 data transfer with Data-In,
+//! R2T and Data-Out PDUs) over any [`LinkRx`]/[`LinkTx`] pair. riser-tcp supplies the socket
+//! link; [`crate::loopback`] an in-memory one for tests.
+
+use crate::link::{LinkParams, LinkRx, LinkTx};
+use crate::{
+    BoxFuture, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent,
+    PutDataDone, R2tDesc, TaskBuffer, Terminated,
+};
+use bytes::{Bytes, BytesMut};
+use riser_iscsi::keys::{NegotiatedParams, Role};
+use riser_iscsi::wire::{DataIn, DataOut, Header, R2t, RESERVED_TAG, ScsiCommand};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use tokio::sync::{Mutex, Notify, mpsc, oneshot};
+
+/// Largest write buffer the datamover allocates for one command (EDTL above this is refused
+/// by the target core with CHECK CONDITION before any data is solicited).
+pub const MAX_TASK_BUFFER: u32 = 64 << 20;
+
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    /// Largest Data-In segment (the peer's receive limit).
+    max_send_dsl: u32,
+    max_burst: u32,
+    first_burst: u32,
+    immediate_data: bool,
+    initial_r2t: bool,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_send_dsl: 8192,
+            max_burst: 262_144,
+            first_burst: 65_536,
+            immediate_data: true,
+            initial_r2t: true,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Solicited {
+    ttt: u32,
+    offset: u32,
+    len: u32,
+    received: u32,
+    next_data_sn: u32,
+}
+
+#[derive(Debug)]
+struct WriteTask {
+    buf: BytesMut,
+    /// Bytes of unsolicited data (immediate + Data-Out with the reserved TTT) received.
+    unsolicited: u32,
+    /// Whether the unsolicited sequence ended (F bit) or none was allowed.
+    unsolicited_done: bool,
+    next_unsol_data_sn: u32,
+    r2ts: Vec<Solicited>,
+    /// Woken with the TTT of each finished R2T (and `RESERVED_TAG` when unsolicited data ends).
+    notify: Option<mpsc::UnboundedSender<u32>>,
+}
+
+struct Shared {
+    role: Role,
+    tx: Mutex<Box<dyn LinkTx>>,
+    limits: StdMutex<Limits>,
+    pending_rx_params: StdMutex<Option<LinkParams>>,
+    pending_tx_params: StdMutex<Option<LinkParams>>,
+    writes: StdMutex<HashMap<u32, WriteTask>>,
+    events_tx: mpsc::UnboundedSender<DmEvent>,
+    events_rx: Mutex<mpsc::UnboundedReceiver<DmEvent>>,
+    closed: StdMutex<Option<oneshot::Sender<()>>>,
+    enabled: AtomicBool,
+    awaiting_login_step: AtomicBool,
+    login_gate: Notify,
+}
+
+/// A datamover moving data as iSCSI PDUs over a link.
+#[derive(Clone)]
+pub struct PduDatamover {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for PduDatamover {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PduDatamover")
+            .field("role", &self.shared.role)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PduDatamover {
+    /// A datamover for `role` over a link. The returned future is the receive driver: spawn it
+    /// on any executor; it ends when the connection does (after sending
+    /// Connection_Terminate_Notify).
+    pub fn new(
+        role: Role,
+        rx: Box<dyn LinkRx>,
+        tx: Box<dyn LinkTx>,
+    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let (close_tx, close_rx) = oneshot::channel();
+        let shared = Arc::new(Shared {
+            role,
+            tx: Mutex::new(tx),
+            limits: StdMutex::new(Limits::default()),
+            pending_rx_params: StdMutex::new(None),
+            pending_tx_params: StdMutex::new(None),
+            writes: StdMutex::new(HashMap::new()),
+            events_tx,
+            events_rx: Mutex::new(events_rx),
+            closed: StdMutex::new(Some(close_tx)),
+            enabled: AtomicBool::new(false),
+            awaiting_login_step: AtomicBool::new(false),
+            login_gate: Notify::new(),
+        });
+        let driver = Self::drive(shared.clone(), rx, close_rx);
+        (Self { shared }, driver)
+    }
+
+    /// Whether two handles are the same connection's datamover.
+    pub fn same(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
+    async fn drive(shared: Arc<Shared>, mut rx: Box<dyn LinkRx>, mut close: oneshot::Receiver<()>) {
+        let why = loop {
+            let next = tokio::select! {
+                r = rx.read_header() => r,
+                _ = &mut close => break Terminated::Local,
+            };
+            let h = match next {
+                Ok(Some(h)) => h,
+                Ok(None) => break Terminated::PeerClosed,
+                Err(e) => break Terminated::Error(e.to_string()),
+            };
+            if let Some(p) = lock(&shared.pending_rx_params).take() {
+                rx.set_params(p);
+            }
+            if let Err(e) = Self::receive(&shared, rx.as_mut(), h).await {
+                break Terminated::Error(e.to_string());
+            }
+        };
+        // Fail every waiting Get_Data.
+        lock(&shared.writes).clear();
+        let _ = shared.events_tx.send(DmEvent::Terminated(why));
+    }
+
+    async fn receive(
+        shared: &Shared,
+        rx: &mut dyn LinkRx,
+        h: crate::link::RxHeader,
+    ) -> Result<(), DmError> {
+        match h.header {
+            Header::ScsiCommand(cmd)
+                if shared.role == Role::Target && cmd.write && cmd.expected_data_len > 0 =>
+            {
+                Self::receive_write_command(shared, rx, cmd, h.ahs, h.data_len).await
+            }
+            Header::DataOut(d) if shared.role == Role::Target => {
+                Self::receive_data_out(shared, rx, d, h.data_len).await
+            }
+            header => {
+                let mut data = BytesMut::zeroed(h.data_len);
+                rx.read_data(&mut data).await?;
+                let login = matches!(header, Header::LoginRequest(_) | Header::LoginResponse(_));
+                let gate = login && !shared.enabled.load(Ordering::Acquire);
+                if gate {
+                    shared.awaiting_login_step.store(true, Ordering::Release);
+                }
+                let _ = shared.events_tx.send(DmEvent::Control(ControlPdu {
+                    header,
+                    ahs: h.ahs,
+                    data: data.freeze(),
+                    immediate: 0,
+                }));
+                if gate {
+                    // Do not read ahead during login: the next PDU may be framed with the
+                    // parameters this one completes (digests start after the final response).
+                    shared.login_gate.notified().await;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    async fn receive_write_command(
+        shared: &Shared,
+        rx: &mut dyn LinkRx,
+        cmd: ScsiCommand,
+        ahs: Bytes,
+        data_len: usize,
+    ) -> Result<(), DmError> {
+        let edtl = cmd.expected_data_len;
+        let limits = *lock(&shared.limits);
+        if edtl > MAX_TASK_BUFFER || data_len > edtl as usize {
+            // The core answers with CHECK CONDITION; the immediate data goes nowhere.
+            let mut scratch = vec![0u8; data_len];
+            rx.read_data(&mut scratch).await?;
+            let _ = shared.events_tx.send(DmEvent::Control(ControlPdu {
+                header: Header::ScsiCommand(cmd),
+                ahs,
+                data: Bytes::new(),
+                immediate: 0,
+            }));
+            return Ok(());
+        }
+        if !limits.immediate_data && data_len > 0 {
+            return Err(DmError::Protocol(
+                "immediate data sent with ImmediateData=No".into(),
+            ));
+        }
+        let mut buf = BytesMut::zeroed(edtl as usize);
+        rx.read_data(&mut buf[..data_len]).await?;
+        let unsol_allowed = !limits.initial_r2t && !cmd.final_;
+        let task = WriteTask {
+            buf,
+            unsolicited: data_len as u32,
+            unsolicited_done: !unsol_allowed || data_len as u32 >= limits.first_burst.min(edtl),
+            next_unsol_data_sn: 0,
+            r2ts: Vec::new(),
+            notify: None,
+        };
+        if lock(&shared.writes).insert(cmd.itt, task).is_some() {
+            return Err(DmError::Protocol(format!(
+                "ITT {:#x} reused while its write is outstanding",
+                cmd.itt
+            )));
+        }
+        let _ = shared.events_tx.send(DmEvent::Control(ControlPdu {
+            header: Header::ScsiCommand(cmd),
+            ahs,
+            data: Bytes::new(),
+            immediate: data_len as u32,
+        }));
+        Ok(())
+    }
+
+    async fn receive_data_out(
+        shared: &Shared,
+        rx: &mut dyn LinkRx,
+        d: DataOut,
+        len: usize,
+    ) -> Result<(), DmError> {
+        let first_burst = lock(&shared.limits).first_burst;
+        // Take the task's buffer out while reading into it (the lock is not held across the read).
+        let removed = lock(&shared.writes).remove(&d.itt);
+        let Some(mut task) = removed else {
+            // An aborted or unknown task: drain and ignore the data.
+            let mut scratch = vec![0u8; len];
+            return rx.read_data(&mut scratch).await;
+        };
+        let len32 = len as u32;
+        let result = if d.ttt == RESERVED_TAG {
+            let end = d.buffer_offset.checked_add(len32);
+            if task.unsolicited_done {
+                Err("unsolicited Data-Out after the unsolicited burst ended")
+            } else if d.buffer_offset != task.unsolicited {
+                Err("unsolicited Data-Out out of order")
+            } else if end.is_none_or(|e| e > first_burst || e as usize > task.buf.len()) {
+                Err("unsolicited Data-Out beyond FirstBurstLength")
+            } else if d.data_sn != task.next_unsol_data_sn {
+                Err("unsolicited Data-Out with a wrong DataSN")
+            } else {
+                Ok(None)
+            }
+        } else {
+            match task.r2ts.iter().position(|r| r.ttt == d.ttt) {
+                None => Err("Data-Out for an unknown Target Transfer Tag"),
+                Some(i) => {
+                    let r = &task.r2ts[i];
+                    if d.buffer_offset != r.offset + r.received || r.received + len32 > r.len {
+                        Err("Data-Out outside its R2T")
+                    } else if d.data_sn != r.next_data_sn {
+                        Err("Data-Out with a wrong DataSN")
+                    } else {
+                        Ok(Some(i))
+                    }
+                }
+            }
+        };
+        let slot = match result {
+            Ok(s) => s,
+            Err(msg) => return Err(DmError::Protocol(msg.into())),
+        };
+        let at = d.buffer_offset as usize;
+        rx.read_data(&mut task.buf[at..at + len]).await?;
+        match slot {
+            None => {
+                task.unsolicited += len32;
+                task.next_unsol_data_sn += 1;
+                if d.final_ {
+                    task.unsolicited_done = true;
+                    if let Some(n) = &task.notify {
+                        let _ = n.send(RESERVED_TAG);
+                    }
+                }
+            }
+            Some(i) => {
+                let r = &mut task.r2ts[i];
+                r.received += len32;
+                r.next_data_sn += 1;
+                if r.received == r.len {
+                    if !d.final_ {
+                        return Err(DmError::Protocol(
+                            "last Data-Out of an R2T without the F bit".into(),
+                        ));
+                    }
+                    if let Some(n) = &task.notify {
+                        let _ = n.send(r.ttt);
+                    }
+                }
+            }
+        }
+        lock(&shared.writes).insert(d.itt, task);
+        Ok(())
+    }
+
+    async fn send(&self, header: Header, ahs: &[u8], data: &[&[u8]]) -> Result<(), DmError> {
+        let mut tx = self.shared.tx.lock().await;
+        if let Some(p) = lock(&self.shared.pending_tx_params).take() {
+            tx.set_params(p);
+        }
+        tx.write_pdu(&header, ahs, data).await
+    }
+}
+
+fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Datamover for PduDatamover {
+    fn send_control(&self, pdu: ControlPdu) -> BoxFuture<'_, Result<(), DmError>> {
+        Box::pin(async move {
+            // A login step answered: let the receiver read on, except after the final, successful
+            // Login Response (then it waits for Enable_Datamover and the new parameters).
+            let final_ok = matches!(pdu.header, Header::LoginResponse(r) if r.transit && r.nsg.0 == 3 && r.status_class == 0);
+            let r = self.send(pdu.header, &pdu.ahs, &[&pdu.data]).await;
+            if !final_ok
+                && self
+                    .shared
+                    .awaiting_login_step
+                    .swap(false, Ordering::AcqRel)
+            {
+                self.shared.login_gate.notify_one();
+            }
+            r
+        })
+    }
+
+    fn put_data(
+        &self,
+        desc: DataInDesc,
+        data: Bytes,
+    ) -> BoxFuture<'_, Result<PutDataDone, DmError>> {
+        Box::pin(async move {
+            let l = *lock(&self.shared.limits);
+            let seg = l.max_send_dsl.max(512) as usize;
+            let burst = l.max_burst.max(512) as usize;
+            let mut done = PutDataDone::default();
+            let mut sent = 0usize;
+            let mut in_burst = 0usize;
+            while sent < data.len()
+                || (data.is_empty() && done.pdus == 0 && desc.collapse_status.is_some())
+            {
+                let n = seg.min(data.len() - sent).min(burst - in_burst);
+                let last = sent + n == data.len();
+                in_burst += n;
+                let end_of_sequence = last || in_burst == burst;
+                let mut h = DataIn {
+                    final_: end_of_sequence,
+                    lun: desc.lun,
+                    itt: desc.itt,
+                    ttt: RESERVED_TAG,
+                    data_sn: desc.data_sn.wrapping_add(done.pdus),
+                    buffer_offset: desc.offset + sent as u32,
+                    ..DataIn::default()
+                };
+                if last && let Some(s) = desc.collapse_status {
+                    h.status_present = true;
+                    h.status = s.status;
+                    h.underflow = s.underflow;
+                    h.overflow = s.overflow;
+                    h.residual = s.residual;
+                    h.stat_sn = s.stat_sn;
+                    done.status_sent = true;
+                }
+                if let Some(s) = desc.collapse_status {
+                    h.exp_cmd_sn = s.exp_cmd_sn;
+                    h.max_cmd_sn = s.max_cmd_sn;
+                }
+                self.send(Header::DataIn(h), &[], &[&data[sent..sent + n]])
+                    .await?;
+                done.pdus += 1;
+                sent += n;
+                if in_burst == burst {
+                    in_burst = 0;
+                }
+                if data.is_empty() {
+                    break;
+                }
+            }
+            Ok(done)
+        })
+    }
+
+    fn get_data(
+        &self,
+        itt: u32,
+        total_len: u32,
+        unsolicited_len: u32,
+        r2ts: Vec<R2tDesc>,
+    ) -> BoxFuture<'_, Result<TaskBuffer, DmError>> {
+        Box::pin(async move {
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            let max_outstanding = 1usize;
+            {
+                let mut writes = lock(&self.shared.writes);
+                let task = writes.get_mut(&itt).ok_or(DmError::NoTask(itt))?;
+                if task.buf.len() != total_len as usize {
+                    return Err(DmError::Protocol(
+                        "Get_Data length differs from the command's".into(),
+                    ));
+                }
+                if task.unsolicited >= unsolicited_len {
+                    task.unsolicited_done = true;
+                }
+                task.r2ts = r2ts
+                    .iter()
+                    .map(|r| Solicited {
+                        ttt: r.ttt,
+                        offset: r.offset,
+                        len: r.len,
+                        received: 0,
+                        next_data_sn: 0,
+                    })
+                    .collect();
+                task.notify = Some(tx);
+            }
+            let mut unsolicited_pending = {
+                let writes = lock(&self.shared.writes);
+                writes.get(&itt).is_some_and(|t| !t.unsolicited_done)
+            };
+            let mut next = 0usize;
+            let mut outstanding = 0usize;
+            let mut finished = 0usize;
+            while finished < r2ts.len() || unsolicited_pending {
+                while outstanding < max_outstanding && next < r2ts.len() {
+                    let r = r2ts[next];
+                    let h = R2t {
+                        lun: r.lun,
+                        itt,
+                        ttt: r.ttt,
+                        stat_sn: r.stat_sn,
+                        exp_cmd_sn: r.exp_cmd_sn,
+                        max_cmd_sn: r.max_cmd_sn,
+                        r2t_sn: r.r2t_sn,
+                        buffer_offset: r.offset,
+                        desired_len: r.len,
+                    };
+                    self.send(Header::R2t(h), &[], &[]).await?;
+                    next += 1;
+                    outstanding += 1;
+                }
+                match rx.recv().await {
+                    Some(RESERVED_TAG) => unsolicited_pending = false,
+                    Some(_) => {
+                        outstanding -= 1;
+                        finished += 1;
+                    }
+                    None => return Err(DmError::NoTask(itt)),
+                }
+            }
+            let task = lock(&self.shared.writes)
+                .remove(&itt)
+                .ok_or(DmError::NoTask(itt))?;
+            Ok(TaskBuffer { data: task.buf })
+        })
+    }
+
+    fn notice_key_values(&self, p: &NegotiatedParams) {
+        let (recv, send) = match self.shared.role {
+            Role::Target => (
+                p.target_recv_data_segment_length,
+                p.initiator_recv_data_segment_length,
+            ),
+            Role::Initiator => (
+                p.initiator_recv_data_segment_length,
+                p.target_recv_data_segment_length,
+            ),
+        };
+        *lock(&self.shared.limits) = Limits {
+            max_send_dsl: send,
+            max_burst: p.max_burst_length,
+            first_burst: p.first_burst_length,
+            immediate_data: p.immediate_data,
+            initial_r2t: p.initial_r2t,
+        };
+        let lp = LinkParams {
+            header_digest: p.header_digest,
+            data_digest: p.data_digest,
+            max_recv_data_segment_length: recv,
+        };
+        *lock(&self.shared.pending_rx_params) = Some(lp);
+        *lock(&self.shared.pending_tx_params) = Some(lp);
+    }
+
+    fn allocate_connection_resources(&self, _res: ConnectionResources) -> Result<(), DmError> {
+        // Receive buffers are allocated per PDU on a byte stream.
+        Ok(())
+    }
+
+    fn deallocate_connection_resources(&self) {
+        lock(&self.shared.writes).clear();
+    }
+
+    fn enable(&self) {
+        self.shared.enabled.store(true, Ordering::Release);
+        if self
+            .shared
+            .awaiting_login_step
+            .swap(false, Ordering::AcqRel)
+        {
+            self.shared.login_gate.notify_one();
+        }
+    }
+
+    fn deallocate_task_resources(&self, itt: u32) {
+        lock(&self.shared.writes).remove(&itt);
+    }
+
+    fn terminate(&self) {
+        if let Some(c) = lock(&self.shared.closed).take() {
+            let _ = c.send(());
+        }
+        self.shared.login_gate.notify_one();
+    }
+
+    fn next_event(&self) -> BoxFuture<'_, DmEvent> {
+        Box::pin(async move {
+            match self.shared.events_rx.lock().await.recv().await {
+                Some(e) => e,
+                None => DmEvent::Terminated(Terminated::Local),
+            }
+        })
+    }
+}

@@ -1,0 +1,226 @@
+//! Backing stores for logical units: the [`BlockBackend`] trait and RAM, file and block-device
+//! implementations.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::RwLock;
+
+/// What a logical unit stores its blocks in. Offsets and lengths are in bytes and always lie
+/// within the device (the SCSI core checks ranges first).
+pub trait BlockBackend: Send + Sync + std::fmt::Debug {
+    /// Logical block size in bytes.
+    fn block_size(&self) -> u32;
+    /// Number of logical blocks.
+    fn num_blocks(&self) -> u64;
+    /// Read `buf.len()` bytes at `offset`.
+    fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Write `buf` at `offset`.
+    fn write(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
+    /// Make everything written so far durable (SYNCHRONIZE CACHE, FUA).
+    fn flush(&self) -> io::Result<()>;
+    /// Deallocate `len` bytes at `offset`; they read back as zeros afterwards.
+    fn unmap(&self, offset: u64, len: u64) -> io::Result<()>;
+    /// Whether the block containing `offset` is mapped (holds data).
+    fn is_mapped(&self, offset: u64) -> bool;
+    /// Whether UNMAP is supported (thin provisioning).
+    fn thin(&self) -> bool;
+}
+
+/// A RAM disk. Memory is touched only when written (the kernel zero-fills pages lazily), and
+/// unmapped blocks are tracked so GET LBA STATUS can report them.
+#[derive(Debug)]
+pub struct RamBackend {
+    block_size: u32,
+    data: RwLock<Vec<u8>>,
+    mapped: RwLock<Vec<u64>>,
+}
+
+impl RamBackend {
+    /// A RAM disk of `size` bytes (rounded down to whole blocks) with `block_size`-byte blocks.
+    pub fn new(size: u64, block_size: u32) -> Self {
+        let blocks = size / u64::from(block_size);
+        let bytes = (blocks * u64::from(block_size)) as usize;
+        Self {
+            block_size,
+            data: RwLock::new(vec![0; bytes]),
+            mapped: RwLock::new(vec![0; (blocks as usize).div_ceil(64)]),
+        }
+    }
+
+    fn mark(&self, offset: u64, len: u64, on: bool) {
+        let bs = u64::from(self.block_size);
+        let mut m = self.mapped.write().unwrap_or_else(|e| e.into_inner());
+        for b in offset / bs..(offset + len).div_ceil(bs) {
+            let (w, bit) = ((b / 64) as usize, b % 64);
+            if let Some(word) = m.get_mut(w) {
+                if on {
+                    *word |= 1 << bit
+                } else {
+                    *word &= !(1 << bit)
+                }
+            }
+        }
+    }
+}
+
+impl BlockBackend for RamBackend {
+    fn block_size(&self) -> u32 {
+        self.block_size
+    }
+    fn num_blocks(&self) -> u64 {
+        self.data.read().unwrap_or_else(|e| e.into_inner()).len() as u64
+            / u64::from(self.block_size)
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let d = self.data.read().unwrap_or_else(|e| e.into_inner());
+        let at = offset as usize;
+        let src = d
+            .get(at..at + buf.len())
+            .ok_or_else(|| io::Error::other("read beyond the end"))?;
+        buf.copy_from_slice(src);
+        Ok(())
+    }
+    fn write(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        {
+            let mut d = self.data.write().unwrap_or_else(|e| e.into_inner());
+            let at = offset as usize;
+            d.get_mut(at..at + buf.len())
+                .ok_or_else(|| io::Error::other("write beyond the end"))?
+                .copy_from_slice(buf);
+        }
+        self.mark(offset, buf.len() as u64, true);
+        Ok(())
+    }
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
+        {
+            let mut d = self.data.write().unwrap_or_else(|e| e.into_inner());
+            let at = offset as usize;
+            d.get_mut(at..at + len as usize)
+                .ok_or_else(|| io::Error::other("unmap beyond the end"))?
+                .fill(0);
+        }
+        self.mark(offset, len, false);
+        Ok(())
+    }
+    fn is_mapped(&self, offset: u64) -> bool {
+        let b = offset / u64::from(self.block_size);
+        let m = self.mapped.read().unwrap_or_else(|e| e.into_inner());
+        m.get((b / 64) as usize)
+            .is_some_and(|w| w & (1 << (b % 64)) != 0)
+    }
+    fn thin(&self) -> bool {
+        true
+    }
+}
+
+/// A regular file or a block device, accessed with positioned reads and writes; `flush` is
+/// `fsync`.
+#[derive(Debug)]
+pub struct FileBackend {
+    file: File,
+    block_size: u32,
+    blocks: u64,
+}
+
+impl FileBackend {
+    /// Open (creating a file of `size` bytes if it does not exist and a size is given).
+    pub fn open(path: &Path, size: Option<u64>, block_size: u32) -> io::Result<Self> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(size.is_some())
+            .truncate(false)
+            .open(path)?;
+        let mut len = file.metadata()?.len();
+        if let Some(s) = size
+            && len < s
+        {
+            file.set_len(s)?;
+            len = s;
+        }
+        if len == 0 {
+            // Block devices report 0 in metadata: ask the device itself.
+            use std::io::{Seek, SeekFrom};
+            len = (&file).seek(SeekFrom::End(0))?;
+        }
+        Ok(Self {
+            file,
+            block_size,
+            blocks: len / u64::from(block_size),
+        })
+    }
+}
+
+impl BlockBackend for FileBackend {
+    fn block_size(&self) -> u32 {
+        self.block_size
+    }
+    fn num_blocks(&self) -> u64 {
+        self.blocks
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.file.read_exact_at(buf, offset)
+    }
+    fn write(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.file.write_all_at(buf, offset)
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+    fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
+        // Without hole punching available portably, write zeros.
+        let zeros = vec![0u8; len.min(1 << 20) as usize];
+        let mut at = offset;
+        while at < offset + len {
+            let n = (offset + len - at).min(zeros.len() as u64) as usize;
+            self.file.write_all_at(&zeros[..n], at)?;
+            at += n as u64;
+        }
+        Ok(())
+    }
+    fn is_mapped(&self, _offset: u64) -> bool {
+        true
+    }
+    fn thin(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ram_round_trip_and_unmap() {
+        let r = RamBackend::new(1 << 20, 512);
+        assert_eq!(r.num_blocks(), 2048);
+        r.write(1024, &[7; 1024]).unwrap();
+        assert!(r.is_mapped(1024) && r.is_mapped(2047) && !r.is_mapped(0));
+        let mut b = [0; 512];
+        r.read(1536, &mut b).unwrap();
+        assert_eq!(b, [7; 512]);
+        r.unmap(1024, 512).unwrap();
+        assert!(!r.is_mapped(1024) && r.is_mapped(1536));
+        r.read(1024, &mut b).unwrap();
+        assert_eq!(b, [0; 512]);
+        assert!(r.read((1 << 20) - 10, &mut b).is_err());
+    }
+
+    #[test]
+    fn file_backend() {
+        let dir = std::env::temp_dir().join(format!("riser-fb-{}", std::process::id()));
+        let f = FileBackend::open(&dir, Some(1 << 16), 512).unwrap();
+        assert_eq!(f.num_blocks(), 128);
+        f.write(512, &[1; 512]).unwrap();
+        f.flush().unwrap();
+        let mut b = [0; 512];
+        f.read(512, &mut b).unwrap();
+        assert_eq!(b, [1; 512]);
+        std::fs::remove_file(&dir).unwrap();
+    }
+}

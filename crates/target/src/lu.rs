@@ -1,0 +1,1023 @@
+//! The SCSI block target core: one [`LogicalUnit`] emulates an SBC-4 / SPC-5 direct-access
+//! device over a [`BlockBackend`]. It knows nothing of iSCSI: the server hands it CDBs and
+//! data-out bytes and gets back status, sense and data-in bytes.
+
+use crate::backend::BlockBackend;
+use bytes::Bytes;
+use riser_scsi::capacity::{Capacity10, Capacity16, LbaStatusDescriptor, lba_status_to_bytes};
+use riser_scsi::cdb::{Cdb, CdbSize, Rw, op, rw_flags};
+use riser_scsi::inquiry::{
+    self, BlockDeviceCharacteristics, BlockLimits, Designator, LogicalBlockProvisioning,
+    StandardInquiry, vpd,
+};
+use riser_scsi::lun::Lun;
+use riser_scsi::mode::{self, Caching, Control, InformationalExceptions, ModeHeader, ModePage};
+use riser_scsi::report::{
+    CommandDescriptor, all_commands_to_bytes, one_command_to_bytes, report_luns_to_bytes,
+};
+use riser_scsi::sense::{AscAscq, Sense, SenseKey, Status};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// An I_T nexus: the initiator port (name + ISID) as a string.
+pub type Nexus = String;
+
+/// Most blocks one command may move (reported in the Block Limits VPD page).
+pub const MAX_TRANSFER_BLOCKS: u32 = 32768;
+
+/// What a command needs before it can run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The decoded CDB.
+    pub cdb: Cdb,
+    /// Data-out bytes the command needs.
+    pub data_out: u32,
+}
+
+/// A command's result.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// SCSI status.
+    pub status: Status,
+    /// Sense data (encoded) for CHECK CONDITION.
+    pub sense: Option<Bytes>,
+    /// Data-in.
+    pub data: Bytes,
+}
+
+impl Outcome {
+    fn good(data: impl Into<Bytes>) -> Self {
+        Self {
+            status: Status::GOOD,
+            sense: None,
+            data: data.into(),
+        }
+    }
+    /// RESERVATION CONFLICT.
+    pub fn conflict() -> Self {
+        Self {
+            status: Status::RESERVATION_CONFLICT,
+            sense: None,
+            data: Bytes::new(),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Pr {
+    generation: u32,
+    registrations: Vec<(Nexus, u64)>,
+    holder: Option<(Nexus, u64, u8)>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    wce: bool,
+    d_sense: bool,
+    swp: bool,
+    reserved_by: Option<Nexus>,
+    pr: Pr,
+    unit_attention: HashMap<Nexus, Vec<AscAscq>>,
+    prevent: bool,
+    stopped: bool,
+}
+
+/// One logical unit.
+#[derive(Debug)]
+pub struct LogicalUnit {
+    backend: Arc<dyn BlockBackend>,
+    lun: Lun,
+    serial: String,
+    naa: (u64, u64),
+    state: Mutex<State>,
+}
+
+type R = Result<Outcome, Sense>;
+
+fn bad_field(byte: u16, bit: Option<u8>) -> Sense {
+    Sense::invalid_field_in_cdb(byte, bit)
+}
+fn illegal(asc: AscAscq) -> Sense {
+    Sense::new(SenseKey::ILLEGAL_REQUEST, asc)
+}
+
+fn truncate(mut v: Vec<u8>, alloc: u32) -> Bytes {
+    v.truncate(alloc as usize);
+    v.into()
+}
+
+impl LogicalUnit {
+    /// A logical unit over `backend`; `id` makes its serial number and NAA designator unique.
+    pub fn new(backend: Arc<dyn BlockBackend>, lun: Lun, id: u64) -> Self {
+        Self {
+            backend,
+            lun,
+            serial: format!("RISER{id:011X}"),
+            naa: (id & 0xf_ffff_ffff, 0x5249_5345_5200_0000 | id),
+            state: Mutex::new(State {
+                wce: true,
+                ..State::default()
+            }),
+        }
+    }
+
+    fn st(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The LUN.
+    pub fn lun(&self) -> Lun {
+        self.lun
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn BlockBackend> {
+        &self.backend
+    }
+
+    /// Queue a unit attention for every nexus (or one).
+    pub fn unit_attention(&self, asc: AscAscq, only: Option<&str>) {
+        let mut s = self.st();
+        match only {
+            Some(n) => s.unit_attention.entry(n.into()).or_default().push(asc),
+            None => s.unit_attention.values_mut().for_each(|v| v.push(asc)),
+        }
+    }
+
+    /// Forget a nexus (session ended): drop its RESERVE(6) reservation and pending UAs.
+    pub fn nexus_lost(&self, nexus: &str) {
+        let mut s = self.st();
+        if s.reserved_by.as_deref() == Some(nexus) {
+            s.reserved_by = None;
+        }
+        s.unit_attention.remove(nexus);
+    }
+
+    /// Encode sense in the format the Control mode page selects.
+    pub fn encode_sense(&self, s: &Sense) -> Bytes {
+        if self.st().d_sense {
+            s.to_descriptor().into()
+        } else {
+            s.to_fixed().to_vec().into()
+        }
+    }
+
+    fn check(&self, s: Sense) -> Outcome {
+        Outcome {
+            status: Status::CHECK_CONDITION,
+            sense: Some(self.encode_sense(&s)),
+            data: Bytes::new(),
+        }
+    }
+
+    fn blocks(&self) -> u64 {
+        self.backend.num_blocks()
+    }
+    fn bs(&self) -> u32 {
+        self.backend.block_size()
+    }
+
+    /// Decode a CDB and work out how much data-out it needs. An error outcome (CHECK
+    /// CONDITION) means the command must not run and no data may be solicited.
+    pub fn plan(&self, cdb: &[u8], nexus: &str) -> Result<Plan, Outcome> {
+        let c = match Cdb::parse(cdb) {
+            Ok(c) => c,
+            Err(e) => return Err(self.check(e.sense(true))),
+        };
+        // A pending unit attention is reported once, except to INQUIRY, REPORT LUNS and
+        // REQUEST SENSE (SAM-5 §5.14).
+        if !matches!(
+            c,
+            Cdb::Inquiry { .. } | Cdb::ReportLuns { .. } | Cdb::RequestSense { .. }
+        ) {
+            let mut s = self.st();
+            if let Some(v) = s.unit_attention.get_mut(nexus)
+                && !v.is_empty()
+            {
+                let asc = v.remove(0);
+                drop(s);
+                return Err(self.check(Sense::new(SenseKey::UNIT_ATTENTION, asc)));
+            }
+        }
+        let data_out = c.data_out_len(self.bs()).unwrap_or(0);
+        if data_out > u64::from(crate::MAX_DATA_OUT) {
+            return Err(self.check(bad_field(7, None)));
+        }
+        Ok(Plan {
+            cdb: c,
+            data_out: data_out as u32,
+        })
+    }
+
+    /// Run a planned command with its data-out.
+    pub fn execute(&self, plan: &Plan, data_out: &[u8], nexus: &str) -> Outcome {
+        if let Some(conflict) = self.reservation_conflict(&plan.cdb, nexus) {
+            return conflict;
+        }
+        match self.run(&plan.cdb, data_out, nexus) {
+            Ok(o) => o,
+            Err(s) => self.check(s),
+        }
+    }
+
+    fn reservation_conflict(&self, c: &Cdb, nexus: &str) -> Option<Outcome> {
+        let s = self.st();
+        let allowed_always = matches!(
+            c,
+            Cdb::Inquiry { .. }
+                | Cdb::ReportLuns { .. }
+                | Cdb::RequestSense { .. }
+                | Cdb::PersistentReserveIn { .. }
+                | Cdb::PersistentReserveOut { .. }
+                | Cdb::ReadCapacity10 { .. }
+                | Cdb::ReadCapacity16 { .. }
+                | Cdb::Release6 { .. }
+                | Cdb::Release10 { .. }
+        );
+        if let Some(holder) = &s.reserved_by
+            && holder != nexus
+            && !allowed_always
+        {
+            return Some(Outcome::conflict());
+        }
+        if let Some((holder, _, ty)) = &s.pr.holder
+            && holder != nexus
+            && !allowed_always
+        {
+            let registered = s.pr.registrations.iter().any(|(n, _)| n == nexus);
+            let is_write = matches!(
+                c,
+                Cdb::Write(_)
+                    | Cdb::WriteAndVerify(_)
+                    | Cdb::WriteSame(_)
+                    | Cdb::Unmap { .. }
+                    | Cdb::CompareAndWrite { .. }
+                    | Cdb::SynchronizeCache(_)
+                    | Cdb::ModeSelect(_)
+                    | Cdb::Reserve6 { .. }
+                    | Cdb::Reserve10 { .. }
+            );
+            use riser_scsi::pr::pr_type::*;
+            let conflict = match *ty {
+                WRITE_EXCLUSIVE => is_write,
+                EXCLUSIVE_ACCESS => true,
+                WRITE_EXCLUSIVE_REGISTRANTS_ONLY | WRITE_EXCLUSIVE_ALL_REGISTRANTS => {
+                    is_write && !registered
+                }
+                EXCLUSIVE_ACCESS_REGISTRANTS_ONLY | EXCLUSIVE_ACCESS_ALL_REGISTRANTS => !registered,
+                _ => false,
+            };
+            if conflict {
+                return Some(Outcome::conflict());
+            }
+        }
+        None
+    }
+
+    /// Check an LBA range against the capacity.
+    fn range(&self, lba: u64, blocks: u64) -> Result<(u64, usize), Sense> {
+        if lba
+            .checked_add(blocks)
+            .is_none_or(|end| end > self.blocks())
+        {
+            return Err(illegal(AscAscq::LBA_OUT_OF_RANGE));
+        }
+        if blocks > u64::from(MAX_TRANSFER_BLOCKS) {
+            return Err(bad_field(if blocks > 0xffff { 10 } else { 7 }, None));
+        }
+        Ok((
+            lba * u64::from(self.bs()),
+            (blocks * u64::from(self.bs())) as usize,
+        ))
+    }
+
+    fn io_error(&self, read: bool) -> Sense {
+        Sense::new(
+            SenseKey::MEDIUM_ERROR,
+            if read {
+                AscAscq::UNRECOVERED_READ_ERROR
+            } else {
+                AscAscq::WRITE_ERROR
+            },
+        )
+    }
+
+    fn write_protected(&self) -> Result<(), Sense> {
+        if self.st().swp {
+            Err(Sense::new(SenseKey::DATA_PROTECT, AscAscq::WRITE_PROTECTED))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn run(&self, c: &Cdb, out: &[u8], nexus: &str) -> R {
+        match c {
+            Cdb::TestUnitReady { .. } => Ok(Outcome::good(Bytes::new())),
+            Cdb::RequestSense {
+                desc, alloc_len, ..
+            } => {
+                let s = Sense::new(SenseKey::NO_SENSE, AscAscq::NO_ADDITIONAL_SENSE);
+                let b = if *desc {
+                    s.to_descriptor()
+                } else {
+                    s.to_fixed().to_vec()
+                };
+                Ok(Outcome::good(truncate(b, u32::from(*alloc_len))))
+            }
+            Cdb::Inquiry {
+                evpd,
+                page_code,
+                alloc_len,
+                ..
+            } => self
+                .inquiry(*evpd, *page_code)
+                .map(|b| Outcome::good(truncate(b, u32::from(*alloc_len)))),
+            Cdb::ReadCapacity10 { lba, pmi, .. } => {
+                if !pmi && *lba != 0 {
+                    return Err(bad_field(2, None));
+                }
+                Ok(Outcome::good(
+                    Capacity10::new(self.blocks(), self.bs())
+                        .to_bytes()
+                        .to_vec(),
+                ))
+            }
+            Cdb::ReadCapacity16 { alloc_len, .. } => {
+                let thin = self.backend.thin();
+                let c = Capacity16 {
+                    lbpme: thin,
+                    lbprz: thin,
+                    ..Capacity16::new(self.blocks(), self.bs())
+                };
+                Ok(Outcome::good(truncate(c.to_bytes().to_vec(), *alloc_len)))
+            }
+            Cdb::Read(r) => self.read(r),
+            Cdb::Write(r) => self.write(r, out),
+            Cdb::WriteAndVerify(r) => {
+                if r.protect() != 0 {
+                    return Err(bad_field(1, Some(7)));
+                }
+                self.write(
+                    &Rw {
+                        flags: r.flags & !0x06,
+                        ..*r
+                    },
+                    out,
+                )
+            }
+            Cdb::Verify(r) => self.verify(r, out),
+            Cdb::SynchronizeCache(r) => {
+                self.range(
+                    r.lba,
+                    u64::from(r.blocks).min(u64::from(MAX_TRANSFER_BLOCKS)),
+                )?;
+                self.backend.flush().map_err(|_| self.io_error(false))?;
+                Ok(Outcome::good(Bytes::new()))
+            }
+            Cdb::WriteSame(r) => self.write_same(r, out),
+            Cdb::Unmap { .. } => self.unmap(out),
+            Cdb::CompareAndWrite {
+                lba, blocks, flags, ..
+            } => self.compare_and_write(*lba, *blocks, *flags, out),
+            Cdb::GetLbaStatus { lba, alloc_len, .. } => {
+                if *lba >= self.blocks() {
+                    return Err(illegal(AscAscq::LBA_OUT_OF_RANGE));
+                }
+                let bs = u64::from(self.bs());
+                let mapped = self.backend.is_mapped(lba * bs);
+                let mut n = 1u64;
+                while lba + n < self.blocks()
+                    && n < 0xffff_ffff
+                    && self.backend.is_mapped((lba + n) * bs) == mapped
+                    && n < 65536
+                {
+                    n += 1;
+                }
+                let d = LbaStatusDescriptor {
+                    lba: *lba,
+                    blocks: n as u32,
+                    status: if mapped { 0 } else { 1 },
+                };
+                Ok(Outcome::good(truncate(
+                    lba_status_to_bytes(&[d]),
+                    *alloc_len,
+                )))
+            }
+            Cdb::ModeSense(m) => self.mode_sense(m),
+            Cdb::ModeSelect(m) => self.mode_select(m, out),
+            Cdb::ReportLuns {
+                select, alloc_len, ..
+            } => {
+                if *alloc_len < 16 {
+                    return Err(bad_field(6, None));
+                }
+                if *select > 2 {
+                    return Err(bad_field(2, None));
+                }
+                Ok(Outcome::good(truncate(
+                    report_luns_to_bytes(&[self.lun]),
+                    *alloc_len,
+                )))
+            }
+            Cdb::ReportSupportedOpcodes {
+                rctd,
+                options,
+                opcode,
+                service_action,
+                alloc_len,
+                ..
+            } => self.rsoc(*rctd, *options, *opcode, *service_action, *alloc_len),
+            Cdb::StartStopUnit {
+                power_condition,
+                loej,
+                start,
+                ..
+            } => {
+                if *power_condition != 0 {
+                    return Ok(Outcome::good(Bytes::new()));
+                }
+                let mut s = self.st();
+                if *loej && !*start && s.prevent {
+                    return Err(illegal(AscAscq::new(0x53, 0x02)));
+                }
+                s.stopped = !*start;
+                Ok(Outcome::good(Bytes::new()))
+            }
+            Cdb::PreventAllowMediumRemoval { prevent, .. } => {
+                self.st().prevent = *prevent & 1 == 1;
+                Ok(Outcome::good(Bytes::new()))
+            }
+            Cdb::Reserve6 { .. } | Cdb::Reserve10 { .. } => {
+                let mut s = self.st();
+                match &s.reserved_by {
+                    Some(h) if h != nexus => Ok(Outcome::conflict()),
+                    _ => {
+                        s.reserved_by = Some(nexus.into());
+                        Ok(Outcome::good(Bytes::new()))
+                    }
+                }
+            }
+            Cdb::Release6 { .. } | Cdb::Release10 { .. } => {
+                let mut s = self.st();
+                if s.reserved_by.as_deref() == Some(nexus) {
+                    s.reserved_by = None;
+                }
+                Ok(Outcome::good(Bytes::new()))
+            }
+            Cdb::PersistentReserveIn {
+                service_action,
+                alloc_len,
+                ..
+            } => self.pr_in(*service_action, *alloc_len),
+            Cdb::PersistentReserveOut {
+                service_action,
+                scope,
+                pr_type,
+                ..
+            } => self.pr_out(*service_action, *scope, *pr_type, out, nexus),
+            _ => Err(illegal(AscAscq::INVALID_COMMAND_OPERATION_CODE)),
+        }
+    }
+
+    fn check_rw(&self, r: &Rw) -> Result<(u64, usize), Sense> {
+        if r.protect() != 0 {
+            // No protection information on riser LUs.
+            return Err(bad_field(1, Some(7)));
+        }
+        self.range(r.lba, u64::from(r.transfer_blocks()))
+    }
+
+    fn read(&self, r: &Rw) -> R {
+        let (off, len) = self.check_rw(r)?;
+        let mut buf = vec![0u8; len];
+        self.backend
+            .read(off, &mut buf)
+            .map_err(|_| self.io_error(true))?;
+        Ok(Outcome::good(buf))
+    }
+
+    fn write(&self, r: &Rw, out: &[u8]) -> R {
+        let (off, len) = self.check_rw(r)?;
+        self.write_protected()?;
+        if out.len() < len {
+            return Err(illegal(AscAscq::PARAMETER_LIST_LENGTH_ERROR));
+        }
+        self.backend
+            .write(off, &out[..len])
+            .map_err(|_| self.io_error(false))?;
+        if r.fua() || !self.st().wce {
+            self.backend.flush().map_err(|_| self.io_error(false))?;
+        }
+        Ok(Outcome::good(Bytes::new()))
+    }
+
+    fn verify(&self, r: &Rw, out: &[u8]) -> R {
+        if r.protect() != 0 {
+            return Err(bad_field(1, Some(7)));
+        }
+        let (off, len) = self.range(r.lba, u64::from(r.blocks))?;
+        let mut buf = vec![0u8; len];
+        self.backend
+            .read(off, &mut buf)
+            .map_err(|_| self.io_error(true))?;
+        let bs = self.bs() as usize;
+        let cmp =
+            |expected: &[u8], actual: &[u8]| expected.iter().zip(actual).position(|(a, b)| a != b);
+        let miscompare = match r.bytchk() {
+            0 => None,
+            1 => cmp(out, &buf),
+            3 => buf
+                .chunks(bs)
+                .enumerate()
+                .find_map(|(i, blk)| cmp(&out[..bs.min(out.len())], blk).map(|p| i * bs + p)),
+            _ => return Err(bad_field(1, Some(2))),
+        };
+        match miscompare {
+            Some(at) => {
+                let mut s = Sense::new(SenseKey::MISCOMPARE, AscAscq::MISCOMPARE_DURING_VERIFY);
+                s.information = Some(at as u64);
+                Err(s)
+            }
+            None => Ok(Outcome::good(Bytes::new())),
+        }
+    }
+
+    fn write_same(&self, r: &Rw, out: &[u8]) -> R {
+        if r.protect() != 0 {
+            return Err(bad_field(1, Some(7)));
+        }
+        let ndob = r.size == CdbSize::Sixteen && r.flags & rw_flags::NDOB != 0;
+        let unmap = r.flags & rw_flags::UNMAP != 0;
+        if r.flags & rw_flags::ANCHOR != 0 {
+            return Err(bad_field(1, Some(4)));
+        }
+        let blocks = if r.blocks == 0 {
+            self.blocks().saturating_sub(r.lba)
+        } else {
+            u64::from(r.blocks)
+        };
+        if r.lba.checked_add(blocks).is_none_or(|e| e > self.blocks()) {
+            return Err(illegal(AscAscq::LBA_OUT_OF_RANGE));
+        }
+        if blocks > u64::from(MAX_TRANSFER_BLOCKS) * 8 {
+            return Err(bad_field(
+                if r.size == CdbSize::Sixteen { 10 } else { 7 },
+                None,
+            ));
+        }
+        self.write_protected()?;
+        let bs = u64::from(self.bs());
+        let pattern: Vec<u8> = if ndob {
+            vec![0; bs as usize]
+        } else {
+            out.get(..bs as usize)
+                .ok_or_else(|| illegal(AscAscq::PARAMETER_LIST_LENGTH_ERROR))?
+                .to_vec()
+        };
+        if unmap && self.backend.thin() && pattern.iter().all(|&b| b == 0) {
+            self.backend
+                .unmap(r.lba * bs, blocks * bs)
+                .map_err(|_| self.io_error(false))?;
+        } else {
+            for b in 0..blocks {
+                self.backend
+                    .write((r.lba + b) * bs, &pattern)
+                    .map_err(|_| self.io_error(false))?;
+            }
+        }
+        Ok(Outcome::good(Bytes::new()))
+    }
+
+    fn unmap(&self, out: &[u8]) -> R {
+        let ds = riser_scsi::unmap::parse(out).map_err(|e| e.sense(false))?;
+        self.write_protected()?;
+        let bs = u64::from(self.bs());
+        for d in &ds {
+            if d.lba
+                .checked_add(u64::from(d.blocks))
+                .is_none_or(|e| e > self.blocks())
+            {
+                return Err(illegal(AscAscq::LBA_OUT_OF_RANGE));
+            }
+        }
+        if ds.len() > 256 {
+            return Err(bad_field(7, None));
+        }
+        for d in &ds {
+            self.backend
+                .unmap(d.lba * bs, u64::from(d.blocks) * bs)
+                .map_err(|_| self.io_error(false))?;
+        }
+        Ok(Outcome::good(Bytes::new()))
+    }
+
+    fn compare_and_write(&self, lba: u64, blocks: u8, flags: u8, out: &[u8]) -> R {
+        if flags >> 5 != 0 {
+            return Err(bad_field(1, Some(7)));
+        }
+        if blocks > 1 {
+            return Err(bad_field(13, None));
+        }
+        let (off, len) = self.range(lba, u64::from(blocks))?;
+        if out.len() < 2 * len {
+            return Err(illegal(AscAscq::PARAMETER_LIST_LENGTH_ERROR));
+        }
+        self.write_protected()?;
+        let _guard = self.st();
+        let mut cur = vec![0u8; len];
+        self.backend
+            .read(off, &mut cur)
+            .map_err(|_| self.io_error(true))?;
+        if let Some(at) = cur.iter().zip(&out[..len]).position(|(a, b)| a != b) {
+            let mut s = Sense::new(SenseKey::MISCOMPARE, AscAscq::MISCOMPARE_DURING_VERIFY);
+            s.information = Some(at as u64);
+            return Err(s);
+        }
+        self.backend
+            .write(off, &out[len..2 * len])
+            .map_err(|_| self.io_error(false))?;
+        Ok(Outcome::good(Bytes::new()))
+    }
+
+    fn inquiry(&self, evpd: bool, page: u8) -> Result<Vec<u8>, Sense> {
+        let dev = inquiry::DEVICE_TYPE_DISK;
+        if !evpd {
+            if page != 0 {
+                return Err(bad_field(2, None));
+            }
+            let mut s = StandardInquiry::disk("RISER", "RISER DISK", "0001");
+            s.version_descriptors = vec![0x00c0, 0x0960, 0x0600, 0x04c0];
+            return Ok(s.to_bytes());
+        }
+        let body = match page {
+            vpd::SUPPORTED_PAGES => vec![0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2],
+            vpd::UNIT_SERIAL_NUMBER => self.serial.as_bytes().to_vec(),
+            vpd::DEVICE_IDENTIFICATION => inquiry::device_identification(&[
+                Designator::naa_registered_extended(0x00_1405, self.naa.0, self.naa.1),
+                Designator::t10_vendor("RISER", &self.serial),
+                Designator::relative_target_port(1),
+            ]),
+            vpd::BLOCK_LIMITS => {
+                let thin = self.backend.thin();
+                BlockLimits {
+                    max_compare_and_write_len: 1,
+                    optimal_transfer_granularity: 1,
+                    max_transfer_len: MAX_TRANSFER_BLOCKS,
+                    optimal_transfer_len: 2048,
+                    max_unmap_lba_count: if thin { 1 << 20 } else { 0 },
+                    max_unmap_descriptor_count: if thin { 256 } else { 0 },
+                    optimal_unmap_granularity: 1,
+                    unmap_granularity_alignment: thin.then_some(0),
+                    max_write_same_len: u64::from(MAX_TRANSFER_BLOCKS) * 8,
+                    ..BlockLimits::default()
+                }
+                .to_body()
+                .to_vec()
+            }
+            vpd::BLOCK_DEVICE_CHARACTERISTICS => BlockDeviceCharacteristics {
+                rotation_rate: 1,
+                form_factor: 0,
+            }
+            .to_body()
+            .to_vec(),
+            vpd::LOGICAL_BLOCK_PROVISIONING => {
+                let thin = self.backend.thin();
+                LogicalBlockProvisioning {
+                    lbpu: thin,
+                    lbpws: thin,
+                    lbpws10: thin,
+                    lbprz: u8::from(thin),
+                    provisioning_type: if thin { 2 } else { 0 },
+                    ..Default::default()
+                }
+                .to_body()
+                .to_vec()
+            }
+            _ => return Err(bad_field(2, None)),
+        };
+        Ok(inquiry::vpd_page(dev, page, &body))
+    }
+
+    fn mode_pages(&self, pc: u8) -> Vec<ModePage> {
+        let s = self.st();
+        let changeable = pc == 1;
+        let caching = if changeable {
+            Caching {
+                wce: true,
+                rcd: false,
+            }
+        } else {
+            Caching {
+                wce: s.wce,
+                rcd: false,
+            }
+        };
+        let control = if changeable {
+            Control {
+                d_sense: true,
+                swp: true,
+                ..Control::default()
+            }
+        } else {
+            Control {
+                d_sense: s.d_sense,
+                swp: s.swp,
+                tas: false,
+                queue_algorithm: 1,
+                ..Control::default()
+            }
+        };
+        let mut pages = vec![
+            caching.to_page(),
+            control.to_page(),
+            InformationalExceptions::default().to_page(),
+        ];
+        if changeable {
+            for p in &mut pages {
+                if p.code == mode::page::CONTROL {
+                    // Only D_SENSE and SWP are changeable.
+                    let mut d = vec![0u8; p.data.len()];
+                    d[0] = 0x04;
+                    d[2] = 0x08;
+                    p.data = d;
+                } else if p.code == mode::page::INFORMATIONAL_EXCEPTIONS {
+                    p.data.fill(0);
+                }
+            }
+        }
+        pages
+    }
+
+    fn mode_sense(&self, m: &riser_scsi::cdb::ModeSense) -> R {
+        if m.pc == 3 {
+            return Err(illegal(AscAscq::SAVING_PARAMETERS_NOT_SUPPORTED));
+        }
+        let all = self.mode_pages(m.pc);
+        let pages: Vec<ModePage> = match (m.page, m.subpage) {
+            (mode::page::ALL, 0 | 0xff) => all,
+            (p, 0) => all.into_iter().filter(|x| x.code == p).collect(),
+            _ => Vec::new(),
+        };
+        if pages.is_empty() {
+            return Err(bad_field(2, Some(5)));
+        }
+        let s = self.st();
+        let header = ModeHeader {
+            medium_type: 0,
+            device_specific: mode::device_specific::DPOFUA
+                | if s.swp { mode::device_specific::WP } else { 0 },
+            block_descriptor: (!m.dbd).then(|| (self.blocks(), self.bs())),
+        };
+        drop(s);
+        let data = mode::mode_sense_data(m.ten, &header, &pages);
+        Ok(Outcome::good(truncate(data, u32::from(m.alloc_len))))
+    }
+
+    fn mode_select(&self, m: &riser_scsi::cdb::ModeSelect, out: &[u8]) -> R {
+        if m.sp {
+            return Err(bad_field(1, Some(0)));
+        }
+        if !m.pf {
+            return Err(bad_field(1, Some(4)));
+        }
+        if out.is_empty() {
+            return Ok(Outcome::good(Bytes::new()));
+        }
+        let (_, pages) = mode::parse_mode_parameters(m.ten, out).map_err(|e| e.sense(false))?;
+        let mut s = self.st();
+        for p in pages {
+            match p.code {
+                mode::page::CACHING => {
+                    s.wce = Caching::parse(&p.data).map_err(|e| e.sense(false))?.wce
+                }
+                mode::page::CONTROL => {
+                    let c = Control::parse(&p.data).map_err(|e| e.sense(false))?;
+                    s.d_sense = c.d_sense;
+                    s.swp = c.swp;
+                }
+                mode::page::INFORMATIONAL_EXCEPTIONS => {}
+                _ => return Err(Sense::invalid_field_in_parameter_list(0, None)),
+            }
+        }
+        Ok(Outcome::good(Bytes::new()))
+    }
+
+    fn supported(&self) -> Vec<CommandDescriptor> {
+        let plain = |opcode: u8, len: u16| CommandDescriptor {
+            opcode,
+            service_action: 0,
+            service_action_valid: false,
+            cdb_len: len,
+        };
+        let sa = |opcode: u8, s: u16, len: u16| CommandDescriptor {
+            opcode,
+            service_action: s,
+            service_action_valid: true,
+            cdb_len: len,
+        };
+        use op::*;
+        let mut v = vec![
+            plain(TEST_UNIT_READY, 6),
+            plain(REQUEST_SENSE, 6),
+            plain(INQUIRY, 6),
+            plain(READ_6, 6),
+            plain(WRITE_6, 6),
+            plain(MODE_SELECT_6, 6),
+            plain(RESERVE_6, 6),
+            plain(RELEASE_6, 6),
+            plain(MODE_SENSE_6, 6),
+            plain(START_STOP_UNIT, 6),
+            plain(PREVENT_ALLOW_MEDIUM_REMOVAL, 6),
+            plain(READ_CAPACITY_10, 10),
+            plain(READ_10, 10),
+            plain(WRITE_10, 10),
+            plain(WRITE_AND_VERIFY_10, 10),
+            plain(VERIFY_10, 10),
+            plain(SYNCHRONIZE_CACHE_10, 10),
+            plain(WRITE_SAME_10, 10),
+            plain(MODE_SELECT_10, 10),
+            plain(RESERVE_10, 10),
+            plain(RELEASE_10, 10),
+            plain(MODE_SENSE_10, 10),
+            sa(PERSISTENT_RESERVE_IN, 0, 10),
+            sa(PERSISTENT_RESERVE_IN, 1, 10),
+            sa(PERSISTENT_RESERVE_IN, 2, 10),
+            sa(PERSISTENT_RESERVE_OUT, 0, 10),
+            sa(PERSISTENT_RESERVE_OUT, 1, 10),
+            sa(PERSISTENT_RESERVE_OUT, 2, 10),
+            sa(PERSISTENT_RESERVE_OUT, 3, 10),
+            sa(PERSISTENT_RESERVE_OUT, 4, 10),
+            sa(PERSISTENT_RESERVE_OUT, 6, 10),
+            plain(READ_16, 16),
+            plain(COMPARE_AND_WRITE, 16),
+            plain(WRITE_16, 16),
+            plain(WRITE_AND_VERIFY_16, 16),
+            plain(VERIFY_16, 16),
+            plain(SYNCHRONIZE_CACHE_16, 16),
+            plain(WRITE_SAME_16, 16),
+            sa(SERVICE_ACTION_IN_16, u16::from(SA_READ_CAPACITY_16), 16),
+            sa(SERVICE_ACTION_IN_16, u16::from(SA_GET_LBA_STATUS), 16),
+            plain(REPORT_LUNS, 12),
+            sa(MAINTENANCE_IN, u16::from(SA_REPORT_SUPPORTED_OPCODES), 12),
+            plain(READ_12, 12),
+            plain(WRITE_12, 12),
+            plain(WRITE_AND_VERIFY_12, 12),
+            plain(VERIFY_12, 12),
+        ];
+        if self.backend.thin() {
+            v.push(plain(UNMAP, 10));
+        }
+        v
+    }
+
+    fn rsoc(&self, rctd: bool, options: u8, opcode: u8, sa: u16, alloc: u32) -> R {
+        let cmds = self.supported();
+        let data = match options {
+            0 => all_commands_to_bytes(&cmds, rctd),
+            1..=3 => {
+                let found = cmds.iter().find(|c| {
+                    c.opcode == opcode
+                        && (options == 1 || !c.service_action_valid || c.service_action == sa)
+                });
+                let needs_sa = cmds
+                    .iter()
+                    .any(|c| c.opcode == opcode && c.service_action_valid);
+                if options == 1 && needs_sa {
+                    return Err(bad_field(2, None));
+                }
+                if options == 2
+                    && cmds
+                        .iter()
+                        .any(|c| c.opcode == opcode && !c.service_action_valid)
+                {
+                    return Err(bad_field(2, None));
+                }
+                match found {
+                    Some(c) => {
+                        let mut usage = vec![0xffu8; usize::from(c.cdb_len)];
+                        usage[0] = c.opcode;
+                        one_command_to_bytes(3, &usage, rctd)
+                    }
+                    None => one_command_to_bytes(1, &[], rctd),
+                }
+            }
+            _ => return Err(bad_field(2, None)),
+        };
+        Ok(Outcome::good(truncate(data, alloc)))
+    }
+
+    fn pr_in(&self, sa: u8, alloc: u16) -> R {
+        use riser_scsi::pr::*;
+        let s = self.st();
+        let data = match sa {
+            in_sa::READ_KEYS => read_keys_to_bytes(
+                s.pr.generation,
+                &s.pr
+                    .registrations
+                    .iter()
+                    .map(|(_, k)| *k)
+                    .collect::<Vec<_>>(),
+            ),
+            in_sa::READ_RESERVATION => read_reservation_to_bytes(
+                s.pr.generation,
+                s.pr.holder.as_ref().map(|(_, k, t)| Reservation {
+                    key: *k,
+                    scope: 0,
+                    pr_type: *t,
+                }),
+            ),
+            in_sa::REPORT_CAPABILITIES => report_capabilities_to_bytes(0x10, 0x80, 0xea01).to_vec(),
+            _ => return Err(bad_field(1, Some(4))),
+        };
+        Ok(Outcome::good(truncate(data, u32::from(alloc))))
+    }
+
+    fn pr_out(&self, sa: u8, scope: u8, ty: u8, out: &[u8], nexus: &str) -> R {
+        use riser_scsi::pr::*;
+        let p = PrOutParams::parse(out).map_err(|e| e.sense(false))?;
+        if out.len() != 24 && !p.spec_i_pt {
+            return Err(illegal(AscAscq::PARAMETER_LIST_LENGTH_ERROR));
+        }
+        if p.spec_i_pt || p.aptpl {
+            return Err(Sense::invalid_field_in_parameter_list(20, None));
+        }
+        let mut s = self.st();
+        let mine = s.pr.registrations.iter().position(|(n, _)| n == nexus);
+        let my_key = mine.map(|i| s.pr.registrations[i].1);
+        let valid_type = |t: u8| matches!(t, 1 | 3 | 5 | 6 | 7 | 8);
+        match sa {
+            out_sa::REGISTER | out_sa::REGISTER_AND_IGNORE_EXISTING_KEY => {
+                if sa == out_sa::REGISTER && my_key.unwrap_or(0) != p.key {
+                    return Ok(Outcome::conflict());
+                }
+                if p.sa_key == 0 {
+                    if let Some(i) = mine {
+                        s.pr.registrations.remove(i);
+                        if s.pr.holder.as_ref().is_some_and(|(n, _, _)| n == nexus) {
+                            s.pr.holder = None;
+                        }
+                    }
+                } else if let Some(i) = mine {
+                    s.pr.registrations[i].1 = p.sa_key;
+                    if let Some(h) = s.pr.holder.as_mut().filter(|(n, _, _)| n == nexus) {
+                        h.1 = p.sa_key;
+                    }
+                } else {
+                    s.pr.registrations.push((nexus.into(), p.sa_key));
+                }
+                s.pr.generation = s.pr.generation.wrapping_add(1);
+            }
+            out_sa::RESERVE => {
+                if my_key != Some(p.key) {
+                    return Ok(Outcome::conflict());
+                }
+                if scope != 0 || !valid_type(ty) {
+                    return Err(bad_field(2, None));
+                }
+                match &s.pr.holder {
+                    Some((n, _, t)) if n != nexus || *t != ty => return Ok(Outcome::conflict()),
+                    Some(_) => {}
+                    None => s.pr.holder = Some((nexus.into(), p.key, ty)),
+                }
+            }
+            out_sa::RELEASE => {
+                if my_key != Some(p.key) {
+                    return Ok(Outcome::conflict());
+                }
+                if let Some((n, _, t)) = &s.pr.holder
+                    && n == nexus
+                {
+                    if *t != ty {
+                        return Err(illegal(AscAscq::new(0x26, 0x04)));
+                    }
+                    s.pr.holder = None;
+                }
+            }
+            out_sa::CLEAR => {
+                if my_key != Some(p.key) {
+                    return Ok(Outcome::conflict());
+                }
+                s.pr.registrations.clear();
+                s.pr.holder = None;
+                s.pr.generation = s.pr.generation.wrapping_add(1);
+            }
+            out_sa::PREEMPT | out_sa::PREEMPT_AND_ABORT => {
+                if my_key != Some(p.key) {
+                    return Ok(Outcome::conflict());
+                }
+                let victim_holds = s.pr.holder.as_ref().is_some_and(|(_, k, _)| *k == p.sa_key);
+                s.pr.registrations
+                    .retain(|(n, k)| *k != p.sa_key || n == nexus);
+                if victim_holds {
+                    if !valid_type(ty) {
+                        return Err(bad_field(2, None));
+                    }
+                    s.pr.holder = Some((nexus.into(), p.key, ty));
+                }
+                s.pr.generation = s.pr.generation.wrapping_add(1);
+            }
+            _ => return Err(bad_field(1, Some(4))),
+        }
+        Ok(Outcome::good(Bytes::new()))
+    }
+}

@@ -1,0 +1,833 @@
+//! The iSCSI target server: portals, login, discovery, and the full feature phase of each
+//! session (command window, data transfer through the datamover, task management, logout).
+
+use crate::lu::{LogicalUnit, Outcome, Plan};
+use bytes::Bytes;
+use riser_datamover::{ControlPdu, Datamover, DmEvent, PduDatamover, R2tDesc};
+use riser_iscsi::chap::ChapCredentials;
+use riser_iscsi::keys::{NegotiatedParams, OperationalConfig, Role, SessionType, Transport};
+use riser_iscsi::login::{
+    LoginOutcome, TargetLogin, TargetLoginConfig, TargetLoginEvent, TargetLoginParams, TargetNode,
+};
+use riser_iscsi::serial::SerialNumber;
+use riser_iscsi::text::{TextBuilder, parse_pairs};
+use riser_iscsi::wire::*;
+use riser_scsi::lun::Lun;
+use riser_scsi::sense::{AscAscq, Sense, SenseKey, Status, with_length_prefix};
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::task::AbortHandle;
+use tracing::{debug, info, warn};
+
+/// A target node served by the portal.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// iSCSI name.
+    pub name: String,
+    /// Alias.
+    pub alias: Option<String>,
+    /// Logical units, in LUN order.
+    pub luns: Vec<Arc<LogicalUnit>>,
+    /// Initiators allowed (empty: all).
+    pub acl: Vec<String>,
+    /// CHAP required from initiators.
+    pub chap: Option<ChapCredentials>,
+    /// Mutual CHAP credentials of the target.
+    pub mutual_chap: Option<ChapCredentials>,
+}
+
+/// Server configuration.
+#[derive(Debug, Clone)]
+pub struct TargetConfig {
+    /// Target nodes.
+    pub nodes: Vec<Node>,
+    /// Operational limits offered to initiators.
+    pub operational: OperationalConfig,
+    /// TargetPortalGroupTag.
+    pub portal_group_tag: u16,
+    /// Commands per session the CmdSN window admits.
+    pub queue_depth: u32,
+    /// Login timeout.
+    pub login_timeout: Duration,
+}
+
+impl Default for TargetConfig {
+    fn default() -> Self {
+        Self {
+            nodes: Vec::new(),
+            operational: OperationalConfig::default(),
+            portal_group_tag: 1,
+            queue_depth: 128,
+            login_timeout: Duration::from_secs(15),
+        }
+    }
+}
+
+type SessionKey = (String, Isid, String);
+
+/// A running target.
+#[derive(Debug)]
+pub struct Target {
+    config: TargetConfig,
+    next_tsih: AtomicU16,
+    sessions: Mutex<HashMap<SessionKey, PduDatamover>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn entropy() -> [u8; 32] {
+    use std::hash::{BuildHasher, Hasher};
+    let mut out = [0u8; 32];
+    for chunk in out.chunks_mut(8) {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            Instant::now().elapsed().as_nanos()
+                ^ std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_nanos(),
+        );
+        chunk.copy_from_slice(&h.finish().to_le_bytes());
+    }
+    out
+}
+
+impl Target {
+    /// A target with this configuration.
+    pub fn new(config: TargetConfig) -> Arc<Self> {
+        Arc::new(Self {
+            config,
+            next_tsih: AtomicU16::new(1),
+            sessions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Accept connections on `listener` until the task is dropped.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener) -> std::io::Result<()> {
+        loop {
+            let (stream, peer) = listener.accept().await?;
+            let portal = stream.local_addr().unwrap_or(peer);
+            let me = self.clone();
+            tokio::spawn(async move {
+                let (dm, driver) = riser_tcp::datamover(stream, Role::Target);
+                tokio::spawn(driver);
+                me.connection(dm, peer, portal).await;
+            });
+        }
+    }
+
+    fn login_config(&self) -> TargetLoginConfig {
+        TargetLoginConfig {
+            targets: self
+                .config
+                .nodes
+                .iter()
+                .map(|n| TargetNode {
+                    name: n.name.clone(),
+                    alias: n.alias.clone(),
+                    allowed_initiators: n.acl.clone(),
+                    chap: n.chap.clone(),
+                    mutual_chap: n.mutual_chap.clone(),
+                })
+                .collect(),
+            portal_group_tag: self.config.portal_group_tag,
+            operational: self.config.operational.clone(),
+            transport: Transport::Tcp,
+            login_timeout: self.config.login_timeout,
+            ..TargetLoginConfig::default()
+        }
+    }
+
+    /// Serve one connection on a datamover: login, then the session.
+    pub async fn connection(
+        self: Arc<Self>,
+        dm: PduDatamover,
+        peer: SocketAddr,
+        portal: SocketAddr,
+    ) {
+        let start = Instant::now();
+        let mut tsih = self.next_tsih.fetch_add(1, Ordering::Relaxed);
+        if tsih == 0 {
+            tsih = self.next_tsih.fetch_add(1, Ordering::Relaxed);
+        }
+        let e = entropy();
+        let stat_sn = u32::from_le_bytes([e[0], e[1], e[2], e[3]]) & 0x0fff_ffff;
+        let mut login = TargetLogin::new(
+            self.login_config(),
+            TargetLoginParams {
+                new_tsih: tsih,
+                initial_stat_sn: stat_sn,
+                cmd_window: self.config.queue_depth,
+                entropy: e,
+            },
+        );
+        let outcome = loop {
+            let deadline = login
+                .poll_timeout()
+                .map(|d| d.saturating_sub(start.elapsed()))
+                .unwrap_or(self.config.login_timeout);
+            let ev = match tokio::time::timeout(deadline, dm.next_event()).await {
+                Ok(ev) => ev,
+                Err(_) => {
+                    login.handle_timeout(start.elapsed());
+                    DmEvent::Terminated(riser_datamover::Terminated::Local)
+                }
+            };
+            match ev {
+                DmEvent::Control(pdu) => login.handle_pdu(start.elapsed(), &pdu.header, &pdu.data),
+                _ => {
+                    dm.terminate();
+                    return;
+                }
+            }
+            while let Some(p) = login.poll_transmit() {
+                if dm
+                    .send_control(ControlPdu::new(
+                        Header::LoginResponse(p.header),
+                        p.data.into(),
+                    ))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            match login.poll_event() {
+                Some(TargetLoginEvent::Complete(o)) => break o,
+                Some(TargetLoginEvent::Failed { status, reason }) => {
+                    info!(%peer, %status, reason, "login failed");
+                    dm.terminate();
+                    return;
+                }
+                _ => {}
+            }
+        };
+        let p = outcome.params.clone();
+        dm.notice_key_values(&p);
+        dm.enable();
+        info!(%peer, initiator = %p.initiator_name, target = %p.target_name, session = ?p.session_type, "login complete");
+        let key = (
+            p.initiator_name.to_ascii_lowercase(),
+            outcome.isid,
+            p.target_name.to_ascii_lowercase(),
+        );
+        if p.session_type == SessionType::Normal
+            && let Some(old) = lock(&self.sessions).insert(key.clone(), dm.clone())
+        {
+            // Session reinstatement (ERL 0): the old session ends now.
+            info!(%peer, "reinstating session: closing the previous connection");
+            old.terminate();
+        }
+        let node = self
+            .config
+            .nodes
+            .iter()
+            .find(|n| n.name.eq_ignore_ascii_case(&p.target_name))
+            .cloned();
+        let session = Arc::new(Session::new(
+            dm.clone(),
+            outcome,
+            node,
+            self.config.queue_depth,
+        ));
+        session.run(&self, portal).await;
+        // Unregister, unless a reinstatement already replaced this connection.
+        let mut sessions = lock(&self.sessions);
+        if sessions.get(&key).is_some_and(|cur| cur.same(&dm)) {
+            sessions.remove(&key);
+        }
+    }
+}
+
+/// Sequence numbers of the session (one connection per session).
+#[derive(Debug)]
+struct Seq {
+    stat_sn: u32,
+    exp_cmd_sn: SerialNumber,
+    ahead: BTreeSet<u32>,
+}
+
+struct Session {
+    dm: PduDatamover,
+    params: NegotiatedParams,
+    node: Option<Node>,
+    nexus: String,
+    depth: u32,
+    seq: Mutex<Seq>,
+    /// Serialises StatSN assignment with sending, so StatSNs go out in order.
+    tx: tokio::sync::Mutex<()>,
+    tasks: Mutex<HashMap<u32, (Lun, AbortHandle)>>,
+    next_ttt: AtomicU32,
+}
+
+impl Session {
+    fn new(dm: PduDatamover, o: LoginOutcome, node: Option<Node>, depth: u32) -> Self {
+        let nexus = format!(
+            "{},i,0x{}",
+            o.params.initiator_name,
+            o.isid
+                .0
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        );
+        Self {
+            dm,
+            nexus,
+            depth,
+            node,
+            seq: Mutex::new(Seq {
+                stat_sn: o.stat_sn,
+                exp_cmd_sn: SerialNumber(o.exp_cmd_sn),
+                ahead: BTreeSet::new(),
+            }),
+            params: o.params,
+            tx: tokio::sync::Mutex::new(()),
+            tasks: Mutex::new(HashMap::new()),
+            next_ttt: AtomicU32::new(1),
+        }
+    }
+
+    fn window(&self) -> (u32, u32) {
+        let s = lock(&self.seq);
+        (s.exp_cmd_sn.0, s.exp_cmd_sn.0.wrapping_add(self.depth - 1))
+    }
+
+    /// Check and account a non-immediate command's CmdSN (RFC 7143 §4.2.2.1): outside the
+    /// window it is silently ignored.
+    fn accept_cmd_sn(&self, cmd_sn: u32) -> bool {
+        let mut s = lock(&self.seq);
+        let max = s.exp_cmd_sn.add(self.depth - 1);
+        let sn = SerialNumber(cmd_sn);
+        if !sn.in_window(s.exp_cmd_sn, max) || s.ahead.contains(&cmd_sn) {
+            return false;
+        }
+        if sn == s.exp_cmd_sn {
+            s.exp_cmd_sn = s.exp_cmd_sn.add(1);
+            loop {
+                let next = s.exp_cmd_sn.0;
+                if !s.ahead.remove(&next) {
+                    break;
+                }
+                s.exp_cmd_sn = s.exp_cmd_sn.add(1);
+            }
+        } else {
+            s.ahead.insert(cmd_sn);
+        }
+        true
+    }
+
+    /// Send a response PDU, stamping StatSN (advanced when `advance`), ExpCmdSN and MaxCmdSN.
+    async fn respond(&self, mut header: Header, data: Bytes, advance: bool) {
+        let _order = self.tx.lock().await;
+        let (exp, max) = self.window();
+        let stat_sn = {
+            let mut s = lock(&self.seq);
+            let v = s.stat_sn;
+            if advance {
+                s.stat_sn = s.stat_sn.wrapping_add(1);
+            }
+            v
+        };
+        match &mut header {
+            Header::ScsiResponse(h) => {
+                (h.stat_sn, h.exp_cmd_sn, h.max_cmd_sn) = (stat_sn, exp, max)
+            }
+            Header::NopIn(h) => (h.stat_sn, h.exp_cmd_sn, h.max_cmd_sn) = (stat_sn, exp, max),
+            Header::TextResponse(h) => {
+                (h.stat_sn, h.exp_cmd_sn, h.max_cmd_sn) = (stat_sn, exp, max)
+            }
+            Header::TaskMgmtResponse(h) => {
+                (h.stat_sn, h.exp_cmd_sn, h.max_cmd_sn) = (stat_sn, exp, max)
+            }
+            Header::LogoutResponse(h) => {
+                (h.stat_sn, h.exp_cmd_sn, h.max_cmd_sn) = (stat_sn, exp, max)
+            }
+            Header::Reject(h) => (h.stat_sn, h.exp_cmd_sn, h.max_cmd_sn) = (stat_sn, exp, max),
+            Header::AsyncMessage(h) => {
+                (h.stat_sn, h.exp_cmd_sn, h.max_cmd_sn) = (stat_sn, exp, max)
+            }
+            _ => {}
+        }
+        let _ = self.dm.send_control(ControlPdu::new(header, data)).await;
+    }
+
+    async fn reject(&self, reason: RejectReason, bad: &Header) {
+        let mut bhs = [0u8; BHS_LEN];
+        bad.emit(&mut bhs, 0, 0);
+        self.respond(
+            Header::Reject(Reject {
+                reason,
+                itt: RESERVED_TAG,
+                ..Reject::default()
+            }),
+            Bytes::copy_from_slice(&bhs),
+            true,
+        )
+        .await;
+    }
+
+    async fn run(self: &Arc<Self>, target: &Arc<Target>, portal: SocketAddr) {
+        loop {
+            let pdu = match self.dm.next_event().await {
+                DmEvent::Control(p) => p,
+                DmEvent::Terminated(why) => {
+                    debug!(nexus = %self.nexus, ?why, "connection ended");
+                    break;
+                }
+                _ => continue,
+            };
+            let discovery = self.params.session_type == SessionType::Discovery;
+            match pdu.header {
+                Header::ScsiCommand(c) if !discovery => {
+                    if !c.immediate && !self.accept_cmd_sn(c.cmd_sn) {
+                        debug!(
+                            cmd_sn = c.cmd_sn,
+                            "command outside the CmdSN window ignored"
+                        );
+                        self.dm.deallocate_task_resources(c.itt);
+                        continue;
+                    }
+                    let me = self.clone();
+                    let full_cdb = Pdu::new(pdu.header, pdu.ahs.clone(), Bytes::new())
+                        .full_cdb()
+                        .unwrap_or_default();
+                    let imm = pdu.immediate;
+                    let handle = tokio::spawn(async move {
+                        me.command(c, full_cdb, imm).await;
+                        lock(&me.tasks).remove(&c.itt);
+                    });
+                    lock(&self.tasks).insert(c.itt, (c.lun, handle.abort_handle()));
+                }
+                Header::NopOut(n) => {
+                    if !n.immediate && !self.accept_cmd_sn(n.cmd_sn) {
+                        continue;
+                    }
+                    if n.itt != RESERVED_TAG {
+                        let h = Header::NopIn(NopIn {
+                            lun: n.lun,
+                            itt: n.itt,
+                            ttt: RESERVED_TAG,
+                            ..NopIn::default()
+                        });
+                        self.respond(h, pdu.data.clone(), true).await;
+                    }
+                }
+                Header::TextRequest(t) => {
+                    if !t.immediate && !self.accept_cmd_sn(t.cmd_sn) {
+                        continue;
+                    }
+                    self.text(t, &pdu.data, target, portal).await;
+                }
+                Header::TaskMgmtRequest(t) if !discovery => {
+                    if !t.immediate && !self.accept_cmd_sn(t.cmd_sn) {
+                        continue;
+                    }
+                    self.task_management(t).await;
+                }
+                Header::LogoutRequest(l) => {
+                    if !l.immediate {
+                        self.accept_cmd_sn(l.cmd_sn);
+                    }
+                    self.abort_all(None);
+                    let h = Header::LogoutResponse(LogoutResponse {
+                        response: LogoutResponseCode::SUCCESS,
+                        itt: l.itt,
+                        time2wait: 0,
+                        time2retain: 0,
+                        ..LogoutResponse::default()
+                    });
+                    self.respond(h, Bytes::new(), true).await;
+                    self.dm.terminate();
+                    break;
+                }
+                Header::Snack(_) => self.reject(RejectReason::PROTOCOL_ERROR, &pdu.header).await,
+                Header::LoginRequest(_) => {
+                    self.reject(RejectReason::PROTOCOL_ERROR, &pdu.header).await
+                }
+                other => {
+                    self.reject(RejectReason::COMMAND_NOT_SUPPORTED, &other)
+                        .await
+                }
+            }
+        }
+        self.abort_all(None);
+        if let Some(n) = &self.node {
+            for lu in &n.luns {
+                lu.nexus_lost(&self.nexus);
+            }
+        }
+    }
+
+    fn lu(&self, lun: Lun) -> Option<Arc<LogicalUnit>> {
+        let n = lun.number()?;
+        self.node
+            .as_ref()?
+            .luns
+            .iter()
+            .find(|l| l.lun().number() == Some(n))
+            .cloned()
+    }
+
+    fn abort_all(&self, lun: Option<Lun>) -> usize {
+        let mut tasks = lock(&self.tasks);
+        let victims: Vec<u32> = tasks
+            .iter()
+            .filter(|(_, (l, _))| lun.is_none_or(|x| *l == x))
+            .map(|(i, _)| *i)
+            .collect();
+        for itt in &victims {
+            if let Some((_, h)) = tasks.remove(itt) {
+                h.abort();
+            }
+            self.dm.deallocate_task_resources(*itt);
+        }
+        victims.len()
+    }
+
+    async fn task_management(&self, t: TaskMgmtRequest) {
+        let response = match t.function {
+            TmfFunction::ABORT_TASK => {
+                let found = lock(&self.tasks).remove(&t.ref_task_tag);
+                if let Some((_, h)) = found {
+                    h.abort();
+                    self.dm.deallocate_task_resources(t.ref_task_tag);
+                }
+                TmfResponse::COMPLETE
+            }
+            TmfFunction::ABORT_TASK_SET | TmfFunction::CLEAR_TASK_SET => {
+                if self.lu(t.lun).is_none() {
+                    TmfResponse::LUN_DOES_NOT_EXIST
+                } else {
+                    self.abort_all(Some(t.lun));
+                    TmfResponse::COMPLETE
+                }
+            }
+            TmfFunction::LOGICAL_UNIT_RESET => match self.lu(t.lun) {
+                None => TmfResponse::LUN_DOES_NOT_EXIST,
+                Some(lu) => {
+                    self.abort_all(Some(t.lun));
+                    lu.unit_attention(AscAscq::POWER_ON_RESET, None);
+                    TmfResponse::COMPLETE
+                }
+            },
+            TmfFunction::TARGET_WARM_RESET | TmfFunction::TARGET_COLD_RESET => {
+                self.abort_all(None);
+                if let Some(n) = &self.node {
+                    for lu in &n.luns {
+                        lu.unit_attention(AscAscq::POWER_ON_RESET, None);
+                    }
+                }
+                TmfResponse::COMPLETE
+            }
+            TmfFunction::TASK_REASSIGN => TmfResponse::REASSIGNMENT_NOT_SUPPORTED,
+            TmfFunction::CLEAR_ACA => TmfResponse::NOT_SUPPORTED,
+            _ => TmfResponse::REJECTED,
+        };
+        let h = Header::TaskMgmtResponse(TaskMgmtResponse {
+            response,
+            itt: t.itt,
+            ..TaskMgmtResponse::default()
+        });
+        self.respond(h, Bytes::new(), true).await;
+        if t.function == TmfFunction::TARGET_COLD_RESET {
+            self.dm.terminate();
+        }
+    }
+
+    async fn text(&self, t: TextRequest, data: &[u8], target: &Arc<Target>, portal: SocketAddr) {
+        let pairs = parse_pairs(data).unwrap_or_default();
+        let mut out = TextBuilder::new();
+        for (k, v) in pairs {
+            if k == "SendTargets" {
+                let discovery = self.params.session_type == SessionType::Discovery;
+                for n in &target.config.nodes {
+                    let wanted = if discovery {
+                        v == "All" || n.name.eq_ignore_ascii_case(v)
+                    } else {
+                        // A normal session learns only about its own target.
+                        n.name.eq_ignore_ascii_case(&self.params.target_name)
+                            && (v.is_empty() || v == "All" || n.name.eq_ignore_ascii_case(v))
+                    };
+                    let allowed = n.acl.is_empty()
+                        || n.acl
+                            .iter()
+                            .any(|a| a.eq_ignore_ascii_case(&self.params.initiator_name));
+                    if wanted && allowed {
+                        out.push("TargetName", &n.name);
+                        let addr = match portal {
+                            SocketAddr::V4(a) => format!("{}:{}", a.ip(), a.port()),
+                            SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
+                        };
+                        out.push(
+                            "TargetAddress",
+                            &format!("{addr},{}", target.config.portal_group_tag),
+                        );
+                    }
+                }
+            } else {
+                out.push(k, "NotUnderstood");
+            }
+        }
+        let h = Header::TextResponse(TextResponse {
+            final_: true,
+            cont: false,
+            lun: t.lun,
+            itt: t.itt,
+            ttt: RESERVED_TAG,
+            ..TextResponse::default()
+        });
+        self.respond(h, out.into_bytes().into(), true).await;
+    }
+
+    async fn scsi_response(
+        &self,
+        c: &ScsiCommand,
+        o: &Outcome,
+        residual: (bool, bool, u32),
+        exp_data_sn: u32,
+    ) {
+        let data = o
+            .sense
+            .as_ref()
+            .map(|s| Bytes::from(with_length_prefix(s)))
+            .unwrap_or_default();
+        let (underflow, overflow, residual) = residual;
+        let h = Header::ScsiResponse(ScsiResponse {
+            overflow,
+            underflow,
+            response: 0,
+            status: o.status,
+            itt: c.itt,
+            exp_data_sn,
+            residual,
+            ..ScsiResponse::default()
+        });
+        self.respond(h, data, true).await;
+    }
+
+    async fn command(&self, c: ScsiCommand, cdb: Vec<u8>, immediate: u32) {
+        let edtl = c.expected_data_len;
+        let Some(lu) = self.lu(c.lun) else {
+            self.dm.deallocate_task_resources(c.itt);
+            return self.no_such_lun(&c, &cdb).await;
+        };
+        let plan = match lu.plan(&cdb, &self.nexus) {
+            Ok(p) => p,
+            Err(o) => {
+                self.dm.deallocate_task_resources(c.itt);
+                let r = if edtl > 0 {
+                    (true, false, edtl)
+                } else {
+                    (false, false, 0)
+                };
+                return self.scsi_response(&c, &o, r, 0).await;
+            }
+        };
+        let mut data_out = Bytes::new();
+        if c.write && edtl > 0 {
+            match self.fetch_write_data(&c, immediate).await {
+                Ok(b) => data_out = b,
+                Err(_) => return,
+            }
+        }
+        let out_len = plan.data_out;
+        if !c.write && out_len > 0 {
+            // The CDB wants data the initiator did not announce.
+            let o = Outcome {
+                status: Status::CHECK_CONDITION,
+                sense: Some(lu.encode_sense(&Sense::new(
+                    SenseKey::ILLEGAL_REQUEST,
+                    AscAscq::INVALID_FIELD_IN_CDB,
+                ))),
+                data: Bytes::new(),
+            };
+            return self.scsi_response(&c, &o, (false, true, out_len), 0).await;
+        }
+        let usable = data_out.len().min(out_len as usize);
+        let lu2 = lu.clone();
+        let nexus = self.nexus.clone();
+        let plan2: Plan = plan.clone();
+        let Ok(o) =
+            tokio::task::spawn_blocking(move || lu2.execute(&plan2, &data_out[..usable], &nexus))
+                .await
+        else {
+            return;
+        };
+        let mut residual = (false, false, 0u32);
+        let mut pdus = 0;
+        if c.write || out_len > 0 {
+            if edtl < out_len {
+                residual = (false, true, out_len - edtl);
+            } else if edtl > out_len {
+                residual = (true, false, edtl - out_len);
+            }
+        } else {
+            let produced = o.data.len() as u32;
+            let send = produced.min(edtl);
+            if produced > edtl {
+                residual = (false, true, produced - edtl);
+            } else if produced < edtl {
+                residual = (true, false, edtl - produced);
+            }
+            if send > 0 && c.read {
+                let desc = riser_datamover::DataInDesc {
+                    itt: c.itt,
+                    lun: c.lun,
+                    offset: 0,
+                    data_sn: 0,
+                    collapse_status: None,
+                };
+                match self.dm.put_data(desc, o.data.slice(..send as usize)).await {
+                    Ok(d) => pdus = d.pdus,
+                    Err(_) => return,
+                }
+            } else if send > 0 {
+                residual = (true, false, edtl);
+            }
+        }
+        self.scsi_response(&c, &o, residual, pdus).await;
+    }
+
+    async fn fetch_write_data(&self, c: &ScsiCommand, immediate: u32) -> Result<Bytes, ()> {
+        let edtl = c.expected_data_len;
+        let p = &self.params;
+        let unsolicited_end = if c.final_ {
+            immediate
+        } else {
+            p.first_burst_length.min(edtl).max(immediate)
+        };
+        let mut r2ts = Vec::new();
+        let mut at = unsolicited_end;
+        let mut sn = 0;
+        let (exp, max) = self.window();
+        let stat_sn = lock(&self.seq).stat_sn;
+        while at < edtl {
+            let len = (edtl - at).min(p.max_burst_length);
+            let ttt = self.next_ttt.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff;
+            r2ts.push(R2tDesc {
+                itt: c.itt,
+                lun: c.lun,
+                ttt,
+                r2t_sn: sn,
+                offset: at,
+                len,
+                stat_sn,
+                exp_cmd_sn: exp,
+                max_cmd_sn: max,
+            });
+            sn += 1;
+            at += len;
+        }
+        match self.dm.get_data(c.itt, edtl, unsolicited_end, r2ts).await {
+            Ok(b) => Ok(b.data.freeze()),
+            Err(e) => {
+                warn!(itt = c.itt, %e, "write data not received");
+                Err(())
+            }
+        }
+    }
+
+    async fn no_such_lun(&self, c: &ScsiCommand, cdb: &[u8]) {
+        // INQUIRY and REPORT LUNS work on any LUN; everything else: LOGICAL UNIT NOT SUPPORTED.
+        let first = self.node.as_ref().and_then(|n| n.luns.first().cloned());
+        match (cdb.first(), first) {
+            (Some(&0x12), _) => {
+                let mut data =
+                    riser_scsi::inquiry::StandardInquiry::disk("RISER", "RISER DISK", "0001");
+                data.peripheral = riser_scsi::inquiry::NOT_PRESENT;
+                let alloc = cdb
+                    .get(3..5)
+                    .map(|b| u16::from_be_bytes([b[0], b[1]]))
+                    .unwrap_or(0);
+                let mut bytes = data.to_bytes();
+                bytes.truncate(usize::from(alloc).min(c.expected_data_len as usize));
+                let n = bytes.len() as u32;
+                let desc = riser_datamover::DataInDesc {
+                    itt: c.itt,
+                    lun: c.lun,
+                    offset: 0,
+                    data_sn: 0,
+                    collapse_status: None,
+                };
+                let pdus = if n > 0 {
+                    self.dm
+                        .put_data(desc, bytes.into())
+                        .await
+                        .map(|d| d.pdus)
+                        .unwrap_or(0)
+                } else {
+                    0
+                };
+                let o = Outcome {
+                    status: Status::GOOD,
+                    sense: None,
+                    data: Bytes::new(),
+                };
+                let r = if c.expected_data_len > n {
+                    (true, false, c.expected_data_len - n)
+                } else {
+                    (false, false, 0)
+                };
+                self.scsi_response(c, &o, r, pdus).await;
+            }
+            (_, Some(lu)) if cdb.first() == Some(&0xa0) => {
+                let nexus = self.nexus.clone();
+                if let Ok(plan) = lu.plan(cdb, &nexus) {
+                    let o = lu.execute(&plan, &[], &nexus);
+                    let n = (o.data.len() as u32).min(c.expected_data_len);
+                    let desc = riser_datamover::DataInDesc {
+                        itt: c.itt,
+                        lun: c.lun,
+                        offset: 0,
+                        data_sn: 0,
+                        collapse_status: None,
+                    };
+                    let pdus = if n > 0 {
+                        self.dm
+                            .put_data(desc, o.data.slice(..n as usize))
+                            .await
+                            .map(|d| d.pdus)
+                            .unwrap_or(0)
+                    } else {
+                        0
+                    };
+                    let r = if c.expected_data_len > n {
+                        (true, false, c.expected_data_len - n)
+                    } else {
+                        (false, false, 0)
+                    };
+                    self.scsi_response(c, &o, r, pdus).await;
+                }
+            }
+            _ => {
+                let s = Sense::new(
+                    SenseKey::ILLEGAL_REQUEST,
+                    AscAscq::LOGICAL_UNIT_NOT_SUPPORTED,
+                );
+                let o = Outcome {
+                    status: Status::CHECK_CONDITION,
+                    sense: Some(s.to_fixed().to_vec().into()),
+                    data: Bytes::new(),
+                };
+                self.scsi_response(
+                    c,
+                    &o,
+                    if c.expected_data_len > 0 {
+                        (true, false, c.expected_data_len)
+                    } else {
+                        (false, false, 0)
+                    },
+                    0,
+                )
+                .await;
+            }
+        }
+    }
+}
