@@ -50,12 +50,13 @@ pub struct StandardInquiry {
 }
 
 impl StandardInquiry {
-    /// A direct-access block device with command queueing, SPC-5, HISUP, response format 2.
+    /// A direct-access block device with command queueing, SPC-4, HISUP, response format 2.
     pub fn disk(vendor: &str, product: &str, revision: &str) -> Self {
         Self {
             peripheral: DEVICE_TYPE_DISK,
             rmb: false,
-            version: 0x07,
+            // SPC-4: what initiators (and libiscsi's conformance suite) accept.
+            version: 0x06,
             byte3: 0x10 | 0x02,
             byte5: 0,
             byte6: 0,
@@ -445,7 +446,7 @@ mod tests {
         let s = StandardInquiry::disk("RISER", "RAM DISK", "0001");
         let b = s.to_bytes();
         assert_eq!(b.len(), 36);
-        assert_eq!(&b[..8], &[0, 0, 7, 0x12, 31, 0, 0, 2]);
+        assert_eq!(&b[..8], &[0, 0, 6, 0x12, 31, 0, 0, 2]);
         assert_eq!(&b[8..16], b"RISER   ");
         assert_eq!(StandardInquiry::parse(&b).unwrap(), s);
         let mut v = s.clone();

@@ -134,7 +134,9 @@ impl Control {
         let mut data = alloc::vec![0u8; 0x0a];
         data[0] = (self.tst << 5) | if self.d_sense { 0x04 } else { 0 };
         data[1] = (self.queue_algorithm << 4) | ((self.qerr & 3) << 1);
-        data[3] = if self.tas { 0x40 } else { 0 } | if self.swp { 0x08 } else { 0 };
+        // Page byte 4 (SWP) and byte 5 (TAS).
+        data[2] = if self.swp { 0x08 } else { 0 };
+        data[3] = if self.tas { 0x40 } else { 0 };
         // BUSY TIMEOUT PERIOD: unlimited; EXTENDED SELF-TEST COMPLETION TIME: 0.
         put_u16(&mut data, 6, 0xffff);
         ModePage {
@@ -153,7 +155,7 @@ impl Control {
             queue_algorithm: data[1] >> 4,
             qerr: (data[1] >> 1) & 3,
             tas: data[3] & 0x40 != 0,
-            swp: data[3] & 0x08 != 0,
+            swp: data[2] & 0x08 != 0,
         })
     }
 }

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 pub type Nexus = String;
 
 /// Most blocks one command may move (reported in the Block Limits VPD page).
-pub const MAX_TRANSFER_BLOCKS: u32 = 32768;
+pub const MAX_TRANSFER_BLOCKS: u32 = 65536;
 
 /// What a command needs before it can run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,6 +32,9 @@ pub struct Plan {
     pub cdb: Cdb,
     /// Data-out bytes the command needs.
     pub data_out: u32,
+    /// The transport's expected data transfer length (set by the server; some commands must
+    /// match it exactly).
+    pub edtl: u32,
 }
 
 /// A command's result.
@@ -101,6 +104,14 @@ fn illegal(asc: AscAscq) -> Sense {
     Sense::new(SenseKey::ILLEGAL_REQUEST, asc)
 }
 
+fn all_registrants(t: u8) -> bool {
+    matches!(
+        t,
+        riser_scsi::pr::pr_type::WRITE_EXCLUSIVE_ALL_REGISTRANTS
+            | riser_scsi::pr::pr_type::EXCLUSIVE_ACCESS_ALL_REGISTRANTS
+    )
+}
+
 fn truncate(mut v: Vec<u8>, alloc: u32) -> Bytes {
     v.truncate(alloc as usize);
     v.into()
@@ -142,6 +153,21 @@ impl LogicalUnit {
             Some(n) => s.unit_attention.entry(n.into()).or_default().push(asc),
             None => s.unit_attention.values_mut().for_each(|v| v.push(asc)),
         }
+    }
+
+    /// LOGICAL UNIT RESET / target reset: RESERVE(6/10) reservations are released and every
+    /// nexus gets POWER ON, RESET OR BUS DEVICE RESET OCCURRED (persistent reservations stay).
+    pub fn reset(&self) {
+        let mut s = self.st();
+        s.reserved_by = None;
+        s.unit_attention
+            .values_mut()
+            .for_each(|v| v.push(AscAscq::POWER_ON_RESET));
+    }
+
+    /// Register a nexus so unit attentions can be queued for it.
+    pub fn nexus_seen(&self, nexus: &str) {
+        self.st().unit_attention.entry(nexus.into()).or_default();
     }
 
     /// Forget a nexus (session ended): drop its RESERVE(6) reservation and pending UAs.
@@ -206,6 +232,7 @@ impl LogicalUnit {
         Ok(Plan {
             cdb: c,
             data_out: data_out as u32,
+            edtl: data_out as u32,
         })
     }
 
@@ -213,6 +240,12 @@ impl LogicalUnit {
     pub fn execute(&self, plan: &Plan, data_out: &[u8], nexus: &str) -> Outcome {
         if let Some(conflict) = self.reservation_conflict(&plan.cdb, nexus) {
             return conflict;
+        }
+        if let Cdb::CompareAndWrite { blocks, .. } = plan.cdb
+            && plan.edtl != 2 * u32::from(blocks) * self.bs()
+        {
+            // The Data-Out buffer must hold exactly the verify and write data (SBC-4 §5.3).
+            return self.check(bad_field(13, None));
         }
         match self.run(&plan.cdb, data_out, nexus) {
             Ok(o) => o,
@@ -499,9 +532,10 @@ impl LogicalUnit {
     fn write(&self, r: &Rw, out: &[u8]) -> R {
         let (off, len) = self.check_rw(r)?;
         self.write_protected()?;
-        if out.len() < len {
-            return Err(illegal(AscAscq::PARAMETER_LIST_LENGTH_ERROR));
-        }
+        // With an iSCSI EDTL below the CDB's transfer length only the whole blocks received are
+        // written (the residual overflow tells the initiator); RFC 7143 §11.4.5.1.
+        let bs = self.bs() as usize;
+        let len = len.min(out.len() / bs * bs);
         self.backend
             .write(off, &out[..len])
             .map_err(|_| self.io_error(false))?;
@@ -559,12 +593,6 @@ impl LogicalUnit {
         if r.lba.checked_add(blocks).is_none_or(|e| e > self.blocks()) {
             return Err(illegal(AscAscq::LBA_OUT_OF_RANGE));
         }
-        if blocks > u64::from(MAX_TRANSFER_BLOCKS) * 8 {
-            return Err(bad_field(
-                if r.size == CdbSize::Sixteen { 10 } else { 7 },
-                None,
-            ));
-        }
         self.write_protected()?;
         let bs = u64::from(self.bs());
         let pattern: Vec<u8> = if ndob {
@@ -579,10 +607,20 @@ impl LogicalUnit {
                 .unmap(r.lba * bs, blocks * bs)
                 .map_err(|_| self.io_error(false))?;
         } else {
-            for b in 0..blocks {
+            let per_chunk = (1u64 << 20) / bs;
+            let chunk: Vec<u8> = pattern
+                .iter()
+                .copied()
+                .cycle()
+                .take((per_chunk.min(blocks) * bs) as usize)
+                .collect();
+            let mut b = 0;
+            while b < blocks {
+                let n = per_chunk.min(blocks - b);
                 self.backend
-                    .write((r.lba + b) * bs, &pattern)
+                    .write((r.lba + b) * bs, &chunk[..(n * bs) as usize])
                     .map_err(|_| self.io_error(false))?;
+                b += n;
             }
         }
         Ok(Outcome::good(Bytes::new()))
@@ -617,6 +655,9 @@ impl LogicalUnit {
         }
         if blocks > 1 {
             return Err(bad_field(13, None));
+        }
+        if blocks == 0 {
+            return Ok(Outcome::good(Bytes::new()));
         }
         let (off, len) = self.range(lba, u64::from(blocks))?;
         if out.len() < 2 * len {
@@ -668,7 +709,8 @@ impl LogicalUnit {
                     max_unmap_descriptor_count: if thin { 256 } else { 0 },
                     optimal_unmap_granularity: 1,
                     unmap_granularity_alignment: thin.then_some(0),
-                    max_write_same_len: u64::from(MAX_TRANSFER_BLOCKS) * 8,
+                    // No limit: WRITE SAME moves no data over the wire.
+                    max_write_same_len: 0,
                     ..BlockLimits::default()
                 }
                 .to_body()
@@ -842,6 +884,7 @@ impl LogicalUnit {
             sa(PERSISTENT_RESERVE_IN, 0, 10),
             sa(PERSISTENT_RESERVE_IN, 1, 10),
             sa(PERSISTENT_RESERVE_IN, 2, 10),
+            sa(PERSISTENT_RESERVE_IN, 3, 10),
             sa(PERSISTENT_RESERVE_OUT, 0, 10),
             sa(PERSISTENT_RESERVE_OUT, 1, 10),
             sa(PERSISTENT_RESERVE_OUT, 2, 10),
@@ -920,16 +963,51 @@ impl LogicalUnit {
             ),
             in_sa::READ_RESERVATION => read_reservation_to_bytes(
                 s.pr.generation,
+                // All-registrants reservations report key 0 (SPC-5 §6.16.3).
                 s.pr.holder.as_ref().map(|(_, k, t)| Reservation {
-                    key: *k,
+                    key: if all_registrants(*t) { 0 } else { *k },
                     scope: 0,
                     pr_type: *t,
                 }),
             ),
+            in_sa::READ_FULL_STATUS => self.full_status(&s.pr),
             in_sa::REPORT_CAPABILITIES => report_capabilities_to_bytes(0x10, 0x80, 0xea01).to_vec(),
             _ => return Err(bad_field(1, Some(4))),
         };
         Ok(Outcome::good(truncate(data, u32::from(alloc))))
+    }
+
+    fn full_status(&self, pr: &Pr) -> Vec<u8> {
+        let mut body = Vec::new();
+        for (n, k) in &pr.registrations {
+            let holder = pr
+                .holder
+                .as_ref()
+                .filter(|(h, _, t)| h == n || all_registrants(*t));
+            // iSCSI TransportID, format 00b: the initiator name, NUL-terminated, padded to 4.
+            let name = n.split(",i,").next().unwrap_or(n);
+            let mut tid = vec![0x05, 0, 0, 0];
+            tid.extend_from_slice(name.as_bytes());
+            tid.push(0);
+            tid.resize(tid.len().div_ceil(4) * 4, 0);
+            let l = (tid.len() - 4) as u16;
+            tid[2..4].copy_from_slice(&l.to_be_bytes());
+            let mut d = [0u8; 24];
+            d[0..8].copy_from_slice(&k.to_be_bytes());
+            if let Some((_, _, t)) = holder {
+                d[12] = 0x01;
+                d[13] = *t;
+            }
+            d[18..20].copy_from_slice(&1u16.to_be_bytes());
+            d[20..24].copy_from_slice(&(tid.len() as u32).to_be_bytes());
+            body.extend_from_slice(&d);
+            body.extend_from_slice(&tid);
+        }
+        let mut v = Vec::with_capacity(8 + body.len());
+        v.extend_from_slice(&pr.generation.to_be_bytes());
+        v.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        v.extend_from_slice(&body);
+        v
     }
 
     fn pr_out(&self, sa: u8, scope: u8, ty: u8, out: &[u8], nexus: &str) -> R {
@@ -953,8 +1031,14 @@ impl LogicalUnit {
                 if p.sa_key == 0 {
                     if let Some(i) = mine {
                         s.pr.registrations.remove(i);
-                        if s.pr.holder.as_ref().is_some_and(|(n, _, _)| n == nexus) {
-                            s.pr.holder = None;
+                        if let Some((n, _, t)) = s.pr.holder.clone()
+                            && n == nexus
+                        {
+                            // An all-registrants reservation survives while anyone is registered.
+                            s.pr.holder = match (all_registrants(t), s.pr.registrations.first()) {
+                                (true, Some((other, k))) => Some((other.clone(), *k, t)),
+                                _ => None,
+                            };
                         }
                     }
                 } else if let Some(i) = mine {

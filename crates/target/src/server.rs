@@ -513,7 +513,7 @@ impl Session {
                 None => TmfResponse::LUN_DOES_NOT_EXIST,
                 Some(lu) => {
                     self.abort_all(Some(t.lun));
-                    lu.unit_attention(AscAscq::POWER_ON_RESET, None);
+                    lu.reset();
                     TmfResponse::COMPLETE
                 }
             },
@@ -521,7 +521,7 @@ impl Session {
                 self.abort_all(None);
                 if let Some(n) = &self.node {
                     for lu in &n.luns {
-                        lu.unit_attention(AscAscq::POWER_ON_RESET, None);
+                        lu.reset();
                     }
                 }
                 TmfResponse::COMPLETE
@@ -619,7 +619,7 @@ impl Session {
             return self.no_such_lun(&c, &cdb).await;
         };
         let plan = match lu.plan(&cdb, &self.nexus) {
-            Ok(p) => p,
+            Ok(p) => Plan { edtl, ..p },
             Err(o) => {
                 self.dm.deallocate_task_resources(c.itt);
                 let r = if edtl > 0 {
