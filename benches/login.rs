@@ -14,25 +14,13 @@ const TARGET: &str = "iqn.2026-11.io.riser:target0";
 fn login() -> bool {
     let now = Duration::ZERO;
     let mut i = InitiatorLogin::new(
-        InitiatorLoginConfig::new(
-            "iqn.2026-11.io.riser:bench",
-            Some(TARGET.into()),
-            Isid([0x80, 0, 0, 0, 0, 1]),
-        ),
+        InitiatorLoginConfig::new("iqn.2026-11.io.riser:bench", Some(TARGET.into()), Isid([0x80, 0, 0, 0, 0, 1])),
         now,
         [1; 32],
     );
     let mut t = TargetLogin::new(
-        TargetLoginConfig {
-            targets: vec![TargetNode::open(TARGET)],
-            ..TargetLoginConfig::default()
-        },
-        TargetLoginParams {
-            new_tsih: 1,
-            initial_stat_sn: 1,
-            cmd_window: 64,
-            entropy: [2; 32],
-        },
+        TargetLoginConfig { targets: vec![TargetNode::open(TARGET)], ..TargetLoginConfig::default() },
+        TargetLoginParams { new_tsih: 1, initial_stat_sn: 1, cmd_window: 64, entropy: [2; 32] },
     );
     let mut buf = Vec::new();
     for _ in 0..8 {
@@ -59,23 +47,12 @@ fn bench(c: &mut Criterion) {
     assert!(login());
     c.bench_function("login/full", |b| b.iter(login));
     let mut offers = TextBuilder::new();
-    Negotiator::new(
-        Role::Initiator,
-        Transport::Tcp,
-        OperationalConfig::default(),
-        true,
-    )
-    .initiator_offers(&mut offers);
+    Negotiator::new(Role::Initiator, Transport::Tcp, OperationalConfig::default(), true).initiator_offers(&mut offers);
     let text = offers.into_bytes();
     c.bench_function("login/negotiation_round", |b| {
         b.iter(|| {
             let pairs = parse_pairs(black_box(&text)).unwrap();
-            let mut n = Negotiator::new(
-                Role::Target,
-                Transport::Tcp,
-                OperationalConfig::default(),
-                true,
-            );
+            let mut n = Negotiator::new(Role::Target, Transport::Tcp, OperationalConfig::default(), true);
             let mut out = TextBuilder::new();
             n.receive(&pairs, &mut out).unwrap();
             n.params()

@@ -35,9 +35,7 @@ fn bench(c: &mut Criterion) {
     let mut bhs = [0u8; BHS_LEN];
     cmd.emit(&mut bhs, 0, 0);
 
-    c.bench_function("bhs/parse", |b| {
-        b.iter(|| Header::parse(&Bhs::new_checked(black_box(&bhs[..])).unwrap()).unwrap())
-    });
+    c.bench_function("bhs/parse", |b| b.iter(|| Header::parse(&Bhs::new_checked(black_box(&bhs[..])).unwrap()).unwrap()));
     c.bench_function("bhs/emit", |b| {
         let mut out = [0u8; BHS_LEN];
         b.iter(|| black_box(&cmd).emit(&mut out, 0, 0))
@@ -48,12 +46,8 @@ fn bench(c: &mut Criterion) {
         let bytes = data_in(len);
         let shared = Bytes::from(bytes.clone());
         g.throughput(Throughput::Elements(1));
-        g.bench_with_input(BenchmarkId::new("slice", len), &bytes, |b, buf| {
-            b.iter(|| Pdu::parse(black_box(buf)).unwrap())
-        });
-        g.bench_with_input(BenchmarkId::new("bytes", len), &shared, |b, buf| {
-            b.iter(|| Pdu::parse_bytes(black_box(buf)).unwrap())
-        });
+        g.bench_with_input(BenchmarkId::new("slice", len), &bytes, |b, buf| b.iter(|| Pdu::parse(black_box(buf)).unwrap()));
+        g.bench_with_input(BenchmarkId::new("bytes", len), &shared, |b, buf| b.iter(|| Pdu::parse_bytes(black_box(buf)).unwrap()));
     }
     g.finish();
 }

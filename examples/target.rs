@@ -54,8 +54,7 @@ fn parse_size(s: &str) -> Result<u64, String> {
         "t" | "tib" | "tb" => 1 << 40,
         _ => return Err(format!("bad size unit in {s:?}")),
     };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("size {s:?} too large"))
+    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} too large"))
 }
 
 fn creds(s: &str) -> Result<ChapCredentials, String> {
@@ -64,9 +63,7 @@ fn creds(s: &str) -> Result<ChapCredentials, String> {
 }
 
 fn backend(spec: &str, bs: u32) -> Result<Arc<dyn BlockBackend>, String> {
-    let (kind, rest) = spec
-        .split_once(':')
-        .ok_or_else(|| format!("bad --lun {spec:?}"))?;
+    let (kind, rest) = spec.split_once(':').ok_or_else(|| format!("bad --lun {spec:?}"))?;
     Ok(match kind {
         "ram" => Arc::new(RamBackend::new(parse_size(rest)?, bs)),
         "file" => {
@@ -74,13 +71,9 @@ fn backend(spec: &str, bs: u32) -> Result<Arc<dyn BlockBackend>, String> {
                 Some((p, s)) if parse_size(s).is_ok() => (p, Some(parse_size(s)?)),
                 _ => (rest, None),
             };
-            Arc::new(
-                FileBackend::open(Path::new(path), size, bs).map_err(|e| format!("{path}: {e}"))?,
-            )
+            Arc::new(FileBackend::open(Path::new(path), size, bs).map_err(|e| format!("{path}: {e}"))?)
         }
-        "blk" => Arc::new(
-            FileBackend::open(Path::new(rest), None, bs).map_err(|e| format!("{rest}: {e}"))?,
-        ),
+        "blk" => Arc::new(FileBackend::open(Path::new(rest), None, bs).map_err(|e| format!("{rest}: {e}"))?),
         _ => return Err(format!("unknown LUN kind {kind:?} (ram, file, blk)")),
     })
 }
@@ -88,17 +81,11 @@ fn backend(spec: &str, bs: u32) -> Result<Arc<dyn BlockBackend>, String> {
 #[tokio::main]
 async fn main() -> Result<(), String> {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_target(false)
         .init();
     let args = Args::parse();
-    let specs = if args.lun.is_empty() {
-        vec!["ram:1GiB".to_string()]
-    } else {
-        args.lun.clone()
-    };
+    let specs = if args.lun.is_empty() { vec!["ram:1GiB".to_string()] } else { args.lun.clone() };
     let mut luns = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
         let b = backend(spec, args.block_size)?;
@@ -110,32 +97,15 @@ async fn main() -> Result<(), String> {
     if mutual_chap.is_some() && chap.is_none() {
         return Err("--mutual-chap needs --chap".into());
     }
-    let node = Node {
-        name: args.target_name.clone(),
-        alias: None,
-        luns,
-        acl: args.acl.clone(),
-        chap,
-        mutual_chap,
-    };
-    let target = Target::new(TargetConfig {
-        nodes: vec![node],
-        ..TargetConfig::default()
-    });
+    let node = Node { name: args.target_name.clone(), alias: None, luns, acl: args.acl.clone(), chap, mutual_chap };
+    let target = Target::new(TargetConfig { nodes: vec![node], ..TargetConfig::default() });
     let mut servers = Vec::new();
     for p in &args.portal {
-        let listener = tokio::net::TcpListener::bind(p)
-            .await
-            .map_err(|e| format!("cannot listen on {p}: {e}"))?;
-        tracing::info!(
-            "listening on {} for {}",
-            listener.local_addr().map_err(|e| e.to_string())?,
-            args.target_name
-        );
+        let listener = tokio::net::TcpListener::bind(p).await.map_err(|e| format!("cannot listen on {p}: {e}"))?;
+        tracing::info!("listening on {} for {}", listener.local_addr().map_err(|e| e.to_string())?, args.target_name);
         servers.push(tokio::spawn(target.clone().serve(listener)));
     }
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| e.to_string())?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}

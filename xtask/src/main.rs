@@ -9,8 +9,8 @@
 //! * `fuzz-list` — print the fuzz targets.
 
 use riser_iscsi::login::{
-    InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent, TargetLogin, TargetLoginConfig,
-    TargetLoginEvent, TargetLoginParams, TargetNode,
+    InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent, TargetLogin, TargetLoginConfig, TargetLoginEvent, TargetLoginParams,
+    TargetNode,
 };
 use riser_iscsi::text::parse_pairs;
 use riser_iscsi::wire::{Header, Isid, Opcode, Pdu};
@@ -18,20 +18,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Duration;
 
-const FUZZ_TARGETS: [&str; 6] = [
-    "pdu",
-    "text",
-    "cdb",
-    "sense",
-    "login_target",
-    "login_initiator",
-];
+const FUZZ_TARGETS: [&str; 6] = ["pdu", "text", "cdb", "sense", "login_target", "login_initiator"];
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace")
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
 
 fn main() -> ExitCode {
@@ -40,12 +30,7 @@ fn main() -> ExitCode {
         Some("demo") => demo(),
         Some("fuzz-seeds") => fuzz_seeds(),
         Some("fuzz-smoke") => {
-            let secs = args
-                .iter()
-                .position(|a| a == "--seconds")
-                .and_then(|i| args.get(i + 1))
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(10);
+            let secs = args.iter().position(|a| a == "--seconds").and_then(|i| args.get(i + 1)).and_then(|s| s.parse().ok()).unwrap_or(10);
             fuzz_smoke(secs)
         }
         Some("fuzz-list") => {
@@ -53,9 +38,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         _ => {
-            eprintln!(
-                "usage: cargo xtask <demo | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>"
-            );
+            eprintln!("usage: cargo xtask <demo | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>");
             return ExitCode::from(2);
         }
     };
@@ -70,51 +53,22 @@ fn main() -> ExitCode {
 
 fn demo() -> Result<(), String> {
     let target = "iqn.2026-11.io.riser:target0";
-    let tcfg = TargetLoginConfig {
-        targets: vec![TargetNode::open(target)],
-        ..TargetLoginConfig::default()
-    };
-    let icfg = InitiatorLoginConfig::new(
-        "iqn.2026-11.io.riser:demo",
-        Some(target.into()),
-        Isid([0x80, 0x52, 0x49, 0x53, 0x45, 0x52]),
-    );
+    let tcfg = TargetLoginConfig { targets: vec![TargetNode::open(target)], ..TargetLoginConfig::default() };
+    let icfg = InitiatorLoginConfig::new("iqn.2026-11.io.riser:demo", Some(target.into()), Isid([0x80, 0x52, 0x49, 0x53, 0x45, 0x52]));
     let now = Duration::ZERO;
     let seed = |b: u8| -> [u8; 32] {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
         let mut s = [b; 32];
         s[..16].copy_from_slice(&t.to_le_bytes());
         s
     };
     let mut ini = InitiatorLogin::new(icfg, now, seed(1));
-    let mut tgt = TargetLogin::new(
-        tcfg,
-        TargetLoginParams {
-            new_tsih: 1,
-            initial_stat_sn: 1,
-            cmd_window: 64,
-            entropy: seed(2),
-        },
-    );
-    println!(
-        "riser demo: initiator and target login machines, joined in memory through the iSCSI codec\n"
-    );
+    let mut tgt = TargetLogin::new(tcfg, TargetLoginParams { new_tsih: 1, initial_stat_sn: 1, cmd_window: 64, entropy: seed(2) });
+    println!("riser demo: initiator and target login machines, joined in memory through the iSCSI codec\n");
     let show = |dir: &str, bytes: &[u8]| {
         let (p, _) = Pdu::parse(bytes).expect("own PDU parses");
-        let text: Vec<String> = parse_pairs(p.data)
-            .unwrap_or_default()
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        println!(
-            "{dir} {:?} ({} bytes): {}",
-            p.header.opcode(),
-            bytes.len(),
-            text.join(" ")
-        );
+        let text: Vec<String> = parse_pairs(p.data).unwrap_or_default().iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!("{dir} {:?} ({} bytes): {}", p.header.opcode(), bytes.len(), text.join(" "));
     };
     for _ in 0..32 {
         let mut moved = false;
@@ -141,19 +95,12 @@ fn demo() -> Result<(), String> {
     let t = tgt.poll_event();
     match (ini.poll_event(), t) {
         (Some(InitiatorLoginEvent::Complete(o)), Some(TargetLoginEvent::Complete(_))) => {
-            println!(
-                "\nlogin complete: TSIH {:#06x}, ExpStatSN {}, CmdSN window {}..={}",
-                o.tsih, o.stat_sn, o.exp_cmd_sn, o.max_cmd_sn
-            );
+            println!("\nlogin complete: TSIH {:#06x}, ExpStatSN {}, CmdSN window {}..={}", o.tsih, o.stat_sn, o.exp_cmd_sn, o.max_cmd_sn);
             println!("{:#?}", o.params);
-            println!(
-                "\n(the TCP datamover, target and initiator add the RAM-LUN demo in the next milestone)"
-            );
+            println!("\n(the TCP datamover, target and initiator add the RAM-LUN demo in the next milestone)");
             Ok(())
         }
-        (i, t) => Err(format!(
-            "login did not complete: initiator {i:?}, target {t:?}"
-        )),
+        (i, t) => Err(format!("login did not complete: initiator {i:?}, target {t:?}")),
     }
 }
 
@@ -168,21 +115,11 @@ fn capture_pdus() -> Result<Vec<(String, Vec<u8>)>, String> {
         .collect();
     dirs.sort();
     for d in dirs {
-        let mut files: Vec<_> = std::fs::read_dir(&d)
-            .map_err(|e| e.to_string())?
-            .flatten()
-            .map(|e| e.path())
-            .collect();
+        let mut files: Vec<_> = std::fs::read_dir(&d).map_err(|e| e.to_string())?.flatten().map(|e| e.path()).collect();
         files.sort();
-        for f in files
-            .into_iter()
-            .filter(|f| f.extension().is_some_and(|e| e == "bin"))
-        {
-            let name = format!(
-                "{}-{}",
-                d.file_name().unwrap_or_default().to_string_lossy(),
-                f.file_stem().unwrap_or_default().to_string_lossy()
-            );
+        for f in files.into_iter().filter(|f| f.extension().is_some_and(|e| e == "bin")) {
+            let name =
+                format!("{}-{}", d.file_name().unwrap_or_default().to_string_lossy(), f.file_stem().unwrap_or_default().to_string_lossy());
             out.push((name, std::fs::read(&f).map_err(|e| e.to_string())?));
         }
     }
@@ -204,18 +141,9 @@ fn fuzz_seeds() -> Result<(), String> {
         write("pdu", name, bytes)?;
         // "<capture>-<NNN>-s<stream>-<i|t>-<op>": one login per capture and TCP stream.
         let parts: Vec<&str> = name.split('-').collect();
-        let session = format!(
-            "{}-{}",
-            parts.first().unwrap_or(&""),
-            parts.get(2).unwrap_or(&"")
-        );
+        let session = format!("{}-{}", parts.first().unwrap_or(&""), parts.get(2).unwrap_or(&""));
         match pdu.header.opcode() {
-            Opcode::LOGIN_REQUEST
-            | Opcode::TEXT_REQUEST
-            | Opcode::LOGIN_RESPONSE
-            | Opcode::TEXT_RESPONSE
-                if !pdu.data.is_empty() =>
-            {
+            Opcode::LOGIN_REQUEST | Opcode::TEXT_REQUEST | Opcode::LOGIN_RESPONSE | Opcode::TEXT_RESPONSE if !pdu.data.is_empty() => {
                 let mut t = vec![8u8];
                 t.extend_from_slice(pdu.data);
                 write("text", name, &t)?;
@@ -252,17 +180,10 @@ fn fuzz_seeds() -> Result<(), String> {
 
 fn fuzz_smoke(secs: u32) -> Result<(), String> {
     let fuzz = root().join("fuzz");
-    let ok = Command::new("cargo")
-        .args(["fuzz", "--help"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
+    let ok = Command::new("cargo").args(["fuzz", "--help"]).output().map(|o| o.status.success()).unwrap_or(false);
     if !ok {
         println!("installing cargo-fuzz");
-        let st = Command::new("cargo")
-            .args(["install", "--locked", "cargo-fuzz"])
-            .status()
-            .map_err(|e| e.to_string())?;
+        let st = Command::new("cargo").args(["install", "--locked", "cargo-fuzz"]).status().map_err(|e| e.to_string())?;
         if !st.success() {
             return Err("cargo install cargo-fuzz failed".into());
         }
@@ -274,17 +195,11 @@ fn fuzz_smoke(secs: u32) -> Result<(), String> {
         let seeds = fuzz.join("seeds").join(t);
         println!("== fuzz {t} for {secs} s");
         let mut cmd = Command::new("cargo");
-        cmd.current_dir(&fuzz)
-            .args(["fuzz", "run", "-s", "none", t])
-            .arg(&corpus);
+        cmd.current_dir(&fuzz).args(["fuzz", "run", "-s", "none", t]).arg(&corpus);
         if seeds.is_dir() {
             cmd.arg(&seeds);
         }
-        cmd.args([
-            "--",
-            &format!("-max_total_time={secs}"),
-            "-print_final_stats=1",
-        ]);
+        cmd.args(["--", &format!("-max_total_time={secs}"), "-print_final_stats=1"]);
         let st = cmd.status().map_err(|e| e.to_string())?;
         if !st.success() {
             failed.push(t);

@@ -64,12 +64,7 @@ pub struct ControlPdu {
 impl ControlPdu {
     /// A PDU without AHS.
     pub fn new(header: Header, data: Bytes) -> Self {
-        Self {
-            header,
-            ahs: Bytes::new(),
-            data,
-            immediate: 0,
-        }
+        Self { header, ahs: Bytes::new(), data, immediate: 0 }
     }
 }
 
@@ -213,22 +208,12 @@ pub trait Datamover: Send + Sync {
     /// Put_Data (target): move `data` to the initiator's buffer at `desc.offset`, as Data-In
     /// PDUs (TCP) or RDMA Writes (iSER). Completes when the data is handed to the transport in
     /// order (Data_Completion_Notify).
-    fn put_data(
-        &self,
-        desc: DataInDesc,
-        data: Bytes,
-    ) -> BoxFuture<'_, Result<PutDataDone, DmError>>;
+    fn put_data(&self, desc: DataInDesc, data: Bytes) -> BoxFuture<'_, Result<PutDataDone, DmError>>;
 
     /// Get_Data (target): obtain the write data of task `itt` in `[offset, offset+len)` of every
     /// `r2ts` (sent as R2Ts on TCP, RDMA Reads on iSER), after all unsolicited data (up to
     /// `unsolicited_len`) has arrived. Returns the task's filled buffer of `total_len` bytes.
-    fn get_data(
-        &self,
-        itt: u32,
-        total_len: u32,
-        unsolicited_len: u32,
-        r2ts: Vec<R2tDesc>,
-    ) -> BoxFuture<'_, Result<TaskBuffer, DmError>>;
+    fn get_data(&self, itt: u32, total_len: u32, unsolicited_len: u32, r2ts: Vec<R2tDesc>) -> BoxFuture<'_, Result<TaskBuffer, DmError>>;
 
     /// Notice_Key_Values: the negotiated keys, applied from the next PDU on.
     fn notice_key_values(&self, params: &NegotiatedParams);

@@ -31,11 +31,7 @@ pub struct LinkParams {
 
 impl Default for LinkParams {
     fn default() -> Self {
-        Self {
-            header_digest: Digest::None,
-            data_digest: Digest::None,
-            max_recv_data_segment_length: 8192,
-        }
+        Self { header_digest: Digest::None, data_digest: Digest::None, max_recv_data_segment_length: 8192 }
     }
 }
 
@@ -54,12 +50,7 @@ pub trait LinkRx: Send {
 pub trait LinkTx: Send {
     /// Write one PDU: header (lengths filled from `ahs` and the data slices), AHS, then the
     /// data segment given as consecutive slices (written without copying them).
-    fn write_pdu<'a>(
-        &'a mut self,
-        header: &'a Header,
-        ahs: &'a [u8],
-        data: &'a [&'a [u8]],
-    ) -> BoxFuture<'a, Result<(), DmError>>;
+    fn write_pdu<'a>(&'a mut self, header: &'a Header, ahs: &'a [u8], data: &'a [&'a [u8]]) -> BoxFuture<'a, Result<(), DmError>>;
     /// Apply new framing parameters.
     fn set_params(&mut self, p: LinkParams);
     /// Close the sending direction.

@@ -37,16 +37,7 @@ pub struct LoopTx {
 pub fn pair() -> ((LoopRx, LoopTx), (LoopRx, LoopTx)) {
     let (a_tx, b_rx) = mpsc::unbounded_channel();
     let (b_tx, a_rx) = mpsc::unbounded_channel();
-    let end = |rx, tx| {
-        (
-            LoopRx {
-                rx,
-                current: None,
-                max_data: 8192,
-            },
-            LoopTx { tx: Some(tx) },
-        )
-    };
+    let end = |rx, tx| (LoopRx { rx, current: None, max_data: 8192 }, LoopTx { tx: Some(tx) });
     (end(a_rx, a_tx), end(b_rx, b_tx))
 }
 
@@ -57,19 +48,11 @@ impl LinkRx for LoopRx {
                 return Ok(None);
             };
             if f.data.len() > self.max_data as usize {
-                return Err(DmError::Protocol(format!(
-                    "data segment of {} bytes exceeds {}",
-                    f.data.len(),
-                    self.max_data
-                )));
+                return Err(DmError::Protocol(format!("data segment of {} bytes exceeds {}", f.data.len(), self.max_data)));
             }
             let data_len = f.data.len();
             self.current = Some(f.data);
-            Ok(Some(RxHeader {
-                header: f.header,
-                ahs: f.ahs,
-                data_len,
-            }))
+            Ok(Some(RxHeader { header: f.header, ahs: f.ahs, data_len }))
         })
     }
 
@@ -90,21 +73,11 @@ impl LinkRx for LoopRx {
 }
 
 impl LinkTx for LoopTx {
-    fn write_pdu<'a>(
-        &'a mut self,
-        header: &'a Header,
-        ahs: &'a [u8],
-        data: &'a [&'a [u8]],
-    ) -> BoxFuture<'a, Result<(), DmError>> {
+    fn write_pdu<'a>(&'a mut self, header: &'a Header, ahs: &'a [u8], data: &'a [&'a [u8]]) -> BoxFuture<'a, Result<(), DmError>> {
         Box::pin(async move {
             let data: Vec<u8> = data.concat();
             let tx = self.tx.as_ref().ok_or(DmError::Closed)?;
-            tx.send(Frame {
-                header: *header,
-                ahs: Bytes::copy_from_slice(ahs),
-                data: data.into(),
-            })
-            .map_err(|_| DmError::Closed)
+            tx.send(Frame { header: *header, ahs: Bytes::copy_from_slice(ahs), data: data.into() }).map_err(|_| DmError::Closed)
         })
     }
 
@@ -129,12 +102,7 @@ impl RawEnd {
     /// Send a PDU.
     pub fn send(&self, header: Header, data: impl Into<Bytes>) -> Result<(), DmError> {
         let tx = self.tx.tx.as_ref().ok_or(DmError::Closed)?;
-        tx.send(Frame {
-            header,
-            ahs: Bytes::new(),
-            data: data.into(),
-        })
-        .map_err(|_| DmError::Closed)
+        tx.send(Frame { header, ahs: Bytes::new(), data: data.into() }).map_err(|_| DmError::Closed)
     }
     /// Receive the next PDU (`None` when the other end is gone).
     pub async fn recv(&mut self) -> Option<Frame> {

@@ -4,8 +4,7 @@
 
 use crate::link::{LinkParams, LinkRx, LinkTx};
 use crate::{
-    BoxFuture, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent,
-    PutDataDone, R2tDesc, TaskBuffer, Terminated,
+    BoxFuture, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent, PutDataDone, R2tDesc, TaskBuffer, Terminated,
 };
 use bytes::{Bytes, BytesMut};
 use riser_iscsi::keys::{NegotiatedParams, Role};
@@ -32,13 +31,7 @@ struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self {
-            max_send_dsl: 8192,
-            max_burst: 262_144,
-            first_burst: 65_536,
-            immediate_data: true,
-            initial_r2t: true,
-        }
+        Self { max_send_dsl: 8192, max_burst: 262_144, first_burst: 65_536, immediate_data: true, initial_r2t: true }
     }
 }
 
@@ -87,9 +80,7 @@ pub struct PduDatamover {
 
 impl std::fmt::Debug for PduDatamover {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PduDatamover")
-            .field("role", &self.shared.role)
-            .finish_non_exhaustive()
+        f.debug_struct("PduDatamover").field("role", &self.shared.role).finish_non_exhaustive()
     }
 }
 
@@ -97,11 +88,7 @@ impl PduDatamover {
     /// A datamover for `role` over a link. The returned future is the receive driver: spawn it
     /// on any executor; it ends when the connection does (after sending
     /// Connection_Terminate_Notify).
-    pub fn new(
-        role: Role,
-        rx: Box<dyn LinkRx>,
-        tx: Box<dyn LinkTx>,
-    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
+    pub fn new(role: Role, rx: Box<dyn LinkRx>, tx: Box<dyn LinkTx>) -> (Self, impl Future<Output = ()> + Send + 'static) {
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let (close_tx, close_rx) = oneshot::channel();
         let shared = Arc::new(Shared {
@@ -150,20 +137,12 @@ impl PduDatamover {
         let _ = shared.events_tx.send(DmEvent::Terminated(why));
     }
 
-    async fn receive(
-        shared: &Shared,
-        rx: &mut dyn LinkRx,
-        h: crate::link::RxHeader,
-    ) -> Result<(), DmError> {
+    async fn receive(shared: &Shared, rx: &mut dyn LinkRx, h: crate::link::RxHeader) -> Result<(), DmError> {
         match h.header {
-            Header::ScsiCommand(cmd)
-                if shared.role == Role::Target && cmd.write && cmd.expected_data_len > 0 =>
-            {
+            Header::ScsiCommand(cmd) if shared.role == Role::Target && cmd.write && cmd.expected_data_len > 0 => {
                 Self::receive_write_command(shared, rx, cmd, h.ahs, h.data_len).await
             }
-            Header::DataOut(d) if shared.role == Role::Target => {
-                Self::receive_data_out(shared, rx, d, h.data_len).await
-            }
+            Header::DataOut(d) if shared.role == Role::Target => Self::receive_data_out(shared, rx, d, h.data_len).await,
             header => {
                 let mut data = BytesMut::zeroed(h.data_len);
                 rx.read_data(&mut data).await?;
@@ -172,12 +151,7 @@ impl PduDatamover {
                 if gate {
                     shared.awaiting_login_step.store(true, Ordering::Release);
                 }
-                let _ = shared.events_tx.send(DmEvent::Control(ControlPdu {
-                    header,
-                    ahs: h.ahs,
-                    data: data.freeze(),
-                    immediate: 0,
-                }));
+                let _ = shared.events_tx.send(DmEvent::Control(ControlPdu { header, ahs: h.ahs, data: data.freeze(), immediate: 0 }));
                 if gate {
                     // Do not read ahead during login: the next PDU may be framed with the
                     // parameters this one completes (digests start after the final response).
@@ -210,9 +184,7 @@ impl PduDatamover {
             return Ok(());
         }
         if !limits.immediate_data && data_len > 0 {
-            return Err(DmError::Protocol(
-                "immediate data sent with ImmediateData=No".into(),
-            ));
+            return Err(DmError::Protocol("immediate data sent with ImmediateData=No".into()));
         }
         let mut buf = BytesMut::zeroed(edtl as usize);
         rx.read_data(&mut buf[..data_len]).await?;
@@ -226,10 +198,7 @@ impl PduDatamover {
             notify: None,
         };
         if lock(&shared.writes).insert(cmd.itt, task).is_some() {
-            return Err(DmError::Protocol(format!(
-                "ITT {:#x} reused while its write is outstanding",
-                cmd.itt
-            )));
+            return Err(DmError::Protocol(format!("ITT {:#x} reused while its write is outstanding", cmd.itt)));
         }
         let _ = shared.events_tx.send(DmEvent::Control(ControlPdu {
             header: Header::ScsiCommand(cmd),
@@ -240,12 +209,7 @@ impl PduDatamover {
         Ok(())
     }
 
-    async fn receive_data_out(
-        shared: &Shared,
-        rx: &mut dyn LinkRx,
-        d: DataOut,
-        len: usize,
-    ) -> Result<(), DmError> {
+    async fn receive_data_out(shared: &Shared, rx: &mut dyn LinkRx, d: DataOut, len: usize) -> Result<(), DmError> {
         let first_burst = lock(&shared.limits).first_burst;
         // Take the task's buffer out while reading into it (the lock is not held across the read).
         let removed = lock(&shared.writes).remove(&d.itt);
@@ -306,9 +270,7 @@ impl PduDatamover {
                 r.next_data_sn += 1;
                 if r.received == r.len {
                     if !d.final_ {
-                        return Err(DmError::Protocol(
-                            "last Data-Out of an R2T without the F bit".into(),
-                        ));
+                        return Err(DmError::Protocol("last Data-Out of an R2T without the F bit".into()));
                     }
                     if let Some(n) = &task.notify {
                         let _ = n.send(r.ttt);
@@ -340,23 +302,14 @@ impl Datamover for PduDatamover {
             // Login Response (then it waits for Enable_Datamover and the new parameters).
             let final_ok = matches!(pdu.header, Header::LoginResponse(r) if r.transit && r.nsg.0 == 3 && r.status_class == 0);
             let r = self.send(pdu.header, &pdu.ahs, &[&pdu.data]).await;
-            if !final_ok
-                && self
-                    .shared
-                    .awaiting_login_step
-                    .swap(false, Ordering::AcqRel)
-            {
+            if !final_ok && self.shared.awaiting_login_step.swap(false, Ordering::AcqRel) {
                 self.shared.login_gate.notify_one();
             }
             r
         })
     }
 
-    fn put_data(
-        &self,
-        desc: DataInDesc,
-        data: Bytes,
-    ) -> BoxFuture<'_, Result<PutDataDone, DmError>> {
+    fn put_data(&self, desc: DataInDesc, data: Bytes) -> BoxFuture<'_, Result<PutDataDone, DmError>> {
         Box::pin(async move {
             let l = *lock(&self.shared.limits);
             let seg = l.max_send_dsl.max(512) as usize;
@@ -364,9 +317,7 @@ impl Datamover for PduDatamover {
             let mut done = PutDataDone::default();
             let mut sent = 0usize;
             let mut in_burst = 0usize;
-            while sent < data.len()
-                || (data.is_empty() && done.pdus == 0 && desc.collapse_status.is_some())
-            {
+            while sent < data.len() || (data.is_empty() && done.pdus == 0 && desc.collapse_status.is_some()) {
                 let n = seg.min(data.len() - sent).min(burst - in_burst);
                 let last = sent + n == data.len();
                 in_burst += n;
@@ -393,8 +344,7 @@ impl Datamover for PduDatamover {
                     h.exp_cmd_sn = s.exp_cmd_sn;
                     h.max_cmd_sn = s.max_cmd_sn;
                 }
-                self.send(Header::DataIn(h), &[], &[&data[sent..sent + n]])
-                    .await?;
+                self.send(Header::DataIn(h), &[], &[&data[sent..sent + n]]).await?;
                 done.pdus += 1;
                 sent += n;
                 if in_burst == burst {
@@ -408,13 +358,7 @@ impl Datamover for PduDatamover {
         })
     }
 
-    fn get_data(
-        &self,
-        itt: u32,
-        total_len: u32,
-        unsolicited_len: u32,
-        r2ts: Vec<R2tDesc>,
-    ) -> BoxFuture<'_, Result<TaskBuffer, DmError>> {
+    fn get_data(&self, itt: u32, total_len: u32, unsolicited_len: u32, r2ts: Vec<R2tDesc>) -> BoxFuture<'_, Result<TaskBuffer, DmError>> {
         Box::pin(async move {
             let (tx, mut rx) = mpsc::unbounded_channel();
             let max_outstanding = 1usize;
@@ -422,23 +366,13 @@ impl Datamover for PduDatamover {
                 let mut writes = lock(&self.shared.writes);
                 let task = writes.get_mut(&itt).ok_or(DmError::NoTask(itt))?;
                 if task.buf.len() != total_len as usize {
-                    return Err(DmError::Protocol(
-                        "Get_Data length differs from the command's".into(),
-                    ));
+                    return Err(DmError::Protocol("Get_Data length differs from the command's".into()));
                 }
                 if task.unsolicited >= unsolicited_len {
                     task.unsolicited_done = true;
                 }
-                task.r2ts = r2ts
-                    .iter()
-                    .map(|r| Solicited {
-                        ttt: r.ttt,
-                        offset: r.offset,
-                        len: r.len,
-                        received: 0,
-                        next_data_sn: 0,
-                    })
-                    .collect();
+                task.r2ts =
+                    r2ts.iter().map(|r| Solicited { ttt: r.ttt, offset: r.offset, len: r.len, received: 0, next_data_sn: 0 }).collect();
                 task.notify = Some(tx);
             }
             let mut unsolicited_pending = {
@@ -475,23 +409,15 @@ impl Datamover for PduDatamover {
                     None => return Err(DmError::NoTask(itt)),
                 }
             }
-            let task = lock(&self.shared.writes)
-                .remove(&itt)
-                .ok_or(DmError::NoTask(itt))?;
+            let task = lock(&self.shared.writes).remove(&itt).ok_or(DmError::NoTask(itt))?;
             Ok(TaskBuffer { data: task.buf })
         })
     }
 
     fn notice_key_values(&self, p: &NegotiatedParams) {
         let (recv, send) = match self.shared.role {
-            Role::Target => (
-                p.target_recv_data_segment_length,
-                p.initiator_recv_data_segment_length,
-            ),
-            Role::Initiator => (
-                p.initiator_recv_data_segment_length,
-                p.target_recv_data_segment_length,
-            ),
+            Role::Target => (p.target_recv_data_segment_length, p.initiator_recv_data_segment_length),
+            Role::Initiator => (p.initiator_recv_data_segment_length, p.target_recv_data_segment_length),
         };
         *lock(&self.shared.limits) = Limits {
             max_send_dsl: send,
@@ -500,11 +426,7 @@ impl Datamover for PduDatamover {
             immediate_data: p.immediate_data,
             initial_r2t: p.initial_r2t,
         };
-        let lp = LinkParams {
-            header_digest: p.header_digest,
-            data_digest: p.data_digest,
-            max_recv_data_segment_length: recv,
-        };
+        let lp = LinkParams { header_digest: p.header_digest, data_digest: p.data_digest, max_recv_data_segment_length: recv };
         *lock(&self.shared.pending_rx_params) = Some(lp);
         *lock(&self.shared.pending_tx_params) = Some(lp);
     }
@@ -520,11 +442,7 @@ impl Datamover for PduDatamover {
 
     fn enable(&self) {
         self.shared.enabled.store(true, Ordering::Release);
-        if self
-            .shared
-            .awaiting_login_step
-            .swap(false, Ordering::AcqRel)
-        {
+        if self.shared.awaiting_login_step.swap(false, Ordering::AcqRel) {
             self.shared.login_gate.notify_one();
         }
     }

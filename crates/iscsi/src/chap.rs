@@ -54,11 +54,7 @@ impl ChapAlgorithm {
     }
     /// The challenge length riser sends: at least 16 bytes and the digest length.
     pub const fn challenge_len(self) -> usize {
-        if self.digest_len() > 16 {
-            self.digest_len()
-        } else {
-            16
-        }
+        if self.digest_len() > 16 { self.digest_len() } else { 16 }
     }
 
     /// CHAP response: Hash(identifier ‖ secret ‖ challenge).
@@ -88,13 +84,7 @@ impl ChapAlgorithm {
 
 /// Parse a CHAP_A list into known algorithms, keeping the sender's order.
 pub fn parse_algorithms(list: &str) -> Vec<ChapAlgorithm> {
-    list.split(',')
-        .filter_map(|v| {
-            crate::text::parse_number(v)
-                .ok()
-                .and_then(ChapAlgorithm::from_code)
-        })
-        .collect()
+    list.split(',').filter_map(|v| crate::text::parse_number(v).ok().and_then(ChapAlgorithm::from_code)).collect()
 }
 
 /// A CHAP secret. Its `Debug` shows only the length.
@@ -148,10 +138,7 @@ pub enum CredentialsError {
 
 impl ChapCredentials {
     /// Validated credentials.
-    pub fn new(
-        user: impl Into<String>,
-        secret: impl Into<Vec<u8>>,
-    ) -> Result<Self, CredentialsError> {
+    pub fn new(user: impl Into<String>, secret: impl Into<Vec<u8>>) -> Result<Self, CredentialsError> {
         let user = user.into();
         let secret = Secret::new(secret);
         if user.is_empty() || user.len() > 255 || user.contains('\0') {
@@ -173,10 +160,7 @@ mod tests {
         // MD5(0x01 ‖ "secret" ‖ challenge) computed independently with Python's hashlib.
         let s = Secret::new(*b"secret");
         let r = ChapAlgorithm::Md5.response(1, &s, &[0xde, 0xad, 0xbe, 0xef]);
-        assert_eq!(
-            crate::text::encode_hex(&r),
-            "0x816e5cad18ced100f1b4bc86d990f6bc"
-        );
+        assert_eq!(crate::text::encode_hex(&r), "0x816e5cad18ced100f1b4bc86d990f6bc");
         assert!(ChapAlgorithm::Md5.verify(1, &s, &[0xde, 0xad, 0xbe, 0xef], &r));
         assert!(!ChapAlgorithm::Md5.verify(2, &s, &[0xde, 0xad, 0xbe, 0xef], &r));
         assert!(!ChapAlgorithm::Md5.verify(1, &s, &[0xde, 0xad, 0xbe, 0xef], &r[..15]));
@@ -191,21 +175,8 @@ mod tests {
         let c = ChapCredentials::new("user", *b"averysecretvalue").unwrap();
         let dbg = format!("{c:?}");
         assert!(!dbg.contains("averysecretvalue"), "{dbg}");
-        assert_eq!(
-            ChapCredentials::new("u", *b"short").unwrap_err(),
-            CredentialsError::SecretLength(5)
-        );
-        assert_eq!(
-            ChapCredentials::new("", *b"averysecretvalue").unwrap_err(),
-            CredentialsError::BadUser
-        );
-        assert_eq!(
-            parse_algorithms("8,7,99,5,x"),
-            [
-                ChapAlgorithm::Sha3_256,
-                ChapAlgorithm::Sha256,
-                ChapAlgorithm::Md5
-            ]
-        );
+        assert_eq!(ChapCredentials::new("u", *b"short").unwrap_err(), CredentialsError::SecretLength(5));
+        assert_eq!(ChapCredentials::new("", *b"averysecretvalue").unwrap_err(), CredentialsError::BadUser);
+        assert_eq!(parse_algorithms("8,7,99,5,x"), [ChapAlgorithm::Sha3_256, ChapAlgorithm::Sha256, ChapAlgorithm::Md5]);
     }
 }

@@ -140,10 +140,7 @@ impl Default for Reassembler {
 impl Reassembler {
     /// A reassembler refusing texts over `max` bytes.
     pub const fn new(max: usize) -> Self {
-        Self {
-            buf: Vec::new(),
-            max,
-        }
+        Self { buf: Vec::new(), max }
     }
     /// Feed one PDU's data segment; returns the whole text when `cont` is false.
     pub fn push(&mut self, data: &[u8], cont: bool) -> Result<Option<Vec<u8>>, TextError> {
@@ -152,11 +149,7 @@ impl Reassembler {
             return Err(TextError::TooLong(self.max));
         }
         self.buf.extend_from_slice(data);
-        Ok(if cont {
-            None
-        } else {
-            Some(core::mem::take(&mut self.buf))
-        })
+        Ok(if cont { None } else { Some(core::mem::take(&mut self.buf)) })
     }
     /// Whether a partial text is pending.
     pub fn is_pending(&self) -> bool {
@@ -205,15 +198,8 @@ pub fn decode_binary(v: &str) -> Result<Vec<u8>, TextError> {
         if h.is_empty() {
             return Err(TextError::BadBinary);
         }
-        let digits: Vec<u8> = h
-            .bytes()
-            .map(|c| {
-                (c as char)
-                    .to_digit(16)
-                    .map(|d| d as u8)
-                    .ok_or(TextError::BadBinary)
-            })
-            .collect::<Result<_, _>>()?;
+        let digits: Vec<u8> =
+            h.bytes().map(|c| (c as char).to_digit(16).map(|d| d as u8).ok_or(TextError::BadBinary)).collect::<Result<_, _>>()?;
         let mut out = Vec::with_capacity(digits.len().div_ceil(2));
         let mut it = digits.iter();
         if digits.len() % 2 == 1 {
@@ -224,9 +210,7 @@ pub fn decode_binary(v: &str) -> Result<Vec<u8>, TextError> {
         }
         Ok(out)
     } else if let Some(b) = v.strip_prefix("0b").or_else(|| v.strip_prefix("0B")) {
-        base64::engine::general_purpose::STANDARD
-            .decode(b)
-            .map_err(|_| TextError::BadBinary)
+        base64::engine::general_purpose::STANDARD.decode(b).map_err(|_| TextError::BadBinary)
     } else {
         Err(TextError::BadBinary)
     }
@@ -258,25 +242,16 @@ mod tests {
     #[test]
     fn pairs() {
         let t = b"InitiatorName=iqn.x\0SessionType=Normal\0\0";
-        assert_eq!(
-            parse_pairs(t).unwrap(),
-            [("InitiatorName", "iqn.x"), ("SessionType", "Normal")]
-        );
+        assert_eq!(parse_pairs(t).unwrap(), [("InitiatorName", "iqn.x"), ("SessionType", "Normal")]);
         assert_eq!(parse_pairs(b"").unwrap(), []);
         assert_eq!(parse_pairs(b"A=1").unwrap_err(), TextError::MissingNul);
         assert_eq!(parse_pairs(b"A\0").unwrap_err(), TextError::MissingEquals);
         assert_eq!(parse_pairs(b"=1\0").unwrap_err(), TextError::EmptyKey);
         assert_eq!(parse_pairs(b"A=\xff\0").unwrap_err(), TextError::NotUtf8);
         let long_key = alloc::format!("{}=1\0", "K".repeat(64));
-        assert_eq!(
-            parse_pairs(long_key.as_bytes()).unwrap_err(),
-            TextError::KeyTooLong
-        );
+        assert_eq!(parse_pairs(long_key.as_bytes()).unwrap_err(), TextError::KeyTooLong);
         let long_val = alloc::format!("K={}\0", "v".repeat(256));
-        assert!(matches!(
-            parse_pairs(long_val.as_bytes()),
-            Err(TextError::ValueTooLong { .. })
-        ));
+        assert!(matches!(parse_pairs(long_val.as_bytes()), Err(TextError::ValueTooLong { .. })));
         let chap = alloc::format!("CHAP_C=0x{}\0", "ab".repeat(1024));
         assert!(parse_pairs(chap.as_bytes()).is_ok());
         // Values may contain '='.
@@ -301,10 +276,7 @@ mod tests {
         assert_eq!(split(b"", 10).collect::<Vec<_>>(), [(&b""[..], false)]);
         let mut small = Reassembler::new(10);
         assert_eq!(small.push(&[1; 8], true).unwrap(), None);
-        assert_eq!(
-            small.push(&[1; 8], true).unwrap_err(),
-            TextError::TooLong(10)
-        );
+        assert_eq!(small.push(&[1; 8], true).unwrap_err(), TextError::TooLong(10));
         assert!(!small.is_pending());
     }
 
@@ -313,21 +285,11 @@ mod tests {
         assert_eq!(parse_number("8192").unwrap(), 8192);
         assert_eq!(parse_number("0x2000").unwrap(), 8192);
         assert_eq!(parse_number("0bIAA=").unwrap(), 8192);
-        for bad in [
-            "",
-            "-1",
-            "1e3",
-            "0x",
-            "99999999999999999999999",
-            "0x11111111111111111",
-        ] {
+        for bad in ["", "-1", "1e3", "0x", "99999999999999999999999", "0x11111111111111111"] {
             assert!(parse_number(bad).is_err(), "{bad}");
         }
         assert_eq!(decode_binary("0xabc").unwrap(), [0x0a, 0xbc]);
-        assert_eq!(
-            decode_binary(&encode_hex(&[1, 2, 255])).unwrap(),
-            [1, 2, 255]
-        );
+        assert_eq!(decode_binary(&encode_hex(&[1, 2, 255])).unwrap(), [1, 2, 255]);
         assert_eq!(decode_binary(&encode_base64(&[9; 33])).unwrap(), [9; 33]);
         assert!(decode_binary("0xzz").is_err());
         assert!(decode_binary("plain").is_err());

@@ -19,36 +19,19 @@ fn creds(user: &str, secret: &str) -> ChapCredentials {
 }
 
 fn target_cfg() -> TargetLoginConfig {
-    TargetLoginConfig {
-        targets: vec![TargetNode::open(TARGET)],
-        ..TargetLoginConfig::default()
-    }
+    TargetLoginConfig { targets: vec![TargetNode::open(TARGET)], ..TargetLoginConfig::default() }
 }
 
 fn initiator_cfg() -> InitiatorLoginConfig {
     InitiatorLoginConfig::new(INITIATOR, Some(TARGET.into()), ISID)
 }
 
-fn chap(
-    user: &str,
-    secret: &str,
-    algs: &[ChapAlgorithm],
-    mutual: Option<ChapCredentials>,
-) -> InitiatorAuth {
-    InitiatorAuth::Chap {
-        credentials: creds(user, secret),
-        algorithms: algs.to_vec(),
-        mutual,
-    }
+fn chap(user: &str, secret: &str, algs: &[ChapAlgorithm], mutual: Option<ChapCredentials>) -> InitiatorAuth {
+    InitiatorAuth::Chap { credentials: creds(user, secret), algorithms: algs.to_vec(), mutual }
 }
 
 fn params() -> TargetLoginParams {
-    TargetLoginParams {
-        new_tsih: 0x1234,
-        initial_stat_sn: 1000,
-        cmd_window: 32,
-        entropy: [7; 32],
-    }
+    TargetLoginParams { new_tsih: 0x1234, initial_stat_sn: 1000, cmd_window: 32, entropy: [7; 32] }
 }
 
 /// Through the wire: encode, parse, check the bytes re-emit identically.
@@ -80,10 +63,7 @@ impl Run {
         };
         assert_eq!(i.tsih, 0x1234);
         assert_eq!(t.tsih, 0x1234);
-        assert_eq!(
-            i.stat_sn, t.stat_sn,
-            "ExpStatSN after login matches the target's next StatSN"
-        );
+        assert_eq!(i.stat_sn, t.stat_sn, "ExpStatSN after login matches the target's next StatSN");
         assert_eq!((i.exp_cmd_sn, i.max_cmd_sn), (1, 32));
         // Both sides derive the same operational values.
         let (pi, pt) = (i.params.clone(), t.params.clone());
@@ -94,16 +74,10 @@ impl Run {
     fn target_failed(&self) -> LoginStatus {
         match self.target.as_slice() {
             [TargetLoginEvent::Failed { status, .. }] => {
-                assert_eq!(
-                    self.initiator,
-                    [InitiatorLoginEvent::Failed(LoginFailure::Status(*status))]
-                );
+                assert_eq!(self.initiator, [InitiatorLoginEvent::Failed(LoginFailure::Status(*status))]);
                 *status
             }
-            other => panic!(
-                "target did not fail: {other:?}; initiator {:?}",
-                self.initiator
-            ),
+            other => panic!("target did not fail: {other:?}; initiator {:?}", self.initiator),
         }
     }
 
@@ -127,11 +101,7 @@ fn run(icfg: InitiatorLoginConfig, tcfg: TargetLoginConfig) -> Run {
     let now = Duration::from_secs(100);
     let mut ini = InitiatorLogin::new(icfg, now, [3; 32]);
     let mut tgt = TargetLogin::new(tcfg, params());
-    let mut r = Run {
-        initiator: vec![],
-        target: vec![],
-        transcript: vec![],
-    };
+    let mut r = Run { initiator: vec![], target: vec![], transcript: vec![] };
     for _ in 0..200 {
         let mut moved = false;
         while let Some(p) = ini.poll_transmit() {
@@ -156,9 +126,7 @@ fn run(icfg: InitiatorLoginConfig, tcfg: TargetLoginConfig) -> Run {
 }
 
 fn pairs_of(data: &[u8]) -> Vec<(String, String)> {
-    parse_pairs(data)
-        .map(|v| v.into_iter().map(|(k, v)| (k.into(), v.into())).collect())
-        .unwrap_or_default()
+    parse_pairs(data).map(|v| v.into_iter().map(|(k, v)| (k.into(), v.into())).collect()).unwrap_or_default()
 }
 
 // ---- negotiation without authentication --------------------------------------------------
@@ -167,37 +135,15 @@ fn pairs_of(data: &[u8]) -> Vec<(String, String)> {
 fn c01_defaults() {
     let r = run(initiator_cfg(), target_cfg());
     let (p, _) = r.completed();
-    assert_eq!(
-        (p.header_digest, p.data_digest),
-        (Digest::None, Digest::None)
-    );
+    assert_eq!((p.header_digest, p.data_digest), (Digest::None, Digest::None));
     assert_eq!(p.session_type, SessionType::Normal);
     assert_eq!(p.target_name, TARGET);
     assert_eq!(p.initiator_name, INITIATOR);
     assert_eq!(p.target_portal_group_tag, Some(1));
-    assert_eq!(
-        (
-            p.initiator_recv_data_segment_length,
-            p.target_recv_data_segment_length
-        ),
-        (262_144, 262_144)
-    );
-    assert_eq!(
-        (
-            p.max_burst_length,
-            p.first_burst_length,
-            p.initial_r2t,
-            p.immediate_data
-        ),
-        (1_048_576, 262_144, false, true)
-    );
+    assert_eq!((p.initiator_recv_data_segment_length, p.target_recv_data_segment_length), (262_144, 262_144));
+    assert_eq!((p.max_burst_length, p.first_burst_length, p.initial_r2t, p.immediate_data), (1_048_576, 262_144, false, true));
     // TargetPortalGroupTag is in the first response (Linux iscsid requires it).
-    assert!(
-        r.transcript[1]
-            .1
-            .iter()
-            .any(|(k, v)| k == "TargetPortalGroupTag" && v == "1")
-    );
+    assert!(r.transcript[1].1.iter().any(|(k, v)| k == "TargetPortalGroupTag" && v == "1"));
 }
 
 #[test]
@@ -206,10 +152,7 @@ fn c02_both_digests_crc32c_preferred() {
     i.operational.header_digest = vec![Digest::Crc32c, Digest::None];
     i.operational.data_digest = vec![Digest::Crc32c, Digest::None];
     let (p, _) = run(i, target_cfg()).completed();
-    assert_eq!(
-        (p.header_digest, p.data_digest),
-        (Digest::Crc32c, Digest::Crc32c)
-    );
+    assert_eq!((p.header_digest, p.data_digest), (Digest::Crc32c, Digest::Crc32c));
 }
 
 #[test]
@@ -228,10 +171,7 @@ fn c04_target_requiring_digest_gets_it_from_a_list() {
     let mut t = target_cfg();
     t.operational.data_digest = vec![Digest::Crc32c];
     let (p, _) = run(initiator_cfg(), t).completed();
-    assert_eq!(
-        (p.header_digest, p.data_digest),
-        (Digest::None, Digest::Crc32c)
-    );
+    assert_eq!((p.header_digest, p.data_digest), (Digest::None, Digest::Crc32c));
 }
 
 #[test]
@@ -246,15 +186,7 @@ fn c05_target_limits_win() {
         ..OperationalConfig::default()
     };
     let (p, _) = run(initiator_cfg(), t).completed();
-    assert_eq!(
-        (
-            p.max_burst_length,
-            p.first_burst_length,
-            p.immediate_data,
-            p.initial_r2t
-        ),
-        (65_536, 8192, false, true)
-    );
+    assert_eq!((p.max_burst_length, p.first_burst_length, p.immediate_data, p.initial_r2t), (65_536, 8192, false, true));
     assert_eq!(p.target_recv_data_segment_length, 8192);
     assert_eq!(p.initiator_recv_data_segment_length, 262_144);
 }
@@ -268,14 +200,7 @@ fn c06_erl_minimum_and_time2wait_maximum() {
     let mut t = target_cfg();
     t.operational.default_time2wait = 5;
     let (p, _) = run(i, t).completed();
-    assert_eq!(
-        (
-            p.error_recovery_level,
-            p.default_time2wait,
-            p.default_time2retain
-        ),
-        (0, 5, 20)
-    );
+    assert_eq!((p.error_recovery_level, p.default_time2wait, p.default_time2retain), (0, 5, 20));
 }
 
 #[test]
@@ -283,12 +208,8 @@ fn c07_target_offers_keys_the_initiator_left_at_default() {
     // An initiator that offers nothing operational (like a minimal one); the target must offer
     // what its limits do not allow at the defaults, and the initiator answers.
     let mut i = initiator_cfg();
-    i.operational = OperationalConfig {
-        max_burst_length: 262_144,
-        first_burst_length: 65_536,
-        initial_r2t: true,
-        ..OperationalConfig::default()
-    };
+    i.operational =
+        OperationalConfig { max_burst_length: 262_144, first_burst_length: 65_536, initial_r2t: true, ..OperationalConfig::default() };
     let mut t = target_cfg();
     t.operational.immediate_data = false;
     t.operational.max_burst_length = 131_072;
@@ -375,16 +296,8 @@ fn c14_chap_algorithm_choice_follows_initiator_order() {
 #[test]
 fn c15_mutual_chap_md5() {
     let mut i = initiator_cfg();
-    i.auth = chap(
-        "alice",
-        "alicesecret123",
-        &[ChapAlgorithm::Md5],
-        Some(creds("target0", "targetsecret12")),
-    );
-    let r = run(
-        i,
-        chap_target("alicesecret123", Some(creds("target0", "targetsecret12"))),
-    );
+    i.auth = chap("alice", "alicesecret123", &[ChapAlgorithm::Md5], Some(creds("target0", "targetsecret12")));
+    let r = run(i, chap_target("alicesecret123", Some(creds("target0", "targetsecret12"))));
     r.completed();
     assert_eq!(r.sent(false, "CHAP_N"), ["target0"]);
 }
@@ -392,37 +305,22 @@ fn c15_mutual_chap_md5() {
 #[test]
 fn c16_mutual_chap_sha3() {
     let mut i = initiator_cfg();
-    i.auth = chap(
-        "alice",
-        "alicesecret123",
-        &[ChapAlgorithm::Sha3_256],
-        Some(creds("target0", "targetsecret12")),
-    );
-    run(
-        i,
-        chap_target("alicesecret123", Some(creds("target0", "targetsecret12"))),
-    )
-    .completed();
+    i.auth = chap("alice", "alicesecret123", &[ChapAlgorithm::Sha3_256], Some(creds("target0", "targetsecret12")));
+    run(i, chap_target("alicesecret123", Some(creds("target0", "targetsecret12")))).completed();
 }
 
 #[test]
 fn c17_wrong_secret() {
     let mut i = initiator_cfg();
     i.auth = chap("alice", "not-the-secret", &[ChapAlgorithm::Md5], None);
-    assert_eq!(
-        run(i, chap_target("alicesecret123", None)).target_failed(),
-        LoginStatus::AUTHENTICATION_FAILURE
-    );
+    assert_eq!(run(i, chap_target("alicesecret123", None)).target_failed(), LoginStatus::AUTHENTICATION_FAILURE);
 }
 
 #[test]
 fn c18_wrong_user() {
     let mut i = initiator_cfg();
     i.auth = chap("mallory", "alicesecret123", &[ChapAlgorithm::Md5], None);
-    assert_eq!(
-        run(i, chap_target("alicesecret123", None)).target_failed(),
-        LoginStatus::AUTHENTICATION_FAILURE
-    );
+    assert_eq!(run(i, chap_target("alicesecret123", None)).target_failed(), LoginStatus::AUTHENTICATION_FAILURE);
 }
 
 #[test]
@@ -431,29 +329,15 @@ fn c19_no_common_chap_algorithm() {
     i.auth = chap("alice", "alicesecret123", &[ChapAlgorithm::Md5], None);
     let mut t = chap_target("alicesecret123", None);
     t.chap_algorithms = vec![ChapAlgorithm::Sha256];
-    assert_eq!(
-        run(i, t).target_failed(),
-        LoginStatus::AUTHENTICATION_FAILURE
-    );
+    assert_eq!(run(i, t).target_failed(), LoginStatus::AUTHENTICATION_FAILURE);
 }
 
 #[test]
 fn c20_target_fails_mutual_chap() {
     let mut i = initiator_cfg();
-    i.auth = chap(
-        "alice",
-        "alicesecret123",
-        &[ChapAlgorithm::Md5],
-        Some(creds("target0", "expectedsecret")),
-    );
-    let r = run(
-        i,
-        chap_target("alicesecret123", Some(creds("target0", "othersecret123"))),
-    );
-    assert!(matches!(
-        r.initiator_failed(),
-        LoginFailure::Authentication(_)
-    ));
+    i.auth = chap("alice", "alicesecret123", &[ChapAlgorithm::Md5], Some(creds("target0", "expectedsecret")));
+    let r = run(i, chap_target("alicesecret123", Some(creds("target0", "othersecret123"))));
+    assert!(matches!(r.initiator_failed(), LoginFailure::Authentication(_)));
 }
 
 #[test]
@@ -461,11 +345,7 @@ fn c21_target_requires_mutual() {
     let mut i = initiator_cfg();
     i.auth = chap("alice", "alicesecret123", &[ChapAlgorithm::Md5], None);
     assert_eq!(
-        run(
-            i,
-            chap_target("alicesecret123", Some(creds("t", "targetsecret12")))
-        )
-        .target_failed(),
+        run(i, chap_target("alicesecret123", Some(creds("t", "targetsecret12")))).target_failed(),
         LoginStatus::AUTHENTICATION_FAILURE
     );
 }
@@ -473,34 +353,20 @@ fn c21_target_requires_mutual() {
 #[test]
 fn c22_initiator_asks_mutual_target_has_none() {
     let mut i = initiator_cfg();
-    i.auth = chap(
-        "alice",
-        "alicesecret123",
-        &[ChapAlgorithm::Md5],
-        Some(creds("t", "targetsecret12")),
-    );
-    assert_eq!(
-        run(i, chap_target("alicesecret123", None)).target_failed(),
-        LoginStatus::AUTHENTICATION_FAILURE
-    );
+    i.auth = chap("alice", "alicesecret123", &[ChapAlgorithm::Md5], Some(creds("t", "targetsecret12")));
+    assert_eq!(run(i, chap_target("alicesecret123", None)).target_failed(), LoginStatus::AUTHENTICATION_FAILURE);
 }
 
 #[test]
 fn c23_target_requires_chap_initiator_offers_none() {
-    assert_eq!(
-        run(initiator_cfg(), chap_target("alicesecret123", None)).target_failed(),
-        LoginStatus::AUTHENTICATION_FAILURE
-    );
+    assert_eq!(run(initiator_cfg(), chap_target("alicesecret123", None)).target_failed(), LoginStatus::AUTHENTICATION_FAILURE);
 }
 
 #[test]
 fn c24_initiator_requires_chap_target_has_none() {
     let mut i = initiator_cfg();
     i.auth = chap("alice", "alicesecret123", &[ChapAlgorithm::Md5], None);
-    assert_eq!(
-        run(i, target_cfg()).target_failed(),
-        LoginStatus::AUTHENTICATION_FAILURE
-    );
+    assert_eq!(run(i, target_cfg()).target_failed(), LoginStatus::AUTHENTICATION_FAILURE);
 }
 
 // ---- admission ----------------------------------------------------------------------------
@@ -516,10 +382,7 @@ fn c25_target_not_found() {
 fn c26_acl_refusal() {
     let mut t = target_cfg();
     t.targets[0].allowed_initiators = vec!["iqn.2026-11.io.riser:someone-else".into()];
-    assert_eq!(
-        run(initiator_cfg(), t).target_failed(),
-        LoginStatus::AUTHORIZATION_FAILURE
-    );
+    assert_eq!(run(initiator_cfg(), t).target_failed(), LoginStatus::AUTHORIZATION_FAILURE);
 }
 
 #[test]
@@ -542,28 +405,11 @@ fn c28_iser_key_set() {
     let r = run(i, t);
     let (p, _) = r.completed();
     assert!(p.rdma_extensions);
-    assert_eq!(
-        (
-            p.initiator_recv_data_segment_length,
-            p.target_recv_data_segment_length
-        ),
-        (512, 8192)
-    );
-    assert_eq!(
-        (p.header_digest, p.data_digest),
-        (Digest::None, Digest::None)
-    );
+    assert_eq!((p.initiator_recv_data_segment_length, p.target_recv_data_segment_length), (512, 8192));
+    assert_eq!((p.header_digest, p.data_digest), (Digest::None, Digest::None));
     // Digests and MaxRecvDataSegmentLength are not offered on iSER.
-    for key in [
-        "HeaderDigest",
-        "DataDigest",
-        "MaxRecvDataSegmentLength",
-        "IFMarker",
-    ] {
-        assert!(
-            r.sent(true, key).is_empty() && r.sent(false, key).is_empty(),
-            "{key} sent on iSER"
-        );
+    for key in ["HeaderDigest", "DataDigest", "MaxRecvDataSegmentLength", "IFMarker"] {
+        assert!(r.sent(true, key).is_empty() && r.sent(false, key).is_empty(), "{key} sent on iSER");
     }
     assert_eq!(r.sent(true, "RDMAExtensions"), ["Yes"]);
     assert_eq!(r.sent(false, "TargetRecvDataSegmentLength"), ["8192"]);
@@ -582,10 +428,7 @@ fn c29_iser_initiator_against_tcp_portal() {
 fn c30_tcp_initiator_against_iser_portal() {
     let mut t = target_cfg();
     t.transport = Transport::Iser;
-    assert_eq!(
-        run(initiator_cfg(), t).target_failed(),
-        LoginStatus::MISSING_PARAMETER
-    );
+    assert_eq!(run(initiator_cfg(), t).target_failed(), LoginStatus::MISSING_PARAMETER);
 }
 
 // ---- raw requests: what riser's initiator never sends -------------------------------------
@@ -597,16 +440,9 @@ struct Raw {
 
 impl Raw {
     fn new(cfg: TargetLoginConfig) -> Self {
-        Self {
-            tgt: TargetLogin::new(cfg, params()),
-            now: Duration::from_secs(1),
-        }
+        Self { tgt: TargetLogin::new(cfg, params()), now: Duration::from_secs(1) }
     }
-    fn send(
-        &mut self,
-        req: LoginRequest,
-        pairs: &[(&str, &str)],
-    ) -> (LoginResponse, Vec<(String, String)>) {
+    fn send(&mut self, req: LoginRequest, pairs: &[(&str, &str)]) -> (LoginResponse, Vec<(String, String)>) {
         let mut t = TextBuilder::new();
         for (k, v) in pairs {
             t.push(k, v);
@@ -618,9 +454,7 @@ impl Raw {
         self.tgt.handle_pdu(self.now, &h, &d);
         let p = self.tgt.poll_transmit().expect("a response");
         assert!(self.tgt.poll_transmit().is_none());
-        let (Header::LoginResponse(rsp), d) = wire(Header::LoginResponse(p.header), &p.data) else {
-            unreachable!()
-        };
+        let (Header::LoginResponse(rsp), d) = wire(Header::LoginResponse(p.header), &p.data) else { unreachable!() };
         (rsp, pairs_of(&d))
     }
     fn status(&mut self) -> Option<LoginStatus> {
@@ -634,37 +468,19 @@ impl Raw {
 }
 
 fn req(csg: Stage, nsg: Stage, transit: bool) -> LoginRequest {
-    LoginRequest {
-        transit,
-        csg,
-        nsg,
-        isid: ISID,
-        itt: 9,
-        cmd_sn: 5,
-        ..LoginRequest::default()
-    }
+    LoginRequest { transit, csg, nsg, isid: ISID, itt: 9, cmd_sn: 5, ..LoginRequest::default() }
 }
 
-const NAMES: [(&str, &str); 3] = [
-    ("InitiatorName", INITIATOR),
-    ("SessionType", "Normal"),
-    ("TargetName", TARGET),
-];
+const NAMES: [(&str, &str); 3] = [("InitiatorName", INITIATOR), ("SessionType", "Normal"), ("TargetName", TARGET)];
 
 fn status_of(r: LoginResponse) -> LoginStatus {
-    LoginStatus {
-        class: r.status_class,
-        detail: r.status_detail,
-    }
+    LoginStatus { class: r.status_class, detail: r.status_detail }
 }
 
 #[test]
 fn c31_missing_initiator_name() {
     let mut raw = Raw::new(target_cfg());
-    let (rsp, _) = raw.send(
-        req(Stage::SECURITY, Stage::OPERATIONAL, true),
-        &[("TargetName", TARGET), ("AuthMethod", "None")],
-    );
+    let (rsp, _) = raw.send(req(Stage::SECURITY, Stage::OPERATIONAL, true), &[("TargetName", TARGET), ("AuthMethod", "None")]);
     assert_eq!(status_of(rsp), LoginStatus::MISSING_PARAMETER);
     assert_eq!(raw.status(), Some(LoginStatus::MISSING_PARAMETER));
 }
@@ -672,10 +488,7 @@ fn c31_missing_initiator_name() {
 #[test]
 fn c32_missing_target_name() {
     let mut raw = Raw::new(target_cfg());
-    let (rsp, _) = raw.send(
-        req(Stage::SECURITY, Stage::OPERATIONAL, true),
-        &[("InitiatorName", INITIATOR), ("AuthMethod", "None")],
-    );
+    let (rsp, _) = raw.send(req(Stage::SECURITY, Stage::OPERATIONAL, true), &[("InitiatorName", INITIATOR), ("AuthMethod", "None")]);
     assert_eq!(status_of(rsp), LoginStatus::MISSING_PARAMETER);
 }
 
@@ -683,11 +496,7 @@ fn c32_missing_target_name() {
 fn c33_unknown_keys_not_understood_then_login_completes() {
     let mut raw = Raw::new(target_cfg());
     let mut p = NAMES.to_vec();
-    p.extend([
-        ("AuthMethod", "None"),
-        ("X-com.example.Foo", "1"),
-        ("FancyKey", "Yes"),
-    ]);
+    p.extend([("AuthMethod", "None"), ("X-com.example.Foo", "1"), ("FancyKey", "Yes")]);
     let (rsp, a) = raw.send(req(Stage::SECURITY, Stage::OPERATIONAL, true), &p);
     assert_eq!(status_of(rsp), LoginStatus::SUCCESS);
     assert!(a.contains(&("X-com.example.Foo".into(), "NotUnderstood".into())));
@@ -702,29 +511,14 @@ fn c33_unknown_keys_not_understood_then_login_completes() {
 fn c34_out_of_range_numbers_rejected() {
     let mut raw = Raw::new(target_cfg());
     let mut p = NAMES.to_vec();
-    p.extend([
-        ("MaxBurstLength", "100"),
-        ("ErrorRecoveryLevel", "7"),
-        ("DefaultTime2Wait", "99999"),
-        ("FirstBurstLength", "banana"),
-    ]);
+    p.extend([("MaxBurstLength", "100"), ("ErrorRecoveryLevel", "7"), ("DefaultTime2Wait", "99999"), ("FirstBurstLength", "banana")]);
     let (rsp, a) = raw.send(req(Stage::OPERATIONAL, Stage::FULL_FEATURE, true), &p);
     assert_eq!(status_of(rsp), LoginStatus::SUCCESS);
-    for k in [
-        "MaxBurstLength",
-        "ErrorRecoveryLevel",
-        "DefaultTime2Wait",
-        "FirstBurstLength",
-    ] {
+    for k in ["MaxBurstLength", "ErrorRecoveryLevel", "DefaultTime2Wait", "FirstBurstLength"] {
         assert!(a.contains(&(k.into(), "Reject".into())), "{k}: {a:?}");
     }
-    let Some(TargetLoginEvent::Complete(o)) = raw.tgt.poll_event() else {
-        panic!()
-    };
-    assert_eq!(
-        (o.params.max_burst_length, o.params.error_recovery_level),
-        (262_144, 0)
-    );
+    let Some(TargetLoginEvent::Complete(o)) = raw.tgt.poll_event() else { panic!() };
+    assert_eq!((o.params.max_burst_length, o.params.error_recovery_level), (262_144, 0));
 }
 
 #[test]
@@ -743,24 +537,14 @@ fn c36_key_repeated_in_a_later_request_fails_login() {
     p.push(("ImmediateData", "Yes"));
     let (rsp, _) = raw.send(req(Stage::OPERATIONAL, Stage::FULL_FEATURE, false), &p);
     assert_eq!(status_of(rsp), LoginStatus::SUCCESS);
-    let (rsp, _) = raw.send(
-        req(Stage::OPERATIONAL, Stage::FULL_FEATURE, true),
-        &[("ImmediateData", "No")],
-    );
+    let (rsp, _) = raw.send(req(Stage::OPERATIONAL, Stage::FULL_FEATURE, true), &[("ImmediateData", "No")]);
     assert_eq!(status_of(rsp), LoginStatus::INITIATOR_ERROR);
 }
 
 #[test]
 fn c37_unsupported_version() {
     let mut raw = Raw::new(target_cfg());
-    let (rsp, _) = raw.send(
-        LoginRequest {
-            version_min: 2,
-            version_max: 2,
-            ..req(Stage::SECURITY, Stage::OPERATIONAL, true)
-        },
-        &NAMES,
-    );
+    let (rsp, _) = raw.send(LoginRequest { version_min: 2, version_max: 2, ..req(Stage::SECURITY, Stage::OPERATIONAL, true) }, &NAMES);
     assert_eq!(status_of(rsp), LoginStatus::UNSUPPORTED_VERSION);
 }
 
@@ -769,35 +553,17 @@ fn c38_command_before_login_completes() {
     let mut raw = Raw::new(target_cfg());
     let (rsp, _) = raw.send(
         req(Stage::SECURITY, Stage::OPERATIONAL, false),
-        &[
-            ("InitiatorName", INITIATOR),
-            ("TargetName", TARGET),
-            ("AuthMethod", "None"),
-        ],
+        &[("InitiatorName", INITIATOR), ("TargetName", TARGET), ("AuthMethod", "None")],
     );
     assert_eq!(status_of(rsp), LoginStatus::SUCCESS);
-    let (rsp, _) = raw.send_bytes(
-        Header::NopOut(NopOut {
-            immediate: true,
-            itt: 1,
-            ttt: u32::MAX,
-            ..NopOut::default()
-        }),
-        &[],
-    );
+    let (rsp, _) = raw.send_bytes(Header::NopOut(NopOut { immediate: true, itt: 1, ttt: u32::MAX, ..NopOut::default() }), &[]);
     assert_eq!(status_of(rsp), LoginStatus::INVALID_DURING_LOGIN);
 }
 
 #[test]
 fn c39_connection_add_not_supported() {
     let mut raw = Raw::new(target_cfg());
-    let (rsp, _) = raw.send(
-        LoginRequest {
-            tsih: 7,
-            ..req(Stage::OPERATIONAL, Stage::FULL_FEATURE, true)
-        },
-        &NAMES,
-    );
+    let (rsp, _) = raw.send(LoginRequest { tsih: 7, ..req(Stage::OPERATIONAL, Stage::FULL_FEATURE, true) }, &NAMES);
     assert_eq!(status_of(rsp), LoginStatus::SESSION_DOES_NOT_EXIST);
 }
 
@@ -815,26 +581,17 @@ fn c40_skipping_security_when_auth_required() {
 #[test]
 fn c41_bad_session_type_and_names() {
     let mut raw = Raw::new(target_cfg());
-    let (rsp, _) = raw.send(
-        req(Stage::OPERATIONAL, Stage::FULL_FEATURE, true),
-        &[("InitiatorName", INITIATOR), ("SessionType", "Bogus")],
-    );
+    let (rsp, _) = raw.send(req(Stage::OPERATIONAL, Stage::FULL_FEATURE, true), &[("InitiatorName", INITIATOR), ("SessionType", "Bogus")]);
     assert_eq!(status_of(rsp), LoginStatus::INITIATOR_ERROR);
     let mut raw = Raw::new(target_cfg());
-    let (rsp, _) = raw.send(
-        req(Stage::OPERATIONAL, Stage::FULL_FEATURE, true),
-        &[("InitiatorName", "not a name"), ("TargetName", TARGET)],
-    );
+    let (rsp, _) = raw.send(req(Stage::OPERATIONAL, Stage::FULL_FEATURE, true), &[("InitiatorName", "not a name"), ("TargetName", TARGET)]);
     assert_eq!(status_of(rsp), LoginStatus::INITIATOR_ERROR);
 }
 
 #[test]
 fn c42_text_without_nul_and_invalid_nsg() {
     let mut raw = Raw::new(target_cfg());
-    let (rsp, _) = raw.send_bytes(
-        Header::LoginRequest(req(Stage::SECURITY, Stage::OPERATIONAL, true)),
-        b"InitiatorName=iqn.x",
-    );
+    let (rsp, _) = raw.send_bytes(Header::LoginRequest(req(Stage::SECURITY, Stage::OPERATIONAL, true)), b"InitiatorName=iqn.x");
     assert_eq!(status_of(rsp), LoginStatus::INITIATOR_ERROR);
     let mut raw = Raw::new(target_cfg());
     let (rsp, _) = raw.send(req(Stage::OPERATIONAL, Stage::SECURITY, true), &NAMES);
@@ -858,10 +615,7 @@ fn c43_continuation_in_both_directions() {
     let chunks: Vec<_> = text.chunks(LOGIN_MAX_DATA).collect();
     for (n, c) in chunks.iter().enumerate() {
         let last = n + 1 == chunks.len();
-        let r = LoginRequest {
-            cont: !last,
-            ..req(Stage::OPERATIONAL, Stage::FULL_FEATURE, last)
-        };
+        let r = LoginRequest { cont: !last, ..req(Stage::OPERATIONAL, Stage::FULL_FEATURE, last) };
         if last {
             let (h, d) = wire(Header::LoginRequest(r), c);
             raw.tgt.handle_pdu(raw.now, &h, &d);
@@ -879,10 +633,7 @@ fn c43_continuation_in_both_directions() {
         let p = match first.take() {
             Some(p) => p,
             None => {
-                let (h, d) = wire(
-                    Header::LoginRequest(req(Stage::OPERATIONAL, Stage::FULL_FEATURE, false)),
-                    &[],
-                );
+                let (h, d) = wire(Header::LoginRequest(req(Stage::OPERATIONAL, Stage::FULL_FEATURE, false)), &[]);
                 raw.tgt.handle_pdu(raw.now, &h, &d);
                 raw.tgt.poll_transmit()
             }
@@ -900,20 +651,17 @@ fn c43_continuation_in_both_directions() {
     }
     assert!(pieces >= 3, "{pieces}");
     let answers = parse_pairs(&text).unwrap();
-    assert_eq!(
-        answers
-            .iter()
-            .filter(|(_, v)| *v == "NotUnderstood")
-            .count(),
-        700
-    );
+    assert_eq!(answers.iter().filter(|(_, v)| *v == "NotUnderstood").count(), 700);
     assert_eq!(raw.status(), Some(LoginStatus::SUCCESS));
 }
 
 #[test]
 fn c44_login_timeout() {
     let mut tgt = TargetLogin::new(target_cfg(), params());
-    let (h, d) = wire(Header::LoginRequest(req(Stage::SECURITY, Stage::OPERATIONAL, false)), b"InitiatorName=iqn.2026-11.x:y\0TargetName=iqn.2026-11.io.riser:target0\0AuthMethod=None\0");
+    let (h, d) = wire(
+        Header::LoginRequest(req(Stage::SECURITY, Stage::OPERATIONAL, false)),
+        b"InitiatorName=iqn.2026-11.x:y\0TargetName=iqn.2026-11.io.riser:target0\0AuthMethod=None\0",
+    );
     tgt.handle_pdu(Duration::from_secs(10), &h, &d);
     let deadline = tgt.poll_timeout().unwrap();
     assert_eq!(deadline, Duration::from_secs(25));
@@ -923,10 +671,7 @@ fn c44_login_timeout() {
     assert!(tgt.is_finished());
     let mut ini = InitiatorLogin::new(initiator_cfg(), Duration::ZERO, [0; 32]);
     ini.handle_timeout(Duration::from_secs(15));
-    assert_eq!(
-        ini.poll_event(),
-        Some(InitiatorLoginEvent::Failed(LoginFailure::Timeout))
-    );
+    assert_eq!(ini.poll_event(), Some(InitiatorLoginEvent::Failed(LoginFailure::Timeout)));
 }
 
 // ---- replay of a real initiator ------------------------------------------------------------
@@ -935,21 +680,14 @@ fn c44_login_timeout() {
 fn c45_libiscsi_captured_login_against_riser_target() {
     // libiscsi's iscsi-inq logging in to tgtd (testdata/captures/inquiry): feed its Login
     // Requests, unchanged, to the riser target configured with the same target name.
-    let dir =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/captures/inquiry");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/captures/inquiry");
+    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
     files.sort();
     let mut t = target_cfg();
     t.targets = vec![TargetNode::open("iqn.2026-11.io.riser.test:capture")];
     let mut tgt = TargetLogin::new(t, params());
     let mut requests = 0;
-    for f in files
-        .iter()
-        .filter(|f| f.to_string_lossy().ends_with("-i-03.bin"))
-    {
+    for f in files.iter().filter(|f| f.to_string_lossy().ends_with("-i-03.bin")) {
         let bytes = std::fs::read(f).unwrap();
         let (pdu, _) = Pdu::parse(&bytes).unwrap();
         tgt.handle_pdu(Duration::ZERO, &pdu.header, pdu.data);

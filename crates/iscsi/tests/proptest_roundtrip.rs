@@ -17,11 +17,7 @@ fn stage() -> impl Strategy<Value = Stage> {
 }
 
 fn tc() -> impl Strategy<Value = (bool, bool)> {
-    prop_oneof![
-        Just((false, false)),
-        Just((true, false)),
-        Just((false, true))
-    ]
+    prop_oneof![Just((false, false)), Just((true, false)), Just((false, true))]
 }
 
 prop_compose! {
@@ -30,315 +26,180 @@ prop_compose! {
 
 fn header() -> impl Strategy<Value = Header> {
     prop_oneof![
-        (
-            any::<bool>(),
-            lun(),
-            any::<u32>(),
-            any::<u32>(),
-            any::<u32>(),
-            any::<u32>()
-        )
-            .prop_map(
-                |(immediate, lun, itt, ttt, cmd_sn, exp_stat_sn)| Header::NopOut(NopOut {
+        (any::<bool>(), lun(), any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>()).prop_map(
+            |(immediate, lun, itt, ttt, cmd_sn, exp_stat_sn)| Header::NopOut(NopOut { immediate, lun, itt, ttt, cmd_sn, exp_stat_sn })
+        ),
+        (any::<(bool, bool, bool, bool)>(), 0u8..8, lun(), any::<(u32, u32, u32, u32)>(), any::<[u8; 16]>()).prop_map(
+            |((immediate, final_, read, write), attr, lun, (itt, expected_data_len, cmd_sn, exp_stat_sn), cdb)| {
+                Header::ScsiCommand(ScsiCommand {
                     immediate,
-                    lun,
-                    itt,
-                    ttt,
-                    cmd_sn,
-                    exp_stat_sn
-                })
-            ),
-        (
-            any::<(bool, bool, bool, bool)>(),
-            0u8..8,
-            lun(),
-            any::<(u32, u32, u32, u32)>(),
-            any::<[u8; 16]>()
-        )
-            .prop_map(
-                |(
-                    (immediate, final_, read, write),
+                    final_,
+                    read,
+                    write,
                     attr,
                     lun,
-                    (itt, expected_data_len, cmd_sn, exp_stat_sn),
+                    itt,
+                    expected_data_len,
+                    cmd_sn,
+                    exp_stat_sn,
                     cdb,
-                )| {
-                    Header::ScsiCommand(ScsiCommand {
-                        immediate,
-                        final_,
-                        read,
-                        write,
-                        attr,
-                        lun,
-                        itt,
-                        expected_data_len,
-                        cmd_sn,
-                        exp_stat_sn,
-                        cdb,
-                    })
-                }
-            ),
-        (
-            any::<bool>(),
-            0u8..128,
-            lun(),
-            any::<(u32, u32, u32, u32, u32, u32)>()
-        )
-            .prop_map(
-                |(
+                })
+            }
+        ),
+        (any::<bool>(), 0u8..128, lun(), any::<(u32, u32, u32, u32, u32, u32)>()).prop_map(
+            |(immediate, f, lun, (itt, ref_task_tag, cmd_sn, exp_stat_sn, ref_cmd_sn, exp_data_sn))| {
+                Header::TaskMgmtRequest(TaskMgmtRequest {
                     immediate,
-                    f,
-                    lun,
-                    (itt, ref_task_tag, cmd_sn, exp_stat_sn, ref_cmd_sn, exp_data_sn),
-                )| {
-                    Header::TaskMgmtRequest(TaskMgmtRequest {
-                        immediate,
-                        function: TmfFunction(f),
-                        lun,
-                        itt,
-                        ref_task_tag,
-                        cmd_sn,
-                        exp_stat_sn,
-                        ref_cmd_sn,
-                        exp_data_sn,
-                    })
-                }
-            ),
-        (
-            tc(),
-            stage(),
-            stage(),
-            any::<(u8, u8)>(),
-            any::<[u8; 6]>(),
-            any::<u16>(),
-            any::<(u32, u16, u32, u32)>()
-        )
-            .prop_map(
-                |(
-                    (transit, cont),
-                    csg,
-                    nsg,
-                    (version_max, version_min),
-                    isid,
-                    tsih,
-                    (itt, cid, cmd_sn, exp_stat_sn),
-                )| {
-                    Header::LoginRequest(LoginRequest {
-                        transit,
-                        cont,
-                        csg,
-                        nsg,
-                        version_max,
-                        version_min,
-                        isid: Isid(isid),
-                        tsih,
-                        itt,
-                        cid,
-                        cmd_sn,
-                        exp_stat_sn,
-                    })
-                }
-            ),
-        (
-            any::<(bool, bool, bool)>(),
-            lun(),
-            any::<(u32, u32, u32, u32)>()
-        )
-            .prop_map(
-                |((immediate, final_, cont), lun, (itt, ttt, cmd_sn, exp_stat_sn))| {
-                    Header::TextRequest(TextRequest {
-                        immediate,
-                        final_,
-                        cont,
-                        lun,
-                        itt,
-                        ttt,
-                        cmd_sn,
-                        exp_stat_sn,
-                    })
-                }
-            ),
-        (any::<bool>(), lun(), any::<(u32, u32, u32, u32, u32)>()).prop_map(
-            |(final_, lun, (itt, ttt, exp_stat_sn, data_sn, buffer_offset))| Header::DataOut(
-                DataOut {
-                    final_,
+                    function: TmfFunction(f),
                     lun,
                     itt,
-                    ttt,
+                    ref_task_tag,
+                    cmd_sn,
                     exp_stat_sn,
-                    data_sn,
-                    buffer_offset
-                }
-            )
+                    ref_cmd_sn,
+                    exp_data_sn,
+                })
+            }
         ),
-        (any::<bool>(), 0u8..128, any::<(u32, u16, u32, u32)>()).prop_map(
-            |(immediate, r, (itt, cid, cmd_sn, exp_stat_sn))| Header::LogoutRequest(
-                LogoutRequest {
-                    immediate,
-                    reason: LogoutReason(r),
+        (tc(), stage(), stage(), any::<(u8, u8)>(), any::<[u8; 6]>(), any::<u16>(), any::<(u32, u16, u32, u32)>()).prop_map(
+            |((transit, cont), csg, nsg, (version_max, version_min), isid, tsih, (itt, cid, cmd_sn, exp_stat_sn))| {
+                Header::LoginRequest(LoginRequest {
+                    transit,
+                    cont,
+                    csg,
+                    nsg,
+                    version_max,
+                    version_min,
+                    isid: Isid(isid),
+                    tsih,
                     itt,
                     cid,
                     cmd_sn,
-                    exp_stat_sn
-                }
-            )
-        ),
-        (0u8..16, lun(), any::<(u32, u32, u32, u32, u32)>()).prop_map(
-            |(snack_type, lun, (itt, ttt, exp_stat_sn, beg_run, run_length))| Header::Snack(
-                Snack {
-                    snack_type,
-                    lun,
-                    itt,
-                    ttt,
                     exp_stat_sn,
-                    beg_run,
-                    run_length
-                }
-            )
+                })
+            }
         ),
-        (lun(), any::<(u32, u32)>(), sns()).prop_map(
-            |(lun, (itt, ttt), (stat_sn, exp_cmd_sn, max_cmd_sn))| Header::NopIn(NopIn {
+        (any::<(bool, bool, bool)>(), lun(), any::<(u32, u32, u32, u32)>()).prop_map(
+            |((immediate, final_, cont), lun, (itt, ttt, cmd_sn, exp_stat_sn))| {
+                Header::TextRequest(TextRequest { immediate, final_, cont, lun, itt, ttt, cmd_sn, exp_stat_sn })
+            }
+        ),
+        (any::<bool>(), lun(), any::<(u32, u32, u32, u32, u32)>()).prop_map(
+            |(final_, lun, (itt, ttt, exp_stat_sn, data_sn, buffer_offset))| Header::DataOut(DataOut {
+                final_,
                 lun,
                 itt,
                 ttt,
-                stat_sn,
-                exp_cmd_sn,
-                max_cmd_sn
+                exp_stat_sn,
+                data_sn,
+                buffer_offset
             })
         ),
-        (
-            any::<(bool, bool, bool, bool)>(),
-            any::<(u8, u8)>(),
-            any::<(u32, u32)>(),
-            sns(),
-            any::<(u32, u32, u32)>()
-        )
-            .prop_map(
-                |(
-                    (bidi_overflow, bidi_underflow, overflow, underflow),
-                    (response, status),
-                    (itt, snack_tag),
-                    (stat_sn, exp_cmd_sn, max_cmd_sn),
-                    (exp_data_sn, bidi_read_residual, residual),
-                )| {
-                    Header::ScsiResponse(ScsiResponse {
-                        bidi_overflow,
-                        bidi_underflow,
-                        overflow,
-                        underflow,
-                        response,
-                        status: Status(status),
-                        itt,
-                        snack_tag,
-                        stat_sn,
-                        exp_cmd_sn,
-                        max_cmd_sn,
-                        exp_data_sn,
-                        bidi_read_residual,
-                        residual,
-                    })
-                }
-            ),
-        (any::<u8>(), any::<u32>(), sns()).prop_map(
-            |(r, itt, (stat_sn, exp_cmd_sn, max_cmd_sn))| Header::TaskMgmtResponse(
-                TaskMgmtResponse {
-                    response: TmfResponse(r),
+        (any::<bool>(), 0u8..128, any::<(u32, u16, u32, u32)>()).prop_map(|(immediate, r, (itt, cid, cmd_sn, exp_stat_sn))| {
+            Header::LogoutRequest(LogoutRequest { immediate, reason: LogoutReason(r), itt, cid, cmd_sn, exp_stat_sn })
+        }),
+        (0u8..16, lun(), any::<(u32, u32, u32, u32, u32)>()).prop_map(|(snack_type, lun, (itt, ttt, exp_stat_sn, beg_run, run_length))| {
+            Header::Snack(Snack { snack_type, lun, itt, ttt, exp_stat_sn, beg_run, run_length })
+        }),
+        (lun(), any::<(u32, u32)>(), sns()).prop_map(|(lun, (itt, ttt), (stat_sn, exp_cmd_sn, max_cmd_sn))| Header::NopIn(NopIn {
+            lun,
+            itt,
+            ttt,
+            stat_sn,
+            exp_cmd_sn,
+            max_cmd_sn
+        })),
+        (any::<(bool, bool, bool, bool)>(), any::<(u8, u8)>(), any::<(u32, u32)>(), sns(), any::<(u32, u32, u32)>()).prop_map(
+            |(
+                (bidi_overflow, bidi_underflow, overflow, underflow),
+                (response, status),
+                (itt, snack_tag),
+                (stat_sn, exp_cmd_sn, max_cmd_sn),
+                (exp_data_sn, bidi_read_residual, residual),
+            )| {
+                Header::ScsiResponse(ScsiResponse {
+                    bidi_overflow,
+                    bidi_underflow,
+                    overflow,
+                    underflow,
+                    response,
+                    status: Status(status),
+                    itt,
+                    snack_tag,
+                    stat_sn,
+                    exp_cmd_sn,
+                    max_cmd_sn,
+                    exp_data_sn,
+                    bidi_read_residual,
+                    residual,
+                })
+            }
+        ),
+        (any::<u8>(), any::<u32>(), sns()).prop_map(|(r, itt, (stat_sn, exp_cmd_sn, max_cmd_sn))| Header::TaskMgmtResponse(
+            TaskMgmtResponse { response: TmfResponse(r), itt, stat_sn, exp_cmd_sn, max_cmd_sn }
+        )),
+        (tc(), stage(), stage(), any::<(u8, u8)>(), any::<[u8; 6]>(), any::<(u16, u32)>(), sns(), any::<(u8, u8)>()).prop_map(
+            |(
+                (transit, cont),
+                csg,
+                nsg,
+                (version_max, version_active),
+                isid,
+                (tsih, itt),
+                (stat_sn, exp_cmd_sn, max_cmd_sn),
+                (status_class, status_detail),
+            )| {
+                Header::LoginResponse(LoginResponse {
+                    transit,
+                    cont,
+                    csg,
+                    nsg,
+                    version_max,
+                    version_active,
+                    isid: Isid(isid),
+                    tsih,
                     itt,
                     stat_sn,
                     exp_cmd_sn,
-                    max_cmd_sn
-                }
-            )
+                    max_cmd_sn,
+                    status_class,
+                    status_detail,
+                })
+            }
         ),
-        (
-            tc(),
-            stage(),
-            stage(),
-            any::<(u8, u8)>(),
-            any::<[u8; 6]>(),
-            any::<(u16, u32)>(),
-            sns(),
-            any::<(u8, u8)>()
-        )
-            .prop_map(
-                |(
-                    (transit, cont),
-                    csg,
-                    nsg,
-                    (version_max, version_active),
-                    isid,
-                    (tsih, itt),
-                    (stat_sn, exp_cmd_sn, max_cmd_sn),
-                    (status_class, status_detail),
-                )| {
-                    Header::LoginResponse(LoginResponse {
-                        transit,
-                        cont,
-                        csg,
-                        nsg,
-                        version_max,
-                        version_active,
-                        isid: Isid(isid),
-                        tsih,
-                        itt,
-                        stat_sn,
-                        exp_cmd_sn,
-                        max_cmd_sn,
-                        status_class,
-                        status_detail,
-                    })
-                }
-            ),
         (any::<(bool, bool)>(), lun(), any::<(u32, u32)>(), sns()).prop_map(
             |((final_, cont), lun, (itt, ttt), (stat_sn, exp_cmd_sn, max_cmd_sn))| {
-                Header::TextResponse(TextResponse {
+                Header::TextResponse(TextResponse { final_, cont, lun, itt, ttt, stat_sn, exp_cmd_sn, max_cmd_sn })
+            }
+        ),
+        (any::<(bool, bool, bool, bool, bool)>(), any::<u8>(), lun(), any::<(u32, u32)>(), sns(), any::<(u32, u32, u32)>()).prop_map(
+            |(
+                (final_, ack, overflow, underflow, status_present),
+                status,
+                lun,
+                (itt, ttt),
+                (stat_sn, exp_cmd_sn, max_cmd_sn),
+                (data_sn, buffer_offset, residual),
+            )| {
+                Header::DataIn(DataIn {
                     final_,
-                    cont,
+                    ack,
+                    overflow,
+                    underflow,
+                    status_present,
+                    status: Status(status),
                     lun,
                     itt,
                     ttt,
                     stat_sn,
                     exp_cmd_sn,
                     max_cmd_sn,
+                    data_sn,
+                    buffer_offset,
+                    residual,
                 })
             }
         ),
-        (
-            any::<(bool, bool, bool, bool, bool)>(),
-            any::<u8>(),
-            lun(),
-            any::<(u32, u32)>(),
-            sns(),
-            any::<(u32, u32, u32)>()
-        )
-            .prop_map(
-                |(
-                    (final_, ack, overflow, underflow, status_present),
-                    status,
-                    lun,
-                    (itt, ttt),
-                    (stat_sn, exp_cmd_sn, max_cmd_sn),
-                    (data_sn, buffer_offset, residual),
-                )| {
-                    Header::DataIn(DataIn {
-                        final_,
-                        ack,
-                        overflow,
-                        underflow,
-                        status_present,
-                        status: Status(status),
-                        lun,
-                        itt,
-                        ttt,
-                        stat_sn,
-                        exp_cmd_sn,
-                        max_cmd_sn,
-                        data_sn,
-                        buffer_offset,
-                        residual,
-                    })
-                }
-            ),
         (any::<u8>(), any::<u32>(), sns(), any::<(u16, u16)>()).prop_map(
             |(r, itt, (stat_sn, exp_cmd_sn, max_cmd_sn), (time2wait, time2retain))| {
                 Header::LogoutResponse(LogoutResponse {
@@ -353,12 +214,7 @@ fn header() -> impl Strategy<Value = Header> {
             }
         ),
         (lun(), any::<(u32, u32)>(), sns(), any::<(u32, u32, u32)>()).prop_map(
-            |(
-                lun,
-                (itt, ttt),
-                (stat_sn, exp_cmd_sn, max_cmd_sn),
-                (r2t_sn, buffer_offset, desired_len),
-            )| Header::R2t(R2t {
+            |(lun, (itt, ttt), (stat_sn, exp_cmd_sn, max_cmd_sn), (r2t_sn, buffer_offset, desired_len))| Header::R2t(R2t {
                 lun,
                 itt,
                 ttt,
@@ -386,20 +242,11 @@ fn header() -> impl Strategy<Value = Header> {
                 })
             }
         ),
-        (any::<u8>(), any::<u32>(), sns(), any::<u32>()).prop_map(
-            |(r, itt, (stat_sn, exp_cmd_sn, max_cmd_sn), data_sn)| Header::Reject(Reject {
-                reason: RejectReason(r),
-                itt,
-                stat_sn,
-                exp_cmd_sn,
-                max_cmd_sn,
-                data_sn
-            })
-        ),
+        (any::<u8>(), any::<u32>(), sns(), any::<u32>()).prop_map(|(r, itt, (stat_sn, exp_cmd_sn, max_cmd_sn), data_sn)| Header::Reject(
+            Reject { reason: RejectReason(r), itt, stat_sn, exp_cmd_sn, max_cmd_sn, data_sn }
+        )),
         (
-            prop::sample::select(vec![
-                0x07u8, 0x0f, 0x1c, 0x1d, 0x1e, 0x3c, 0x3d, 0x3e, 0x27, 0x30
-            ]),
+            prop::sample::select(vec![0x07u8, 0x0f, 0x1c, 0x1d, 0x1e, 0x3c, 0x3d, 0x3e, 0x27, 0x30]),
             any::<bool>(),
             prop::collection::vec(any::<u8>(), 47)
         )
@@ -511,14 +358,7 @@ fn reserved_bits_ignored_on_parse_and_zero_on_emit() {
     b[16..20].copy_from_slice(&7u32.to_be_bytes());
     b[32..48].fill(0xee);
     let h = Header::parse(&Bhs::new_checked(&b[..]).unwrap()).unwrap();
-    assert_eq!(
-        h,
-        Header::NopOut(NopOut {
-            immediate: true,
-            itt: 7,
-            ..NopOut::default()
-        })
-    );
+    assert_eq!(h, Header::NopOut(NopOut { immediate: true, itt: 7, ..NopOut::default() }));
     let mut out = [0u8; 48];
     h.emit(&mut out, 0, 0);
     assert_eq!(out[1], 0x80);
@@ -531,22 +371,13 @@ fn login_with_t_and_c_is_refused() {
     let mut b = [0u8; 48];
     b[0] = 0x43;
     b[1] = 0xc0;
-    assert_eq!(
-        Header::parse(&Bhs::new_checked(&b[..]).unwrap()),
-        Err(DecodeError::InvalidField("login T and C both set"))
-    );
+    assert_eq!(Header::parse(&Bhs::new_checked(&b[..]).unwrap()), Err(DecodeError::InvalidField("login T and C both set")));
 }
 
 #[test]
 fn oversized_data_segment_is_refused() {
     let mut b = vec![0u8; 48];
     b[5..8].copy_from_slice(&[0x01, 0x00, 0x01]);
-    assert_eq!(
-        Pdu::parse_limited(&b, 8192, true).unwrap_err(),
-        DecodeError::DataSegmentTooLong {
-            len: 65537,
-            max: 8192
-        }
-    );
+    assert_eq!(Pdu::parse_limited(&b, 8192, true).unwrap_err(), DecodeError::DataSegmentTooLong { len: 65537, max: 8192 });
     assert!(matches!(Pdu::parse(&b), Err(DecodeError::Truncated { .. })));
 }

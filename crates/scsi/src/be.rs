@@ -27,9 +27,5 @@ pub(crate) fn put_u64(b: &mut [u8], at: usize, v: u64) {
     b[at..at + 8].copy_from_slice(&v.to_be_bytes());
 }
 pub(crate) fn need(what: &'static str, b: &[u8], n: usize) -> Result<(), crate::Error> {
-    if b.len() < n {
-        Err(crate::Error::truncated(what, n, b.len()))
-    } else {
-        Ok(())
-    }
+    if b.len() < n { Err(crate::Error::truncated(what, n, b.len())) } else { Ok(()) }
 }

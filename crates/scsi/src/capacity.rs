@@ -16,10 +16,7 @@ pub struct Capacity10 {
 impl Capacity10 {
     /// From the device geometry.
     pub fn new(blocks: u64, block_len: u32) -> Self {
-        Self {
-            last_lba: blocks.saturating_sub(1).min(u64::from(u32::MAX)) as u32,
-            block_len,
-        }
+        Self { last_lba: blocks.saturating_sub(1).min(u64::from(u32::MAX)) as u32, block_len }
     }
     /// Encode.
     pub fn to_bytes(&self) -> [u8; 8] {
@@ -31,10 +28,7 @@ impl Capacity10 {
     /// Parse.
     pub fn parse(b: &[u8]) -> Result<Self, Error> {
         need("READ CAPACITY(10) data", b, 8)?;
-        Ok(Self {
-            last_lba: u32_at(b, 0),
-            block_len: u32_at(b, 4),
-        })
+        Ok(Self { last_lba: u32_at(b, 0), block_len: u32_at(b, 4) })
     }
 }
 
@@ -61,11 +55,7 @@ pub struct Capacity16 {
 impl Capacity16 {
     /// From the device geometry.
     pub fn new(blocks: u64, block_len: u32) -> Self {
-        Self {
-            last_lba: blocks.saturating_sub(1),
-            block_len,
-            ..Self::default()
-        }
+        Self { last_lba: blocks.saturating_sub(1), block_len, ..Self::default() }
     }
     /// Encode.
     pub fn to_bytes(&self) -> [u8; 32] {
@@ -124,14 +114,7 @@ pub fn parse_lba_status(b: &[u8]) -> Result<Vec<LbaStatusDescriptor>, Error> {
     need("GET LBA STATUS data", b, 8)?;
     // PARAMETER DATA LENGTH counts from byte 4; a value below 4 leaves no descriptors.
     let end = (4 + u32_at(b, 0) as usize).clamp(8, b.len());
-    Ok(b[8..end]
-        .chunks_exact(16)
-        .map(|d| LbaStatusDescriptor {
-            lba: u64_at(d, 0),
-            blocks: u32_at(d, 8),
-            status: d[12] & 0x0f,
-        })
-        .collect())
+    Ok(b[8..end].chunks_exact(16).map(|d| LbaStatusDescriptor { lba: u64_at(d, 0), blocks: u32_at(d, 8), status: d[12] & 0x0f }).collect())
 }
 
 #[cfg(test)]
@@ -144,12 +127,7 @@ mod tests {
         assert_eq!(c.to_bytes(), [0, 0x1f, 0xff, 0xff, 0, 0, 2, 0]);
         assert_eq!(Capacity10::parse(&c.to_bytes()).unwrap(), c);
         assert_eq!(Capacity10::new(1 << 40, 512).last_lba, u32::MAX);
-        let c = Capacity16 {
-            lbpme: true,
-            lbprz: true,
-            lbppbe: 3,
-            ..Capacity16::new(1 << 40, 4096)
-        };
+        let c = Capacity16 { lbpme: true, lbprz: true, lbppbe: 3, ..Capacity16::new(1 << 40, 4096) };
         let b = c.to_bytes();
         assert_eq!(b[14], 0xc0);
         assert_eq!(Capacity16::parse(&b).unwrap(), c);
@@ -157,18 +135,7 @@ mod tests {
 
     #[test]
     fn lba_status() {
-        let d = [
-            LbaStatusDescriptor {
-                lba: 0,
-                blocks: 8,
-                status: 0,
-            },
-            LbaStatusDescriptor {
-                lba: 8,
-                blocks: 100,
-                status: 1,
-            },
-        ];
+        let d = [LbaStatusDescriptor { lba: 0, blocks: 8, status: 0 }, LbaStatusDescriptor { lba: 8, blocks: 100, status: 1 }];
         let b = lba_status_to_bytes(&d);
         assert_eq!(&b[..4], &[0, 0, 0, 36]);
         assert_eq!(parse_lba_status(&b).unwrap(), d);

@@ -53,6 +53,12 @@ pub mod op {
     pub const WRITE_12: u8 = 0xaa;
     pub const WRITE_AND_VERIFY_12: u8 = 0xae;
     pub const VERIFY_12: u8 = 0xaf;
+    pub const PRE_FETCH_10: u8 = 0x34;
+    pub const READ_DEFECT_DATA_10: u8 = 0x37;
+    pub const ORWRITE_16: u8 = 0x8b;
+    pub const PRE_FETCH_16: u8 = 0x90;
+    pub const WRITE_ATOMIC_16: u8 = 0x9c;
+    pub const READ_DEFECT_DATA_12: u8 = 0xb7;
 
     /// SERVICE ACTION IN(16) service actions.
     pub const SA_READ_CAPACITY_16: u8 = 0x10;
@@ -134,11 +140,7 @@ pub struct Rw {
 impl Rw {
     /// Blocks to transfer: READ(6)/WRITE(6) encode 256 as 0.
     pub const fn transfer_blocks(&self) -> u32 {
-        if matches!(self.size, CdbSize::Six) && self.blocks == 0 {
-            256
-        } else {
-            self.blocks
-        }
+        if matches!(self.size, CdbSize::Six) && self.blocks == 0 { 256 } else { self.blocks }
     }
     /// RDPROTECT/WRPROTECT/VRPROTECT (bits 7..5 of byte 1).
     pub const fn protect(&self) -> u8 {
@@ -159,38 +161,14 @@ impl Rw {
 
     fn parse(size: CdbSize, b: &[u8]) -> Self {
         match size {
-            CdbSize::Six => Self {
-                size,
-                lba: u64::from(u24_at(b, 1) & 0x1f_ffff),
-                blocks: u32::from(b[4]),
-                flags: 0,
-                group: 0,
-                control: b[5],
-            },
-            CdbSize::Ten => Self {
-                size,
-                lba: u64::from(u32_at(b, 2)),
-                blocks: u32::from(u16_at(b, 7)),
-                flags: b[1],
-                group: b[6],
-                control: b[9],
-            },
-            CdbSize::Twelve => Self {
-                size,
-                lba: u64::from(u32_at(b, 2)),
-                blocks: u32_at(b, 6),
-                flags: b[1],
-                group: b[10],
-                control: b[11],
-            },
-            CdbSize::Sixteen => Self {
-                size,
-                lba: u64_at(b, 2),
-                blocks: u32_at(b, 10),
-                flags: b[1],
-                group: b[14],
-                control: b[15],
-            },
+            CdbSize::Six => {
+                Self { size, lba: u64::from(u24_at(b, 1) & 0x1f_ffff), blocks: u32::from(b[4]), flags: 0, group: 0, control: b[5] }
+            }
+            CdbSize::Ten => {
+                Self { size, lba: u64::from(u32_at(b, 2)), blocks: u32::from(u16_at(b, 7)), flags: b[1], group: b[6], control: b[9] }
+            }
+            CdbSize::Twelve => Self { size, lba: u64::from(u32_at(b, 2)), blocks: u32_at(b, 6), flags: b[1], group: b[10], control: b[11] },
+            CdbSize::Sixteen => Self { size, lba: u64_at(b, 2), blocks: u32_at(b, 10), flags: b[1], group: b[14], control: b[15] },
         }
     }
 
@@ -228,9 +206,7 @@ impl Rw {
     /// Whether the fields fit the CDB size (a value parsed from bytes always does).
     pub fn fits(&self) -> bool {
         match self.size {
-            CdbSize::Six => {
-                self.lba <= 0x1f_ffff && self.blocks <= 0xff && self.flags == 0 && self.group == 0
-            }
+            CdbSize::Six => self.lba <= 0x1f_ffff && self.blocks <= 0xff && self.flags == 0 && self.group == 0,
             CdbSize::Ten => self.lba <= u64::from(u32::MAX) && self.blocks <= 0xffff,
             CdbSize::Twelve => self.lba <= u64::from(u32::MAX),
             CdbSize::Sixteen => true,
@@ -310,6 +286,26 @@ pub enum Cdb {
     Verify(Rw),
     SynchronizeCache(Rw),
     WriteSame(Rw),
+    /// PRE-FETCH (10/16); byte 1 bit 1 is IMMED.
+    PreFetch(Rw),
+    /// ORWRITE (16).
+    OrWrite(Rw),
+    /// WRITE ATOMIC (16): transfer length is 16 bits (bytes 12-13).
+    WriteAtomic {
+        lba: u64,
+        blocks: u16,
+        flags: u8,
+        group: u8,
+        control: u8,
+    },
+    /// READ DEFECT DATA (10/12): `flags` is the REQ_PLIST/REQ_GLIST/format byte.
+    ReadDefectData {
+        twelve: bool,
+        flags: u8,
+        index: u32,
+        alloc_len: u32,
+        control: u8,
+    },
     Unmap {
         anchor: bool,
         group: u8,
@@ -415,57 +411,31 @@ impl Cdb {
         use op::*;
         Ok(match opcode {
             TEST_UNIT_READY => Self::TestUnitReady { control: b[5] },
-            REQUEST_SENSE => Self::RequestSense {
-                desc: b[1] & 1 != 0,
-                alloc_len: b[4],
-                control: b[5],
-            },
-            INQUIRY => Self::Inquiry {
-                evpd: b[1] & 1 != 0,
-                page_code: b[2],
-                alloc_len: u16_at(b, 3),
-                control: b[5],
-            },
-            READ_CAPACITY_10 => Self::ReadCapacity10 {
-                lba: u32_at(b, 2),
-                pmi: b[8] & 1 != 0,
-                control: b[9],
-            },
+            REQUEST_SENSE => Self::RequestSense { desc: b[1] & 1 != 0, alloc_len: b[4], control: b[5] },
+            INQUIRY => Self::Inquiry { evpd: b[1] & 1 != 0, page_code: b[2], alloc_len: u16_at(b, 3), control: b[5] },
+            READ_CAPACITY_10 => Self::ReadCapacity10 { lba: u32_at(b, 2), pmi: b[8] & 1 != 0, control: b[9] },
             READ_6 | READ_10 | READ_12 | READ_16 => Self::Read(Rw::parse(rw_size(opcode), b)),
             WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 => Self::Write(Rw::parse(rw_size(opcode), b)),
-            WRITE_AND_VERIFY_10 | WRITE_AND_VERIFY_12 | WRITE_AND_VERIFY_16 => {
-                Self::WriteAndVerify(Rw::parse(rw_size(opcode), b))
-            }
+            WRITE_AND_VERIFY_10 | WRITE_AND_VERIFY_12 | WRITE_AND_VERIFY_16 => Self::WriteAndVerify(Rw::parse(rw_size(opcode), b)),
             VERIFY_10 | VERIFY_12 | VERIFY_16 => Self::Verify(Rw::parse(rw_size(opcode), b)),
-            SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16 => {
-                Self::SynchronizeCache(Rw::parse(rw_size(opcode), b))
-            }
+            SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16 => Self::SynchronizeCache(Rw::parse(rw_size(opcode), b)),
             WRITE_SAME_10 | WRITE_SAME_16 => Self::WriteSame(Rw::parse(rw_size(opcode), b)),
-            UNMAP => Self::Unmap {
-                anchor: b[1] & 1 != 0,
-                group: b[6],
-                param_len: u16_at(b, 7),
-                control: b[9],
-            },
-            COMPARE_AND_WRITE => Self::CompareAndWrite {
-                lba: u64_at(b, 2),
-                blocks: b[13],
-                flags: b[1],
-                group: b[14],
-                control: b[15],
-            },
+            PRE_FETCH_10 | PRE_FETCH_16 => Self::PreFetch(Rw::parse(rw_size(opcode), b)),
+            ORWRITE_16 => Self::OrWrite(Rw::parse(CdbSize::Sixteen, b)),
+            WRITE_ATOMIC_16 => Self::WriteAtomic { lba: u64_at(b, 2), blocks: u16_at(b, 12), flags: b[1], group: b[14], control: b[15] },
+            READ_DEFECT_DATA_10 => {
+                Self::ReadDefectData { twelve: false, flags: b[2], index: 0, alloc_len: u32::from(u16_at(b, 7)), control: b[9] }
+            }
+            READ_DEFECT_DATA_12 => {
+                Self::ReadDefectData { twelve: true, flags: b[1], index: u32_at(b, 2), alloc_len: u32_at(b, 6), control: b[11] }
+            }
+            UNMAP => Self::Unmap { anchor: b[1] & 1 != 0, group: b[6], param_len: u16_at(b, 7), control: b[9] },
+            COMPARE_AND_WRITE => Self::CompareAndWrite { lba: u64_at(b, 2), blocks: b[13], flags: b[1], group: b[14], control: b[15] },
             SERVICE_ACTION_IN_16 => match b[1] & 0x1f {
-                SA_READ_CAPACITY_16 => Self::ReadCapacity16 {
-                    lba: u64_at(b, 2),
-                    alloc_len: u32_at(b, 10),
-                    pmi: b[14] & 1 != 0,
-                    control: b[15],
-                },
-                SA_GET_LBA_STATUS => Self::GetLbaStatus {
-                    lba: u64_at(b, 2),
-                    alloc_len: u32_at(b, 10),
-                    control: b[15],
-                },
+                SA_READ_CAPACITY_16 => {
+                    Self::ReadCapacity16 { lba: u64_at(b, 2), alloc_len: u32_at(b, 10), pmi: b[14] & 1 != 0, control: b[15] }
+                }
+                SA_GET_LBA_STATUS => Self::GetLbaStatus { lba: u64_at(b, 2), alloc_len: u32_at(b, 10), control: b[15] },
                 _ => Self::Unknown(b.to_vec()),
             },
             MODE_SENSE_6 | MODE_SENSE_10 => {
@@ -491,21 +461,15 @@ impl Cdb {
                     control: b[len - 1],
                 })
             }
-            REPORT_LUNS => Self::ReportLuns {
-                select: b[2],
+            REPORT_LUNS => Self::ReportLuns { select: b[2], alloc_len: u32_at(b, 6), control: b[11] },
+            MAINTENANCE_IN if b[1] & 0x1f == SA_REPORT_SUPPORTED_OPCODES => Self::ReportSupportedOpcodes {
+                rctd: b[2] & 0x80 != 0,
+                options: b[2] & 0x07,
+                opcode: b[3],
+                service_action: u16_at(b, 4),
                 alloc_len: u32_at(b, 6),
                 control: b[11],
             },
-            MAINTENANCE_IN if b[1] & 0x1f == SA_REPORT_SUPPORTED_OPCODES => {
-                Self::ReportSupportedOpcodes {
-                    rctd: b[2] & 0x80 != 0,
-                    options: b[2] & 0x07,
-                    opcode: b[3],
-                    service_action: u16_at(b, 4),
-                    alloc_len: u32_at(b, 6),
-                    control: b[11],
-                }
-            }
             START_STOP_UNIT => Self::StartStopUnit {
                 immed: b[1] & 1 != 0,
                 power_condition_modifier: b[3] & 0x0f,
@@ -515,38 +479,19 @@ impl Cdb {
                 start: b[4] & 0x01 != 0,
                 control: b[5],
             },
-            PREVENT_ALLOW_MEDIUM_REMOVAL => Self::PreventAllowMediumRemoval {
-                prevent: b[4] & 3,
-                control: b[5],
-            },
+            PREVENT_ALLOW_MEDIUM_REMOVAL => Self::PreventAllowMediumRemoval { prevent: b[4] & 3, control: b[5] },
             RESERVE_6 => Self::Reserve6 { control: b[5] },
             RELEASE_6 => Self::Release6 { control: b[5] },
             RESERVE_10 | RELEASE_10 => {
                 let (third_party, longid, third_party_id, param_len, control) =
                     (b[1] & 0x10 != 0, b[1] & 0x02 != 0, b[3], u16_at(b, 7), b[9]);
                 if opcode == RESERVE_10 {
-                    Self::Reserve10 {
-                        third_party,
-                        longid,
-                        third_party_id,
-                        param_len,
-                        control,
-                    }
+                    Self::Reserve10 { third_party, longid, third_party_id, param_len, control }
                 } else {
-                    Self::Release10 {
-                        third_party,
-                        longid,
-                        third_party_id,
-                        param_len,
-                        control,
-                    }
+                    Self::Release10 { third_party, longid, third_party_id, param_len, control }
                 }
             }
-            PERSISTENT_RESERVE_IN => Self::PersistentReserveIn {
-                service_action: b[1] & 0x1f,
-                alloc_len: u16_at(b, 7),
-                control: b[9],
-            },
+            PERSISTENT_RESERVE_IN => Self::PersistentReserveIn { service_action: b[1] & 0x1f, alloc_len: u16_at(b, 7), control: b[9] },
             PERSISTENT_RESERVE_OUT => Self::PersistentReserveOut {
                 service_action: b[1] & 0x1f,
                 scope: b[2] >> 4,
@@ -575,18 +520,20 @@ impl Cdb {
             Self::ReadCapacity16 { .. } | Self::GetLbaStatus { .. } => SERVICE_ACTION_IN_16,
             Self::Read(r) => rw(r, [READ_6, READ_10, READ_12, READ_16]),
             Self::Write(r) => rw(r, [WRITE_6, WRITE_10, WRITE_12, WRITE_16]),
-            Self::WriteAndVerify(r) => rw(
-                r,
-                [
-                    0,
-                    WRITE_AND_VERIFY_10,
-                    WRITE_AND_VERIFY_12,
-                    WRITE_AND_VERIFY_16,
-                ],
-            ),
+            Self::WriteAndVerify(r) => rw(r, [0, WRITE_AND_VERIFY_10, WRITE_AND_VERIFY_12, WRITE_AND_VERIFY_16]),
             Self::Verify(r) => rw(r, [0, VERIFY_10, VERIFY_12, VERIFY_16]),
             Self::SynchronizeCache(r) => rw(r, [0, SYNCHRONIZE_CACHE_10, 0, SYNCHRONIZE_CACHE_16]),
             Self::WriteSame(r) => rw(r, [0, WRITE_SAME_10, 0, WRITE_SAME_16]),
+            Self::PreFetch(r) => rw(r, [0, PRE_FETCH_10, 0, PRE_FETCH_16]),
+            Self::OrWrite(_) => ORWRITE_16,
+            Self::WriteAtomic { .. } => WRITE_ATOMIC_16,
+            Self::ReadDefectData { twelve, .. } => {
+                if *twelve {
+                    READ_DEFECT_DATA_12
+                } else {
+                    READ_DEFECT_DATA_10
+                }
+            }
             Self::Unmap { .. } => UNMAP,
             Self::CompareAndWrite { .. } => COMPARE_AND_WRITE,
             Self::ModeSense(m) => {
@@ -645,24 +592,13 @@ impl Cdb {
         b[0] = self.opcode();
         let last = len - 1;
         match *self {
-            Self::TestUnitReady { control }
-            | Self::Reserve6 { control }
-            | Self::Release6 { control } => b[5] = control,
-            Self::RequestSense {
-                desc,
-                alloc_len,
-                control,
-            } => {
+            Self::TestUnitReady { control } | Self::Reserve6 { control } | Self::Release6 { control } => b[5] = control,
+            Self::RequestSense { desc, alloc_len, control } => {
                 b[1] = u8::from(desc);
                 b[4] = alloc_len;
                 b[5] = control;
             }
-            Self::Inquiry {
-                evpd,
-                page_code,
-                alloc_len,
-                control,
-            } => {
+            Self::Inquiry { evpd, page_code, alloc_len, control } => {
                 b[1] = u8::from(evpd);
                 b[2] = page_code;
                 put_u16(b, 3, alloc_len);
@@ -673,23 +609,14 @@ impl Cdb {
                 b[8] = u8::from(pmi);
                 b[9] = control;
             }
-            Self::ReadCapacity16 {
-                lba,
-                alloc_len,
-                pmi,
-                control,
-            } => {
+            Self::ReadCapacity16 { lba, alloc_len, pmi, control } => {
                 b[1] = op::SA_READ_CAPACITY_16;
                 put_u64(b, 2, lba);
                 put_u32(b, 10, alloc_len);
                 b[14] = u8::from(pmi);
                 b[15] = control;
             }
-            Self::GetLbaStatus {
-                lba,
-                alloc_len,
-                control,
-            } => {
+            Self::GetLbaStatus { lba, alloc_len, control } => {
                 b[1] = op::SA_GET_LBA_STATUS;
                 put_u64(b, 2, lba);
                 put_u32(b, 10, alloc_len);
@@ -700,25 +627,35 @@ impl Cdb {
             | Self::WriteAndVerify(ref r)
             | Self::Verify(ref r)
             | Self::SynchronizeCache(ref r)
-            | Self::WriteSame(ref r) => r.emit(b),
-            Self::Unmap {
-                anchor,
-                group,
-                param_len,
-                control,
-            } => {
+            | Self::WriteSame(ref r)
+            | Self::PreFetch(ref r)
+            | Self::OrWrite(ref r) => r.emit(b),
+            Self::WriteAtomic { lba, blocks, flags, group, control } => {
+                b[1] = flags;
+                put_u64(b, 2, lba);
+                put_u16(b, 12, blocks);
+                b[14] = group;
+                b[15] = control;
+            }
+            Self::ReadDefectData { twelve, flags, index, alloc_len, control } => {
+                if twelve {
+                    b[1] = flags;
+                    put_u32(b, 2, index);
+                    put_u32(b, 6, alloc_len);
+                    b[11] = control;
+                } else {
+                    b[2] = flags;
+                    put_u16(b, 7, alloc_len as u16);
+                    b[9] = control;
+                }
+            }
+            Self::Unmap { anchor, group, param_len, control } => {
                 b[1] = u8::from(anchor);
                 b[6] = group;
                 put_u16(b, 7, param_len);
                 b[9] = control;
             }
-            Self::CompareAndWrite {
-                lba,
-                blocks,
-                flags,
-                group,
-                control,
-            } => {
+            Self::CompareAndWrite { lba, blocks, flags, group, control } => {
                 b[1] = flags;
                 put_u64(b, 2, lba);
                 b[13] = blocks;
@@ -745,23 +682,12 @@ impl Cdb {
                 }
                 b[last] = m.control;
             }
-            Self::ReportLuns {
-                select,
-                alloc_len,
-                control,
-            } => {
+            Self::ReportLuns { select, alloc_len, control } => {
                 b[2] = select;
                 put_u32(b, 6, alloc_len);
                 b[11] = control;
             }
-            Self::ReportSupportedOpcodes {
-                rctd,
-                options,
-                opcode,
-                service_action,
-                alloc_len,
-                control,
-            } => {
+            Self::ReportSupportedOpcodes { rctd, options, opcode, service_action, alloc_len, control } => {
                 b[1] = op::SA_REPORT_SUPPORTED_OPCODES;
                 b[2] = if rctd { 0x80 } else { 0 } | (options & 7);
                 b[3] = opcode;
@@ -769,62 +695,29 @@ impl Cdb {
                 put_u32(b, 6, alloc_len);
                 b[11] = control;
             }
-            Self::StartStopUnit {
-                immed,
-                power_condition_modifier,
-                power_condition,
-                no_flush,
-                loej,
-                start,
-                control,
-            } => {
+            Self::StartStopUnit { immed, power_condition_modifier, power_condition, no_flush, loej, start, control } => {
                 b[1] = u8::from(immed);
                 b[3] = power_condition_modifier & 0x0f;
-                b[4] = (power_condition << 4)
-                    | if no_flush { 4 } else { 0 }
-                    | if loej { 2 } else { 0 }
-                    | u8::from(start);
+                b[4] = (power_condition << 4) | if no_flush { 4 } else { 0 } | if loej { 2 } else { 0 } | u8::from(start);
                 b[5] = control;
             }
             Self::PreventAllowMediumRemoval { prevent, control } => {
                 b[4] = prevent & 3;
                 b[5] = control;
             }
-            Self::Reserve10 {
-                third_party,
-                longid,
-                third_party_id,
-                param_len,
-                control,
-            }
-            | Self::Release10 {
-                third_party,
-                longid,
-                third_party_id,
-                param_len,
-                control,
-            } => {
+            Self::Reserve10 { third_party, longid, third_party_id, param_len, control }
+            | Self::Release10 { third_party, longid, third_party_id, param_len, control } => {
                 b[1] = if third_party { 0x10 } else { 0 } | if longid { 0x02 } else { 0 };
                 b[3] = third_party_id;
                 put_u16(b, 7, param_len);
                 b[9] = control;
             }
-            Self::PersistentReserveIn {
-                service_action,
-                alloc_len,
-                control,
-            } => {
+            Self::PersistentReserveIn { service_action, alloc_len, control } => {
                 b[1] = service_action & 0x1f;
                 put_u16(b, 7, alloc_len);
                 b[9] = control;
             }
-            Self::PersistentReserveOut {
-                service_action,
-                scope,
-                pr_type,
-                param_len,
-                control,
-            } => {
+            Self::PersistentReserveOut { service_action, scope, pr_type, param_len, control } => {
                 b[1] = service_action & 0x1f;
                 b[2] = (scope << 4) | (pr_type & 0x0f);
                 put_u32(b, 5, param_len);
@@ -848,28 +741,19 @@ impl Cdb {
     pub fn data_out_len(&self, block_size: u32) -> Option<u64> {
         let blocks = |r: &Rw| u64::from(r.transfer_blocks()) * u64::from(block_size);
         match self {
-            Self::Write(r) | Self::WriteAndVerify(r) => Some(blocks(r)),
+            Self::Write(r) | Self::WriteAndVerify(r) | Self::OrWrite(r) => Some(blocks(r)),
             Self::Verify(r) => Some(match r.bytchk() {
                 0 => 0,
                 3 => u64::from(block_size),
                 _ => blocks(r),
             }),
-            Self::WriteSame(r) => Some(
-                if r.flags & rw_flags::NDOB != 0 && r.size == CdbSize::Sixteen {
-                    0
-                } else {
-                    u64::from(block_size)
-                },
-            ),
-            Self::CompareAndWrite { blocks, .. } => {
-                Some(2 * u64::from(*blocks) * u64::from(block_size))
-            }
+            Self::WriteSame(r) => Some(if r.flags & rw_flags::NDOB != 0 && r.size == CdbSize::Sixteen { 0 } else { u64::from(block_size) }),
+            Self::CompareAndWrite { blocks, .. } => Some(2 * u64::from(*blocks) * u64::from(block_size)),
+            Self::WriteAtomic { blocks, .. } => Some(u64::from(*blocks) * u64::from(block_size)),
             Self::Unmap { param_len, .. } => Some(u64::from(*param_len)),
             Self::ModeSelect(m) => Some(u64::from(m.param_len)),
             Self::PersistentReserveOut { param_len, .. } => Some(u64::from(*param_len)),
-            Self::Reserve10 { param_len, .. } | Self::Release10 { param_len, .. } => {
-                Some(u64::from(*param_len))
-            }
+            Self::Reserve10 { param_len, .. } | Self::Release10 { param_len, .. } => Some(u64::from(*param_len)),
             _ => None,
         }
     }
@@ -891,13 +775,8 @@ mod tests {
     #[test]
     fn write16_fua() {
         let b = [0x8a, 0x08, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0];
-        let Cdb::Write(r) = Cdb::parse(&b).unwrap() else {
-            panic!()
-        };
-        assert_eq!(
-            (r.lba, r.blocks, r.fua(), r.size),
-            (1 << 32, 4096, true, CdbSize::Sixteen)
-        );
+        let Cdb::Write(r) = Cdb::parse(&b).unwrap() else { panic!() };
+        assert_eq!((r.lba, r.blocks, r.fua(), r.size), (1 << 32, 4096, true, CdbSize::Sixteen));
         assert_eq!(Cdb::Write(r).to_vec(), b);
     }
 
@@ -907,20 +786,9 @@ mod tests {
         b[0] = 0x9e;
         b[1] = 0x10;
         b[13] = 32;
-        assert_eq!(
-            Cdb::parse(&b).unwrap(),
-            Cdb::ReadCapacity16 {
-                lba: 0,
-                alloc_len: 32,
-                pmi: false,
-                control: 0
-            }
-        );
+        assert_eq!(Cdb::parse(&b).unwrap(), Cdb::ReadCapacity16 { lba: 0, alloc_len: 32, pmi: false, control: 0 });
         b[1] = 0x12;
-        assert!(matches!(
-            Cdb::parse(&b).unwrap(),
-            Cdb::GetLbaStatus { alloc_len: 32, .. }
-        ));
+        assert!(matches!(Cdb::parse(&b).unwrap(), Cdb::GetLbaStatus { alloc_len: 32, .. }));
         b[1] = 0x1f;
         assert_eq!(Cdb::parse(&b).unwrap(), Cdb::Unknown(b.to_vec()));
         assert_eq!(Cdb::parse(&b).unwrap().to_vec(), b);
@@ -930,10 +798,7 @@ mod tests {
     fn truncated_and_unknown() {
         assert!(Cdb::parse(&[]).is_err());
         assert!(Cdb::parse(&[0x28, 0, 0]).is_err());
-        assert_eq!(
-            Cdb::parse(&[0xc0, 1, 2]).unwrap(),
-            Cdb::Unknown(alloc::vec![0xc0, 1, 2])
-        );
+        assert_eq!(Cdb::parse(&[0xc0, 1, 2]).unwrap(), Cdb::Unknown(alloc::vec![0xc0, 1, 2]));
         assert_eq!(Cdb::parse(&[0x02; 6]).unwrap().to_vec(), [0x02; 6]);
     }
 
@@ -941,18 +806,11 @@ mod tests {
     fn errors_map_to_sense() {
         use crate::sense::{AscAscq, SenseKey};
         let s = Cdb::parse(&[0x28, 0, 0]).unwrap_err().sense(true);
-        assert_eq!(
-            (s.key, s.asc),
-            (SenseKey::ILLEGAL_REQUEST, AscAscq::INVALID_FIELD_IN_CDB)
-        );
-        let s = crate::unmap::parse(&[0, 6, 0, 17, 0, 0, 0, 0])
-            .unwrap_err()
-            .sense(false);
+        assert_eq!((s.key, s.asc), (SenseKey::ILLEGAL_REQUEST, AscAscq::INVALID_FIELD_IN_CDB));
+        let s = crate::unmap::parse(&[0, 6, 0, 17, 0, 0, 0, 0]).unwrap_err().sense(false);
         assert_eq!(s.asc, AscAscq::INVALID_FIELD_IN_PARAMETER_LIST);
         assert_eq!(s.field_pointer().unwrap().byte, 2);
-        let s = crate::pr::PrOutParams::parse(&[0; 4])
-            .unwrap_err()
-            .sense(false);
+        let s = crate::pr::PrOutParams::parse(&[0; 4]).unwrap_err().sense(false);
         assert_eq!(s.asc, AscAscq::PARAMETER_LIST_LENGTH_ERROR);
     }
 
@@ -960,15 +818,7 @@ mod tests {
     fn inquiry_vpd() {
         let b = [0x12, 1, 0x83, 0x01, 0x00, 0];
         let c = Cdb::parse(&b).unwrap();
-        assert_eq!(
-            c,
-            Cdb::Inquiry {
-                evpd: true,
-                page_code: 0x83,
-                alloc_len: 256,
-                control: 0
-            }
-        );
+        assert_eq!(c, Cdb::Inquiry { evpd: true, page_code: 0x83, alloc_len: 256, control: 0 });
         assert_eq!(c.to_vec(), b);
     }
 
@@ -976,25 +826,10 @@ mod tests {
     fn pr_out_and_data_out_len() {
         let b = [0x5f, 0x01, 0x13, 0, 0, 0, 0, 0, 24, 0];
         let c = Cdb::parse(&b).unwrap();
-        assert_eq!(
-            c,
-            Cdb::PersistentReserveOut {
-                service_action: 1,
-                scope: 1,
-                pr_type: 3,
-                param_len: 24,
-                control: 0
-            }
-        );
+        assert_eq!(c, Cdb::PersistentReserveOut { service_action: 1, scope: 1, pr_type: 3, param_len: 24, control: 0 });
         assert_eq!(c.data_out_len(512), Some(24));
         assert_eq!(c.to_vec(), b);
-        let caw = Cdb::CompareAndWrite {
-            lba: 0,
-            blocks: 1,
-            flags: 0,
-            group: 0,
-            control: 0,
-        };
+        let caw = Cdb::CompareAndWrite { lba: 0, blocks: 1, flags: 0, group: 0, control: 0 };
         assert_eq!(caw.data_out_len(512), Some(1024));
     }
 }

@@ -13,11 +13,7 @@ pub const NOT_PRESENT: u8 = 0x7f;
 pub fn ascii_field<const N: usize>(s: &str) -> [u8; N] {
     let mut f = [b' '; N];
     for (d, c) in f.iter_mut().zip(s.bytes()) {
-        *d = if c.is_ascii_graphic() || c == b' ' {
-            c
-        } else {
-            b'?'
-        };
+        *d = if c.is_ascii_graphic() || c == b' ' { c } else { b'?' };
     }
     f
 }
@@ -70,11 +66,7 @@ impl StandardInquiry {
 
     /// Encode: 36 bytes, or 58 + 2 per version descriptor when there are any.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let len = if self.version_descriptors.is_empty() {
-            36
-        } else {
-            58 + 2 * self.version_descriptors.len().min(8)
-        };
+        let len = if self.version_descriptors.is_empty() { 36 } else { 58 + 2 * self.version_descriptors.len().min(8) };
         let mut b = alloc::vec![0u8; len];
         b[0] = self.peripheral;
         b[1] = if self.rmb { 0x80 } else { 0 };
@@ -196,18 +188,10 @@ impl Designator {
     /// vendor-specific value (here: 36 bits + 64 bits extension), association logical unit.
     pub fn naa_registered_extended(oui: u32, vendor_specific: u64, extension: u64) -> Self {
         let mut v = alloc::vec![0u8; 16];
-        let hi =
-            (6u64 << 60) | (u64::from(oui & 0xff_ffff) << 36) | (vendor_specific & 0xf_ffff_ffff);
+        let hi = (6u64 << 60) | (u64::from(oui & 0xff_ffff) << 36) | (vendor_specific & 0xf_ffff_ffff);
         put_u64(&mut v, 0, hi);
         put_u64(&mut v, 8, extension);
-        Self {
-            protocol: 0,
-            code_set: 1,
-            piv: false,
-            association: association::LOGICAL_UNIT,
-            kind: designator_type::NAA,
-            value: v,
-        }
+        Self { protocol: 0, code_set: 1, piv: false, association: association::LOGICAL_UNIT, kind: designator_type::NAA, value: v }
     }
 
     /// T10 vendor ID based designator: 8-byte vendor then an identifier (ASCII).
@@ -245,21 +229,12 @@ impl Designator {
         while v.len() % 4 != 0 {
             v.push(0);
         }
-        Self {
-            protocol: 5,
-            code_set: 3,
-            piv: true,
-            association,
-            kind: designator_type::SCSI_NAME_STRING,
-            value: v,
-        }
+        Self { protocol: 5, code_set: 3, piv: true, association, kind: designator_type::SCSI_NAME_STRING, value: v }
     }
 
     fn emit(&self, out: &mut Vec<u8>) {
         out.push((self.protocol << 4) | (self.code_set & 0x0f));
-        out.push(
-            if self.piv { 0x80 } else { 0 } | ((self.association & 3) << 4) | (self.kind & 0x0f),
-        );
+        out.push(if self.piv { 0x80 } else { 0 } | ((self.association & 3) << 4) | (self.kind & 0x0f));
         out.push(0);
         out.push(self.value.len() as u8);
         out.extend_from_slice(&self.value);
@@ -311,6 +286,12 @@ pub struct BlockLimits {
     /// UNMAP GRANULARITY ALIGNMENT with UGAVALID.
     pub unmap_granularity_alignment: Option<u32>,
     pub max_write_same_len: u64,
+    /// MAXIMUM ATOMIC TRANSFER LENGTH (blocks; 0 = WRITE ATOMIC not supported).
+    pub max_atomic_transfer_len: u32,
+    /// ATOMIC ALIGNMENT (blocks).
+    pub atomic_alignment: u32,
+    /// ATOMIC TRANSFER LENGTH GRANULARITY (blocks).
+    pub atomic_granularity: u32,
 }
 
 impl BlockLimits {
@@ -333,6 +314,9 @@ impl BlockLimits {
             put_u32(&mut b, 28, 0x8000_0000 | (a & 0x7fff_ffff));
         }
         put_u64(&mut b, 32, self.max_write_same_len);
+        put_u32(&mut b, 40, self.max_atomic_transfer_len);
+        put_u32(&mut b, 44, self.atomic_alignment);
+        put_u32(&mut b, 48, self.atomic_granularity);
         b
     }
 
@@ -352,6 +336,9 @@ impl BlockLimits {
             optimal_unmap_granularity: u32_at(b, 24),
             unmap_granularity_alignment: (uga & 0x8000_0000 != 0).then_some(uga & 0x7fff_ffff),
             max_write_same_len: u64_at(b, 32),
+            max_atomic_transfer_len: if b.len() >= 44 { u32_at(b, 40) } else { 0 },
+            atomic_alignment: if b.len() >= 48 { u32_at(b, 44) } else { 0 },
+            atomic_granularity: if b.len() >= 52 { u32_at(b, 48) } else { 0 },
         })
     }
 }
@@ -378,10 +365,7 @@ impl BlockDeviceCharacteristics {
     /// Parse a page body.
     pub fn parse(b: &[u8]) -> Result<Self, Error> {
         need("Block Device Characteristics VPD", b, 4)?;
-        Ok(Self {
-            rotation_rate: u16_at(b, 0),
-            form_factor: b[3] & 0x0f,
-        })
+        Ok(Self { rotation_rate: u16_at(b, 0), form_factor: b[3] & 0x0f })
     }
 }
 
@@ -486,26 +470,10 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(BlockLimits::parse(&bl.to_body()).unwrap(), bl);
-        let lbp = LogicalBlockProvisioning {
-            lbpu: true,
-            lbpws: true,
-            lbpws10: true,
-            lbprz: 1,
-            provisioning_type: 2,
-            ..Default::default()
-        };
+        let lbp = LogicalBlockProvisioning { lbpu: true, lbpws: true, lbpws10: true, lbprz: 1, provisioning_type: 2, ..Default::default() };
         assert_eq!(lbp.to_body(), [0, 0xe4, 2, 0]);
-        assert_eq!(
-            LogicalBlockProvisioning::parse(&lbp.to_body()).unwrap(),
-            lbp
-        );
-        let bdc = BlockDeviceCharacteristics {
-            rotation_rate: 1,
-            form_factor: 0,
-        };
-        assert_eq!(
-            BlockDeviceCharacteristics::parse(&bdc.to_body()).unwrap(),
-            bdc
-        );
+        assert_eq!(LogicalBlockProvisioning::parse(&lbp.to_body()).unwrap(), lbp);
+        let bdc = BlockDeviceCharacteristics { rotation_rate: 1, form_factor: 0 };
+        assert_eq!(BlockDeviceCharacteristics::parse(&bdc.to_body()).unwrap(), bdc);
     }
 }

@@ -72,17 +72,10 @@ impl Error {
     /// pointer, or PARAMETER LIST LENGTH ERROR for a short parameter list.
     pub fn sense(&self, in_cdb: bool) -> sense::Sense {
         match *self {
-            Self::InvalidField { byte, bit, .. } if in_cdb => {
-                sense::Sense::invalid_field_in_cdb(byte, bit)
-            }
-            Self::InvalidField { byte, bit, .. } => {
-                sense::Sense::invalid_field_in_parameter_list(byte, bit)
-            }
+            Self::InvalidField { byte, bit, .. } if in_cdb => sense::Sense::invalid_field_in_cdb(byte, bit),
+            Self::InvalidField { byte, bit, .. } => sense::Sense::invalid_field_in_parameter_list(byte, bit),
             Self::Truncated { .. } if in_cdb => sense::Sense::invalid_field_in_cdb(0, None),
-            Self::Truncated { .. } => sense::Sense::new(
-                sense::SenseKey::ILLEGAL_REQUEST,
-                sense::AscAscq::PARAMETER_LIST_LENGTH_ERROR,
-            ),
+            Self::Truncated { .. } => sense::Sense::new(sense::SenseKey::ILLEGAL_REQUEST, sense::AscAscq::PARAMETER_LIST_LENGTH_ERROR),
         }
     }
 

@@ -78,10 +78,7 @@ mod tests {
     #[test]
     fn peripheral_and_flat() {
         assert_eq!(Lun::from_number(5).unwrap().0, [0, 5, 0, 0, 0, 0, 0, 0]);
-        assert_eq!(
-            Lun::from_number(300).unwrap().0,
-            [0x41, 0x2c, 0, 0, 0, 0, 0, 0]
-        );
+        assert_eq!(Lun::from_number(300).unwrap().0, [0x41, 0x2c, 0, 0, 0, 0, 0, 0]);
         assert_eq!(Lun::from_number(0x4000), None);
         for n in [0u16, 1, 255, 256, 16383] {
             assert_eq!(Lun::from_number(n).unwrap().number(), Some(n));

@@ -68,12 +68,7 @@ impl ModePage {
                 (0, 2, usize::from(b[1]))
             };
             need("mode page", b, hdr + len)?;
-            out.push(Self {
-                code: b[0] & 0x3f,
-                subpage,
-                ps: b[0] & 0x80 != 0,
-                data: b[hdr..hdr + len].to_vec(),
-            });
+            out.push(Self { code: b[0] & 0x3f, subpage, ps: b[0] & 0x80 != 0, data: b[hdr..hdr + len].to_vec() });
             b = &b[hdr + len..];
         }
         Ok(out)
@@ -94,20 +89,12 @@ impl Caching {
     pub fn to_page(&self) -> ModePage {
         let mut data = alloc::vec![0u8; 0x12];
         data[0] = if self.wce { 0x04 } else { 0 } | u8::from(self.rcd);
-        ModePage {
-            code: page::CACHING,
-            subpage: 0,
-            ps: false,
-            data,
-        }
+        ModePage { code: page::CACHING, subpage: 0, ps: false, data }
     }
     /// From page parameters.
     pub fn parse(data: &[u8]) -> Result<Self, Error> {
         need("caching mode page", data, 1)?;
-        Ok(Self {
-            wce: data[0] & 0x04 != 0,
-            rcd: data[0] & 0x01 != 0,
-        })
+        Ok(Self { wce: data[0] & 0x04 != 0, rcd: data[0] & 0x01 != 0 })
     }
 }
 
@@ -139,12 +126,7 @@ impl Control {
         data[3] = if self.tas { 0x40 } else { 0 };
         // BUSY TIMEOUT PERIOD: unlimited; EXTENDED SELF-TEST COMPLETION TIME: 0.
         put_u16(&mut data, 6, 0xffff);
-        ModePage {
-            code: page::CONTROL,
-            subpage: 0,
-            ps: false,
-            data,
-        }
+        ModePage { code: page::CONTROL, subpage: 0, ps: false, data }
     }
     /// From page parameters.
     pub fn parse(data: &[u8]) -> Result<Self, Error> {
@@ -181,22 +163,12 @@ impl InformationalExceptions {
         data[1] = self.mrie & 0x0f;
         put_u32(&mut data, 2, self.interval_timer);
         put_u32(&mut data, 6, self.report_count);
-        ModePage {
-            code: page::INFORMATIONAL_EXCEPTIONS,
-            subpage: 0,
-            ps: false,
-            data,
-        }
+        ModePage { code: page::INFORMATIONAL_EXCEPTIONS, subpage: 0, ps: false, data }
     }
     /// From page parameters.
     pub fn parse(data: &[u8]) -> Result<Self, Error> {
         need("informational exceptions mode page", data, 10)?;
-        Ok(Self {
-            flags: data[0],
-            mrie: data[1] & 0x0f,
-            interval_timer: u32_at(data, 2),
-            report_count: u32_at(data, 6),
-        })
+        Ok(Self { flags: data[0], mrie: data[1] & 0x0f, interval_timer: u32_at(data, 2), report_count: u32_at(data, 6) })
     }
 }
 
@@ -245,32 +217,17 @@ pub fn mode_sense_data(ten: bool, header: &ModeHeader, pages: &[ModePage]) -> Ve
 pub fn parse_mode_parameters(ten: bool, b: &[u8]) -> Result<(ModeHeader, Vec<ModePage>), Error> {
     let hlen = if ten { 8 } else { 4 };
     need("mode parameter header", b, hlen)?;
-    let (medium_type, device_specific, bdl) = if ten {
-        (b[2], b[3], usize::from(u16_at(b, 6)))
-    } else {
-        (b[1], b[2], usize::from(b[3]))
-    };
+    let (medium_type, device_specific, bdl) = if ten { (b[2], b[3], usize::from(u16_at(b, 6))) } else { (b[1], b[2], usize::from(b[3])) };
     need("mode block descriptors", b, hlen + bdl)?;
     let block_descriptor = (bdl >= 8).then(|| {
         let d = &b[hlen..hlen + 8];
         (u64::from(u32_at(d, 0)), u24_at(d, 5))
     });
     if bdl != 0 && bdl != 8 && bdl % 8 != 0 {
-        return Err(Error::InvalidField {
-            what: "mode block descriptor length",
-            byte: if ten { 6 } else { 3 },
-            bit: None,
-        });
+        return Err(Error::InvalidField { what: "mode block descriptor length", byte: if ten { 6 } else { 3 }, bit: None });
     }
     let pages = ModePage::parse_all(&b[hlen + bdl..])?;
-    Ok((
-        ModeHeader {
-            medium_type,
-            device_specific,
-            block_descriptor,
-        },
-        pages,
-    ))
+    Ok((ModeHeader { medium_type, device_specific, block_descriptor }, pages))
 }
 
 #[cfg(test)]
@@ -279,45 +236,21 @@ mod tests {
 
     #[test]
     fn mode_sense_6_caching() {
-        let h = ModeHeader {
-            device_specific: device_specific::DPOFUA,
-            block_descriptor: Some((2048, 512)),
-            ..Default::default()
-        };
-        let b = mode_sense_data(
-            false,
-            &h,
-            &[Caching {
-                wce: true,
-                rcd: false,
-            }
-            .to_page()],
-        );
+        let h = ModeHeader { device_specific: device_specific::DPOFUA, block_descriptor: Some((2048, 512)), ..Default::default() };
+        let b = mode_sense_data(false, &h, &[Caching { wce: true, rcd: false }.to_page()]);
         assert_eq!(b.len(), 4 + 8 + 2 + 0x12);
         assert_eq!(&b[..4], &[(b.len() - 1) as u8, 0, 0x10, 8]);
         assert_eq!(&b[12..15], &[0x08, 0x12, 0x04]);
         let (h2, pages) = parse_mode_parameters(false, &b).unwrap();
         assert_eq!(h2, h);
-        assert_eq!(
-            Caching::parse(&pages[0].data).unwrap(),
-            Caching {
-                wce: true,
-                rcd: false
-            }
-        );
+        assert_eq!(Caching::parse(&pages[0].data).unwrap(), Caching { wce: true, rcd: false });
     }
 
     #[test]
     fn mode_sense_10_all_pages() {
         let pages = [
             Caching::default().to_page(),
-            Control {
-                d_sense: true,
-                tas: true,
-                queue_algorithm: 1,
-                ..Default::default()
-            }
-            .to_page(),
+            Control { d_sense: true, tas: true, queue_algorithm: 1, ..Default::default() }.to_page(),
             InformationalExceptions::default().to_page(),
         ];
         let b = mode_sense_data(true, &ModeHeader::default(), &pages);
@@ -330,12 +263,7 @@ mod tests {
 
     #[test]
     fn subpage_and_truncation() {
-        let p = ModePage {
-            code: 0x0a,
-            subpage: 1,
-            ps: true,
-            data: alloc::vec![1, 2, 3],
-        };
+        let p = ModePage { code: 0x0a, subpage: 1, ps: true, data: alloc::vec![1, 2, 3] };
         let b = p.to_bytes();
         assert_eq!(ModePage::parse_all(&b).unwrap(), [p]);
         assert!(ModePage::parse_all(&b[..5]).is_err());

@@ -52,10 +52,7 @@ pub fn read_keys_to_bytes(generation: u32, keys: &[u64]) -> Vec<u8> {
 pub fn parse_read_keys(b: &[u8]) -> Result<(u32, Vec<u64>), Error> {
     need("READ KEYS data", b, 8)?;
     let end = (8 + u32_at(b, 4) as usize).min(b.len());
-    Ok((
-        u32_at(b, 0),
-        b[8..end].chunks_exact(8).map(|c| u64_at(c, 0)).collect(),
-    ))
+    Ok((u32_at(b, 0), b[8..end].chunks_exact(8).map(|c| u64_at(c, 0)).collect()))
 }
 
 /// A held reservation: (key, scope, type).
@@ -89,14 +86,7 @@ pub fn parse_read_reservation(b: &[u8]) -> Result<(u32, Option<Reservation>), Er
         return Ok((generation, None));
     }
     need("READ RESERVATION data", b, 24)?;
-    Ok((
-        generation,
-        Some(Reservation {
-            key: u64_at(b, 8),
-            scope: b[21] >> 4,
-            pr_type: b[21] & 0x0f,
-        }),
-    ))
+    Ok((generation, Some(Reservation { key: u64_at(b, 8), scope: b[21] >> 4, pr_type: b[21] & 0x0f })))
 }
 
 /// REPORT CAPABILITIES parameter data (8 bytes): flags bytes 2 and 3 and the type mask.
@@ -130,9 +120,7 @@ impl PrOutParams {
         let mut b = [0u8; 24];
         put_u64(&mut b, 0, self.key);
         put_u64(&mut b, 8, self.sa_key);
-        b[20] = if self.spec_i_pt { 0x08 } else { 0 }
-            | if self.all_tg_pt { 0x04 } else { 0 }
-            | u8::from(self.aptpl);
+        b[20] = if self.spec_i_pt { 0x08 } else { 0 } | if self.all_tg_pt { 0x04 } else { 0 } | u8::from(self.aptpl);
         b
     }
     /// Parse (at least 24 bytes; additional SPEC_I_PT data is not interpreted).
@@ -156,29 +144,14 @@ mod tests {
     fn pr_payloads() {
         let b = read_keys_to_bytes(3, &[0xabc, 0xdef]);
         assert_eq!(parse_read_keys(&b).unwrap(), (3, alloc::vec![0xabc, 0xdef]));
-        let r = Reservation {
-            key: 9,
-            scope: 0,
-            pr_type: pr_type::EXCLUSIVE_ACCESS,
-        };
+        let r = Reservation { key: 9, scope: 0, pr_type: pr_type::EXCLUSIVE_ACCESS };
         let b = read_reservation_to_bytes(4, Some(r));
         assert_eq!(b[21], 3);
         assert_eq!(parse_read_reservation(&b).unwrap(), (4, Some(r)));
-        assert_eq!(
-            parse_read_reservation(&read_reservation_to_bytes(1, None)).unwrap(),
-            (1, None)
-        );
-        let p = PrOutParams {
-            key: 1,
-            sa_key: 2,
-            aptpl: true,
-            ..Default::default()
-        };
+        assert_eq!(parse_read_reservation(&read_reservation_to_bytes(1, None)).unwrap(), (1, None));
+        let p = PrOutParams { key: 1, sa_key: 2, aptpl: true, ..Default::default() };
         assert_eq!(PrOutParams::parse(&p.to_bytes()).unwrap(), p);
         assert!(PrOutParams::parse(&[0; 23]).is_err());
-        assert_eq!(
-            report_capabilities_to_bytes(0x10, 0x81, 0xea01)[..2],
-            [0, 8]
-        );
+        assert_eq!(report_capabilities_to_bytes(0x10, 0x81, 0xea01)[..2], [0, 8]);
     }
 }

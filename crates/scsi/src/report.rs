@@ -114,11 +114,7 @@ mod tests {
 
     #[test]
     fn report_luns() {
-        let luns = [
-            Lun::ZERO,
-            Lun::from_number(1).unwrap(),
-            Lun::from_number(300).unwrap(),
-        ];
+        let luns = [Lun::ZERO, Lun::from_number(1).unwrap(), Lun::from_number(300).unwrap()];
         let b = report_luns_to_bytes(&luns);
         assert_eq!(&b[..8], &[0, 0, 0, 24, 0, 0, 0, 0]);
         assert_eq!(parse_report_luns(&b).unwrap(), luns);
@@ -129,30 +125,13 @@ mod tests {
     #[test]
     fn rsoc() {
         let cmds = [
-            CommandDescriptor {
-                opcode: 0x28,
-                service_action: 0,
-                service_action_valid: false,
-                cdb_len: 10,
-            },
-            CommandDescriptor {
-                opcode: 0x9e,
-                service_action: 0x10,
-                service_action_valid: true,
-                cdb_len: 16,
-            },
+            CommandDescriptor { opcode: 0x28, service_action: 0, service_action_valid: false, cdb_len: 10 },
+            CommandDescriptor { opcode: 0x9e, service_action: 0x10, service_action_valid: true, cdb_len: 16 },
         ];
         for rctd in [false, true] {
-            assert_eq!(
-                parse_all_commands(&all_commands_to_bytes(&cmds, rctd)).unwrap(),
-                cmds
-            );
+            assert_eq!(parse_all_commands(&all_commands_to_bytes(&cmds, rctd)).unwrap(), cmds);
         }
-        let b = one_command_to_bytes(
-            3,
-            &[0x28, 0x1a, 0xff, 0xff, 0xff, 0xff, 0x1f, 0xff, 0xff, 0x07],
-            false,
-        );
+        let b = one_command_to_bytes(3, &[0x28, 0x1a, 0xff, 0xff, 0xff, 0xff, 0x1f, 0xff, 0xff, 0x07], false);
         assert_eq!(parse_one_command(&b).unwrap().0, 3);
     }
 }

@@ -264,45 +264,20 @@ pub const FIXED_SENSE_LEN: usize = 18;
 impl Sense {
     /// Sense with a key and ASC/ASCQ only.
     pub const fn new(key: SenseKey, asc: AscAscq) -> Self {
-        Self {
-            deferred: false,
-            key,
-            asc,
-            information: None,
-            command_specific: None,
-            key_specific: None,
-            ili: false,
-        }
+        Self { deferred: false, key, asc, information: None, command_specific: None, key_specific: None, ili: false }
     }
 
     /// ILLEGAL REQUEST / INVALID FIELD IN CDB with a field pointer to `byte` (and `bit`).
     pub fn invalid_field_in_cdb(byte: u16, bit: Option<u8>) -> Self {
         let mut s = Self::new(SenseKey::ILLEGAL_REQUEST, AscAscq::INVALID_FIELD_IN_CDB);
-        s.key_specific = Some(
-            FieldPointer {
-                in_cdb: true,
-                bit,
-                byte,
-            }
-            .to_bytes(),
-        );
+        s.key_specific = Some(FieldPointer { in_cdb: true, bit, byte }.to_bytes());
         s
     }
 
     /// ILLEGAL REQUEST / INVALID FIELD IN PARAMETER LIST with a field pointer.
     pub fn invalid_field_in_parameter_list(byte: u16, bit: Option<u8>) -> Self {
-        let mut s = Self::new(
-            SenseKey::ILLEGAL_REQUEST,
-            AscAscq::INVALID_FIELD_IN_PARAMETER_LIST,
-        );
-        s.key_specific = Some(
-            FieldPointer {
-                in_cdb: false,
-                bit,
-                byte,
-            }
-            .to_bytes(),
-        );
+        let mut s = Self::new(SenseKey::ILLEGAL_REQUEST, AscAscq::INVALID_FIELD_IN_PARAMETER_LIST);
+        s.key_specific = Some(FieldPointer { in_cdb: false, bit, byte }.to_bytes());
         s
     }
 
@@ -415,9 +390,7 @@ impl Sense {
                     match ty {
                         0x00 if d.len() >= 12 => s.information = Some(u64_at(d, 4)),
                         0x01 if d.len() >= 12 => s.command_specific = Some(u64_at(d, 4)),
-                        0x02 if d.len() >= 7 && d[4] & 0x80 != 0 => {
-                            s.key_specific = Some([d[4] & 0x7f, d[5], d[6]])
-                        }
+                        0x02 if d.len() >= 7 && d[4] & 0x80 != 0 => s.key_specific = Some([d[4] & 0x7f, d[5], d[6]]),
                         0x05 if d.len() >= 4 => s.ili = d[3] & 0x20 != 0,
                         _ => {}
                     }
@@ -425,11 +398,7 @@ impl Sense {
                 }
                 Ok(s)
             }
-            _ => Err(Error::InvalidField {
-                what: "sense data",
-                byte: 0,
-                bit: Some(0),
-            }),
+            _ => Err(Error::InvalidField { what: "sense data", byte: 0, bit: Some(0) }),
         }
     }
 }
@@ -452,22 +421,10 @@ mod tests {
     fn fixed_invalid_field() {
         let s = Sense::invalid_field_in_cdb(2, Some(7));
         let b = s.to_fixed();
-        assert_eq!(
-            b,
-            [
-                0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x24, 0, 0, 0xcf, 0, 2
-            ]
-        );
+        assert_eq!(b, [0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x24, 0, 0, 0xcf, 0, 2]);
         let p = Sense::parse(&b).unwrap();
         assert_eq!(p, s);
-        assert_eq!(
-            p.field_pointer(),
-            Some(FieldPointer {
-                in_cdb: true,
-                bit: Some(7),
-                byte: 2
-            })
-        );
+        assert_eq!(p.field_pointer(), Some(FieldPointer { in_cdb: true, bit: Some(7), byte: 2 }));
     }
 
     #[test]
@@ -504,14 +461,8 @@ mod tests {
 
     #[test]
     fn names() {
-        assert_eq!(
-            format!("{:?}", AscAscq::LBA_OUT_OF_RANGE),
-            "21/00 LBA_OUT_OF_RANGE"
-        );
-        assert_eq!(
-            format!("{:?}", SenseKey::ILLEGAL_REQUEST),
-            "ILLEGAL REQUEST"
-        );
+        assert_eq!(format!("{:?}", AscAscq::LBA_OUT_OF_RANGE), "21/00 LBA_OUT_OF_RANGE");
+        assert_eq!(format!("{:?}", SenseKey::ILLEGAL_REQUEST), "ILLEGAL REQUEST");
         assert_eq!(format!("{:?}", Status(0x99)), "Status(0x99)");
     }
 }

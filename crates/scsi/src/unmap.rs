@@ -35,27 +35,13 @@ pub fn parse(b: &[u8]) -> Result<Vec<UnmapDescriptor>, Error> {
     let data_len = usize::from(u16_at(b, 0));
     let bd_len = usize::from(u16_at(b, 2));
     if data_len + 2 > b.len() || data_len < 6 {
-        return Err(Error::InvalidField {
-            what: "UNMAP data length",
-            byte: 0,
-            bit: None,
-        });
+        return Err(Error::InvalidField { what: "UNMAP data length", byte: 0, bit: None });
     }
     if bd_len % 16 != 0 || bd_len + 8 > b.len() || bd_len + 6 > data_len {
-        return Err(Error::InvalidField {
-            what: "UNMAP block descriptor data length",
-            byte: 2,
-            bit: None,
-        });
+        return Err(Error::InvalidField { what: "UNMAP block descriptor data length", byte: 2, bit: None });
     }
     need("UNMAP descriptors", b, 8 + bd_len)?;
-    Ok(b[8..8 + bd_len]
-        .chunks_exact(16)
-        .map(|d| UnmapDescriptor {
-            lba: u64_at(d, 0),
-            blocks: u32_at(d, 8),
-        })
-        .collect())
+    Ok(b[8..8 + bd_len].chunks_exact(16).map(|d| UnmapDescriptor { lba: u64_at(d, 0), blocks: u32_at(d, 8) }).collect())
 }
 
 #[cfg(test)]
@@ -64,13 +50,7 @@ mod tests {
 
     #[test]
     fn round_trip_and_errors() {
-        let d = [
-            UnmapDescriptor { lba: 1, blocks: 2 },
-            UnmapDescriptor {
-                lba: 1 << 40,
-                blocks: 7,
-            },
-        ];
+        let d = [UnmapDescriptor { lba: 1, blocks: 2 }, UnmapDescriptor { lba: 1 << 40, blocks: 7 }];
         let b = to_bytes(&d);
         assert_eq!(&b[..4], &[0, 38, 0, 32]);
         assert_eq!(parse(&b).unwrap(), d);

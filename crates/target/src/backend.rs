@@ -26,6 +26,11 @@ pub trait BlockBackend: Send + Sync + std::fmt::Debug {
     fn is_mapped(&self, offset: u64) -> bool;
     /// Whether UNMAP is supported (thin provisioning).
     fn thin(&self) -> bool;
+    /// Whether one `write` call is atomic with respect to concurrent reads and writes
+    /// (WRITE ATOMIC is offered only then).
+    fn atomic_writes(&self) -> bool {
+        false
+    }
 }
 
 /// A RAM disk. Memory is touched only when written (the kernel zero-fills pages lazily), and
@@ -42,11 +47,7 @@ impl RamBackend {
     pub fn new(size: u64, block_size: u32) -> Self {
         let blocks = size / u64::from(block_size);
         let bytes = (blocks * u64::from(block_size)) as usize;
-        Self {
-            block_size,
-            data: RwLock::new(vec![0; bytes]),
-            mapped: RwLock::new(vec![0; (blocks as usize).div_ceil(64)]),
-        }
+        Self { block_size, data: RwLock::new(vec![0; bytes]), mapped: RwLock::new(vec![0; (blocks as usize).div_ceil(64)]) }
     }
 
     fn mark(&self, offset: u64, len: u64, on: bool) {
@@ -55,11 +56,7 @@ impl RamBackend {
         for b in offset / bs..(offset + len).div_ceil(bs) {
             let (w, bit) = ((b / 64) as usize, b % 64);
             if let Some(word) = m.get_mut(w) {
-                if on {
-                    *word |= 1 << bit
-                } else {
-                    *word &= !(1 << bit)
-                }
+                if on { *word |= 1 << bit } else { *word &= !(1 << bit) }
             }
         }
     }
@@ -70,15 +67,12 @@ impl BlockBackend for RamBackend {
         self.block_size
     }
     fn num_blocks(&self) -> u64 {
-        self.data.read().unwrap_or_else(|e| e.into_inner()).len() as u64
-            / u64::from(self.block_size)
+        self.data.read().unwrap_or_else(|e| e.into_inner()).len() as u64 / u64::from(self.block_size)
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let d = self.data.read().unwrap_or_else(|e| e.into_inner());
         let at = offset as usize;
-        let src = d
-            .get(at..at + buf.len())
-            .ok_or_else(|| io::Error::other("read beyond the end"))?;
+        let src = d.get(at..at + buf.len()).ok_or_else(|| io::Error::other("read beyond the end"))?;
         buf.copy_from_slice(src);
         Ok(())
     }
@@ -86,9 +80,7 @@ impl BlockBackend for RamBackend {
         {
             let mut d = self.data.write().unwrap_or_else(|e| e.into_inner());
             let at = offset as usize;
-            d.get_mut(at..at + buf.len())
-                .ok_or_else(|| io::Error::other("write beyond the end"))?
-                .copy_from_slice(buf);
+            d.get_mut(at..at + buf.len()).ok_or_else(|| io::Error::other("write beyond the end"))?.copy_from_slice(buf);
         }
         self.mark(offset, buf.len() as u64, true);
         Ok(())
@@ -100,9 +92,7 @@ impl BlockBackend for RamBackend {
         {
             let mut d = self.data.write().unwrap_or_else(|e| e.into_inner());
             let at = offset as usize;
-            d.get_mut(at..at + len as usize)
-                .ok_or_else(|| io::Error::other("unmap beyond the end"))?
-                .fill(0);
+            d.get_mut(at..at + len as usize).ok_or_else(|| io::Error::other("unmap beyond the end"))?.fill(0);
         }
         self.mark(offset, len, false);
         Ok(())
@@ -110,10 +100,13 @@ impl BlockBackend for RamBackend {
     fn is_mapped(&self, offset: u64) -> bool {
         let b = offset / u64::from(self.block_size);
         let m = self.mapped.read().unwrap_or_else(|e| e.into_inner());
-        m.get((b / 64) as usize)
-            .is_some_and(|w| w & (1 << (b % 64)) != 0)
+        m.get((b / 64) as usize).is_some_and(|w| w & (1 << (b % 64)) != 0)
     }
     fn thin(&self) -> bool {
+        true
+    }
+    fn atomic_writes(&self) -> bool {
+        // Each write holds the data lock for its whole range.
         true
     }
 }
@@ -130,12 +123,7 @@ pub struct FileBackend {
 impl FileBackend {
     /// Open (creating a file of `size` bytes if it does not exist and a size is given).
     pub fn open(path: &Path, size: Option<u64>, block_size: u32) -> io::Result<Self> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(size.is_some())
-            .truncate(false)
-            .open(path)?;
+        let file = OpenOptions::new().read(true).write(true).create(size.is_some()).truncate(false).open(path)?;
         let mut len = file.metadata()?.len();
         if let Some(s) = size
             && len < s
@@ -148,11 +136,7 @@ impl FileBackend {
             use std::io::{Seek, SeekFrom};
             len = (&file).seek(SeekFrom::End(0))?;
         }
-        Ok(Self {
-            file,
-            block_size,
-            blocks: len / u64::from(block_size),
-        })
+        Ok(Self { file, block_size, blocks: len / u64::from(block_size) })
     }
 }
 

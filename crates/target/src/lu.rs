@@ -6,21 +6,19 @@ use crate::backend::BlockBackend;
 use bytes::Bytes;
 use riser_scsi::capacity::{Capacity10, Capacity16, LbaStatusDescriptor, lba_status_to_bytes};
 use riser_scsi::cdb::{Cdb, CdbSize, Rw, op, rw_flags};
-use riser_scsi::inquiry::{
-    self, BlockDeviceCharacteristics, BlockLimits, Designator, LogicalBlockProvisioning,
-    StandardInquiry, vpd,
-};
+use riser_scsi::inquiry::{self, BlockDeviceCharacteristics, BlockLimits, Designator, LogicalBlockProvisioning, StandardInquiry, vpd};
 use riser_scsi::lun::Lun;
 use riser_scsi::mode::{self, Caching, Control, InformationalExceptions, ModeHeader, ModePage};
-use riser_scsi::report::{
-    CommandDescriptor, all_commands_to_bytes, one_command_to_bytes, report_luns_to_bytes,
-};
+use riser_scsi::report::{CommandDescriptor, all_commands_to_bytes, one_command_to_bytes, report_luns_to_bytes};
 use riser_scsi::sense::{AscAscq, Sense, SenseKey, Status};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// An I_T nexus: the initiator port (name + ISID) as a string.
 pub type Nexus = String;
+
+/// Most blocks one WRITE ATOMIC may write.
+pub const MAX_ATOMIC_BLOCKS: u32 = 2048;
 
 /// Most blocks one command may move (reported in the Block Limits VPD page).
 pub const MAX_TRANSFER_BLOCKS: u32 = 65536;
@@ -50,19 +48,11 @@ pub struct Outcome {
 
 impl Outcome {
     fn good(data: impl Into<Bytes>) -> Self {
-        Self {
-            status: Status::GOOD,
-            sense: None,
-            data: data.into(),
-        }
+        Self { status: Status::GOOD, sense: None, data: data.into() }
     }
     /// RESERVATION CONFLICT.
     pub fn conflict() -> Self {
-        Self {
-            status: Status::RESERVATION_CONFLICT,
-            sense: None,
-            data: Bytes::new(),
-        }
+        Self { status: Status::RESERVATION_CONFLICT, sense: None, data: Bytes::new() }
     }
 }
 
@@ -105,11 +95,7 @@ fn illegal(asc: AscAscq) -> Sense {
 }
 
 fn all_registrants(t: u8) -> bool {
-    matches!(
-        t,
-        riser_scsi::pr::pr_type::WRITE_EXCLUSIVE_ALL_REGISTRANTS
-            | riser_scsi::pr::pr_type::EXCLUSIVE_ACCESS_ALL_REGISTRANTS
-    )
+    matches!(t, riser_scsi::pr::pr_type::WRITE_EXCLUSIVE_ALL_REGISTRANTS | riser_scsi::pr::pr_type::EXCLUSIVE_ACCESS_ALL_REGISTRANTS)
 }
 
 fn truncate(mut v: Vec<u8>, alloc: u32) -> Bytes {
@@ -125,10 +111,7 @@ impl LogicalUnit {
             lun,
             serial: format!("RISER{id:011X}"),
             naa: (id & 0xf_ffff_ffff, 0x5249_5345_5200_0000 | id),
-            state: Mutex::new(State {
-                wce: true,
-                ..State::default()
-            }),
+            state: Mutex::new(State { wce: true, ..State::default() }),
         }
     }
 
@@ -160,9 +143,8 @@ impl LogicalUnit {
     pub fn reset(&self) {
         let mut s = self.st();
         s.reserved_by = None;
-        s.unit_attention
-            .values_mut()
-            .for_each(|v| v.push(AscAscq::POWER_ON_RESET));
+        // Every nexus, the issuer's included (SAM-5 §6.3.3; libiscsi's multipath test checks it).
+        s.unit_attention.values_mut().for_each(|v| v.push(AscAscq::POWER_ON_RESET));
     }
 
     /// Register a nexus so unit attentions can be queued for it.
@@ -181,19 +163,11 @@ impl LogicalUnit {
 
     /// Encode sense in the format the Control mode page selects.
     pub fn encode_sense(&self, s: &Sense) -> Bytes {
-        if self.st().d_sense {
-            s.to_descriptor().into()
-        } else {
-            s.to_fixed().to_vec().into()
-        }
+        if self.st().d_sense { s.to_descriptor().into() } else { s.to_fixed().to_vec().into() }
     }
 
     fn check(&self, s: Sense) -> Outcome {
-        Outcome {
-            status: Status::CHECK_CONDITION,
-            sense: Some(self.encode_sense(&s)),
-            data: Bytes::new(),
-        }
+        Outcome { status: Status::CHECK_CONDITION, sense: Some(self.encode_sense(&s)), data: Bytes::new() }
     }
 
     fn blocks(&self) -> u64 {
@@ -212,10 +186,7 @@ impl LogicalUnit {
         };
         // A pending unit attention is reported once, except to INQUIRY, REPORT LUNS and
         // REQUEST SENSE (SAM-5 §5.14).
-        if !matches!(
-            c,
-            Cdb::Inquiry { .. } | Cdb::ReportLuns { .. } | Cdb::RequestSense { .. }
-        ) {
+        if !matches!(c, Cdb::Inquiry { .. } | Cdb::ReportLuns { .. } | Cdb::RequestSense { .. }) {
             let mut s = self.st();
             if let Some(v) = s.unit_attention.get_mut(nexus)
                 && !v.is_empty()
@@ -229,17 +200,20 @@ impl LogicalUnit {
         if data_out > u64::from(crate::MAX_DATA_OUT) {
             return Err(self.check(bad_field(7, None)));
         }
-        Ok(Plan {
-            cdb: c,
-            data_out: data_out as u32,
-            edtl: data_out as u32,
-        })
+        Ok(Plan { cdb: c, data_out: data_out as u32, edtl: data_out as u32 })
     }
 
     /// Run a planned command with its data-out.
     pub fn execute(&self, plan: &Plan, data_out: &[u8], nexus: &str) -> Outcome {
         if let Some(conflict) = self.reservation_conflict(&plan.cdb, nexus) {
             return conflict;
+        }
+        if let Cdb::WriteSame(r) = &plan.cdb
+            && !(r.size == CdbSize::Sixteen && r.flags & rw_flags::NDOB != 0)
+            && plan.edtl != self.bs()
+        {
+            // WRITE SAME carries exactly one block.
+            return self.check(bad_field(if r.size == CdbSize::Sixteen { 10 } else { 7 }, None));
         }
         if let Cdb::CompareAndWrite { blocks, .. } = plan.cdb
             && plan.edtl != 2 * u32::from(blocks) * self.bs()
@@ -294,9 +268,7 @@ impl LogicalUnit {
             let conflict = match *ty {
                 WRITE_EXCLUSIVE => is_write,
                 EXCLUSIVE_ACCESS => true,
-                WRITE_EXCLUSIVE_REGISTRANTS_ONLY | WRITE_EXCLUSIVE_ALL_REGISTRANTS => {
-                    is_write && !registered
-                }
+                WRITE_EXCLUSIVE_REGISTRANTS_ONLY | WRITE_EXCLUSIVE_ALL_REGISTRANTS => is_write && !registered,
                 EXCLUSIVE_ACCESS_REGISTRANTS_ONLY | EXCLUSIVE_ACCESS_ALL_REGISTRANTS => !registered,
                 _ => false,
             };
@@ -309,79 +281,43 @@ impl LogicalUnit {
 
     /// Check an LBA range against the capacity.
     fn range(&self, lba: u64, blocks: u64) -> Result<(u64, usize), Sense> {
-        if lba
-            .checked_add(blocks)
-            .is_none_or(|end| end > self.blocks())
-        {
+        if lba.checked_add(blocks).is_none_or(|end| end > self.blocks()) {
             return Err(illegal(AscAscq::LBA_OUT_OF_RANGE));
         }
         if blocks > u64::from(MAX_TRANSFER_BLOCKS) {
             return Err(bad_field(if blocks > 0xffff { 10 } else { 7 }, None));
         }
-        Ok((
-            lba * u64::from(self.bs()),
-            (blocks * u64::from(self.bs())) as usize,
-        ))
+        Ok((lba * u64::from(self.bs()), (blocks * u64::from(self.bs())) as usize))
     }
 
     fn io_error(&self, read: bool) -> Sense {
-        Sense::new(
-            SenseKey::MEDIUM_ERROR,
-            if read {
-                AscAscq::UNRECOVERED_READ_ERROR
-            } else {
-                AscAscq::WRITE_ERROR
-            },
-        )
+        Sense::new(SenseKey::MEDIUM_ERROR, if read { AscAscq::UNRECOVERED_READ_ERROR } else { AscAscq::WRITE_ERROR })
     }
 
     fn write_protected(&self) -> Result<(), Sense> {
-        if self.st().swp {
-            Err(Sense::new(SenseKey::DATA_PROTECT, AscAscq::WRITE_PROTECTED))
-        } else {
-            Ok(())
-        }
+        if self.st().swp { Err(Sense::new(SenseKey::DATA_PROTECT, AscAscq::WRITE_PROTECTED)) } else { Ok(()) }
     }
 
     fn run(&self, c: &Cdb, out: &[u8], nexus: &str) -> R {
         match c {
             Cdb::TestUnitReady { .. } => Ok(Outcome::good(Bytes::new())),
-            Cdb::RequestSense {
-                desc, alloc_len, ..
-            } => {
+            Cdb::RequestSense { desc, alloc_len, .. } => {
                 let s = Sense::new(SenseKey::NO_SENSE, AscAscq::NO_ADDITIONAL_SENSE);
-                let b = if *desc {
-                    s.to_descriptor()
-                } else {
-                    s.to_fixed().to_vec()
-                };
+                let b = if *desc { s.to_descriptor() } else { s.to_fixed().to_vec() };
                 Ok(Outcome::good(truncate(b, u32::from(*alloc_len))))
             }
-            Cdb::Inquiry {
-                evpd,
-                page_code,
-                alloc_len,
-                ..
-            } => self
-                .inquiry(*evpd, *page_code)
-                .map(|b| Outcome::good(truncate(b, u32::from(*alloc_len)))),
+            Cdb::Inquiry { evpd, page_code, alloc_len, .. } => {
+                self.inquiry(*evpd, *page_code).map(|b| Outcome::good(truncate(b, u32::from(*alloc_len))))
+            }
             Cdb::ReadCapacity10 { lba, pmi, .. } => {
                 if !pmi && *lba != 0 {
                     return Err(bad_field(2, None));
                 }
-                Ok(Outcome::good(
-                    Capacity10::new(self.blocks(), self.bs())
-                        .to_bytes()
-                        .to_vec(),
-                ))
+                Ok(Outcome::good(Capacity10::new(self.blocks(), self.bs()).to_bytes().to_vec()))
             }
             Cdb::ReadCapacity16 { alloc_len, .. } => {
                 let thin = self.backend.thin();
-                let c = Capacity16 {
-                    lbpme: thin,
-                    lbprz: thin,
-                    ..Capacity16::new(self.blocks(), self.bs())
-                };
+                let c = Capacity16 { lbpme: thin, lbprz: thin, ..Capacity16::new(self.blocks(), self.bs()) };
                 Ok(Outcome::good(truncate(c.to_bytes().to_vec(), *alloc_len)))
             }
             Cdb::Read(r) => self.read(r),
@@ -390,28 +326,37 @@ impl LogicalUnit {
                 if r.protect() != 0 {
                     return Err(bad_field(1, Some(7)));
                 }
-                self.write(
-                    &Rw {
-                        flags: r.flags & !0x06,
-                        ..*r
-                    },
-                    out,
-                )
+                self.write(&Rw { flags: r.flags & !0x06, ..*r }, out)
             }
             Cdb::Verify(r) => self.verify(r, out),
             Cdb::SynchronizeCache(r) => {
-                self.range(
-                    r.lba,
-                    u64::from(r.blocks).min(u64::from(MAX_TRANSFER_BLOCKS)),
-                )?;
+                self.range(r.lba, u64::from(r.blocks).min(u64::from(MAX_TRANSFER_BLOCKS)))?;
                 self.backend.flush().map_err(|_| self.io_error(false))?;
                 Ok(Outcome::good(Bytes::new()))
             }
             Cdb::WriteSame(r) => self.write_same(r, out),
+            Cdb::PreFetch(r) => {
+                // Everything is already in memory (or the page cache): nothing to stage.
+                self.range(r.lba, u64::from(r.blocks).min(u64::from(MAX_TRANSFER_BLOCKS)))?;
+                Ok(Outcome::good(Bytes::new()))
+            }
+            Cdb::OrWrite(r) => self.or_write(r, out),
+            Cdb::WriteAtomic { lba, blocks, flags, group, control } if self.backend.atomic_writes() => {
+                if u32::from(*blocks) > MAX_ATOMIC_BLOCKS {
+                    return Err(bad_field(12, None));
+                }
+                let rw =
+                    Rw { size: CdbSize::Sixteen, lba: *lba, blocks: u32::from(*blocks), flags: *flags, group: *group, control: *control };
+                self.write(&rw, out)
+            }
+            Cdb::ReadDefectData { twelve, flags, alloc_len, .. } => {
+                // No defects: a header with an empty list in the requested format.
+                let mut v = if *twelve { vec![0u8; 8] } else { vec![0u8; 4] };
+                v[1] = flags & 0x1f;
+                Ok(Outcome::good(truncate(v, *alloc_len)))
+            }
             Cdb::Unmap { .. } => self.unmap(out),
-            Cdb::CompareAndWrite {
-                lba, blocks, flags, ..
-            } => self.compare_and_write(*lba, *blocks, *flags, out),
+            Cdb::CompareAndWrite { lba, blocks, flags, .. } => self.compare_and_write(*lba, *blocks, *flags, out),
             Cdb::GetLbaStatus { lba, alloc_len, .. } => {
                 if *lba >= self.blocks() {
                     return Err(illegal(AscAscq::LBA_OUT_OF_RANGE));
@@ -419,53 +364,27 @@ impl LogicalUnit {
                 let bs = u64::from(self.bs());
                 let mapped = self.backend.is_mapped(lba * bs);
                 let mut n = 1u64;
-                while lba + n < self.blocks()
-                    && n < 0xffff_ffff
-                    && self.backend.is_mapped((lba + n) * bs) == mapped
-                    && n < 65536
-                {
+                while lba + n < self.blocks() && n < 0xffff_ffff && self.backend.is_mapped((lba + n) * bs) == mapped && n < 65536 {
                     n += 1;
                 }
-                let d = LbaStatusDescriptor {
-                    lba: *lba,
-                    blocks: n as u32,
-                    status: if mapped { 0 } else { 1 },
-                };
-                Ok(Outcome::good(truncate(
-                    lba_status_to_bytes(&[d]),
-                    *alloc_len,
-                )))
+                let d = LbaStatusDescriptor { lba: *lba, blocks: n as u32, status: if mapped { 0 } else { 1 } };
+                Ok(Outcome::good(truncate(lba_status_to_bytes(&[d]), *alloc_len)))
             }
             Cdb::ModeSense(m) => self.mode_sense(m),
             Cdb::ModeSelect(m) => self.mode_select(m, out),
-            Cdb::ReportLuns {
-                select, alloc_len, ..
-            } => {
+            Cdb::ReportLuns { select, alloc_len, .. } => {
                 if *alloc_len < 16 {
                     return Err(bad_field(6, None));
                 }
                 if *select > 2 {
                     return Err(bad_field(2, None));
                 }
-                Ok(Outcome::good(truncate(
-                    report_luns_to_bytes(&[self.lun]),
-                    *alloc_len,
-                )))
+                Ok(Outcome::good(truncate(report_luns_to_bytes(&[self.lun]), *alloc_len)))
             }
-            Cdb::ReportSupportedOpcodes {
-                rctd,
-                options,
-                opcode,
-                service_action,
-                alloc_len,
-                ..
-            } => self.rsoc(*rctd, *options, *opcode, *service_action, *alloc_len),
-            Cdb::StartStopUnit {
-                power_condition,
-                loej,
-                start,
-                ..
-            } => {
+            Cdb::ReportSupportedOpcodes { rctd, options, opcode, service_action, alloc_len, .. } => {
+                self.rsoc(*rctd, *options, *opcode, *service_action, *alloc_len)
+            }
+            Cdb::StartStopUnit { power_condition, loej, start, .. } => {
                 if *power_condition != 0 {
                     return Ok(Outcome::good(Bytes::new()));
                 }
@@ -497,17 +416,8 @@ impl LogicalUnit {
                 }
                 Ok(Outcome::good(Bytes::new()))
             }
-            Cdb::PersistentReserveIn {
-                service_action,
-                alloc_len,
-                ..
-            } => self.pr_in(*service_action, *alloc_len),
-            Cdb::PersistentReserveOut {
-                service_action,
-                scope,
-                pr_type,
-                ..
-            } => self.pr_out(*service_action, *scope, *pr_type, out, nexus),
+            Cdb::PersistentReserveIn { service_action, alloc_len, .. } => self.pr_in(*service_action, *alloc_len),
+            Cdb::PersistentReserveOut { service_action, scope, pr_type, .. } => self.pr_out(*service_action, *scope, *pr_type, out, nexus),
             _ => Err(illegal(AscAscq::INVALID_COMMAND_OPERATION_CODE)),
         }
     }
@@ -523,9 +433,7 @@ impl LogicalUnit {
     fn read(&self, r: &Rw) -> R {
         let (off, len) = self.check_rw(r)?;
         let mut buf = vec![0u8; len];
-        self.backend
-            .read(off, &mut buf)
-            .map_err(|_| self.io_error(true))?;
+        self.backend.read(off, &mut buf).map_err(|_| self.io_error(true))?;
         Ok(Outcome::good(buf))
     }
 
@@ -536,12 +444,23 @@ impl LogicalUnit {
         // written (the residual overflow tells the initiator); RFC 7143 §11.4.5.1.
         let bs = self.bs() as usize;
         let len = len.min(out.len() / bs * bs);
-        self.backend
-            .write(off, &out[..len])
-            .map_err(|_| self.io_error(false))?;
+        self.backend.write(off, &out[..len]).map_err(|_| self.io_error(false))?;
         if r.fua() || !self.st().wce {
             self.backend.flush().map_err(|_| self.io_error(false))?;
         }
+        Ok(Outcome::good(Bytes::new()))
+    }
+
+    fn or_write(&self, r: &Rw, out: &[u8]) -> R {
+        let (off, len) = self.check_rw(r)?;
+        self.write_protected()?;
+        let bs = self.bs() as usize;
+        let len = len.min(out.len() / bs * bs);
+        let _serialise = self.st();
+        let mut cur = vec![0u8; len];
+        self.backend.read(off, &mut cur).map_err(|_| self.io_error(true))?;
+        cur.iter_mut().zip(&out[..len]).for_each(|(c, o)| *c |= o);
+        self.backend.write(off, &cur).map_err(|_| self.io_error(false))?;
         Ok(Outcome::good(Bytes::new()))
     }
 
@@ -551,19 +470,13 @@ impl LogicalUnit {
         }
         let (off, len) = self.range(r.lba, u64::from(r.blocks))?;
         let mut buf = vec![0u8; len];
-        self.backend
-            .read(off, &mut buf)
-            .map_err(|_| self.io_error(true))?;
+        self.backend.read(off, &mut buf).map_err(|_| self.io_error(true))?;
         let bs = self.bs() as usize;
-        let cmp =
-            |expected: &[u8], actual: &[u8]| expected.iter().zip(actual).position(|(a, b)| a != b);
+        let cmp = |expected: &[u8], actual: &[u8]| expected.iter().zip(actual).position(|(a, b)| a != b);
         let miscompare = match r.bytchk() {
             0 => None,
             1 => cmp(out, &buf),
-            3 => buf
-                .chunks(bs)
-                .enumerate()
-                .find_map(|(i, blk)| cmp(&out[..bs.min(out.len())], blk).map(|p| i * bs + p)),
+            3 => buf.chunks(bs).enumerate().find_map(|(i, blk)| cmp(&out[..bs.min(out.len())], blk).map(|p| i * bs + p)),
             _ => return Err(bad_field(1, Some(2))),
         };
         match miscompare {
@@ -585,11 +498,7 @@ impl LogicalUnit {
         if r.flags & rw_flags::ANCHOR != 0 {
             return Err(bad_field(1, Some(4)));
         }
-        let blocks = if r.blocks == 0 {
-            self.blocks().saturating_sub(r.lba)
-        } else {
-            u64::from(r.blocks)
-        };
+        let blocks = if r.blocks == 0 { self.blocks().saturating_sub(r.lba) } else { u64::from(r.blocks) };
         if r.lba.checked_add(blocks).is_none_or(|e| e > self.blocks()) {
             return Err(illegal(AscAscq::LBA_OUT_OF_RANGE));
         }
@@ -598,28 +507,19 @@ impl LogicalUnit {
         let pattern: Vec<u8> = if ndob {
             vec![0; bs as usize]
         } else {
-            out.get(..bs as usize)
-                .ok_or_else(|| illegal(AscAscq::PARAMETER_LIST_LENGTH_ERROR))?
-                .to_vec()
+            out.get(..bs as usize).ok_or_else(|| illegal(AscAscq::PARAMETER_LIST_LENGTH_ERROR))?.to_vec()
         };
-        if unmap && self.backend.thin() && pattern.iter().all(|&b| b == 0) {
-            self.backend
-                .unmap(r.lba * bs, blocks * bs)
-                .map_err(|_| self.io_error(false))?;
+        // UNMAP=1 on a thin LU deallocates whatever the pattern (LBPRZ=1: the blocks then read
+        // as zeros), as Linux LIO does and libiscsi's suite expects.
+        if unmap && self.backend.thin() {
+            self.backend.unmap(r.lba * bs, blocks * bs).map_err(|_| self.io_error(false))?;
         } else {
             let per_chunk = (1u64 << 20) / bs;
-            let chunk: Vec<u8> = pattern
-                .iter()
-                .copied()
-                .cycle()
-                .take((per_chunk.min(blocks) * bs) as usize)
-                .collect();
+            let chunk: Vec<u8> = pattern.iter().copied().cycle().take((per_chunk.min(blocks) * bs) as usize).collect();
             let mut b = 0;
             while b < blocks {
                 let n = per_chunk.min(blocks - b);
-                self.backend
-                    .write((r.lba + b) * bs, &chunk[..(n * bs) as usize])
-                    .map_err(|_| self.io_error(false))?;
+                self.backend.write((r.lba + b) * bs, &chunk[..(n * bs) as usize]).map_err(|_| self.io_error(false))?;
                 b += n;
             }
         }
@@ -631,10 +531,7 @@ impl LogicalUnit {
         self.write_protected()?;
         let bs = u64::from(self.bs());
         for d in &ds {
-            if d.lba
-                .checked_add(u64::from(d.blocks))
-                .is_none_or(|e| e > self.blocks())
-            {
+            if d.lba.checked_add(u64::from(d.blocks)).is_none_or(|e| e > self.blocks()) {
                 return Err(illegal(AscAscq::LBA_OUT_OF_RANGE));
             }
         }
@@ -642,9 +539,7 @@ impl LogicalUnit {
             return Err(bad_field(7, None));
         }
         for d in &ds {
-            self.backend
-                .unmap(d.lba * bs, u64::from(d.blocks) * bs)
-                .map_err(|_| self.io_error(false))?;
+            self.backend.unmap(d.lba * bs, u64::from(d.blocks) * bs).map_err(|_| self.io_error(false))?;
         }
         Ok(Outcome::good(Bytes::new()))
     }
@@ -666,17 +561,13 @@ impl LogicalUnit {
         self.write_protected()?;
         let _guard = self.st();
         let mut cur = vec![0u8; len];
-        self.backend
-            .read(off, &mut cur)
-            .map_err(|_| self.io_error(true))?;
+        self.backend.read(off, &mut cur).map_err(|_| self.io_error(true))?;
         if let Some(at) = cur.iter().zip(&out[..len]).position(|(a, b)| a != b) {
             let mut s = Sense::new(SenseKey::MISCOMPARE, AscAscq::MISCOMPARE_DURING_VERIFY);
             s.information = Some(at as u64);
             return Err(s);
         }
-        self.backend
-            .write(off, &out[len..2 * len])
-            .map_err(|_| self.io_error(false))?;
+        self.backend.write(off, &out[len..2 * len]).map_err(|_| self.io_error(false))?;
         Ok(Outcome::good(Bytes::new()))
     }
 
@@ -711,17 +602,15 @@ impl LogicalUnit {
                     unmap_granularity_alignment: thin.then_some(0),
                     // No limit: WRITE SAME moves no data over the wire.
                     max_write_same_len: 0,
+                    max_atomic_transfer_len: if self.backend.atomic_writes() { MAX_ATOMIC_BLOCKS } else { 0 },
+                    atomic_alignment: 1,
+                    atomic_granularity: 1,
                     ..BlockLimits::default()
                 }
                 .to_body()
                 .to_vec()
             }
-            vpd::BLOCK_DEVICE_CHARACTERISTICS => BlockDeviceCharacteristics {
-                rotation_rate: 1,
-                form_factor: 0,
-            }
-            .to_body()
-            .to_vec(),
+            vpd::BLOCK_DEVICE_CHARACTERISTICS => BlockDeviceCharacteristics { rotation_rate: 1, form_factor: 0 }.to_body().to_vec(),
             vpd::LOGICAL_BLOCK_PROVISIONING => {
                 let thin = self.backend.thin();
                 LogicalBlockProvisioning {
@@ -743,37 +632,13 @@ impl LogicalUnit {
     fn mode_pages(&self, pc: u8) -> Vec<ModePage> {
         let s = self.st();
         let changeable = pc == 1;
-        let caching = if changeable {
-            Caching {
-                wce: true,
-                rcd: false,
-            }
-        } else {
-            Caching {
-                wce: s.wce,
-                rcd: false,
-            }
-        };
+        let caching = if changeable { Caching { wce: true, rcd: false } } else { Caching { wce: s.wce, rcd: false } };
         let control = if changeable {
-            Control {
-                d_sense: true,
-                swp: true,
-                ..Control::default()
-            }
+            Control { d_sense: true, swp: true, ..Control::default() }
         } else {
-            Control {
-                d_sense: s.d_sense,
-                swp: s.swp,
-                tas: false,
-                queue_algorithm: 1,
-                ..Control::default()
-            }
+            Control { d_sense: s.d_sense, swp: s.swp, tas: false, queue_algorithm: 1, ..Control::default() }
         };
-        let mut pages = vec![
-            caching.to_page(),
-            control.to_page(),
-            InformationalExceptions::default().to_page(),
-        ];
+        let mut pages = vec![caching.to_page(), control.to_page(), InformationalExceptions::default().to_page()];
         if changeable {
             for p in &mut pages {
                 if p.code == mode::page::CONTROL {
@@ -806,8 +671,7 @@ impl LogicalUnit {
         let s = self.st();
         let header = ModeHeader {
             medium_type: 0,
-            device_specific: mode::device_specific::DPOFUA
-                | if s.swp { mode::device_specific::WP } else { 0 },
+            device_specific: mode::device_specific::DPOFUA | if s.swp { mode::device_specific::WP } else { 0 },
             block_descriptor: (!m.dbd).then(|| (self.blocks(), self.bs())),
         };
         drop(s);
@@ -829,9 +693,7 @@ impl LogicalUnit {
         let mut s = self.st();
         for p in pages {
             match p.code {
-                mode::page::CACHING => {
-                    s.wce = Caching::parse(&p.data).map_err(|e| e.sense(false))?.wce
-                }
+                mode::page::CACHING => s.wce = Caching::parse(&p.data).map_err(|e| e.sense(false))?.wce,
                 mode::page::CONTROL => {
                     let c = Control::parse(&p.data).map_err(|e| e.sense(false))?;
                     s.d_sense = c.d_sense;
@@ -845,18 +707,8 @@ impl LogicalUnit {
     }
 
     fn supported(&self) -> Vec<CommandDescriptor> {
-        let plain = |opcode: u8, len: u16| CommandDescriptor {
-            opcode,
-            service_action: 0,
-            service_action_valid: false,
-            cdb_len: len,
-        };
-        let sa = |opcode: u8, s: u16, len: u16| CommandDescriptor {
-            opcode,
-            service_action: s,
-            service_action_valid: true,
-            cdb_len: len,
-        };
+        let plain = |opcode: u8, len: u16| CommandDescriptor { opcode, service_action: 0, service_action_valid: false, cdb_len: len };
+        let sa = |opcode: u8, s: u16, len: u16| CommandDescriptor { opcode, service_action: s, service_action_valid: true, cdb_len: len };
         use op::*;
         let mut v = vec![
             plain(TEST_UNIT_READY, 6),
@@ -901,6 +753,12 @@ impl LogicalUnit {
             sa(SERVICE_ACTION_IN_16, u16::from(SA_READ_CAPACITY_16), 16),
             sa(SERVICE_ACTION_IN_16, u16::from(SA_GET_LBA_STATUS), 16),
             plain(REPORT_LUNS, 12),
+            plain(PRE_FETCH_10, 10),
+            plain(PRE_FETCH_16, 16),
+            plain(ORWRITE_16, 16),
+            plain(WRITE_ATOMIC_16, 16),
+            plain(READ_DEFECT_DATA_10, 10),
+            plain(READ_DEFECT_DATA_12, 12),
             sa(MAINTENANCE_IN, u16::from(SA_REPORT_SUPPORTED_OPCODES), 12),
             plain(READ_12, 12),
             plain(WRITE_12, 12),
@@ -918,21 +776,12 @@ impl LogicalUnit {
         let data = match options {
             0 => all_commands_to_bytes(&cmds, rctd),
             1..=3 => {
-                let found = cmds.iter().find(|c| {
-                    c.opcode == opcode
-                        && (options == 1 || !c.service_action_valid || c.service_action == sa)
-                });
-                let needs_sa = cmds
-                    .iter()
-                    .any(|c| c.opcode == opcode && c.service_action_valid);
+                let found = cmds.iter().find(|c| c.opcode == opcode && (options == 1 || !c.service_action_valid || c.service_action == sa));
+                let needs_sa = cmds.iter().any(|c| c.opcode == opcode && c.service_action_valid);
                 if options == 1 && needs_sa {
                     return Err(bad_field(2, None));
                 }
-                if options == 2
-                    && cmds
-                        .iter()
-                        .any(|c| c.opcode == opcode && !c.service_action_valid)
-                {
+                if options == 2 && cmds.iter().any(|c| c.opcode == opcode && !c.service_action_valid) {
                     return Err(bad_field(2, None));
                 }
                 match found {
@@ -953,22 +802,11 @@ impl LogicalUnit {
         use riser_scsi::pr::*;
         let s = self.st();
         let data = match sa {
-            in_sa::READ_KEYS => read_keys_to_bytes(
-                s.pr.generation,
-                &s.pr
-                    .registrations
-                    .iter()
-                    .map(|(_, k)| *k)
-                    .collect::<Vec<_>>(),
-            ),
+            in_sa::READ_KEYS => read_keys_to_bytes(s.pr.generation, &s.pr.registrations.iter().map(|(_, k)| *k).collect::<Vec<_>>()),
             in_sa::READ_RESERVATION => read_reservation_to_bytes(
                 s.pr.generation,
                 // All-registrants reservations report key 0 (SPC-5 §6.16.3).
-                s.pr.holder.as_ref().map(|(_, k, t)| Reservation {
-                    key: if all_registrants(*t) { 0 } else { *k },
-                    scope: 0,
-                    pr_type: *t,
-                }),
+                s.pr.holder.as_ref().map(|(_, k, t)| Reservation { key: if all_registrants(*t) { 0 } else { *k }, scope: 0, pr_type: *t }),
             ),
             in_sa::READ_FULL_STATUS => self.full_status(&s.pr),
             in_sa::REPORT_CAPABILITIES => report_capabilities_to_bytes(0x10, 0x80, 0xea01).to_vec(),
@@ -980,10 +818,7 @@ impl LogicalUnit {
     fn full_status(&self, pr: &Pr) -> Vec<u8> {
         let mut body = Vec::new();
         for (n, k) in &pr.registrations {
-            let holder = pr
-                .holder
-                .as_ref()
-                .filter(|(h, _, t)| h == n || all_registrants(*t));
+            let holder = pr.holder.as_ref().filter(|(h, _, t)| h == n || all_registrants(*t));
             // iSCSI TransportID, format 00b: the initiator name, NUL-terminated, padded to 4.
             let name = n.split(",i,").next().unwrap_or(n);
             let mut tid = vec![0x05, 0, 0, 0];
@@ -1090,8 +925,7 @@ impl LogicalUnit {
                     return Ok(Outcome::conflict());
                 }
                 let victim_holds = s.pr.holder.as_ref().is_some_and(|(_, k, _)| *k == p.sa_key);
-                s.pr.registrations
-                    .retain(|(n, k)| *k != p.sa_key || n == nexus);
+                s.pr.registrations.retain(|(n, k)| *k != p.sa_key || n == nexus);
                 if victim_holds {
                     if !valid_type(ty) {
                         return Err(bad_field(2, None));

@@ -6,9 +6,7 @@ use bytes::Bytes;
 use riser_datamover::{ControlPdu, Datamover, DmEvent, PduDatamover, R2tDesc};
 use riser_iscsi::chap::ChapCredentials;
 use riser_iscsi::keys::{NegotiatedParams, OperationalConfig, Role, SessionType, Transport};
-use riser_iscsi::login::{
-    LoginOutcome, TargetLogin, TargetLoginConfig, TargetLoginEvent, TargetLoginParams, TargetNode,
-};
+use riser_iscsi::login::{LoginOutcome, TargetLogin, TargetLoginConfig, TargetLoginEvent, TargetLoginParams, TargetNode};
 use riser_iscsi::serial::SerialNumber;
 use riser_iscsi::text::{TextBuilder, parse_pairs};
 use riser_iscsi::wire::*;
@@ -88,10 +86,7 @@ fn entropy() -> [u8; 32] {
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
         h.write_u128(
             Instant::now().elapsed().as_nanos()
-                ^ std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap_or_default()
-                    .as_nanos(),
+                ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos(),
         );
         chunk.copy_from_slice(&h.finish().to_le_bytes());
     }
@@ -101,11 +96,7 @@ fn entropy() -> [u8; 32] {
 impl Target {
     /// A target with this configuration.
     pub fn new(config: TargetConfig) -> Arc<Self> {
-        Arc::new(Self {
-            config,
-            next_tsih: AtomicU16::new(1),
-            sessions: Mutex::new(HashMap::new()),
-        })
+        Arc::new(Self { config, next_tsih: AtomicU16::new(1), sessions: Mutex::new(HashMap::new()) })
     }
 
     /// Accept connections on `listener` until the task is dropped.
@@ -145,12 +136,7 @@ impl Target {
     }
 
     /// Serve one connection on a datamover: login, then the session.
-    pub async fn connection(
-        self: Arc<Self>,
-        dm: PduDatamover,
-        peer: SocketAddr,
-        portal: SocketAddr,
-    ) {
+    pub async fn connection(self: Arc<Self>, dm: PduDatamover, peer: SocketAddr, portal: SocketAddr) {
         let start = Instant::now();
         let mut tsih = self.next_tsih.fetch_add(1, Ordering::Relaxed);
         if tsih == 0 {
@@ -160,18 +146,10 @@ impl Target {
         let stat_sn = u32::from_le_bytes([e[0], e[1], e[2], e[3]]) & 0x0fff_ffff;
         let mut login = TargetLogin::new(
             self.login_config(),
-            TargetLoginParams {
-                new_tsih: tsih,
-                initial_stat_sn: stat_sn,
-                cmd_window: self.config.queue_depth,
-                entropy: e,
-            },
+            TargetLoginParams { new_tsih: tsih, initial_stat_sn: stat_sn, cmd_window: self.config.queue_depth, entropy: e },
         );
         let outcome = loop {
-            let deadline = login
-                .poll_timeout()
-                .map(|d| d.saturating_sub(start.elapsed()))
-                .unwrap_or(self.config.login_timeout);
+            let deadline = login.poll_timeout().map(|d| d.saturating_sub(start.elapsed())).unwrap_or(self.config.login_timeout);
             let ev = match tokio::time::timeout(deadline, dm.next_event()).await {
                 Ok(ev) => ev,
                 Err(_) => {
@@ -187,14 +165,7 @@ impl Target {
                 }
             }
             while let Some(p) = login.poll_transmit() {
-                if dm
-                    .send_control(ControlPdu::new(
-                        Header::LoginResponse(p.header),
-                        p.data.into(),
-                    ))
-                    .await
-                    .is_err()
-                {
+                if dm.send_control(ControlPdu::new(Header::LoginResponse(p.header), p.data.into())).await.is_err() {
                     return;
                 }
             }
@@ -212,11 +183,7 @@ impl Target {
         dm.notice_key_values(&p);
         dm.enable();
         info!(%peer, initiator = %p.initiator_name, target = %p.target_name, session = ?p.session_type, "login complete");
-        let key = (
-            p.initiator_name.to_ascii_lowercase(),
-            outcome.isid,
-            p.target_name.to_ascii_lowercase(),
-        );
+        let key = (p.initiator_name.to_ascii_lowercase(), outcome.isid, p.target_name.to_ascii_lowercase());
         if p.session_type == SessionType::Normal
             && let Some(old) = lock(&self.sessions).insert(key.clone(), dm.clone())
         {
@@ -224,18 +191,8 @@ impl Target {
             info!(%peer, "reinstating session: closing the previous connection");
             old.terminate();
         }
-        let node = self
-            .config
-            .nodes
-            .iter()
-            .find(|n| n.name.eq_ignore_ascii_case(&p.target_name))
-            .cloned();
-        let session = Arc::new(Session::new(
-            dm.clone(),
-            outcome,
-            node,
-            self.config.queue_depth,
-        ));
+        let node = self.config.nodes.iter().find(|n| n.name.eq_ignore_ascii_case(&p.target_name)).cloned();
+        let session = Arc::new(Session::new(dm.clone(), outcome, node, self.config.queue_depth));
         session.run(&self, portal).await;
         // Unregister, unless a reinstatement already replaced this connection.
         let mut sessions = lock(&self.sessions);
@@ -268,25 +225,13 @@ struct Session {
 
 impl Session {
     fn new(dm: PduDatamover, o: LoginOutcome, node: Option<Node>, depth: u32) -> Self {
-        let nexus = format!(
-            "{},i,0x{}",
-            o.params.initiator_name,
-            o.isid
-                .0
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>()
-        );
+        let nexus = format!("{},i,0x{}", o.params.initiator_name, o.isid.0.iter().map(|b| format!("{b:02x}")).collect::<String>());
         Self {
             dm,
             nexus,
             depth,
             node,
-            seq: Mutex::new(Seq {
-                stat_sn: o.stat_sn,
-                exp_cmd_sn: SerialNumber(o.exp_cmd_sn),
-                ahead: BTreeSet::new(),
-            }),
+            seq: Mutex::new(Seq { stat_sn: o.stat_sn, exp_cmd_sn: SerialNumber(o.exp_cmd_sn), ahead: BTreeSet::new() }),
             params: o.params,
             tx: tokio::sync::Mutex::new(()),
             tasks: Mutex::new(HashMap::new()),
@@ -323,6 +268,12 @@ impl Session {
         true
     }
 
+    fn not_yet_received(&self, cmd_sn: u32) -> bool {
+        let s = lock(&self.seq);
+        let max = s.exp_cmd_sn.add(self.depth - 1);
+        SerialNumber(cmd_sn).in_window(s.exp_cmd_sn, max) && !s.ahead.contains(&cmd_sn)
+    }
+
     /// Send a response PDU, stamping StatSN (advanced when `advance`), ExpCmdSN and MaxCmdSN.
     async fn respond(&self, mut header: Header, data: Bytes, advance: bool) {
         let _order = self.tx.lock().await;
@@ -336,23 +287,13 @@ impl Session {
             v
         };
         match &mut header {
-            Header::ScsiResponse(h) => {
-                (h.stat_sn, h.exp_cmd_sn, h.max_cmd_sn) = (stat_sn, exp, max)
-            }
+            Header::ScsiResponse(h) => (h.stat_sn, h.exp_cmd_sn, h.max_cmd_sn) = (stat_sn, exp, max),
             Header::NopIn(h) => (h.stat_sn, h.exp_cmd_sn, h.max_cmd_sn) = (stat_sn, exp, max),
-            Header::TextResponse(h) => {
-                (h.stat_sn, h.exp_cmd_sn, h.max_cmd_sn) = (stat_sn, exp, max)
-            }
-            Header::TaskMgmtResponse(h) => {
-                (h.stat_sn, h.exp_cmd_sn, h.max_cmd_sn) = (stat_sn, exp, max)
-            }
-            Header::LogoutResponse(h) => {
-                (h.stat_sn, h.exp_cmd_sn, h.max_cmd_sn) = (stat_sn, exp, max)
-            }
+            Header::TextResponse(h) => (h.stat_sn, h.exp_cmd_sn, h.max_cmd_sn) = (stat_sn, exp, max),
+            Header::TaskMgmtResponse(h) => (h.stat_sn, h.exp_cmd_sn, h.max_cmd_sn) = (stat_sn, exp, max),
+            Header::LogoutResponse(h) => (h.stat_sn, h.exp_cmd_sn, h.max_cmd_sn) = (stat_sn, exp, max),
             Header::Reject(h) => (h.stat_sn, h.exp_cmd_sn, h.max_cmd_sn) = (stat_sn, exp, max),
-            Header::AsyncMessage(h) => {
-                (h.stat_sn, h.exp_cmd_sn, h.max_cmd_sn) = (stat_sn, exp, max)
-            }
+            Header::AsyncMessage(h) => (h.stat_sn, h.exp_cmd_sn, h.max_cmd_sn) = (stat_sn, exp, max),
             _ => {}
         }
         let _ = self.dm.send_control(ControlPdu::new(header, data)).await;
@@ -361,19 +302,15 @@ impl Session {
     async fn reject(&self, reason: RejectReason, bad: &Header) {
         let mut bhs = [0u8; BHS_LEN];
         bad.emit(&mut bhs, 0, 0);
-        self.respond(
-            Header::Reject(Reject {
-                reason,
-                itt: RESERVED_TAG,
-                ..Reject::default()
-            }),
-            Bytes::copy_from_slice(&bhs),
-            true,
-        )
-        .await;
+        self.respond(Header::Reject(Reject { reason, itt: RESERVED_TAG, ..Reject::default() }), Bytes::copy_from_slice(&bhs), true).await;
     }
 
     async fn run(self: &Arc<Self>, target: &Arc<Target>, portal: SocketAddr) {
+        if let Some(n) = &self.node {
+            for lu in &n.luns {
+                lu.nexus_seen(&self.nexus);
+            }
+        }
         loop {
             let pdu = match self.dm.next_event().await {
                 DmEvent::Control(p) => p,
@@ -387,17 +324,12 @@ impl Session {
             match pdu.header {
                 Header::ScsiCommand(c) if !discovery => {
                     if !c.immediate && !self.accept_cmd_sn(c.cmd_sn) {
-                        debug!(
-                            cmd_sn = c.cmd_sn,
-                            "command outside the CmdSN window ignored"
-                        );
+                        debug!(cmd_sn = c.cmd_sn, "command outside the CmdSN window ignored");
                         self.dm.deallocate_task_resources(c.itt);
                         continue;
                     }
                     let me = self.clone();
-                    let full_cdb = Pdu::new(pdu.header, pdu.ahs.clone(), Bytes::new())
-                        .full_cdb()
-                        .unwrap_or_default();
+                    let full_cdb = Pdu::new(pdu.header, pdu.ahs.clone(), Bytes::new()).full_cdb().unwrap_or_default();
                     let imm = pdu.immediate;
                     let handle = tokio::spawn(async move {
                         me.command(c, full_cdb, imm).await;
@@ -410,12 +342,7 @@ impl Session {
                         continue;
                     }
                     if n.itt != RESERVED_TAG {
-                        let h = Header::NopIn(NopIn {
-                            lun: n.lun,
-                            itt: n.itt,
-                            ttt: RESERVED_TAG,
-                            ..NopIn::default()
-                        });
+                        let h = Header::NopIn(NopIn { lun: n.lun, itt: n.itt, ttt: RESERVED_TAG, ..NopIn::default() });
                         self.respond(h, pdu.data.clone(), true).await;
                     }
                 }
@@ -448,13 +375,8 @@ impl Session {
                     break;
                 }
                 Header::Snack(_) => self.reject(RejectReason::PROTOCOL_ERROR, &pdu.header).await,
-                Header::LoginRequest(_) => {
-                    self.reject(RejectReason::PROTOCOL_ERROR, &pdu.header).await
-                }
-                other => {
-                    self.reject(RejectReason::COMMAND_NOT_SUPPORTED, &other)
-                        .await
-                }
+                Header::LoginRequest(_) => self.reject(RejectReason::PROTOCOL_ERROR, &pdu.header).await,
+                other => self.reject(RejectReason::COMMAND_NOT_SUPPORTED, &other).await,
             }
         }
         self.abort_all(None);
@@ -467,21 +389,12 @@ impl Session {
 
     fn lu(&self, lun: Lun) -> Option<Arc<LogicalUnit>> {
         let n = lun.number()?;
-        self.node
-            .as_ref()?
-            .luns
-            .iter()
-            .find(|l| l.lun().number() == Some(n))
-            .cloned()
+        self.node.as_ref()?.luns.iter().find(|l| l.lun().number() == Some(n)).cloned()
     }
 
     fn abort_all(&self, lun: Option<Lun>) -> usize {
         let mut tasks = lock(&self.tasks);
-        let victims: Vec<u32> = tasks
-            .iter()
-            .filter(|(_, (l, _))| lun.is_none_or(|x| *l == x))
-            .map(|(i, _)| *i)
-            .collect();
+        let victims: Vec<u32> = tasks.iter().filter(|(_, (l, _))| lun.is_none_or(|x| *l == x)).map(|(i, _)| *i).collect();
         for itt in &victims {
             if let Some((_, h)) = tasks.remove(itt) {
                 h.abort();
@@ -495,11 +408,18 @@ impl Session {
         let response = match t.function {
             TmfFunction::ABORT_TASK => {
                 let found = lock(&self.tasks).remove(&t.ref_task_tag);
-                if let Some((_, h)) = found {
-                    h.abort();
-                    self.dm.deallocate_task_resources(t.ref_task_tag);
+                match found {
+                    Some((_, h)) => {
+                        h.abort();
+                        self.dm.deallocate_task_resources(t.ref_task_tag);
+                        TmfResponse::COMPLETE
+                    }
+                    // RFC 7143 §11.5.1: a task whose command has not arrived yet (RefCmdSN in
+                    // the window, not received) counts as aborted; one that already
+                    // completed does not exist.
+                    None if self.not_yet_received(t.ref_cmd_sn) => TmfResponse::COMPLETE,
+                    None => TmfResponse::TASK_DOES_NOT_EXIST,
                 }
-                TmfResponse::COMPLETE
             }
             TmfFunction::ABORT_TASK_SET | TmfFunction::CLEAR_TASK_SET => {
                 if self.lu(t.lun).is_none() {
@@ -530,11 +450,7 @@ impl Session {
             TmfFunction::CLEAR_ACA => TmfResponse::NOT_SUPPORTED,
             _ => TmfResponse::REJECTED,
         };
-        let h = Header::TaskMgmtResponse(TaskMgmtResponse {
-            response,
-            itt: t.itt,
-            ..TaskMgmtResponse::default()
-        });
+        let h = Header::TaskMgmtResponse(TaskMgmtResponse { response, itt: t.itt, ..TaskMgmtResponse::default() });
         self.respond(h, Bytes::new(), true).await;
         if t.function == TmfFunction::TARGET_COLD_RESET {
             self.dm.terminate();
@@ -555,20 +471,14 @@ impl Session {
                         n.name.eq_ignore_ascii_case(&self.params.target_name)
                             && (v.is_empty() || v == "All" || n.name.eq_ignore_ascii_case(v))
                     };
-                    let allowed = n.acl.is_empty()
-                        || n.acl
-                            .iter()
-                            .any(|a| a.eq_ignore_ascii_case(&self.params.initiator_name));
+                    let allowed = n.acl.is_empty() || n.acl.iter().any(|a| a.eq_ignore_ascii_case(&self.params.initiator_name));
                     if wanted && allowed {
                         out.push("TargetName", &n.name);
                         let addr = match portal {
                             SocketAddr::V4(a) => format!("{}:{}", a.ip(), a.port()),
                             SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
                         };
-                        out.push(
-                            "TargetAddress",
-                            &format!("{addr},{}", target.config.portal_group_tag),
-                        );
+                        out.push("TargetAddress", &format!("{addr},{}", target.config.portal_group_tag));
                     }
                 }
             } else {
@@ -586,18 +496,8 @@ impl Session {
         self.respond(h, out.into_bytes().into(), true).await;
     }
 
-    async fn scsi_response(
-        &self,
-        c: &ScsiCommand,
-        o: &Outcome,
-        residual: (bool, bool, u32),
-        exp_data_sn: u32,
-    ) {
-        let data = o
-            .sense
-            .as_ref()
-            .map(|s| Bytes::from(with_length_prefix(s)))
-            .unwrap_or_default();
+    async fn scsi_response(&self, c: &ScsiCommand, o: &Outcome, residual: (bool, bool, u32), exp_data_sn: u32) {
+        let data = o.sense.as_ref().map(|s| Bytes::from(with_length_prefix(s))).unwrap_or_default();
         let (underflow, overflow, residual) = residual;
         let h = Header::ScsiResponse(ScsiResponse {
             overflow,
@@ -622,11 +522,7 @@ impl Session {
             Ok(p) => Plan { edtl, ..p },
             Err(o) => {
                 self.dm.deallocate_task_resources(c.itt);
-                let r = if edtl > 0 {
-                    (true, false, edtl)
-                } else {
-                    (false, false, 0)
-                };
+                let r = if edtl > 0 { (true, false, edtl) } else { (false, false, 0) };
                 return self.scsi_response(&c, &o, r, 0).await;
             }
         };
@@ -642,10 +538,7 @@ impl Session {
             // The CDB wants data the initiator did not announce.
             let o = Outcome {
                 status: Status::CHECK_CONDITION,
-                sense: Some(lu.encode_sense(&Sense::new(
-                    SenseKey::ILLEGAL_REQUEST,
-                    AscAscq::INVALID_FIELD_IN_CDB,
-                ))),
+                sense: Some(lu.encode_sense(&Sense::new(SenseKey::ILLEGAL_REQUEST, AscAscq::INVALID_FIELD_IN_CDB))),
                 data: Bytes::new(),
             };
             return self.scsi_response(&c, &o, (false, true, out_len), 0).await;
@@ -654,10 +547,7 @@ impl Session {
         let lu2 = lu.clone();
         let nexus = self.nexus.clone();
         let plan2: Plan = plan.clone();
-        let Ok(o) =
-            tokio::task::spawn_blocking(move || lu2.execute(&plan2, &data_out[..usable], &nexus))
-                .await
-        else {
+        let Ok(o) = tokio::task::spawn_blocking(move || lu2.execute(&plan2, &data_out[..usable], &nexus)).await else {
             return;
         };
         let mut residual = (false, false, 0u32);
@@ -677,13 +567,7 @@ impl Session {
                 residual = (true, false, edtl - produced);
             }
             if send > 0 && c.read {
-                let desc = riser_datamover::DataInDesc {
-                    itt: c.itt,
-                    lun: c.lun,
-                    offset: 0,
-                    data_sn: 0,
-                    collapse_status: None,
-                };
+                let desc = riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: None };
                 match self.dm.put_data(desc, o.data.slice(..send as usize)).await {
                     Ok(d) => pdus = d.pdus,
                     Err(_) => return,
@@ -698,11 +582,7 @@ impl Session {
     async fn fetch_write_data(&self, c: &ScsiCommand, immediate: u32) -> Result<Bytes, ()> {
         let edtl = c.expected_data_len;
         let p = &self.params;
-        let unsolicited_end = if c.final_ {
-            immediate
-        } else {
-            p.first_burst_length.min(edtl).max(immediate)
-        };
+        let unsolicited_end = if c.final_ { immediate } else { p.first_burst_length.min(edtl).max(immediate) };
         let mut r2ts = Vec::new();
         let mut at = unsolicited_end;
         let mut sn = 0;
@@ -711,17 +591,7 @@ impl Session {
         while at < edtl {
             let len = (edtl - at).min(p.max_burst_length);
             let ttt = self.next_ttt.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff;
-            r2ts.push(R2tDesc {
-                itt: c.itt,
-                lun: c.lun,
-                ttt,
-                r2t_sn: sn,
-                offset: at,
-                len,
-                stat_sn,
-                exp_cmd_sn: exp,
-                max_cmd_sn: max,
-            });
+            r2ts.push(R2tDesc { itt: c.itt, lun: c.lun, ttt, r2t_sn: sn, offset: at, len, stat_sn, exp_cmd_sn: exp, max_cmd_sn: max });
             sn += 1;
             at += len;
         }
@@ -739,42 +609,16 @@ impl Session {
         let first = self.node.as_ref().and_then(|n| n.luns.first().cloned());
         match (cdb.first(), first) {
             (Some(&0x12), _) => {
-                let mut data =
-                    riser_scsi::inquiry::StandardInquiry::disk("RISER", "RISER DISK", "0001");
+                let mut data = riser_scsi::inquiry::StandardInquiry::disk("RISER", "RISER DISK", "0001");
                 data.peripheral = riser_scsi::inquiry::NOT_PRESENT;
-                let alloc = cdb
-                    .get(3..5)
-                    .map(|b| u16::from_be_bytes([b[0], b[1]]))
-                    .unwrap_or(0);
+                let alloc = cdb.get(3..5).map(|b| u16::from_be_bytes([b[0], b[1]])).unwrap_or(0);
                 let mut bytes = data.to_bytes();
                 bytes.truncate(usize::from(alloc).min(c.expected_data_len as usize));
                 let n = bytes.len() as u32;
-                let desc = riser_datamover::DataInDesc {
-                    itt: c.itt,
-                    lun: c.lun,
-                    offset: 0,
-                    data_sn: 0,
-                    collapse_status: None,
-                };
-                let pdus = if n > 0 {
-                    self.dm
-                        .put_data(desc, bytes.into())
-                        .await
-                        .map(|d| d.pdus)
-                        .unwrap_or(0)
-                } else {
-                    0
-                };
-                let o = Outcome {
-                    status: Status::GOOD,
-                    sense: None,
-                    data: Bytes::new(),
-                };
-                let r = if c.expected_data_len > n {
-                    (true, false, c.expected_data_len - n)
-                } else {
-                    (false, false, 0)
-                };
+                let desc = riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: None };
+                let pdus = if n > 0 { self.dm.put_data(desc, bytes.into()).await.map(|d| d.pdus).unwrap_or(0) } else { 0 };
+                let o = Outcome { status: Status::GOOD, sense: None, data: Bytes::new() };
+                let r = if c.expected_data_len > n { (true, false, c.expected_data_len - n) } else { (false, false, 0) };
                 self.scsi_response(c, &o, r, pdus).await;
             }
             (_, Some(lu)) if cdb.first() == Some(&0xa0) => {
@@ -782,51 +626,18 @@ impl Session {
                 if let Ok(plan) = lu.plan(cdb, &nexus) {
                     let o = lu.execute(&plan, &[], &nexus);
                     let n = (o.data.len() as u32).min(c.expected_data_len);
-                    let desc = riser_datamover::DataInDesc {
-                        itt: c.itt,
-                        lun: c.lun,
-                        offset: 0,
-                        data_sn: 0,
-                        collapse_status: None,
-                    };
-                    let pdus = if n > 0 {
-                        self.dm
-                            .put_data(desc, o.data.slice(..n as usize))
-                            .await
-                            .map(|d| d.pdus)
-                            .unwrap_or(0)
-                    } else {
-                        0
-                    };
-                    let r = if c.expected_data_len > n {
-                        (true, false, c.expected_data_len - n)
-                    } else {
-                        (false, false, 0)
-                    };
+                    let desc = riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: None };
+                    let pdus =
+                        if n > 0 { self.dm.put_data(desc, o.data.slice(..n as usize)).await.map(|d| d.pdus).unwrap_or(0) } else { 0 };
+                    let r = if c.expected_data_len > n { (true, false, c.expected_data_len - n) } else { (false, false, 0) };
                     self.scsi_response(c, &o, r, pdus).await;
                 }
             }
             _ => {
-                let s = Sense::new(
-                    SenseKey::ILLEGAL_REQUEST,
-                    AscAscq::LOGICAL_UNIT_NOT_SUPPORTED,
-                );
-                let o = Outcome {
-                    status: Status::CHECK_CONDITION,
-                    sense: Some(s.to_fixed().to_vec().into()),
-                    data: Bytes::new(),
-                };
-                self.scsi_response(
-                    c,
-                    &o,
-                    if c.expected_data_len > 0 {
-                        (true, false, c.expected_data_len)
-                    } else {
-                        (false, false, 0)
-                    },
-                    0,
-                )
-                .await;
+                let s = Sense::new(SenseKey::ILLEGAL_REQUEST, AscAscq::LOGICAL_UNIT_NOT_SUPPORTED);
+                let o = Outcome { status: Status::CHECK_CONDITION, sense: Some(s.to_fixed().to_vec().into()), data: Bytes::new() };
+                self.scsi_response(c, &o, if c.expected_data_len > 0 { (true, false, c.expected_data_len) } else { (false, false, 0) }, 0)
+                    .await;
             }
         }
     }

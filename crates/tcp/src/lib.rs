@@ -29,10 +29,7 @@ use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 /// A [`PduDatamover`] over a connected TCP stream, and its receive driver (spawn it).
-pub fn datamover(
-    stream: TcpStream,
-    role: Role,
-) -> (PduDatamover, impl Future<Output = ()> + Send + 'static) {
+pub fn datamover(stream: TcpStream, role: Role) -> (PduDatamover, impl Future<Output = ()> + Send + 'static) {
     let _ = stream.set_nodelay(true);
     let (r, w) = stream.into_split();
     PduDatamover::new(role, Box::new(TcpRx::new(r)), Box::new(TcpTx::new(w)))
@@ -53,11 +50,7 @@ pub struct TcpRx {
 impl TcpRx {
     /// Wrap a read half.
     pub fn new(r: OwnedReadHalf) -> Self {
-        Self {
-            r,
-            p: LinkParams::default(),
-            data_len: 0,
-        }
+        Self { r, p: LinkParams::default(), data_len: 0 }
     }
 }
 
@@ -72,8 +65,7 @@ impl LinkRx for TcpRx {
             }
             self.r.read_exact(&mut bhs[n..]).await.map_err(io_err)?;
             let view = Bhs::new_unchecked(&bhs[..]);
-            let layout = PduLayout::of(&view, self.p.max_recv_data_segment_length)
-                .map_err(|e| DmError::Protocol(e.to_string()))?;
+            let layout = PduLayout::of(&view, self.p.max_recv_data_segment_length).map_err(|e| DmError::Protocol(e.to_string()))?;
             let mut ahs = vec![0u8; layout.ahs_len];
             self.r.read_exact(&mut ahs).await.map_err(io_err)?;
             if self.p.header_digest == Digest::Crc32c {
@@ -88,11 +80,7 @@ impl LinkRx for TcpRx {
                 a.map_err(|e| DmError::Protocol(e.to_string()))?;
             }
             self.data_len = layout.data_len;
-            Ok(Some(RxHeader {
-                header,
-                ahs: Bytes::from(ahs),
-                data_len: layout.data_len,
-            }))
+            Ok(Some(RxHeader { header, ahs: Bytes::from(ahs), data_len: layout.data_len }))
         })
     }
 
@@ -133,18 +121,12 @@ pub struct TcpTx {
 impl TcpTx {
     /// Wrap a write half.
     pub fn new(w: OwnedWriteHalf) -> Self {
-        Self {
-            w,
-            p: LinkParams::default(),
-        }
+        Self { w, p: LinkParams::default() }
     }
 }
 
 /// Write every slice, retrying partial vectored writes.
-async fn write_all_vectored<W: AsyncWrite + Unpin>(
-    w: &mut W,
-    mut bufs: &mut [IoSlice<'_>],
-) -> io::Result<()> {
+async fn write_all_vectored<W: AsyncWrite + Unpin>(w: &mut W, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
     while !bufs.is_empty() {
         let n = w.write_vectored(bufs).await?;
         if n == 0 {
@@ -156,12 +138,7 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(
 }
 
 impl LinkTx for TcpTx {
-    fn write_pdu<'a>(
-        &'a mut self,
-        header: &'a Header,
-        ahs: &'a [u8],
-        data: &'a [&'a [u8]],
-    ) -> BoxFuture<'a, Result<(), DmError>> {
+    fn write_pdu<'a>(&'a mut self, header: &'a Header, ahs: &'a [u8], data: &'a [&'a [u8]]) -> BoxFuture<'a, Result<(), DmError>> {
         Box::pin(async move {
             let dsl: usize = data.iter().map(|d| d.len()).sum();
             let mut head = Vec::with_capacity(BHS_LEN + ahs.len() + 4);
@@ -183,17 +160,11 @@ impl LinkTx for TcpTx {
             }
             let mut slices = Vec::with_capacity(data.len() + 2);
             slices.push(IoSlice::new(&head));
-            slices.extend(
-                data.iter()
-                    .filter(|d| !d.is_empty())
-                    .map(|d| IoSlice::new(d)),
-            );
+            slices.extend(data.iter().filter(|d| !d.is_empty()).map(|d| IoSlice::new(d)));
             if tail_len > 0 {
                 slices.push(IoSlice::new(&tail[..tail_len]));
             }
-            write_all_vectored(&mut self.w, &mut slices)
-                .await
-                .map_err(io_err)
+            write_all_vectored(&mut self.w, &mut slices).await.map_err(io_err)
         })
     }
 

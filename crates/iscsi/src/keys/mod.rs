@@ -124,18 +124,7 @@ const fn k(
     range: (u64, u64),
     discovery: bool,
 ) -> KeyDef {
-    KeyDef {
-        name,
-        kind,
-        session,
-        leading_only: lo,
-        ffp_only: false,
-        sender,
-        default,
-        range,
-        transport: None,
-        discovery,
-    }
+    KeyDef { name, kind, session, leading_only: lo, ffp_only: false, sender, default, range, transport: None, discovery }
 }
 
 const fn on(mut d: KeyDef, t: Transport) -> KeyDef {
@@ -154,269 +143,38 @@ pub static KEYS: &[KeyDef] = &[
     k("CHAP_C", Auth, false, false, Both, "", NONE, true),
     k("CHAP_N", Auth, false, false, Both, "", NONE, true),
     k("CHAP_R", Auth, false, false, Both, "", NONE, true),
-    on(
-        k(
-            "HeaderDigest",
-            List(&["None", "CRC32C"]),
-            false,
-            false,
-            Both,
-            "None",
-            NONE,
-            true,
-        ),
-        Transport::Tcp,
-    ),
-    on(
-        k(
-            "DataDigest",
-            List(&["None", "CRC32C"]),
-            false,
-            false,
-            Both,
-            "None",
-            NONE,
-            true,
-        ),
-        Transport::Tcp,
-    ),
-    k(
-        "MaxConnections",
-        NumMin,
-        true,
-        true,
-        Both,
-        "1",
-        (1, 65535),
-        false,
-    ),
-    KeyDef {
-        ffp_only: true,
-        ..k("SendTargets", Declarative, true, false, I, "", NONE, true)
-    },
+    on(k("HeaderDigest", List(&["None", "CRC32C"]), false, false, Both, "None", NONE, true), Transport::Tcp),
+    on(k("DataDigest", List(&["None", "CRC32C"]), false, false, Both, "None", NONE, true), Transport::Tcp),
+    k("MaxConnections", NumMin, true, true, Both, "1", (1, 65535), false),
+    KeyDef { ffp_only: true, ..k("SendTargets", Declarative, true, false, I, "", NONE, true) },
     k("TargetName", Declarative, true, false, Both, "", NONE, true),
     k("InitiatorName", Declarative, true, false, I, "", NONE, true),
     k("TargetAlias", Declarative, true, false, T, "", NONE, true),
-    k(
-        "InitiatorAlias",
-        Declarative,
-        true,
-        false,
-        I,
-        "",
-        NONE,
-        true,
-    ),
+    k("InitiatorAlias", Declarative, true, false, I, "", NONE, true),
     k("TargetAddress", Declarative, true, false, T, "", NONE, true),
-    k(
-        "TargetPortalGroupTag",
-        DeclarativeNum,
-        true,
-        false,
-        T,
-        "",
-        (0, 65535),
-        true,
-    ),
+    k("TargetPortalGroupTag", DeclarativeNum, true, false, T, "", (0, 65535), true),
     k("InitialR2T", BoolOr, true, true, Both, "Yes", NONE, false),
-    k(
-        "ImmediateData",
-        BoolAnd,
-        true,
-        true,
-        Both,
-        "Yes",
-        NONE,
-        false,
-    ),
-    on(
-        k(
-            "MaxRecvDataSegmentLength",
-            DeclarativeNum,
-            false,
-            false,
-            Both,
-            "8192",
-            R24,
-            true,
-        ),
-        Transport::Tcp,
-    ),
-    k(
-        "MaxBurstLength",
-        NumMin,
-        true,
-        true,
-        Both,
-        "262144",
-        R24,
-        false,
-    ),
-    k(
-        "FirstBurstLength",
-        NumMin,
-        true,
-        true,
-        Both,
-        "65536",
-        R24,
-        false,
-    ),
-    k(
-        "DefaultTime2Wait",
-        NumMax,
-        true,
-        true,
-        Both,
-        "2",
-        (0, 3600),
-        true,
-    ),
-    k(
-        "DefaultTime2Retain",
-        NumMin,
-        true,
-        true,
-        Both,
-        "20",
-        (0, 3600),
-        true,
-    ),
-    k(
-        "MaxOutstandingR2T",
-        NumMin,
-        true,
-        true,
-        Both,
-        "1",
-        (1, 65535),
-        false,
-    ),
-    k(
-        "DataPDUInOrder",
-        BoolOr,
-        true,
-        true,
-        Both,
-        "Yes",
-        NONE,
-        false,
-    ),
-    k(
-        "DataSequenceInOrder",
-        BoolOr,
-        true,
-        true,
-        Both,
-        "Yes",
-        NONE,
-        false,
-    ),
-    k(
-        "ErrorRecoveryLevel",
-        NumMin,
-        true,
-        true,
-        Both,
-        "0",
-        (0, 2),
-        true,
-    ),
-    k(
-        "SessionType",
-        Declarative,
-        true,
-        true,
-        I,
-        "Normal",
-        NONE,
-        true,
-    ),
-    on(
-        k("IFMarker", BoolAnd, false, false, Both, "No", NONE, true),
-        Transport::Tcp,
-    ),
-    on(
-        k("OFMarker", BoolAnd, false, false, Both, "No", NONE, true),
-        Transport::Tcp,
-    ),
-    on(
-        k("IFMarkInt", Declarative, false, false, Both, "", NONE, true),
-        Transport::Tcp,
-    ),
-    on(
-        k("OFMarkInt", Declarative, false, false, Both, "", NONE, true),
-        Transport::Tcp,
-    ),
-    k(
-        "TaskReporting",
-        List(&["RFC3720", "ResponseFence", "FastAbort"]),
-        true,
-        true,
-        Both,
-        "RFC3720",
-        NONE,
-        false,
-    ),
-    k(
-        "iSCSIProtocolLevel",
-        NumMin,
-        true,
-        true,
-        Both,
-        "0",
-        (0, 31),
-        true,
-    ),
-    k(
-        "RDMAExtensions",
-        BoolAnd,
-        true,
-        true,
-        Both,
-        "No",
-        NONE,
-        false,
-    ),
-    on(
-        k(
-            "InitiatorRecvDataSegmentLength",
-            DeclarativeNum,
-            false,
-            false,
-            Both,
-            "8192",
-            R24,
-            false,
-        ),
-        Transport::Iser,
-    ),
-    on(
-        k(
-            "TargetRecvDataSegmentLength",
-            DeclarativeNum,
-            false,
-            false,
-            Both,
-            "8192",
-            R24,
-            false,
-        ),
-        Transport::Iser,
-    ),
-    on(
-        k(
-            "MaxOutstandingUnexpectedPDUs",
-            NumMinOrZero,
-            false,
-            false,
-            Both,
-            "0",
-            (0, u32::MAX as u64),
-            false,
-        ),
-        Transport::Iser,
-    ),
+    k("ImmediateData", BoolAnd, true, true, Both, "Yes", NONE, false),
+    on(k("MaxRecvDataSegmentLength", DeclarativeNum, false, false, Both, "8192", R24, true), Transport::Tcp),
+    k("MaxBurstLength", NumMin, true, true, Both, "262144", R24, false),
+    k("FirstBurstLength", NumMin, true, true, Both, "65536", R24, false),
+    k("DefaultTime2Wait", NumMax, true, true, Both, "2", (0, 3600), true),
+    k("DefaultTime2Retain", NumMin, true, true, Both, "20", (0, 3600), true),
+    k("MaxOutstandingR2T", NumMin, true, true, Both, "1", (1, 65535), false),
+    k("DataPDUInOrder", BoolOr, true, true, Both, "Yes", NONE, false),
+    k("DataSequenceInOrder", BoolOr, true, true, Both, "Yes", NONE, false),
+    k("ErrorRecoveryLevel", NumMin, true, true, Both, "0", (0, 2), true),
+    k("SessionType", Declarative, true, true, I, "Normal", NONE, true),
+    on(k("IFMarker", BoolAnd, false, false, Both, "No", NONE, true), Transport::Tcp),
+    on(k("OFMarker", BoolAnd, false, false, Both, "No", NONE, true), Transport::Tcp),
+    on(k("IFMarkInt", Declarative, false, false, Both, "", NONE, true), Transport::Tcp),
+    on(k("OFMarkInt", Declarative, false, false, Both, "", NONE, true), Transport::Tcp),
+    k("TaskReporting", List(&["RFC3720", "ResponseFence", "FastAbort"]), true, true, Both, "RFC3720", NONE, false),
+    k("iSCSIProtocolLevel", NumMin, true, true, Both, "0", (0, 31), true),
+    k("RDMAExtensions", BoolAnd, true, true, Both, "No", NONE, false),
+    on(k("InitiatorRecvDataSegmentLength", DeclarativeNum, false, false, Both, "8192", R24, false), Transport::Iser),
+    on(k("TargetRecvDataSegmentLength", DeclarativeNum, false, false, Both, "8192", R24, false), Transport::Iser),
+    on(k("MaxOutstandingUnexpectedPDUs", NumMinOrZero, false, false, Both, "0", (0, u32::MAX as u64), false), Transport::Iser),
 ];
 
 /// Look a key up by exact name.
@@ -443,11 +201,7 @@ impl Digest {
         }
     }
     fn parse(s: &str) -> Self {
-        if s == "CRC32C" {
-            Self::Crc32c
-        } else {
-            Self::None
-        }
+        if s == "CRC32C" { Self::Crc32c } else { Self::None }
     }
 }
 
@@ -655,20 +409,10 @@ impl NegotiatedParams {
     }
 
     pub(crate) fn set(&mut self, key: &str, value: &str) {
-        let num = |v: &str| {
-            crate::text::parse_number(v)
-                .ok()
-                .map(|n| n.min(u64::from(u32::MAX)) as u32)
-        };
+        let num = |v: &str| crate::text::parse_number(v).ok().map(|n| n.min(u64::from(u32::MAX)) as u32);
         let yes = |v: &str| v == "Yes";
         match key {
-            "SessionType" => {
-                self.session_type = if value == "Discovery" {
-                    SessionType::Discovery
-                } else {
-                    SessionType::Normal
-                }
-            }
+            "SessionType" => self.session_type = if value == "Discovery" { SessionType::Discovery } else { SessionType::Normal },
             "HeaderDigest" => self.header_digest = Digest::parse(value),
             "DataDigest" => self.data_digest = Digest::parse(value),
             "MaxConnections" => self.max_connections = num(value).unwrap_or(1),
@@ -685,9 +429,7 @@ impl NegotiatedParams {
             "TaskReporting" => self.task_reporting = value.into(),
             "iSCSIProtocolLevel" => self.protocol_level = num(value).unwrap_or(0),
             "RDMAExtensions" => self.rdma_extensions = yes(value),
-            "MaxOutstandingUnexpectedPDUs" => {
-                self.max_outstanding_unexpected_pdus = num(value).unwrap_or(0)
-            }
+            "MaxOutstandingUnexpectedPDUs" => self.max_outstanding_unexpected_pdus = num(value).unwrap_or(0),
             "InitiatorName" => self.initiator_name = value.into(),
             "InitiatorAlias" => self.initiator_alias = Some(value.into()),
             "TargetName" => self.target_name = value.into(),

@@ -6,10 +6,7 @@
 //! back through `receive` and are checked against the offer. [`Negotiator::params`] gives the
 //! typed outcome.
 
-use super::{
-    KEYS, KeyDef, Kind, NegotiatedParams, OperationalConfig, Role, Sender, SessionType, Transport,
-    lookup,
-};
+use super::{KEYS, KeyDef, Kind, NegotiatedParams, OperationalConfig, Role, Sender, SessionType, Transport, lookup};
 use crate::text::{TextBuilder, parse_number};
 use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::string::{String, ToString};
@@ -93,9 +90,7 @@ fn parse_bool(v: &str) -> Option<bool> {
 }
 
 fn in_range(def: &KeyDef, v: &str) -> Option<u64> {
-    parse_number(v)
-        .ok()
-        .filter(|n| *n >= def.range.0 && *n <= def.range.1)
+    parse_number(v).ok().filter(|n| *n >= def.range.0 && *n <= def.range.1)
 }
 
 /// Resolve a peer's offer against our local value; `None` means answer `Reject`.
@@ -103,10 +98,7 @@ fn resolve(def: &KeyDef, offer: &str, local: &str) -> Option<String> {
     match def.kind {
         Kind::List(_) => {
             let ours: Vec<&str> = local.split(',').collect();
-            offer
-                .split(',')
-                .find(|v| ours.contains(v))
-                .map(ToString::to_string)
+            offer.split(',').find(|v| ours.contains(v)).map(ToString::to_string)
         }
         Kind::NumMin | Kind::NumMax | Kind::NumMinOrZero => {
             let o = in_range(def, offer)?;
@@ -125,11 +117,7 @@ fn resolve(def: &KeyDef, offer: &str, local: &str) -> Option<String> {
         Kind::BoolAnd | Kind::BoolOr => {
             let o = parse_bool(offer)?;
             let l = parse_bool(local)?;
-            let r = if def.kind == Kind::BoolAnd {
-                o && l
-            } else {
-                o || l
-            };
+            let r = if def.kind == Kind::BoolAnd { o && l } else { o || l };
             Some(if r { "Yes" } else { "No" }.into())
         }
         _ => None,
@@ -157,11 +145,7 @@ fn check_answer(def: &KeyDef, ours: &str, theirs: &str) -> Option<String> {
             let t = parse_bool(theirs)?;
             let o = parse_bool(ours)?;
             // The result is fixed by our offer when it already decides the function.
-            let r = if def.kind == Kind::BoolAnd {
-                o && t
-            } else {
-                o || t
-            };
+            let r = if def.kind == Kind::BoolAnd { o && t } else { o || t };
             Some(if r { "Yes" } else { "No" }.into())
         }
         _ => None,
@@ -207,9 +191,7 @@ impl Negotiator {
     }
 
     fn relevant(&self, def: &KeyDef) -> bool {
-        if def.transport.is_some_and(|t| t != self.transport)
-            && matches!(def.transport, Some(Transport::Iser))
-        {
+        if def.transport.is_some_and(|t| t != self.transport) && matches!(def.transport, Some(Transport::Iser)) {
             return false;
         }
         if self.session_type == SessionType::Discovery && !def.discovery {
@@ -219,21 +201,14 @@ impl Negotiator {
     }
 
     /// Process the peer's (non-authentication) pairs, appending our answers to `out`.
-    pub fn receive(
-        &mut self,
-        pairs: &[(&str, &str)],
-        out: &mut TextBuilder,
-    ) -> Result<(), NegotiationError> {
+    pub fn receive(&mut self, pairs: &[(&str, &str)], out: &mut TextBuilder) -> Result<(), NegotiationError> {
         // SessionType first: it decides what is relevant for the other keys of the same PDU.
         if let Some((_, v)) = pairs.iter().find(|(k, _)| *k == "SessionType") {
             self.session_type = match *v {
                 "Normal" => SessionType::Normal,
                 "Discovery" => SessionType::Discovery,
                 _ => {
-                    return Err(NegotiationError::InvalidValue {
-                        key: "SessionType".into(),
-                        value: (*v).into(),
-                    });
+                    return Err(NegotiationError::InvalidValue { key: "SessionType".into(), value: (*v).into() });
                 }
             };
         }
@@ -248,12 +223,8 @@ impl Negotiator {
                 continue;
             };
             if let Some(ours) = self.offered.remove(def.name) {
-                let result = check_answer(def, &ours, value).ok_or_else(|| {
-                    NegotiationError::BadResponse {
-                        key: key.into(),
-                        value: value.into(),
-                    }
-                })?;
+                let result = check_answer(def, &ours, value)
+                    .ok_or_else(|| NegotiationError::BadResponse { key: key.into(), value: value.into() })?;
                 self.results.insert(def.name, result);
                 continue;
             }
@@ -265,16 +236,8 @@ impl Negotiator {
         Ok(())
     }
 
-    fn answer(
-        &mut self,
-        def: &'static KeyDef,
-        value: &str,
-        out: &mut TextBuilder,
-    ) -> Result<(), NegotiationError> {
-        let wrong_sender = matches!(
-            (def.sender, self.role),
-            (Sender::Initiator, Role::Initiator) | (Sender::Target, Role::Target)
-        );
+    fn answer(&mut self, def: &'static KeyDef, value: &str, out: &mut TextBuilder) -> Result<(), NegotiationError> {
+        let wrong_sender = matches!((def.sender, self.role), (Sender::Initiator, Role::Initiator) | (Sender::Target, Role::Target));
         match def.kind {
             Kind::Declarative | Kind::DeclarativeNum => {
                 if def.ffp_only {
@@ -283,8 +246,7 @@ impl Negotiator {
                     if self.role == Role::Target {
                         out.push(def.name, "Reject");
                     }
-                } else if def.transport == Some(Transport::Iser) && self.transport == Transport::Tcp
-                {
+                } else if def.transport == Some(Transport::Iser) && self.transport == Transport::Tcp {
                     out.push(def.name, "Irrelevant");
                 } else if def.kind == Kind::DeclarativeNum && in_range(def, value).is_none() {
                     out.push(def.name, "Reject");
@@ -302,10 +264,7 @@ impl Negotiator {
                 out.push(def.name, "Irrelevant");
             }
             _ => {
-                let local = self
-                    .config
-                    .local_value(def.name, self.transport)
-                    .unwrap_or_else(|| def.default.into());
+                let local = self.config.local_value(def.name, self.transport).unwrap_or_else(|| def.default.into());
                 match resolve(def, value, &local) {
                     Some(r) => {
                         out.push(def.name, &r);
@@ -334,12 +293,8 @@ impl Negotiator {
 
     fn recv_length_key(&self) -> Option<&'static str> {
         match (self.transport, self.session_type, self.role) {
-            (Transport::Iser, SessionType::Normal, Role::Initiator) => {
-                Some("InitiatorRecvDataSegmentLength")
-            }
-            (Transport::Iser, SessionType::Normal, Role::Target) => {
-                Some("TargetRecvDataSegmentLength")
-            }
+            (Transport::Iser, SessionType::Normal, Role::Initiator) => Some("InitiatorRecvDataSegmentLength"),
+            (Transport::Iser, SessionType::Normal, Role::Target) => Some("TargetRecvDataSegmentLength"),
             _ => Some("MaxRecvDataSegmentLength"),
         }
     }
@@ -362,15 +317,7 @@ impl Negotiator {
         } else if self.transport == Transport::Tcp {
             for name in ["HeaderDigest", "DataDigest"] {
                 if let Some(v) = self.config.local_value(name, self.transport) {
-                    self.offer(
-                        if name == "HeaderDigest" {
-                            "HeaderDigest"
-                        } else {
-                            "DataDigest"
-                        },
-                        v,
-                        out,
-                    );
+                    self.offer(if name == "HeaderDigest" { "HeaderDigest" } else { "DataDigest" }, v, out);
                 }
             }
         }
@@ -394,15 +341,8 @@ impl Negotiator {
     pub fn target_missing_offers(&mut self, out: &mut TextBuilder) -> bool {
         let mut any = false;
         for def in KEYS {
-            let negotiable = matches!(
-                def.kind,
-                Kind::List(_)
-                    | Kind::NumMin
-                    | Kind::NumMax
-                    | Kind::NumMinOrZero
-                    | Kind::BoolAnd
-                    | Kind::BoolOr
-            );
+            let negotiable =
+                matches!(def.kind, Kind::List(_) | Kind::NumMin | Kind::NumMax | Kind::NumMinOrZero | Kind::BoolAnd | Kind::BoolOr);
             if !negotiable
                 || self.results.contains_key(def.name)
                 || self.offered.contains_key(def.name)
@@ -424,22 +364,14 @@ impl Negotiator {
 
     /// The typed outcome so far.
     pub fn params(&self) -> NegotiatedParams {
-        let mut p = NegotiatedParams {
-            transport: self.transport,
-            session_type: self.session_type,
-            ..NegotiatedParams::default()
-        };
+        let mut p = NegotiatedParams { transport: self.transport, session_type: self.session_type, ..NegotiatedParams::default() };
         for (k, v) in self.peer_decl.iter().chain(self.local_decl.iter()) {
             p.set(k, v);
         }
         for (k, v) in &self.results {
             p.set(k, v);
         }
-        let decl = |map: &BTreeMap<&'static str, String>, k: &str| {
-            map.get(k)
-                .and_then(|v| parse_number(v).ok())
-                .map(|n| n as u32)
-        };
+        let decl = |map: &BTreeMap<&'static str, String>, k: &str| map.get(k).and_then(|v| parse_number(v).ok()).map(|n| n as u32);
         let (mine, theirs) = (&self.local_decl, &self.peer_decl);
         let (ini, tgt) = match self.role {
             Role::Initiator => (mine, theirs),
@@ -448,10 +380,8 @@ impl Negotiator {
         if self.transport == Transport::Iser && self.session_type == SessionType::Normal {
             let irdsl = "InitiatorRecvDataSegmentLength";
             let trdsl = "TargetRecvDataSegmentLength";
-            p.initiator_recv_data_segment_length =
-                decl(ini, irdsl).or(decl(tgt, irdsl)).unwrap_or(8192);
-            p.target_recv_data_segment_length =
-                decl(tgt, trdsl).or(decl(ini, trdsl)).unwrap_or(8192);
+            p.initiator_recv_data_segment_length = decl(ini, irdsl).or(decl(tgt, irdsl)).unwrap_or(8192);
+            p.target_recv_data_segment_length = decl(tgt, trdsl).or(decl(ini, trdsl)).unwrap_or(8192);
         } else {
             let k = "MaxRecvDataSegmentLength";
             p.initiator_recv_data_segment_length = decl(ini, k).unwrap_or(8192);
@@ -466,18 +396,11 @@ mod tests {
     use super::*;
     use crate::text::parse_pairs;
 
-    fn answer(
-        n: &mut Negotiator,
-        text: &[(&str, &str)],
-    ) -> Result<Vec<(String, String)>, NegotiationError> {
+    fn answer(n: &mut Negotiator, text: &[(&str, &str)]) -> Result<Vec<(String, String)>, NegotiationError> {
         let mut out = TextBuilder::new();
         n.receive(text, &mut out)?;
         let bytes = out.into_bytes();
-        Ok(parse_pairs(&bytes)
-            .unwrap()
-            .into_iter()
-            .map(|(k, v)| (k.into(), v.into()))
-            .collect())
+        Ok(parse_pairs(&bytes).unwrap().into_iter().map(|(k, v)| (k.into(), v.into())).collect())
     }
 
     fn pairs(v: &[(String, String)]) -> Vec<(&str, &str)> {
@@ -486,12 +409,7 @@ mod tests {
 
     #[test]
     fn resolvers() {
-        let mut t = Negotiator::new(
-            Role::Target,
-            Transport::Tcp,
-            OperationalConfig::default(),
-            true,
-        );
+        let mut t = Negotiator::new(Role::Target, Transport::Tcp, OperationalConfig::default(), true);
         let a = answer(
             &mut t,
             &[
@@ -523,29 +441,17 @@ mod tests {
         assert_eq!(p.max_burst_length, 1_048_576);
         assert!(!p.initial_r2t);
         assert_eq!(p.max_outstanding_r2t, 1);
-        assert_eq!(
-            answer(&mut t, &[("InitialR2T", "Yes")]),
-            Err(NegotiationError::Duplicate("InitialR2T".into()))
-        );
+        assert_eq!(answer(&mut t, &[("InitialR2T", "Yes")]), Err(NegotiationError::Duplicate("InitialR2T".into())));
     }
 
     #[test]
     fn offers_and_answers() {
-        let mut i = Negotiator::new(
-            Role::Initiator,
-            Transport::Tcp,
-            OperationalConfig::default(),
-            true,
-        );
+        let mut i = Negotiator::new(Role::Initiator, Transport::Tcp, OperationalConfig::default(), true);
         let mut out = TextBuilder::new();
         i.initiator_offers(&mut out);
         assert!(i.pending());
-        let cfg = OperationalConfig {
-            max_burst_length: 65536,
-            first_burst_length: 8192,
-            immediate_data: false,
-            ..OperationalConfig::default()
-        };
+        let cfg =
+            OperationalConfig { max_burst_length: 65536, first_burst_length: 8192, immediate_data: false, ..OperationalConfig::default() };
         let mut t = Negotiator::new(Role::Target, Transport::Tcp, cfg, true);
         let bytes = out.into_bytes();
         let offers = parse_pairs(&bytes).unwrap();
@@ -558,28 +464,15 @@ mod tests {
         assert_eq!(pi.first_burst_length, 8192);
         assert_eq!(pi.max_burst_length, pt.max_burst_length);
         // An answer above our offer for a minimum key is a protocol error.
-        let mut i2 = Negotiator::new(
-            Role::Initiator,
-            Transport::Tcp,
-            OperationalConfig::default(),
-            true,
-        );
+        let mut i2 = Negotiator::new(Role::Initiator, Transport::Tcp, OperationalConfig::default(), true);
         let mut o = TextBuilder::new();
         i2.offer("MaxBurstLength", "8192".into(), &mut o);
-        assert!(matches!(
-            answer(&mut i2, &[("MaxBurstLength", "9000")]),
-            Err(NegotiationError::BadResponse { .. })
-        ));
+        assert!(matches!(answer(&mut i2, &[("MaxBurstLength", "9000")]), Err(NegotiationError::BadResponse { .. })));
     }
 
     #[test]
     fn iser_and_discovery_relevance() {
-        let mut t = Negotiator::new(
-            Role::Target,
-            Transport::Tcp,
-            OperationalConfig::default(),
-            true,
-        );
+        let mut t = Negotiator::new(Role::Target, Transport::Tcp, OperationalConfig::default(), true);
         let a = answer(
             &mut t,
             &[
@@ -592,37 +485,15 @@ mod tests {
         .unwrap();
         assert_eq!(
             pairs(&a),
-            [
-                ("MaxBurstLength", "Irrelevant"),
-                ("RDMAExtensions", "Irrelevant"),
-                ("InitiatorRecvDataSegmentLength", "Irrelevant")
-            ]
+            [("MaxBurstLength", "Irrelevant"), ("RDMAExtensions", "Irrelevant"), ("InitiatorRecvDataSegmentLength", "Irrelevant")]
         );
-        let mut t = Negotiator::new(
-            Role::Target,
-            Transport::Iser,
-            OperationalConfig::default(),
-            true,
-        );
-        let a = answer(
-            &mut t,
-            &[
-                ("RDMAExtensions", "Yes"),
-                ("HeaderDigest", "CRC32C,None"),
-                ("InitiatorRecvDataSegmentLength", "262144"),
-            ],
-        )
-        .unwrap();
-        assert_eq!(
-            pairs(&a),
-            [("RDMAExtensions", "Yes"), ("HeaderDigest", "None")]
-        );
+        let mut t = Negotiator::new(Role::Target, Transport::Iser, OperationalConfig::default(), true);
+        let a = answer(&mut t, &[("RDMAExtensions", "Yes"), ("HeaderDigest", "CRC32C,None"), ("InitiatorRecvDataSegmentLength", "262144")])
+            .unwrap();
+        assert_eq!(pairs(&a), [("RDMAExtensions", "Yes"), ("HeaderDigest", "None")]);
         let mut out = TextBuilder::new();
         t.target_declarations(&mut out);
-        assert_eq!(
-            parse_pairs(out.as_bytes()).unwrap(),
-            [("TargetRecvDataSegmentLength", "262144")]
-        );
+        assert_eq!(parse_pairs(out.as_bytes()).unwrap(), [("TargetRecvDataSegmentLength", "262144")]);
         let p = t.params();
         assert!(p.rdma_extensions);
         assert_eq!(p.initiator_recv_data_segment_length, 262_144);
@@ -630,11 +501,7 @@ mod tests {
 
     #[test]
     fn target_offers_what_defaults_would_break() {
-        let cfg = OperationalConfig {
-            immediate_data: false,
-            max_burst_length: 131_072,
-            ..OperationalConfig::default()
-        };
+        let cfg = OperationalConfig { immediate_data: false, max_burst_length: 131_072, ..OperationalConfig::default() };
         let mut t = Negotiator::new(Role::Target, Transport::Tcp, cfg, true);
         let mut out = TextBuilder::new();
         assert!(t.target_missing_offers(&mut out));

@@ -163,17 +163,8 @@ fn auth_failed(msg: &str) -> LoginFailure {
 impl InitiatorLogin {
     /// Start a login at time `now`; the first Login Request is ready in `poll_transmit`.
     pub fn new(config: InitiatorLoginConfig, now: Duration, entropy: [u8; 32]) -> Self {
-        let mut neg = Negotiator::new(
-            Role::Initiator,
-            config.transport,
-            config.operational.clone(),
-            config.tsih == 0,
-        );
-        let session_type = if config.target_name.is_some() {
-            SessionType::Normal
-        } else {
-            SessionType::Discovery
-        };
+        let mut neg = Negotiator::new(Role::Initiator, config.transport, config.operational.clone(), config.tsih == 0);
+        let session_type = if config.target_name.is_some() { SessionType::Normal } else { SessionType::Discovery };
         neg.set_session_type(session_type);
         let mut me = Self {
             entropy: Entropy::new(entropy),
@@ -192,13 +183,11 @@ impl InitiatorLogin {
             config,
         };
         let mut out = TextBuilder::new();
-        me.neg
-            .declare("InitiatorName", me.config.initiator_name.clone(), &mut out);
+        me.neg.declare("InitiatorName", me.config.initiator_name.clone(), &mut out);
         if let Some(a) = me.config.initiator_alias.clone() {
             me.neg.declare("InitiatorAlias", a, &mut out);
         }
-        me.neg
-            .declare("SessionType", session_type.as_str().into(), &mut out);
+        me.neg.declare("SessionType", session_type.as_str().into(), &mut out);
         if let Some(t) = me.config.target_name.clone() {
             me.neg.declare("TargetName", t, &mut out);
         }
@@ -253,12 +242,7 @@ impl InitiatorLogin {
     fn send(&mut self, text: Vec<u8>, transit: bool, nsg: Stage) {
         if text.len() > LOGIN_MAX_DATA {
             let rest = text[LOGIN_MAX_DATA..].to_vec();
-            self.push_request(
-                text[..LOGIN_MAX_DATA].to_vec(),
-                false,
-                true,
-                Stage::default(),
-            );
+            self.push_request(text[..LOGIN_MAX_DATA].to_vec(), false, true, Stage::default());
             self.tx_rest = Some((rest, transit, nsg));
         } else {
             self.push_request(text, transit, false, nsg);
@@ -295,10 +279,7 @@ impl InitiatorLogin {
         let result = match header {
             Header::LoginResponse(rsp) => self.step(rsp, data),
             Header::Reject(_) => Err(protocol("target rejected a login PDU")),
-            other => Err(LoginFailure::Protocol(alloc::format!(
-                "{:?} PDU during login",
-                other.opcode()
-            ))),
+            other => Err(LoginFailure::Protocol(alloc::format!("{:?} PDU during login", other.opcode()))),
         };
         if let Err(e) = result {
             self.finish(InitiatorLoginEvent::Failed(e));
@@ -317,29 +298,14 @@ impl InitiatorLogin {
             return Err(protocol("unsupported VersionActive"));
         }
         self.exp_stat_sn = rsp.stat_sn.wrapping_add(1);
-        let status = LoginStatus {
-            class: rsp.status_class,
-            detail: rsp.status_detail,
-        };
+        let status = LoginStatus { class: rsp.status_class, detail: rsp.status_detail };
         match status.class {
             0 => {}
             1 => {
-                let text = self
-                    .rx_text
-                    .push(data, false)
-                    .ok()
-                    .flatten()
-                    .unwrap_or_default();
+                let text = self.rx_text.push(data, false).ok().flatten().unwrap_or_default();
                 let pairs = parse_pairs(&text).unwrap_or_default();
-                let addresses = pairs
-                    .iter()
-                    .filter(|(k, _)| *k == "TargetAddress")
-                    .map(|(_, v)| v.to_string())
-                    .collect();
-                self.finish(InitiatorLoginEvent::Redirect {
-                    addresses,
-                    permanent: status == LoginStatus::TARGET_MOVED_PERMANENTLY,
-                });
+                let addresses = pairs.iter().filter(|(k, _)| *k == "TargetAddress").map(|(_, v)| v.to_string()).collect();
+                self.finish(InitiatorLoginEvent::Redirect { addresses, permanent: status == LoginStatus::TARGET_MOVED_PERMANENTLY });
                 return Ok(());
             }
             _ => return Err(LoginFailure::Status(status)),
@@ -372,9 +338,7 @@ impl InitiatorLogin {
         let pairs = parse_pairs(&text).map_err(|e| LoginFailure::Protocol(e.to_string()))?;
         let (auth_keys, other) = split_auth(&pairs);
         let mut out = TextBuilder::new();
-        self.neg
-            .receive(&other, &mut out)
-            .map_err(|e| LoginFailure::Protocol(e.to_string()))?;
+        self.neg.receive(&other, &mut out).map_err(|e| LoginFailure::Protocol(e.to_string()))?;
 
         if self.stage == Stage::SECURITY {
             self.authenticate(&auth_keys, &mut out)?;
@@ -384,26 +348,18 @@ impl InitiatorLogin {
 
         if rsp.transit {
             if self.auth != Auth::Done {
-                return Err(auth_failed(
-                    "target left the security stage before authentication finished",
-                ));
+                return Err(auth_failed("target left the security stage before authentication finished"));
             }
             self.stage = rsp.nsg;
             if self.stage == Stage::FULL_FEATURE {
                 if self.neg.pending() {
-                    return Err(protocol(
-                        "target completed login without answering our offers",
-                    ));
+                    return Err(protocol("target completed login without answering our offers"));
                 }
                 if !out.is_empty() {
                     return Err(protocol("target completed login while offering keys"));
                 }
-                if self.neg.session_type() == SessionType::Normal
-                    && self.neg.peer_declared("TargetPortalGroupTag").is_none()
-                {
-                    return Err(protocol(
-                        "TargetPortalGroupTag missing from a normal-session login",
-                    ));
+                if self.neg.session_type() == SessionType::Normal && self.neg.peer_declared("TargetPortalGroupTag").is_none() {
+                    return Err(protocol("TargetPortalGroupTag missing from a normal-session login"));
                 }
                 let outcome = LoginOutcome {
                     params: self.neg.params(),
@@ -418,9 +374,7 @@ impl InitiatorLogin {
                     && outcome.params.session_type == SessionType::Normal
                     && !outcome.params.rdma_extensions
                 {
-                    return Err(protocol(
-                        "target did not accept RDMAExtensions=Yes on an iSER connection",
-                    ));
+                    return Err(protocol("target did not accept RDMAExtensions=Yes on an iSER connection"));
                 }
                 if rsp.tsih == 0 {
                     return Err(protocol("final Login Response without TSIH"));
@@ -445,19 +399,12 @@ impl InitiatorLogin {
     }
 
     fn authenticate(&mut self, keys: &[(&str, &str)], out: &mut TextBuilder) -> Step {
-        let InitiatorAuth::Chap {
-            credentials,
-            algorithms,
-            mutual,
-        } = self.config.auth.clone()
-        else {
+        let InitiatorAuth::Chap { credentials, algorithms, mutual } = self.config.auth.clone() else {
             match self.auth {
                 Auth::Offered => match get(keys, "AuthMethod") {
                     Some("None") | None => self.auth = Auth::Done,
                     Some(other) => {
-                        return Err(LoginFailure::Authentication(alloc::format!(
-                            "target demands AuthMethod {other}"
-                        )));
+                        return Err(LoginFailure::Authentication(alloc::format!("target demands AuthMethod {other}")));
                     }
                 },
                 _ => {
@@ -471,24 +418,17 @@ impl InitiatorLogin {
         match self.auth.clone() {
             Auth::Offered => match get(keys, "AuthMethod") {
                 Some("CHAP") => {
-                    let list: Vec<String> =
-                        algorithms.iter().map(|a| a.code().to_string()).collect();
+                    let list: Vec<String> = algorithms.iter().map(|a| a.code().to_string()).collect();
                     out.push("CHAP_A", &list.join(","));
                     self.auth = Auth::SentAlgorithms;
                 }
                 Some(other) => {
-                    return Err(LoginFailure::Authentication(alloc::format!(
-                        "target answered AuthMethod={other}"
-                    )));
+                    return Err(LoginFailure::Authentication(alloc::format!("target answered AuthMethod={other}")));
                 }
                 None => return Err(auth_failed("target did not answer AuthMethod")),
             },
             Auth::SentAlgorithms => {
-                let (Some(a), Some(i), Some(c)) = (
-                    get(keys, "CHAP_A"),
-                    get(keys, "CHAP_I"),
-                    get(keys, "CHAP_C"),
-                ) else {
+                let (Some(a), Some(i), Some(c)) = (get(keys, "CHAP_A"), get(keys, "CHAP_I"), get(keys, "CHAP_C")) else {
                     return Err(auth_failed("CHAP_A, CHAP_I and CHAP_C expected"));
                 };
                 let alg = parse_number(a)
@@ -496,19 +436,13 @@ impl InitiatorLogin {
                     .and_then(ChapAlgorithm::from_code)
                     .filter(|a| algorithms.contains(a))
                     .ok_or_else(|| auth_failed("target chose a CHAP algorithm we did not offer"))?;
-                let id = parse_number(i)
-                    .ok()
-                    .filter(|i| *i <= 255)
-                    .ok_or_else(|| auth_failed("bad CHAP_I"))? as u8;
+                let id = parse_number(i).ok().filter(|i| *i <= 255).ok_or_else(|| auth_failed("bad CHAP_I"))? as u8;
                 let challenge = decode_binary(c).map_err(|_| auth_failed("malformed CHAP_C"))?;
                 if challenge.is_empty() || challenge.len() > 1024 {
                     return Err(auth_failed("unacceptable CHAP_C length"));
                 }
                 out.push("CHAP_N", &credentials.user);
-                out.push(
-                    "CHAP_R",
-                    &encode_hex(&alg.response(id, &credentials.secret, &challenge)),
-                );
+                out.push("CHAP_R", &encode_hex(&alg.response(id, &credentials.secret, &challenge)));
                 let mine = if mutual.is_some() {
                     let my_id = self.entropy.bytes(1)[0];
                     let mut my_c = self.entropy.bytes(alg.challenge_len());
@@ -526,9 +460,7 @@ impl InitiatorLogin {
             Auth::SentResponse { mutual: mine } => {
                 if let (Some((alg, id, challenge)), Some(m)) = (mine, mutual) {
                     let (Some(n), Some(r)) = (get(keys, "CHAP_N"), get(keys, "CHAP_R")) else {
-                        return Err(auth_failed(
-                            "target did not answer our mutual CHAP challenge",
-                        ));
+                        return Err(auth_failed("target did not answer our mutual CHAP challenge"));
                     };
                     let r = decode_binary(r).map_err(|_| auth_failed("malformed target CHAP_R"))?;
                     if n != m.user || !alg.verify(id, &m.secret, &challenge, &r) {

@@ -10,9 +10,7 @@
 mod initiator;
 mod target;
 
-pub use initiator::{
-    InitiatorAuth, InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent, LoginFailure,
-};
+pub use initiator::{InitiatorAuth, InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent, LoginFailure};
 pub use target::{TargetLogin, TargetLoginConfig, TargetLoginEvent, TargetLoginParams, TargetNode};
 
 use crate::keys::{Kind, NegotiatedParams, lookup};
@@ -135,9 +133,7 @@ type Pairs<'a> = Vec<(&'a str, &'a str)>;
 
 /// Split pairs into authentication keys and the rest.
 fn split_auth<'a>(pairs: &[(&'a str, &'a str)]) -> (Pairs<'a>, Pairs<'a>) {
-    pairs
-        .iter()
-        .partition(|(k, _)| lookup(k).is_some_and(|d| d.kind == Kind::Auth))
+    pairs.iter().partition(|(k, _)| lookup(k).is_some_and(|d| d.kind == Kind::Auth))
 }
 
 fn get<'a>(pairs: &[(&'a str, &'a str)], key: &str) -> Option<&'a str> {

@@ -30,13 +30,7 @@ pub struct TargetNode {
 impl TargetNode {
     /// A node open to every initiator, without authentication.
     pub fn open(name: impl Into<String>) -> Self {
-        Self {
-            name: name.into(),
-            alias: None,
-            allowed_initiators: Vec::new(),
-            chap: None,
-            mutual_chap: None,
-        }
+        Self { name: name.into(), alias: None, allowed_initiators: Vec::new(), chap: None, mutual_chap: None }
     }
 }
 
@@ -162,12 +156,7 @@ fn fail<T>(status: LoginStatus, reason: impl Into<String>) -> Result<T, Fail> {
 impl TargetLogin {
     /// A machine for one new connection.
     pub fn new(config: TargetLoginConfig, params: TargetLoginParams) -> Self {
-        let neg = Negotiator::new(
-            Role::Target,
-            config.transport,
-            config.operational.clone(),
-            true,
-        );
+        let neg = Negotiator::new(Role::Target, config.transport, config.operational.clone(), true);
         Self {
             entropy: Entropy::new(params.entropy),
             neg,
@@ -208,19 +197,14 @@ impl TargetLogin {
 
     /// When [`TargetLogin::handle_timeout`] must be called.
     pub fn poll_timeout(&self) -> Option<Duration> {
-        (self.state == State::Active)
-            .then_some(self.deadline)
-            .flatten()
+        (self.state == State::Active).then_some(self.deadline).flatten()
     }
 
     /// The login timer fired.
     pub fn handle_timeout(&mut self, now: Duration) {
         if self.state == State::Active && self.deadline.is_some_and(|d| now >= d) {
             self.state = State::Done;
-            self.events.push_back(TargetLoginEvent::Failed {
-                status: LoginStatus::TARGET_ERROR,
-                reason: "login timed out".into(),
-            });
+            self.events.push_back(TargetLoginEvent::Failed { status: LoginStatus::TARGET_ERROR, reason: "login timed out".into() });
         }
     }
 
@@ -235,11 +219,7 @@ impl TargetLogin {
         }
         let Header::LoginRequest(req) = header else {
             let req = self.first.unwrap_or_default();
-            self.fail(
-                &req,
-                LoginStatus::INVALID_DURING_LOGIN,
-                alloc::format!("{:?} PDU during login", header.opcode()),
-            );
+            self.fail(&req, LoginStatus::INVALID_DURING_LOGIN, alloc::format!("{:?} PDU during login", header.opcode()));
             return;
         };
         if let Err(Fail(status, reason)) = self.step(req, data) {
@@ -257,13 +237,9 @@ impl TargetLogin {
             status_detail: status.detail,
             ..self.response_base(req)
         };
-        self.transmit.push_back(LoginPdu {
-            header: rsp,
-            data: Vec::new(),
-        });
+        self.transmit.push_back(LoginPdu { header: rsp, data: Vec::new() });
         self.state = State::Done;
-        self.events
-            .push_back(TargetLoginEvent::Failed { status, reason });
+        self.events.push_back(TargetLoginEvent::Failed { status, reason });
     }
 
     fn response_base(&mut self, req: &LoginRequest) -> LoginResponse {
@@ -276,9 +252,7 @@ impl TargetLogin {
             itt: req.itt,
             stat_sn,
             exp_cmd_sn: self.exp_cmd_sn,
-            max_cmd_sn: self
-                .exp_cmd_sn
-                .wrapping_add(self.params.cmd_window.max(1) - 1),
+            max_cmd_sn: self.exp_cmd_sn.wrapping_add(self.params.cmd_window.max(1) - 1),
             ..LoginResponse::default()
         }
     }
@@ -294,17 +268,11 @@ impl TargetLogin {
                     return fail(LoginStatus::UNSUPPORTED_VERSION, "VersionMin above 0");
                 }
                 if req.csg == Stage::FULL_FEATURE || req.csg.0 == 2 {
-                    return fail(
-                        LoginStatus::INITIATOR_ERROR,
-                        "login starts in an invalid stage",
-                    );
+                    return fail(LoginStatus::INITIATOR_ERROR, "login starts in an invalid stage");
                 }
                 if req.tsih != 0 {
                     // Adding a connection to an existing session (MC/S) is not offered.
-                    return fail(
-                        LoginStatus::SESSION_DOES_NOT_EXIST,
-                        "TSIH of an existing session: connection add not supported",
-                    );
+                    return fail(LoginStatus::SESSION_DOES_NOT_EXIST, "TSIH of an existing session: connection add not supported");
                 }
                 self.first = Some(*req);
                 self.exp_cmd_sn = req.cmd_sn;
@@ -312,16 +280,10 @@ impl TargetLogin {
             }
             Some(f) => {
                 if f.isid != req.isid || f.tsih != req.tsih || f.cid != req.cid {
-                    return fail(
-                        LoginStatus::INITIATOR_ERROR,
-                        "ISID, TSIH or CID changed during login",
-                    );
+                    return fail(LoginStatus::INITIATOR_ERROR, "ISID, TSIH or CID changed during login");
                 }
                 if req.csg != self.stage {
-                    return fail(
-                        LoginStatus::INITIATOR_ERROR,
-                        "CSG does not match the current stage",
-                    );
+                    return fail(LoginStatus::INITIATOR_ERROR, "CSG does not match the current stage");
                 }
             }
         }
@@ -334,10 +296,7 @@ impl TargetLogin {
             Ok(Some(t)) => t,
             Ok(None) => {
                 let rsp = self.response_base(req);
-                self.transmit.push_back(LoginPdu {
-                    header: rsp,
-                    data: Vec::new(),
-                });
+                self.transmit.push_back(LoginPdu { header: rsp, data: Vec::new() });
                 return Ok(());
             }
             Err(e) => return fail(LoginStatus::INITIATOR_ERROR, e.to_string()),
@@ -346,48 +305,29 @@ impl TargetLogin {
         // The initiator fetching the rest of a long response of ours.
         if let Some((rest, last)) = self.tx_rest.take() {
             if !text.is_empty() {
-                return fail(
-                    LoginStatus::INITIATOR_ERROR,
-                    "text sent while a response continuation was pending",
-                );
+                return fail(LoginStatus::INITIATOR_ERROR, "text sent while a response continuation was pending");
             }
             let fresh = self.response_base(req);
-            self.send_text(
-                req,
-                rest,
-                LoginResponse {
-                    stat_sn: fresh.stat_sn,
-                    ..last
-                },
-            );
+            self.send_text(req, rest, LoginResponse { stat_sn: fresh.stat_sn, ..last });
             return Ok(());
         }
 
-        let pairs =
-            parse_pairs(&text).map_err(|e| Fail(LoginStatus::INITIATOR_ERROR, e.to_string()))?;
+        let pairs = parse_pairs(&text).map_err(|e| Fail(LoginStatus::INITIATOR_ERROR, e.to_string()))?;
         let (auth_keys, other) = split_auth(&pairs);
         let mut out = TextBuilder::new();
         let first_round = self.rounds == 1;
-        self.neg
-            .receive(&other, &mut out)
-            .map_err(|e| Fail(LoginStatus::INITIATOR_ERROR, e.to_string()))?;
+        self.neg.receive(&other, &mut out).map_err(|e| Fail(LoginStatus::INITIATOR_ERROR, e.to_string()))?;
         if first_round {
             self.admit(&mut out)?;
         }
         if self.stage == Stage::SECURITY {
             self.authenticate(&auth_keys, &mut out)?;
         } else if !auth_keys.is_empty() {
-            return fail(
-                LoginStatus::INITIATOR_ERROR,
-                "security key outside the security stage",
-            );
+            return fail(LoginStatus::INITIATOR_ERROR, "security key outside the security stage");
         } else if self.auth != Auth::Done {
             // The initiator skipped the security stage.
             if self.auth_required() {
-                return fail(
-                    LoginStatus::AUTHENTICATION_FAILURE,
-                    "authentication required but security stage skipped",
-                );
+                return fail(LoginStatus::AUTHENTICATION_FAILURE, "authentication required but security stage skipped");
             }
             self.auth = Auth::Done;
         }
@@ -399,9 +339,7 @@ impl TargetLogin {
         let mut rsp = self.response_base(req);
         if req.transit && self.auth == Auth::Done {
             let mut nsg = req.nsg;
-            if nsg == Stage::FULL_FEATURE
-                && (self.neg.pending() || self.neg.target_missing_offers(&mut out))
-            {
+            if nsg == Stage::FULL_FEATURE && (self.neg.pending() || self.neg.target_missing_offers(&mut out)) {
                 // We still need answers: stay (or go to) the operational stage.
                 nsg = Stage::OPERATIONAL;
             }
@@ -412,15 +350,9 @@ impl TargetLogin {
         }
         if rsp.transit && rsp.nsg == Stage::FULL_FEATURE {
             let p = self.neg.params();
-            if self.config.transport == Transport::Iser
-                && p.session_type == SessionType::Normal
-                && !p.rdma_extensions
-            {
+            if self.config.transport == Transport::Iser && p.session_type == SessionType::Normal && !p.rdma_extensions {
                 // RFC 7145 §5.1: an iSER connection cannot run iSCSI/TCP semantics.
-                return fail(
-                    LoginStatus::MISSING_PARAMETER,
-                    "RDMAExtensions=Yes required on an iSER portal",
-                );
+                return fail(LoginStatus::MISSING_PARAMETER, "RDMAExtensions=Yes required on an iSER portal");
             }
             rsp.tsih = self.params.new_tsih.max(1);
         }
@@ -433,17 +365,8 @@ impl TargetLogin {
     fn send_text(&mut self, req: &LoginRequest, text: Vec<u8>, last: LoginResponse) {
         if text.len() > LOGIN_MAX_DATA {
             let rest = text[LOGIN_MAX_DATA..].to_vec();
-            let piece = LoginResponse {
-                cont: true,
-                transit: false,
-                nsg: Stage::default(),
-                tsih: req.tsih,
-                ..last
-            };
-            self.transmit.push_back(LoginPdu {
-                header: piece,
-                data: text[..LOGIN_MAX_DATA].to_vec(),
-            });
+            let piece = LoginResponse { cont: true, transit: false, nsg: Stage::default(), tsih: req.tsih, ..last };
+            self.transmit.push_back(LoginPdu { header: piece, data: text[..LOGIN_MAX_DATA].to_vec() });
             // The rest goes out, with a fresh StatSN, when the initiator asks for it.
             self.tx_rest = Some((rest, last));
             return;
@@ -452,10 +375,7 @@ impl TargetLogin {
             self.stage = last.nsg;
         }
         let done = last.transit && last.nsg == Stage::FULL_FEATURE;
-        self.transmit.push_back(LoginPdu {
-            header: last,
-            data: text,
-        });
+        self.transmit.push_back(LoginPdu { header: last, data: text });
         if done {
             self.complete(&last);
         }
@@ -478,11 +398,7 @@ impl TargetLogin {
 
     /// First request: check names, find the target, apply the ACL, and declare the TPGT.
     fn admit(&mut self, out: &mut TextBuilder) -> Result<(), Fail> {
-        let Some(initiator) = self
-            .neg
-            .peer_declared("InitiatorName")
-            .map(ToString::to_string)
-        else {
+        let Some(initiator) = self.neg.peer_declared("InitiatorName").map(ToString::to_string) else {
             return fail(LoginStatus::MISSING_PARAMETER, "InitiatorName missing");
         };
         if !valid_iscsi_name(&initiator) {
@@ -492,40 +408,20 @@ impl TargetLogin {
             SessionType::Discovery => {}
             SessionType::Normal => {
                 let Some(name) = self.neg.peer_declared("TargetName") else {
-                    return fail(
-                        LoginStatus::MISSING_PARAMETER,
-                        "TargetName missing on a normal session",
-                    );
+                    return fail(LoginStatus::MISSING_PARAMETER, "TargetName missing on a normal session");
                 };
-                let Some(idx) = self
-                    .config
-                    .targets
-                    .iter()
-                    .position(|t| t.name.eq_ignore_ascii_case(name))
-                else {
+                let Some(idx) = self.config.targets.iter().position(|t| t.name.eq_ignore_ascii_case(name)) else {
                     return fail(LoginStatus::NOT_FOUND, "no such target");
                 };
                 let node = &self.config.targets[idx];
-                if !node.allowed_initiators.is_empty()
-                    && !node
-                        .allowed_initiators
-                        .iter()
-                        .any(|a| a.eq_ignore_ascii_case(&initiator))
-                {
-                    return fail(
-                        LoginStatus::AUTHORIZATION_FAILURE,
-                        "initiator not in the target's ACL",
-                    );
+                if !node.allowed_initiators.is_empty() && !node.allowed_initiators.iter().any(|a| a.eq_ignore_ascii_case(&initiator)) {
+                    return fail(LoginStatus::AUTHORIZATION_FAILURE, "initiator not in the target's ACL");
                 }
                 self.target = Some(idx);
                 if let Some(alias) = node.alias.clone() {
                     self.neg.declare("TargetAlias", alias, out);
                 }
-                self.neg.declare(
-                    "TargetPortalGroupTag",
-                    self.config.portal_group_tag.to_string(),
-                    out,
-                );
+                self.neg.declare("TargetPortalGroupTag", self.config.portal_group_tag.to_string(), out);
             }
         }
         Ok(())
@@ -533,14 +429,8 @@ impl TargetLogin {
 
     fn credentials(&self) -> (Option<&ChapCredentials>, Option<&ChapCredentials>) {
         match self.target {
-            Some(i) => (
-                self.config.targets[i].chap.as_ref(),
-                self.config.targets[i].mutual_chap.as_ref(),
-            ),
-            None => (
-                self.config.discovery_chap.as_ref(),
-                self.config.discovery_mutual_chap.as_ref(),
-            ),
+            Some(i) => (self.config.targets[i].chap.as_ref(), self.config.targets[i].mutual_chap.as_ref()),
+            None => (self.config.discovery_chap.as_ref(), self.config.discovery_mutual_chap.as_ref()),
         }
     }
 
@@ -555,10 +445,7 @@ impl TargetLogin {
             Auth::Start => {
                 let Some(methods) = get(keys, "AuthMethod") else {
                     if self.auth_required() {
-                        return fail(
-                            LoginStatus::AUTHENTICATION_FAILURE,
-                            "authentication required, no AuthMethod offered",
-                        );
+                        return fail(LoginStatus::AUTHENTICATION_FAILURE, "authentication required, no AuthMethod offered");
                     }
                     if !keys.is_empty() {
                         return fail(LoginStatus::INITIATOR_ERROR, "CHAP keys before AuthMethod");
@@ -582,10 +469,7 @@ impl TargetLogin {
                         self.auth = Auth::Done;
                     }
                     None => {
-                        return fail(
-                            LoginStatus::AUTHENTICATION_FAILURE,
-                            "no acceptable AuthMethod offered",
-                        );
+                        return fail(LoginStatus::AUTHENTICATION_FAILURE, "no acceptable AuthMethod offered");
                     }
                 }
             }
@@ -593,14 +477,8 @@ impl TargetLogin {
                 let Some(list) = get(keys, "CHAP_A") else {
                     return fail(LoginStatus::AUTHENTICATION_FAILURE, "CHAP_A expected");
                 };
-                let Some(alg) = parse_algorithms(list)
-                    .into_iter()
-                    .find(|a| self.config.chap_algorithms.contains(a))
-                else {
-                    return fail(
-                        LoginStatus::AUTHENTICATION_FAILURE,
-                        "no acceptable CHAP algorithm",
-                    );
+                let Some(alg) = parse_algorithms(list).into_iter().find(|a| self.config.chap_algorithms.contains(a)) else {
+                    return fail(LoginStatus::AUTHENTICATION_FAILURE, "no acceptable CHAP algorithm");
                 };
                 let id = self.entropy.bytes(1)[0];
                 let challenge = self.entropy.bytes(alg.challenge_len());
@@ -610,46 +488,23 @@ impl TargetLogin {
                 self.auth = Auth::WaitResponse { alg, id, challenge };
             }
             Auth::WaitResponse { alg, id, challenge } => {
-                let chap = chap.ok_or_else(|| {
-                    Fail(
-                        LoginStatus::TARGET_ERROR,
-                        "CHAP credentials vanished".into(),
-                    )
-                })?;
+                let chap = chap.ok_or_else(|| Fail(LoginStatus::TARGET_ERROR, "CHAP credentials vanished".into()))?;
                 let (Some(name), Some(resp)) = (get(keys, "CHAP_N"), get(keys, "CHAP_R")) else {
-                    return fail(
-                        LoginStatus::AUTHENTICATION_FAILURE,
-                        "CHAP_N and CHAP_R expected",
-                    );
+                    return fail(LoginStatus::AUTHENTICATION_FAILURE, "CHAP_N and CHAP_R expected");
                 };
-                let resp = decode_binary(resp).map_err(|_| {
-                    Fail(
-                        LoginStatus::AUTHENTICATION_FAILURE,
-                        "malformed CHAP_R".into(),
-                    )
-                })?;
+                let resp = decode_binary(resp).map_err(|_| Fail(LoginStatus::AUTHENTICATION_FAILURE, "malformed CHAP_R".into()))?;
                 if name != chap.user || !alg.verify(id, &chap.secret, &challenge, &resp) {
-                    return fail(
-                        LoginStatus::AUTHENTICATION_FAILURE,
-                        "CHAP response does not verify",
-                    );
+                    return fail(LoginStatus::AUTHENTICATION_FAILURE, "CHAP response does not verify");
                 }
                 match (get(keys, "CHAP_I"), get(keys, "CHAP_C"), mutual) {
                     (Some(i), Some(c), Some(m)) => {
-                        let i = parse_number(i).ok().filter(|i| *i <= 255).ok_or_else(|| {
-                            Fail(LoginStatus::AUTHENTICATION_FAILURE, "bad CHAP_I".into())
-                        })?;
-                        let c = decode_binary(c).map_err(|_| {
-                            Fail(
-                                LoginStatus::AUTHENTICATION_FAILURE,
-                                "malformed CHAP_C".into(),
-                            )
-                        })?;
+                        let i = parse_number(i)
+                            .ok()
+                            .filter(|i| *i <= 255)
+                            .ok_or_else(|| Fail(LoginStatus::AUTHENTICATION_FAILURE, "bad CHAP_I".into()))?;
+                        let c = decode_binary(c).map_err(|_| Fail(LoginStatus::AUTHENTICATION_FAILURE, "malformed CHAP_C".into()))?;
                         if c == challenge || c.is_empty() || c.len() > 1024 {
-                            return fail(
-                                LoginStatus::AUTHENTICATION_FAILURE,
-                                "unacceptable mutual CHAP challenge",
-                            );
+                            return fail(LoginStatus::AUTHENTICATION_FAILURE, "unacceptable mutual CHAP challenge");
                         }
                         out.push("CHAP_N", &m.user);
                         out.push("CHAP_R", &encode_hex(&alg.response(i as u8, &m.secret, &c)));
@@ -659,20 +514,14 @@ impl TargetLogin {
                         return fail(LoginStatus::AUTHENTICATION_FAILURE, "mutual CHAP required");
                     }
                     (_, _, None) => {
-                        return fail(
-                            LoginStatus::AUTHENTICATION_FAILURE,
-                            "mutual CHAP requested but not configured",
-                        );
+                        return fail(LoginStatus::AUTHENTICATION_FAILURE, "mutual CHAP requested but not configured");
                     }
                 }
                 self.auth = Auth::Done;
             }
             Auth::Done => {
                 if !keys.is_empty() {
-                    return fail(
-                        LoginStatus::INITIATOR_ERROR,
-                        "security keys after authentication",
-                    );
+                    return fail(LoginStatus::INITIATOR_ERROR, "security keys after authentication");
                 }
             }
         }
@@ -691,7 +540,5 @@ pub(crate) fn valid_iscsi_name(n: &str) -> bool {
     (lower.starts_with("iqn.") || lower.starts_with("eui.") || lower.starts_with("naa."))
         && n.len() <= 223
         && n.len() > 4
-        && !n
-            .bytes()
-            .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+        && !n.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
 }

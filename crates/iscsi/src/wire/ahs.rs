@@ -54,9 +54,7 @@ impl<'a> Iterator for AhsIter<'a> {
         self.rest = &self.rest[total..];
         Some(Ok(match ty {
             AHS_EXTENDED_CDB => Ahs::ExtendedCdb(&body[1..]),
-            AHS_BIDI_READ_LENGTH if len == 5 => {
-                Ahs::BidiReadLength(u32::from_be_bytes([body[1], body[2], body[3], body[4]]))
-            }
+            AHS_BIDI_READ_LENGTH if len == 5 => Ahs::BidiReadLength(u32::from_be_bytes([body[1], body[2], body[3], body[4]])),
             AHS_BIDI_READ_LENGTH => return Some(Err(DecodeError::BadAhsLength)),
             _ => Ahs::Other(ty, body),
         }))
@@ -96,32 +94,14 @@ mod tests {
         assert_eq!(&a[..4], &[0, 6, 1, 0]);
         assert_eq!(a.len(), 12 + 8);
         let v: Vec<_> = AhsIter::new(&a).collect::<Result<_, _>>().unwrap();
-        assert_eq!(
-            v,
-            [
-                Ahs::ExtendedCdb(&[1, 2, 3, 4, 5]),
-                Ahs::BidiReadLength(4096)
-            ]
-        );
+        assert_eq!(v, [Ahs::ExtendedCdb(&[1, 2, 3, 4, 5]), Ahs::BidiReadLength(4096)]);
     }
 
     #[test]
     fn bad_lengths() {
-        assert_eq!(
-            AhsIter::new(&[0, 40, 1, 0]).next(),
-            Some(Err(DecodeError::BadAhsLength))
-        );
-        assert_eq!(
-            AhsIter::new(&[0, 0, 1, 0]).next(),
-            Some(Err(DecodeError::BadAhsLength))
-        );
-        assert_eq!(
-            AhsIter::new(&[0, 1]).next(),
-            Some(Err(DecodeError::BadAhsLength))
-        );
-        assert_eq!(
-            AhsIter::new(&[0, 2, 2, 0]).next(),
-            Some(Err(DecodeError::BadAhsLength))
-        );
+        assert_eq!(AhsIter::new(&[0, 40, 1, 0]).next(), Some(Err(DecodeError::BadAhsLength)));
+        assert_eq!(AhsIter::new(&[0, 0, 1, 0]).next(), Some(Err(DecodeError::BadAhsLength)));
+        assert_eq!(AhsIter::new(&[0, 1]).next(), Some(Err(DecodeError::BadAhsLength)));
+        assert_eq!(AhsIter::new(&[0, 2, 2, 0]).next(), Some(Err(DecodeError::BadAhsLength)));
     }
 }

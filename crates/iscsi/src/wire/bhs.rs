@@ -37,10 +37,7 @@ impl<T: AsRef<[u8]>> Bhs<T> {
     pub fn new_checked(buf: T) -> Result<Self, DecodeError> {
         let have = buf.as_ref().len();
         if have < BHS_LEN {
-            return Err(DecodeError::Truncated {
-                need: BHS_LEN,
-                have,
-            });
+            return Err(DecodeError::Truncated { need: BHS_LEN, have });
         }
         Ok(Self { buf })
     }

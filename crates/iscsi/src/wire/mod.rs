@@ -13,9 +13,7 @@ mod ahs;
 mod bhs;
 mod pdu;
 
-pub use ahs::{
-    AHS_BIDI_READ_LENGTH, AHS_EXTENDED_CDB, Ahs, AhsIter, bidi_read_length_ahs, extended_cdb_ahs,
-};
+pub use ahs::{AHS_BIDI_READ_LENGTH, AHS_EXTENDED_CDB, Ahs, AhsIter, bidi_read_length_ahs, extended_cdb_ahs};
 pub use bhs::{BHS_LEN, Bhs, FINAL, IMMEDIATE, pad4};
 pub use pdu::*;
 
@@ -129,9 +127,7 @@ impl DecodeError {
     pub const fn reaction(&self) -> Reaction {
         match self {
             Self::InvalidField(_) => Reaction::Reject(RejectReason::INVALID_PDU_FIELD),
-            Self::Truncated { .. } | Self::BadAhsLength | Self::DataSegmentTooLong { .. } => {
-                Reaction::DropConnection
-            }
+            Self::Truncated { .. } | Self::BadAhsLength | Self::DataSegmentTooLong { .. } => Reaction::DropConnection,
         }
     }
 }

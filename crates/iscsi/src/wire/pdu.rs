@@ -785,9 +785,7 @@ impl Header {
             }
             Self::ScsiCommand(p) => {
                 h.set_opcode(op, p.immediate);
-                h.set_flags(
-                    flag(p.final_, FINAL) | flag(p.read, 0x40) | flag(p.write, 0x20) | (p.attr & 7),
-                );
+                h.set_flags(flag(p.final_, FINAL) | flag(p.read, 0x40) | flag(p.write, 0x20) | (p.attr & 7));
                 h.set_lun(p.lun);
                 h.set_itt(p.itt);
                 h.set_u32(20, p.expected_data_len);
@@ -868,11 +866,7 @@ impl Header {
             Self::ScsiResponse(p) => {
                 h.set_opcode(op, false);
                 h.set_flags(
-                    FINAL
-                        | flag(p.bidi_overflow, 0x10)
-                        | flag(p.bidi_underflow, 0x08)
-                        | flag(p.overflow, 0x04)
-                        | flag(p.underflow, 0x02),
+                    FINAL | flag(p.bidi_overflow, 0x10) | flag(p.bidi_underflow, 0x08) | flag(p.overflow, 0x04) | flag(p.underflow, 0x02),
                 );
                 h.set_u8(2, p.response);
                 h.set_u8(3, p.status.0);
@@ -1023,15 +1017,9 @@ impl PduLayout {
     pub fn of<T: AsRef<[u8]>>(bhs: &Bhs<T>, max_data: u32) -> Result<Self, DecodeError> {
         let dsl = bhs.data_segment_len();
         if dsl > max_data {
-            return Err(DecodeError::DataSegmentTooLong {
-                len: dsl,
-                max: max_data,
-            });
+            return Err(DecodeError::DataSegmentTooLong { len: dsl, max: max_data });
         }
-        Ok(Self {
-            ahs_len: bhs.total_ahs_len(),
-            data_len: dsl as usize,
-        })
+        Ok(Self { ahs_len: bhs.total_ahs_len(), data_len: dsl as usize })
     }
     /// Offset of the data segment.
     pub const fn data_offset(&self) -> usize {
@@ -1052,23 +1040,12 @@ impl<'a> Pdu<&'a [u8]> {
 
     /// Parse with a data segment limit (the receiver's MaxRecvDataSegmentLength). With
     /// `padded == false` (message transports such as iSER) the data padding may be absent.
-    pub fn parse_limited(
-        buf: &'a [u8],
-        max_data: u32,
-        padded: bool,
-    ) -> Result<(Self, usize), DecodeError> {
+    pub fn parse_limited(buf: &'a [u8], max_data: u32, padded: bool) -> Result<(Self, usize), DecodeError> {
         let bhs = Bhs::new_checked(buf)?;
         let layout = PduLayout::of(&bhs, max_data)?;
-        let need = if padded {
-            layout.padded_len()
-        } else {
-            layout.data_offset() + layout.data_len
-        };
+        let need = if padded { layout.padded_len() } else { layout.data_offset() + layout.data_len };
         if buf.len() < need {
-            return Err(DecodeError::Truncated {
-                need,
-                have: buf.len(),
-            });
+            return Err(DecodeError::Truncated { need, have: buf.len() });
         }
         let header = Header::parse(&bhs)?;
         let ahs = &buf[BHS_LEN..layout.data_offset()];
@@ -1084,14 +1061,7 @@ impl Pdu<Bytes> {
     /// Like [`Pdu::parse`], returning handles into `buf` instead of borrows (no copy).
     pub fn parse_bytes(buf: &Bytes) -> Result<(Self, usize), DecodeError> {
         let (p, used) = Pdu::parse(buf)?;
-        Ok((
-            Self {
-                header: p.header,
-                ahs: buf.slice_ref(p.ahs),
-                data: buf.slice_ref(p.data),
-            },
-            used,
-        ))
+        Ok((Self { header: p.header, ahs: buf.slice_ref(p.ahs), data: buf.slice_ref(p.data) }, used))
     }
 }
 
@@ -1104,11 +1074,7 @@ impl<D: AsRef<[u8]>> Pdu<D> {
     /// The encoded BHS with lengths filled in.
     pub fn bhs(&self) -> [u8; BHS_LEN] {
         let mut b = [0u8; BHS_LEN];
-        self.header.emit(
-            &mut b,
-            self.ahs.as_ref().len(),
-            self.data.as_ref().len() as u32,
-        );
+        self.header.emit(&mut b, self.ahs.as_ref().len(), self.data.as_ref().len() as u32);
         b
     }
 
@@ -1172,24 +1138,10 @@ mod tests {
 
     #[test]
     fn nop_out_ping() {
-        let b = bhs(&[
-            (0, &[0x40, 0x80]),
-            (9, &[3]),
-            (16, &[0, 0, 0, 5]),
-            (20, &[0xff; 4]),
-            (24, &[0, 0, 0, 9]),
-            (28, &[0, 0, 0, 2]),
-        ]);
+        let b = bhs(&[(0, &[0x40, 0x80]), (9, &[3]), (16, &[0, 0, 0, 5]), (20, &[0xff; 4]), (24, &[0, 0, 0, 9]), (28, &[0, 0, 0, 2])]);
         check(
             b,
-            Header::NopOut(NopOut {
-                immediate: true,
-                lun: Lun::from_number(3).unwrap(),
-                itt: 5,
-                ttt: u32::MAX,
-                cmd_sn: 9,
-                exp_stat_sn: 2,
-            }),
+            Header::NopOut(NopOut { immediate: true, lun: Lun::from_number(3).unwrap(), itt: 5, ttt: u32::MAX, cmd_sn: 9, exp_stat_sn: 2 }),
         );
     }
 
@@ -1203,17 +1155,7 @@ mod tests {
             (28, &[0, 0, 0, 11]),
             (32, &[0, 0, 0, 42]),
         ]);
-        check(
-            b,
-            Header::NopIn(NopIn {
-                lun: Lun::ZERO,
-                itt: u32::MAX,
-                ttt: 1,
-                stat_sn: 10,
-                exp_cmd_sn: 11,
-                max_cmd_sn: 42,
-            }),
-        );
+        check(b, Header::NopIn(NopIn { lun: Lun::ZERO, itt: u32::MAX, ttt: 1, stat_sn: 10, exp_cmd_sn: 11, max_cmd_sn: 42 }));
     }
 
     #[test]
@@ -1226,18 +1168,7 @@ mod tests {
             (40, &[0, 0, 0, 4]),
             (44, &[0, 0, 0, 2]),
         ]);
-        check(
-            b,
-            Header::Snack(Snack {
-                snack_type: 0,
-                lun: Lun::ZERO,
-                itt: 7,
-                ttt: u32::MAX,
-                exp_stat_sn: 3,
-                beg_run: 4,
-                run_length: 2,
-            }),
-        );
+        check(b, Header::Snack(Snack { snack_type: 0, lun: Lun::ZERO, itt: 7, ttt: u32::MAX, exp_stat_sn: 3, beg_run: 4, run_length: 2 }));
     }
 
     #[test]
@@ -1269,13 +1200,7 @@ mod tests {
 
     #[test]
     fn reject_protocol_error() {
-        let b = bhs(&[
-            (0, &[0x3f, 0x80, 0x04]),
-            (16, &[0xff; 4]),
-            (24, &[0, 0, 0, 8]),
-            (28, &[0, 0, 0, 9]),
-            (32, &[0, 0, 0, 40]),
-        ]);
+        let b = bhs(&[(0, &[0x3f, 0x80, 0x04]), (16, &[0xff; 4]), (24, &[0, 0, 0, 8]), (28, &[0, 0, 0, 9]), (32, &[0, 0, 0, 40])]);
         check(
             b,
             Header::Reject(Reject {
@@ -1294,17 +1219,7 @@ mod tests {
     #[test]
     fn reactions() {
         use super::super::Reaction;
-        assert_eq!(
-            DecodeError::InvalidField("x").reaction(),
-            Reaction::Reject(RejectReason::INVALID_PDU_FIELD)
-        );
-        assert_eq!(
-            DecodeError::DataSegmentTooLong {
-                len: 9000,
-                max: 8192
-            }
-            .reaction(),
-            Reaction::DropConnection
-        );
+        assert_eq!(DecodeError::InvalidField("x").reaction(), Reaction::Reject(RejectReason::INVALID_PDU_FIELD));
+        assert_eq!(DecodeError::DataSegmentTooLong { len: 9000, max: 8192 }.reaction(), Reaction::DropConnection);
     }
 }
