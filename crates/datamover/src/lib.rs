@@ -156,6 +156,10 @@ pub enum DmError {
     /// the connection is dropped.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// The task's data arrived out of sequence (wrong DataSN, offset or tag); the task must
+    /// end with CHECK CONDITION, the connection stays up.
+    #[error("data sequence error: {0}")]
+    DataSequence(String),
     /// Transport I/O error.
     #[error("I/O error: {0}")]
     Io(String),

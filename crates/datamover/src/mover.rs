@@ -44,6 +44,14 @@ struct Solicited {
     next_data_sn: u32,
 }
 
+/// Progress notes from the receiver to a waiting Get_Data.
+#[derive(Debug, Clone, Copy)]
+enum Notice {
+    UnsolicitedDone,
+    R2tDone,
+    Failed(&'static str),
+}
+
 #[derive(Debug)]
 struct WriteTask {
     buf: BytesMut,
@@ -54,7 +62,10 @@ struct WriteTask {
     next_unsol_data_sn: u32,
     r2ts: Vec<Solicited>,
     /// Woken with the TTT of each finished R2T (and `RESERVED_TAG` when unsolicited data ends).
-    notify: Option<mpsc::UnboundedSender<u32>>,
+    notify: Option<mpsc::UnboundedSender<Notice>>,
+    /// Set when the task's data broke sequence: the task ends with CHECK CONDITION and its
+    /// further Data-Out is drained.
+    failed: Option<&'static str>,
 }
 
 struct Shared {
@@ -196,6 +207,7 @@ impl PduDatamover {
             next_unsol_data_sn: 0,
             r2ts: Vec::new(),
             notify: None,
+            failed: None,
         };
         if lock(&shared.writes).insert(cmd.itt, task).is_some() {
             return Err(DmError::Protocol(format!("ITT {:#x} reused while its write is outstanding", cmd.itt)));
@@ -218,6 +230,12 @@ impl PduDatamover {
             let mut scratch = vec![0u8; len];
             return rx.read_data(&mut scratch).await;
         };
+        if task.failed.is_some() {
+            let mut scratch = vec![0u8; len];
+            rx.read_data(&mut scratch).await?;
+            lock(&shared.writes).insert(d.itt, task);
+            return Ok(());
+        }
         let len32 = len as u32;
         let result = if d.ttt == RESERVED_TAG {
             let end = d.buffer_offset.checked_add(len32);
@@ -249,7 +267,18 @@ impl PduDatamover {
         };
         let slot = match result {
             Ok(s) => s,
-            Err(msg) => return Err(DmError::Protocol(msg.into())),
+            Err(msg) => {
+                // The PDU itself is well framed: drain it and end just this task (CHECK
+                // CONDITION) rather than the connection, so other commands are unaffected.
+                let mut scratch = vec![0u8; len];
+                rx.read_data(&mut scratch).await?;
+                task.failed = Some(msg);
+                if let Some(n) = &task.notify {
+                    let _ = n.send(Notice::Failed(msg));
+                }
+                lock(&shared.writes).insert(d.itt, task);
+                return Ok(());
+            }
         };
         let at = d.buffer_offset as usize;
         rx.read_data(&mut task.buf[at..at + len]).await?;
@@ -260,7 +289,7 @@ impl PduDatamover {
                 if d.final_ {
                     task.unsolicited_done = true;
                     if let Some(n) = &task.notify {
-                        let _ = n.send(RESERVED_TAG);
+                        let _ = n.send(Notice::UnsolicitedDone);
                     }
                 }
             }
@@ -273,7 +302,7 @@ impl PduDatamover {
                         return Err(DmError::Protocol("last Data-Out of an R2T without the F bit".into()));
                     }
                     if let Some(n) = &task.notify {
-                        let _ = n.send(r.ttt);
+                        let _ = n.send(Notice::R2tDone);
                     }
                 }
             }
@@ -373,6 +402,10 @@ impl Datamover for PduDatamover {
                 }
                 task.r2ts =
                     r2ts.iter().map(|r| Solicited { ttt: r.ttt, offset: r.offset, len: r.len, received: 0, next_data_sn: 0 }).collect();
+                if let Some(msg) = task.failed {
+                    writes.remove(&itt);
+                    return Err(DmError::DataSequence(msg.into()));
+                }
                 task.notify = Some(tx);
             }
             let mut unsolicited_pending = {
@@ -401,10 +434,14 @@ impl Datamover for PduDatamover {
                     outstanding += 1;
                 }
                 match rx.recv().await {
-                    Some(RESERVED_TAG) => unsolicited_pending = false,
-                    Some(_) => {
+                    Some(Notice::UnsolicitedDone) => unsolicited_pending = false,
+                    Some(Notice::R2tDone) => {
                         outstanding -= 1;
                         finished += 1;
+                    }
+                    Some(Notice::Failed(msg)) => {
+                        lock(&self.shared.writes).remove(&itt);
+                        return Err(DmError::DataSequence(msg.into()));
                     }
                     None => return Err(DmError::NoTask(itt)),
                 }

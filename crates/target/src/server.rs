@@ -530,6 +530,12 @@ impl Session {
         if c.write && edtl > 0 {
             match self.fetch_write_data(&c, immediate).await {
                 Ok(b) => data_out = b,
+                Err(riser_datamover::DmError::DataSequence(why)) => {
+                    debug!(itt = c.itt, why, "write data out of sequence");
+                    let s = Sense::new(SenseKey::ABORTED_COMMAND, AscAscq::DATA_PHASE_ERROR);
+                    let o = Outcome { status: Status::CHECK_CONDITION, sense: Some(lu.encode_sense(&s)), data: Bytes::new() };
+                    return self.scsi_response(&c, &o, (false, false, 0), 0).await;
+                }
                 Err(_) => return,
             }
         }
@@ -579,7 +585,7 @@ impl Session {
         self.scsi_response(&c, &o, residual, pdus).await;
     }
 
-    async fn fetch_write_data(&self, c: &ScsiCommand, immediate: u32) -> Result<Bytes, ()> {
+    async fn fetch_write_data(&self, c: &ScsiCommand, immediate: u32) -> Result<Bytes, riser_datamover::DmError> {
         let edtl = c.expected_data_len;
         let p = &self.params;
         let unsolicited_end = if c.final_ { immediate } else { p.first_burst_length.min(edtl).max(immediate) };
@@ -599,7 +605,7 @@ impl Session {
             Ok(b) => Ok(b.data.freeze()),
             Err(e) => {
                 warn!(itt = c.itt, %e, "write data not received");
-                Err(())
+                Err(e)
             }
         }
     }
