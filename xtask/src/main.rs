@@ -7,6 +7,9 @@
 //!   `testdata/captures/`.
 //! * `fuzz-smoke [--seconds N]` — run every fuzz target for N seconds (default 10) on its seeds.
 //! * `fuzz-list` — print the fuzz targets.
+//! * `interop` — install libiscsi's tools if needed, start the example target on a RAM LUN and
+//!   run libiscsi's conformance suite (iscsi-test-cu, SCSI.* and iSCSI.*, two paths) against it
+//!   with the expectations in `testdata/conformance/known-failures.txt`.
 
 use riser_iscsi::login::{
     InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent, TargetLogin, TargetLoginConfig, TargetLoginEvent, TargetLoginParams,
@@ -33,12 +36,13 @@ fn main() -> ExitCode {
             let secs = args.iter().position(|a| a == "--seconds").and_then(|i| args.get(i + 1)).and_then(|s| s.parse().ok()).unwrap_or(10);
             fuzz_smoke(secs)
         }
+        Some("interop") => interop(),
         Some("fuzz-list") => {
             FUZZ_TARGETS.iter().for_each(|t| println!("{t}"));
             Ok(())
         }
         _ => {
-            eprintln!("usage: cargo xtask <demo | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>");
+            eprintln!("usage: cargo xtask <demo | interop | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>");
             return ExitCode::from(2);
         }
     };
@@ -211,4 +215,99 @@ fn fuzz_smoke(secs: u32) -> Result<(), String> {
     } else {
         Err(format!("fuzz targets failed: {failed:?}"))
     }
+}
+
+fn shared() -> PathBuf {
+    std::env::var_os("RISER_SHARED").map(PathBuf::from).unwrap_or_else(|| root().join("../shared"))
+}
+
+fn have(cmd: &str) -> bool {
+    Command::new("sh").args(["-c", &format!("command -v {cmd} >/dev/null")]).status().is_ok_and(|s| s.success())
+}
+
+/// Install Debian packages that provide the given commands, if any is missing.
+fn ensure_packages(wanted: &[(&str, &str)]) -> Result<(), String> {
+    let missing: Vec<&str> = wanted.iter().filter(|(cmd, _)| !have(cmd)).map(|(_, pkg)| *pkg).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    println!("installing {}", missing.join(" "));
+    let ok = Command::new("apt-get").arg("update").arg("-qq").status().is_ok_and(|s| s.success())
+        && Command::new("apt-get")
+            .args(["install", "-y", "-qq"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|s| s.success());
+    if ok { Ok(()) } else { Err(format!("could not install {}", missing.join(" "))) }
+}
+
+fn free_port() -> Result<u16, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+/// The example target, started in the background; killed on drop.
+struct RunningTarget {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl RunningTarget {
+    fn start(args: &[&str]) -> Result<Self, String> {
+        let st = Command::new("cargo")
+            .current_dir(root())
+            .args(["build", "--quiet", "--release", "--example", "target"])
+            .status()
+            .map_err(|e| e.to_string())?;
+        if !st.success() {
+            return Err("building the example target failed".into());
+        }
+        let port = free_port()?;
+        let portal = format!("127.0.0.1:{port}");
+        let child = Command::new(root().join("target/release/examples/target"))
+            .args(["--portal", &portal])
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| format!("starting the target: {e}"))?;
+        let t = Self { child, port };
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(&portal).is_ok() {
+                return Ok(t);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Err(format!("the target did not listen on {portal}"))
+    }
+}
+
+impl Drop for RunningTarget {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").arg(self.child.id().to_string()).status();
+        let _ = self.child.wait();
+    }
+}
+
+fn interop() -> Result<(), String> {
+    ensure_packages(&[("iscsi-test-cu", "libiscsi-bin")])?;
+    let script = shared().join("peers/run-conformance.sh");
+    if !script.exists() {
+        return Err(format!("{} not found (set RISER_SHARED)", script.display()));
+    }
+    let iqn = "iqn.2026-11.io.riser:target0";
+    let target = RunningTarget::start(&["--target-name", iqn, "--lun", "ram:256MiB"])?;
+    let url = format!("iscsi://127.0.0.1:{}/{iqn}/0", target.port);
+    println!("== iscsi-test-cu (SCSI.* and iSCSI.*, two paths) against the riser target at {url}");
+    let st = Command::new("bash")
+        .arg(&script)
+        .arg(&url)
+        .env("KNOWN_FAILURES", root().join("testdata/conformance/known-failures.txt"))
+        .env("MULTIPATH", "1")
+        .env("TIMEOUT", "600")
+        .status()
+        .map_err(|e| e.to_string())?;
+    drop(target);
+    if st.success() { Ok(()) } else { Err("conformance suite reported unexpected failures".into()) }
 }
