@@ -8,7 +8,8 @@
 //! * `fuzz-smoke [--seconds N]` — run every fuzz target for N seconds (default 10) on its seeds.
 //! * `fuzz-list` — print the fuzz targets.
 //! * `interop` — install libiscsi's tools if needed, start the example target on a RAM LUN and
-//!   run libiscsi's conformance suite (iscsi-test-cu, SCSI.* and iSCSI.*, two paths) against it
+//!   run libiscsi's conformance suite (iscsi-test-cu, SCSI.* and iSCSI.*, two paths, SANITIZE
+//!   allowed) against it
 //!   with the expectations in `testdata/conformance/known-failures.txt`.
 
 use riser_iscsi::login::{
@@ -305,6 +306,7 @@ fn interop() -> Result<(), String> {
         .arg(&url)
         .env("KNOWN_FAILURES", root().join("testdata/conformance/known-failures.txt"))
         .env("MULTIPATH", "1")
+        .env("SANITIZE", "1")
         .env("TIMEOUT", "600")
         .status()
         .map_err(|e| e.to_string())?;

@@ -54,6 +54,7 @@ pub mod op {
     pub const WRITE_AND_VERIFY_12: u8 = 0xae;
     pub const VERIFY_12: u8 = 0xaf;
     pub const PRE_FETCH_10: u8 = 0x34;
+    pub const SANITIZE: u8 = 0x48;
     pub const READ_DEFECT_DATA_10: u8 = 0x37;
     pub const ORWRITE_16: u8 = 0x8b;
     pub const PRE_FETCH_16: u8 = 0x90;
@@ -290,6 +291,14 @@ pub enum Cdb {
     PreFetch(Rw),
     /// ORWRITE (16).
     OrWrite(Rw),
+    /// SANITIZE: `flags` is byte 1 (IMMED 0x80, AUSE 0x20, service action in bits 4-0; bit 6
+    /// reserved); `reserved` holds CDB bytes 2-6 (must be zero).
+    Sanitize {
+        flags: u8,
+        reserved: [u8; 5],
+        param_len: u16,
+        control: u8,
+    },
     /// WRITE ATOMIC (16): transfer length is 16 bits (bytes 12-13).
     WriteAtomic {
         lba: u64,
@@ -422,6 +431,11 @@ impl Cdb {
             WRITE_SAME_10 | WRITE_SAME_16 => Self::WriteSame(Rw::parse(rw_size(opcode), b)),
             PRE_FETCH_10 | PRE_FETCH_16 => Self::PreFetch(Rw::parse(rw_size(opcode), b)),
             ORWRITE_16 => Self::OrWrite(Rw::parse(CdbSize::Sixteen, b)),
+            SANITIZE => {
+                let mut reserved = [0u8; 5];
+                reserved.copy_from_slice(&b[2..7]);
+                Self::Sanitize { flags: b[1], reserved, param_len: u16_at(b, 7), control: b[9] }
+            }
             WRITE_ATOMIC_16 => Self::WriteAtomic { lba: u64_at(b, 2), blocks: u16_at(b, 12), flags: b[1], group: b[14], control: b[15] },
             READ_DEFECT_DATA_10 => {
                 Self::ReadDefectData { twelve: false, flags: b[2], index: 0, alloc_len: u32::from(u16_at(b, 7)), control: b[9] }
@@ -526,6 +540,7 @@ impl Cdb {
             Self::WriteSame(r) => rw(r, [0, WRITE_SAME_10, 0, WRITE_SAME_16]),
             Self::PreFetch(r) => rw(r, [0, PRE_FETCH_10, 0, PRE_FETCH_16]),
             Self::OrWrite(_) => ORWRITE_16,
+            Self::Sanitize { .. } => SANITIZE,
             Self::WriteAtomic { .. } => WRITE_ATOMIC_16,
             Self::ReadDefectData { twelve, .. } => {
                 if *twelve {
@@ -630,6 +645,12 @@ impl Cdb {
             | Self::WriteSame(ref r)
             | Self::PreFetch(ref r)
             | Self::OrWrite(ref r) => r.emit(b),
+            Self::Sanitize { flags, reserved, param_len, control } => {
+                b[1] = flags;
+                b[2..7].copy_from_slice(&reserved);
+                put_u16(b, 7, param_len);
+                b[9] = control;
+            }
             Self::WriteAtomic { lba, blocks, flags, group, control } => {
                 b[1] = flags;
                 put_u64(b, 2, lba);
@@ -750,7 +771,7 @@ impl Cdb {
             Self::WriteSame(r) => Some(if r.flags & rw_flags::NDOB != 0 && r.size == CdbSize::Sixteen { 0 } else { u64::from(block_size) }),
             Self::CompareAndWrite { blocks, .. } => Some(2 * u64::from(*blocks) * u64::from(block_size)),
             Self::WriteAtomic { blocks, .. } => Some(u64::from(*blocks) * u64::from(block_size)),
-            Self::Unmap { param_len, .. } => Some(u64::from(*param_len)),
+            Self::Unmap { param_len, .. } | Self::Sanitize { param_len, .. } => Some(u64::from(*param_len)),
             Self::ModeSelect(m) => Some(u64::from(m.param_len)),
             Self::PersistentReserveOut { param_len, .. } => Some(u64::from(*param_len)),
             Self::Reserve10 { param_len, .. } | Self::Release10 { param_len, .. } => Some(u64::from(*param_len)),

@@ -59,6 +59,12 @@ fn cdb() -> impl Strategy<Value = Cdb> {
         ten_or_16().prop_map(Cdb::SynchronizeCache),
         ten_or_16().prop_map(Cdb::WriteSame),
         ten_or_16().prop_map(Cdb::PreFetch),
+        any::<(u8, [u8; 5], u16, u8)>().prop_map(|(flags, reserved, param_len, control)| Cdb::Sanitize {
+            flags,
+            reserved,
+            param_len,
+            control
+        }),
         any::<(u64, u16, u8, u8, u8)>().prop_map(|(lba, blocks, flags, group, control)| Cdb::WriteAtomic {
             lba,
             blocks,

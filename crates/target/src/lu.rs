@@ -263,6 +263,9 @@ impl LogicalUnit {
                     | Cdb::ModeSelect(_)
                     | Cdb::Reserve6 { .. }
                     | Cdb::Reserve10 { .. }
+                    | Cdb::OrWrite(_)
+                    | Cdb::WriteAtomic { .. }
+                    | Cdb::Sanitize { .. }
             );
             use riser_scsi::pr::pr_type::*;
             let conflict = match *ty {
@@ -341,6 +344,7 @@ impl LogicalUnit {
                 Ok(Outcome::good(Bytes::new()))
             }
             Cdb::OrWrite(r) => self.or_write(r, out),
+            Cdb::Sanitize { flags, reserved, param_len, .. } => self.sanitize(*flags, reserved, *param_len, out),
             Cdb::WriteAtomic { lba, blocks, flags, group, control } if self.backend.atomic_writes() => {
                 if u32::from(*blocks) > MAX_ATOMIC_BLOCKS {
                     return Err(bad_field(12, None));
@@ -449,6 +453,50 @@ impl LogicalUnit {
             self.backend.flush().map_err(|_| self.io_error(false))?;
         }
         Ok(Outcome::good(Bytes::new()))
+    }
+
+    /// SANITIZE (SBC-4 §5.30): OVERWRITE with an initialization pattern, run to completion
+    /// before the status (IMMED is honoured by completing first).
+    fn sanitize(&self, flags: u8, reserved: &[u8; 5], param_len: u16, out: &[u8]) -> R {
+        const OVERWRITE: u8 = 0x01;
+        if flags & 0x40 != 0 {
+            return Err(bad_field(1, Some(6)));
+        }
+        if reserved.iter().any(|&b| b != 0) {
+            return Err(bad_field(2, None));
+        }
+        let sa = flags & 0x1f;
+        let bs = u64::from(self.bs());
+        let total = self.blocks() * bs;
+        match sa {
+            OVERWRITE => {
+                let p = usize::from(param_len);
+                if p <= 4 || p >= self.bs() as usize + 5 || out.len() < p {
+                    return Err(bad_field(7, None));
+                }
+                let count = out[0] & 0x1f;
+                let pattern_len = usize::from(u16::from_be_bytes([out[2], out[3]]));
+                if count == 0 || pattern_len == 0 || pattern_len > self.bs() as usize || pattern_len > p - 4 {
+                    return Err(bad_field(7, None));
+                }
+                self.write_protected()?;
+                let invert = out[0] & 0x80 != 0;
+                let pattern = &out[4..4 + pattern_len];
+                let chunk: Vec<u8> = pattern.iter().copied().cycle().take(1 << 20).collect();
+                for pass in 0..count {
+                    let flip = invert && pass % 2 == 1;
+                    let data: Vec<u8> = if flip { chunk.iter().map(|b| !b).collect() } else { chunk.clone() };
+                    let mut at = 0u64;
+                    while at < total {
+                        let n = (total - at).min(data.len() as u64 / bs * bs) as usize;
+                        self.backend.write(at, &data[..n]).map_err(|_| self.io_error(false))?;
+                        at += n as u64;
+                    }
+                }
+                Ok(Outcome::good(Bytes::new()))
+            }
+            _ => Err(bad_field(1, Some(4))),
+        }
     }
 
     fn or_write(&self, r: &Rw, out: &[u8]) -> R {
@@ -756,6 +804,7 @@ impl LogicalUnit {
             plain(PRE_FETCH_10, 10),
             plain(PRE_FETCH_16, 16),
             plain(ORWRITE_16, 16),
+            sa(SANITIZE, 0x01, 10),
             plain(WRITE_ATOMIC_16, 16),
             plain(READ_DEFECT_DATA_10, 10),
             plain(READ_DEFECT_DATA_12, 12),
