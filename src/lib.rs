@@ -9,6 +9,7 @@
 //! | `datamover` | `riser-datamover` | RFC 5047 Datamover Interface (feature `target`) |
 //! | `tcp` | `riser-tcp` | iSCSI/TCP datamover (feature `target`) |
 //! | `target` | `riser-target` | SCSI block target core and iSCSI target server (feature `target`) |
+//! | `initiator` | `riser-initiator` | async iSCSI initiator (feature `target`) |
 //!
 //! The datamover seam, the TCP and iSER datamovers, the target and the initiator join as their
 //! crates land (see `docs/ARCHITECTURE.md`).
@@ -20,6 +21,8 @@
 
 #[cfg(feature = "target")]
 pub use riser_datamover as datamover;
+#[cfg(feature = "target")]
+pub use riser_initiator as initiator;
 pub use riser_iscsi as iscsi;
 pub use riser_scsi as scsi;
 #[cfg(feature = "target")]

@@ -68,8 +68,24 @@ struct WriteTask {
     failed: Option<&'static str>,
 }
 
+/// Initiator side: a read buffer Data-In lands in.
+#[derive(Debug)]
+struct ReadTask {
+    buf: BytesMut,
+}
+
+/// Initiator side: write data the target may solicit with R2Ts.
+#[derive(Debug)]
+struct OutWrite {
+    lun: riser_scsi::lun::Lun,
+    data: Bytes,
+}
+
 struct Shared {
     role: Role,
+    reads: StdMutex<HashMap<u32, ReadTask>>,
+    out_writes: StdMutex<HashMap<u32, OutWrite>>,
+    r2t_queue: mpsc::UnboundedSender<R2t>,
     tx: Mutex<Box<dyn LinkTx>>,
     limits: StdMutex<Limits>,
     pending_rx_params: StdMutex<Option<LinkParams>>,
@@ -102,8 +118,12 @@ impl PduDatamover {
     pub fn new(role: Role, rx: Box<dyn LinkRx>, tx: Box<dyn LinkTx>) -> (Self, impl Future<Output = ()> + Send + 'static) {
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let (close_tx, close_rx) = oneshot::channel();
+        let (r2t_tx, r2t_rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             role,
+            reads: StdMutex::new(HashMap::new()),
+            out_writes: StdMutex::new(HashMap::new()),
+            r2t_queue: r2t_tx,
             tx: Mutex::new(tx),
             limits: StdMutex::new(Limits::default()),
             pending_rx_params: StdMutex::new(None),
@@ -116,8 +136,17 @@ impl PduDatamover {
             awaiting_login_step: AtomicBool::new(false),
             login_gate: Notify::new(),
         });
-        let driver = Self::drive(shared.clone(), rx, close_rx);
-        (Self { shared }, driver)
+        let me = Self { shared: shared.clone() };
+        let r2t_server = me.clone().serve_r2ts(r2t_rx);
+        let driver = async move {
+            // Receiving and answering R2Ts run side by side so a large Data-Out burst never
+            // stops us from reading (both sides writing into full sockets would deadlock).
+            tokio::select! {
+                _ = Self::drive(shared, rx, close_rx) => {}
+                _ = r2t_server => {}
+            }
+        };
+        (me, driver)
     }
 
     /// Whether two handles are the same connection's datamover.
@@ -148,8 +177,108 @@ impl PduDatamover {
         let _ = shared.events_tx.send(DmEvent::Terminated(why));
     }
 
+    /// Initiator: send the Data-Out PDUs each R2T asks for, from the command's write buffer.
+    async fn serve_r2ts(self, mut q: mpsc::UnboundedReceiver<R2t>) {
+        while let Some(r) = q.recv().await {
+            let data = lock(&self.shared.out_writes).get(&r.itt).map(|w| (w.lun, w.data.clone()));
+            let Some((lun, data)) = data else { continue };
+            let end = (r.buffer_offset as usize).saturating_add(r.desired_len as usize).min(data.len());
+            let start = (r.buffer_offset as usize).min(end);
+            if self.send_data_out(r.itt, lun, r.ttt, &data, start, end).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Send `data[start..end]` as Data-Out PDUs no larger than the target's receive limit,
+    /// DataSN from 0, F on the last.
+    async fn send_data_out(
+        &self,
+        itt: u32,
+        lun: riser_scsi::lun::Lun,
+        ttt: u32,
+        data: &Bytes,
+        start: usize,
+        end: usize,
+    ) -> Result<(), DmError> {
+        let seg = lock(&self.shared.limits).max_send_dsl.max(512) as usize;
+        let mut at = start;
+        let mut sn = 0;
+        while at < end {
+            let n = seg.min(end - at);
+            let h = DataOut { final_: at + n == end, lun, itt, ttt, data_sn: sn, buffer_offset: at as u32, ..DataOut::default() };
+            self.send(Header::DataOut(h), &[], &[&data[at..at + n]]).await?;
+            at += n;
+            sn += 1;
+        }
+        Ok(())
+    }
+
+    /// Initiator: Send_Control for a SCSI Command with its buffers. Immediate data rides in the
+    /// command PDU and unsolicited Data-Out follows as negotiated; solicited data goes out as
+    /// the target's R2Ts arrive; Data-In lands in a read buffer of `read_len` bytes, handed out
+    /// by [`PduDatamover::take_read_data`] when the command ends.
+    pub async fn send_command(&self, mut cmd: ScsiCommand, ahs: Bytes, read_len: u32, write: Option<Bytes>) -> Result<(), DmError> {
+        if read_len > 0 {
+            lock(&self.shared.reads).insert(cmd.itt, ReadTask { buf: BytesMut::zeroed(read_len as usize) });
+        }
+        let Some(data) = write.filter(|d| !d.is_empty()) else {
+            cmd.final_ = true;
+            return self.send(Header::ScsiCommand(cmd), &ahs, &[]).await;
+        };
+        let l = *lock(&self.shared.limits);
+        let len = data.len();
+        let first_burst = (l.first_burst as usize).min(len);
+        let immediate = if l.immediate_data { first_burst.min(l.max_send_dsl as usize) } else { 0 };
+        let unsolicited_end = if l.initial_r2t { immediate } else { first_burst };
+        cmd.final_ = unsolicited_end == immediate;
+        if unsolicited_end < len {
+            lock(&self.shared.out_writes).insert(cmd.itt, OutWrite { lun: cmd.lun, data: data.clone() });
+        }
+        self.send(Header::ScsiCommand(cmd), &ahs, &[&data[..immediate]]).await?;
+        if unsolicited_end > immediate {
+            self.send_data_out(cmd.itt, cmd.lun, RESERVED_TAG, &data, immediate, unsolicited_end).await?;
+        }
+        Ok(())
+    }
+
+    /// Initiator: the read data of a finished (or aborted) command; forgets its buffers
+    /// (the initiator half of Deallocate_Task_Resources).
+    pub fn take_read_data(&self, itt: u32) -> Option<BytesMut> {
+        lock(&self.shared.out_writes).remove(&itt);
+        lock(&self.shared.reads).remove(&itt).map(|r| r.buf)
+    }
+
+    async fn receive_data_in(shared: &Shared, rx: &mut dyn LinkRx, d: DataIn, len: usize) -> Result<(), DmError> {
+        let removed = lock(&shared.reads).remove(&d.itt);
+        match removed {
+            Some(mut t) => {
+                let at = d.buffer_offset as usize;
+                let r = match at.checked_add(len).filter(|e| *e <= t.buf.len()) {
+                    Some(end) => rx.read_data(&mut t.buf[at..end]).await,
+                    None => Err(DmError::Protocol("Data-In beyond the read buffer".into())),
+                };
+                lock(&shared.reads).insert(d.itt, t);
+                r?;
+            }
+            None => {
+                let mut scratch = vec![0u8; len];
+                rx.read_data(&mut scratch).await?;
+            }
+        }
+        if d.status_present {
+            let _ = shared.events_tx.send(DmEvent::Control(ControlPdu::new(Header::DataIn(d), Bytes::new())));
+        }
+        Ok(())
+    }
+
     async fn receive(shared: &Shared, rx: &mut dyn LinkRx, h: crate::link::RxHeader) -> Result<(), DmError> {
         match h.header {
+            Header::DataIn(d) if shared.role == Role::Initiator => Self::receive_data_in(shared, rx, d, h.data_len).await,
+            Header::R2t(r) if shared.role == Role::Initiator => {
+                let _ = shared.r2t_queue.send(r);
+                Ok(())
+            }
             Header::ScsiCommand(cmd) if shared.role == Role::Target && cmd.write && cmd.expected_data_len > 0 => {
                 Self::receive_write_command(shared, rx, cmd, h.ahs, h.data_len).await
             }

@@ -1,0 +1,628 @@
+//! # riser-initiator — an async iSCSI initiator
+//!
+//! [`Session::connect`] logs in to a target (no authentication, or CHAP one-way or mutual)
+//! over the iSCSI/TCP datamover; [`Session::command`] submits any CDB with its data and
+//! returns status, sense and data; typed helpers cover the common commands. Any number of
+//! commands may be in flight: the session keeps CmdSN within the target's window and matches
+//! responses by task tag. [`discover`] runs a SendTargets discovery session.
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), riser_initiator::Error> {
+//! use riser_initiator::{Session, SessionConfig};
+//! let s = Session::connect("127.0.0.1:3260", SessionConfig::new("iqn.2026-11.io.riser:me", "iqn.2026-11.io.riser:target0")).await?;
+//! let (blocks, block_size) = s.read_capacity(0).await?;
+//! let data = s.read(0, 0, 8, block_size).await?;
+//! s.logout().await?;
+//! # let _ = (blocks, data); Ok(()) }
+//! ```
+
+use bytes::{Bytes, BytesMut};
+use riser_datamover::{ControlPdu, Datamover, DmEvent, PduDatamover};
+use riser_iscsi::chap::ChapCredentials;
+use riser_iscsi::keys::{NegotiatedParams, OperationalConfig, Role};
+use riser_iscsi::login::{InitiatorAuth, InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent, LoginFailure};
+use riser_iscsi::serial::SerialNumber;
+use riser_iscsi::text::{TextBuilder, parse_pairs};
+use riser_iscsi::wire::*;
+use riser_scsi::cdb::{Cdb, CdbSize, Rw};
+use riser_scsi::lun::Lun;
+use riser_scsi::sense::{Sense, Status};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::net::{TcpStream, ToSocketAddrs};
+use tokio::sync::{Notify, oneshot};
+
+/// What can go wrong.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Connecting failed.
+    #[error("cannot connect: {0}")]
+    Connect(std::io::Error),
+    /// The login failed.
+    #[error("login failed: {0}")]
+    Login(LoginFailure),
+    /// The target redirected us.
+    #[error("target redirects to {0:?}")]
+    Redirected(Vec<String>),
+    /// The connection ended.
+    #[error("connection lost")]
+    ConnectionLost,
+    /// No answer in time.
+    #[error("timed out")]
+    Timeout,
+    /// The target rejected a PDU.
+    #[error("target rejected the request: {0:?}")]
+    Rejected(RejectReason),
+    /// A SCSI command ended with a status other than GOOD.
+    #[error("SCSI status {status:?}{}", sense.as_ref().map(|s| format!(", sense {:?} {:?}", s.key, s.asc)).unwrap_or_default())]
+    Scsi {
+        /// Status.
+        status: Status,
+        /// Decoded sense, if any.
+        sense: Option<Sense>,
+    },
+    /// A task management function was refused.
+    #[error("task management refused: {0:?}")]
+    TaskManagement(TmfResponse),
+    /// A malformed answer.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+}
+
+/// How to log in.
+#[derive(Clone, Debug)]
+pub struct SessionConfig {
+    /// Our iSCSI name.
+    pub initiator_name: String,
+    /// Target name.
+    pub target_name: String,
+    /// Authentication.
+    pub auth: InitiatorAuth,
+    /// Operational offers.
+    pub operational: OperationalConfig,
+    /// ISID (6 bytes, random-qualifier format by default).
+    pub isid: Isid,
+    /// Login and command timeout.
+    pub timeout: Duration,
+}
+
+impl SessionConfig {
+    /// Defaults: no authentication, riser's operational offers, a fresh ISID.
+    pub fn new(initiator_name: impl Into<String>, target_name: impl Into<String>) -> Self {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
+        let n = t ^ u64::from(std::process::id()) << 20;
+        let b = n.to_be_bytes();
+        Self {
+            initiator_name: initiator_name.into(),
+            target_name: target_name.into(),
+            auth: InitiatorAuth::None,
+            operational: OperationalConfig::default(),
+            // Type 10b (random) ISID.
+            isid: Isid([0x80, b[3], b[4], b[5], b[6], b[7]]),
+            timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// Use CHAP (and mutual CHAP when `mutual` is given).
+    pub fn with_chap(mut self, credentials: ChapCredentials, mutual: Option<ChapCredentials>) -> Self {
+        self.auth = InitiatorAuth::Chap { credentials, algorithms: riser_iscsi::chap::ChapAlgorithm::ALL.to_vec(), mutual };
+        self
+    }
+}
+
+/// The result of a SCSI command.
+#[derive(Clone, Debug)]
+pub struct CommandResult {
+    /// SCSI status.
+    pub status: Status,
+    /// Sense data (raw), if any.
+    pub sense: Option<Bytes>,
+    /// Data-in received.
+    pub data: Bytes,
+    /// Residual count and whether it is an underflow (true) or overflow.
+    pub residual: Option<(bool, u32)>,
+}
+
+impl CommandResult {
+    /// `Ok(data)` for GOOD, otherwise an [`Error::Scsi`].
+    pub fn into_good(self) -> Result<Bytes, Error> {
+        if self.status == Status::GOOD || self.status == Status::CONDITION_MET {
+            Ok(self.data)
+        } else {
+            Err(Error::Scsi { status: self.status, sense: self.sense.as_deref().and_then(|s| Sense::parse(s).ok()) })
+        }
+    }
+}
+
+enum Reply {
+    Scsi(CommandResult),
+    Pdu(Header),
+}
+
+struct State {
+    cmd_sn: SerialNumber,
+    max_cmd_sn: SerialNumber,
+    exp_stat_sn: u32,
+    pending: HashMap<u32, oneshot::Sender<Reply>>,
+    dead: bool,
+}
+
+struct Inner {
+    dm: PduDatamover,
+    params: NegotiatedParams,
+    state: Mutex<State>,
+    window: Notify,
+    next_itt: AtomicU32,
+    timeout: Duration,
+}
+
+/// A logged-in session (one connection).
+#[derive(Clone)]
+pub struct Session {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("target", &self.inner.params.target_name).finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn entropy() -> [u8; 32] {
+    use std::hash::{BuildHasher, Hasher};
+    let mut out = [0u8; 32];
+    for c in out.chunks_mut(8) {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+        c.copy_from_slice(&h.finish().to_le_bytes());
+    }
+    out
+}
+
+/// Log in on a fresh connection; returns the datamover and the outcome.
+async fn login(
+    addr: impl ToSocketAddrs,
+    cfg: InitiatorLoginConfig,
+    timeout: Duration,
+) -> Result<(PduDatamover, riser_iscsi::login::LoginOutcome), Error> {
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr)).await.map_err(|_| Error::Timeout)?.map_err(Error::Connect)?;
+    let (dm, driver) = riser_tcp::datamover(stream, Role::Initiator);
+    tokio::spawn(driver);
+    let start = Instant::now();
+    let mut l = InitiatorLogin::new(cfg, Duration::ZERO, entropy());
+    loop {
+        while let Some(p) = l.poll_transmit() {
+            dm.send_control(ControlPdu::new(Header::LoginRequest(p.header), p.data.into())).await.map_err(|_| Error::ConnectionLost)?;
+        }
+        match l.poll_event() {
+            Some(InitiatorLoginEvent::Complete(o)) => {
+                dm.notice_key_values(&o.params);
+                dm.enable();
+                return Ok((dm, o));
+            }
+            Some(InitiatorLoginEvent::Failed(f)) => {
+                dm.terminate();
+                return Err(Error::Login(f));
+            }
+            Some(InitiatorLoginEvent::Redirect { addresses, .. }) => {
+                dm.terminate();
+                return Err(Error::Redirected(addresses));
+            }
+            Some(_) | None => {}
+        }
+        let left = timeout.saturating_sub(start.elapsed());
+        match tokio::time::timeout(left, dm.next_event()).await {
+            Ok(DmEvent::Control(p)) => l.handle_pdu(start.elapsed(), &p.header, &p.data),
+            Ok(_) => {
+                return Err(Error::ConnectionLost);
+            }
+            Err(_) => {
+                dm.terminate();
+                return Err(Error::Timeout);
+            }
+        }
+    }
+}
+
+/// SendTargets discovery: the targets and their addresses (`host:port,tpgt`).
+pub async fn discover(addr: impl ToSocketAddrs, initiator_name: &str, auth: InitiatorAuth) -> Result<Vec<(String, Vec<String>)>, Error> {
+    let mut cfg = InitiatorLoginConfig::new(initiator_name, None, SessionConfig::new(initiator_name, "").isid);
+    cfg.auth = auth;
+    let timeout = Duration::from_secs(15);
+    let (dm, o) = login(addr, cfg, timeout).await?;
+    let mut text = TextBuilder::new();
+    text.push("SendTargets", "All");
+    let req = TextRequest {
+        immediate: true,
+        final_: true,
+        itt: 1,
+        ttt: RESERVED_TAG,
+        cmd_sn: o.exp_cmd_sn,
+        exp_stat_sn: o.stat_sn,
+        ..TextRequest::default()
+    };
+    dm.send_control(ControlPdu::new(Header::TextRequest(req), text.into_bytes().into())).await.map_err(|_| Error::ConnectionLost)?;
+    let mut all = Vec::new();
+    loop {
+        let ev = tokio::time::timeout(timeout, dm.next_event()).await.map_err(|_| Error::Timeout)?;
+        let DmEvent::Control(p) = ev else { return Err(Error::ConnectionLost) };
+        match p.header {
+            Header::TextResponse(r) => {
+                all.extend_from_slice(&p.data);
+                if !r.cont {
+                    break;
+                }
+                let more = TextRequest {
+                    immediate: true,
+                    final_: true,
+                    itt: 1,
+                    ttt: r.ttt,
+                    cmd_sn: o.exp_cmd_sn,
+                    exp_stat_sn: r.stat_sn.wrapping_add(1),
+                    ..TextRequest::default()
+                };
+                dm.send_control(ControlPdu::new(Header::TextRequest(more), Bytes::new())).await.map_err(|_| Error::ConnectionLost)?;
+            }
+            Header::Reject(r) => return Err(Error::Rejected(r.reason)),
+            _ => {}
+        }
+    }
+    let logout =
+        LogoutRequest { immediate: true, reason: LogoutReason::CLOSE_SESSION, itt: 2, cmd_sn: o.exp_cmd_sn, ..LogoutRequest::default() };
+    let _ = dm.send_control(ControlPdu::new(Header::LogoutRequest(logout), Bytes::new())).await;
+    dm.terminate();
+    let pairs = parse_pairs(&all).map_err(|e| Error::Protocol(e.to_string()))?;
+    let mut out: Vec<(String, Vec<String>)> = Vec::new();
+    for (k, v) in pairs {
+        match k {
+            "TargetName" => out.push((v.to_string(), Vec::new())),
+            "TargetAddress" => {
+                if let Some(last) = out.last_mut() {
+                    last.1.push(v.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+impl Session {
+    /// Connect and log in.
+    pub async fn connect(addr: impl ToSocketAddrs, cfg: SessionConfig) -> Result<Self, Error> {
+        let mut lc = InitiatorLoginConfig::new(cfg.initiator_name.clone(), Some(cfg.target_name.clone()), cfg.isid);
+        lc.auth = cfg.auth.clone();
+        lc.operational = cfg.operational.clone();
+        lc.login_timeout = cfg.timeout;
+        let (dm, o) = login(addr, lc, cfg.timeout).await?;
+        let inner = Arc::new(Inner {
+            dm,
+            params: o.params.clone(),
+            state: Mutex::new(State {
+                cmd_sn: SerialNumber(o.exp_cmd_sn),
+                max_cmd_sn: SerialNumber(o.max_cmd_sn),
+                exp_stat_sn: o.stat_sn,
+                pending: HashMap::new(),
+                dead: false,
+            }),
+            window: Notify::new(),
+            next_itt: AtomicU32::new(0x100),
+            timeout: cfg.timeout,
+        });
+        tokio::spawn(Self::receiver(inner.clone()));
+        Ok(Self { inner })
+    }
+
+    /// The negotiated parameters.
+    pub fn params(&self) -> &NegotiatedParams {
+        &self.inner.params
+    }
+
+    async fn receiver(inner: Arc<Inner>) {
+        loop {
+            let p = match inner.dm.next_event().await {
+                DmEvent::Control(p) => p,
+                DmEvent::Terminated(_) => break,
+                _ => continue,
+            };
+            Self::note_window(&inner, &p.header);
+            match p.header {
+                Header::ScsiResponse(r) => {
+                    let data = inner.dm.take_read_data(r.itt).map(BytesMut::freeze).unwrap_or_default();
+                    let sense = (p.data.len() > 2).then(|| {
+                        let n = usize::from(u16::from_be_bytes([p.data[0], p.data[1]])).min(p.data.len() - 2);
+                        p.data.slice(2..2 + n)
+                    });
+                    let residual = if r.underflow {
+                        Some((true, r.residual))
+                    } else if r.overflow {
+                        Some((false, r.residual))
+                    } else {
+                        None
+                    };
+                    let data = Self::trim(data, residual);
+                    Self::complete(&inner, r.itt, Reply::Scsi(CommandResult { status: r.status, sense, data, residual }));
+                }
+                Header::DataIn(d) if d.status_present => {
+                    let data = inner.dm.take_read_data(d.itt).map(BytesMut::freeze).unwrap_or_default();
+                    let residual = if d.underflow {
+                        Some((true, d.residual))
+                    } else if d.overflow {
+                        Some((false, d.residual))
+                    } else {
+                        None
+                    };
+                    let data = Self::trim(data, residual);
+                    Self::complete(&inner, d.itt, Reply::Scsi(CommandResult { status: d.status, sense: None, data, residual }));
+                }
+                Header::NopIn(n) if n.ttt != RESERVED_TAG => {
+                    // A target ping: answer with the same TTT, immediately.
+                    let (cmd_sn, exp) = {
+                        let s = lock(&inner.state);
+                        (s.cmd_sn.0, s.exp_stat_sn)
+                    };
+                    let out = NopOut { immediate: true, lun: n.lun, itt: RESERVED_TAG, ttt: n.ttt, cmd_sn, exp_stat_sn: exp };
+                    let _ = inner.dm.send_control(ControlPdu::new(Header::NopOut(out), p.data.clone())).await;
+                }
+                Header::Reject(_) => {
+                    // The rejected header is the data segment: fail that task.
+                    if p.data.len() >= BHS_LEN
+                        && let Ok(h) = Header::parse(&Bhs::new_unchecked(&p.data[..]))
+                    {
+                        Self::complete(&inner, h.itt(), Reply::Pdu(p.header));
+                    }
+                }
+                h => {
+                    let itt = h.itt();
+                    Self::complete(&inner, itt, Reply::Pdu(h));
+                }
+            }
+        }
+        let mut s = lock(&inner.state);
+        s.dead = true;
+        s.pending.clear();
+        drop(s);
+        inner.window.notify_waiters();
+    }
+
+    fn trim(data: Bytes, residual: Option<(bool, u32)>) -> Bytes {
+        match residual {
+            Some((true, r)) => {
+                let keep = data.len().saturating_sub(r as usize);
+                data.slice(..keep)
+            }
+            _ => data,
+        }
+    }
+
+    fn note_window(inner: &Inner, h: &Header) {
+        let (stat_sn, exp, max, advances) = match *h {
+            Header::ScsiResponse(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn, true),
+            Header::DataIn(d) if d.status_present => (d.stat_sn, d.exp_cmd_sn, d.max_cmd_sn, true),
+            Header::NopIn(n) => (n.stat_sn, n.exp_cmd_sn, n.max_cmd_sn, n.itt != RESERVED_TAG),
+            Header::TaskMgmtResponse(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn, true),
+            Header::LogoutResponse(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn, true),
+            Header::TextResponse(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn, true),
+            Header::Reject(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn, true),
+            Header::AsyncMessage(a) => (a.stat_sn, a.exp_cmd_sn, a.max_cmd_sn, true),
+            Header::R2t(r) => (r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn, false),
+            _ => return,
+        };
+        let mut s = lock(&inner.state);
+        if advances && SerialNumber(stat_sn).ge(SerialNumber(s.exp_stat_sn)) {
+            s.exp_stat_sn = stat_sn.wrapping_add(1);
+        }
+        // RFC 7143 §4.2.2.1: ignore a MaxCmdSN below ExpCmdSN - 1, and never move it back.
+        let (exp, max) = (SerialNumber(exp), SerialNumber(max));
+        if max.ge(exp.sub(1)) && max.gt(s.max_cmd_sn) {
+            s.max_cmd_sn = max;
+            drop(s);
+            inner.window.notify_waiters();
+        }
+    }
+
+    fn complete(inner: &Inner, itt: u32, r: Reply) {
+        if let Some(tx) = lock(&inner.state).pending.remove(&itt) {
+            let _ = tx.send(r);
+        }
+    }
+
+    /// Reserve a CmdSN inside the target's window (waiting for it to open) and register the
+    /// task tag. Immediate PDUs take the current CmdSN without consuming it.
+    async fn slot(&self, immediate: bool) -> Result<(u32, u32, u32, oneshot::Receiver<Reply>), Error> {
+        loop {
+            let notified = self.inner.window.notified();
+            {
+                let mut s = lock(&self.inner.state);
+                if s.dead {
+                    return Err(Error::ConnectionLost);
+                }
+                if immediate || s.cmd_sn.le(s.max_cmd_sn) {
+                    let itt = self.inner.next_itt.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff;
+                    let cmd_sn = s.cmd_sn.0;
+                    if !immediate {
+                        s.cmd_sn = s.cmd_sn.add(1);
+                    }
+                    let (tx, rx) = oneshot::channel();
+                    s.pending.insert(itt, tx);
+                    return Ok((itt, cmd_sn, s.exp_stat_sn, rx));
+                }
+            }
+            tokio::time::timeout(self.inner.timeout, notified).await.map_err(|_| Error::Timeout)?;
+        }
+    }
+
+    async fn wait(&self, itt: u32, rx: oneshot::Receiver<Reply>) -> Result<Reply, Error> {
+        match tokio::time::timeout(self.inner.timeout, rx).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(_)) => Err(Error::ConnectionLost),
+            Err(_) => {
+                lock(&self.inner.state).pending.remove(&itt);
+                let _ = self.inner.dm.take_read_data(itt);
+                Err(Error::Timeout)
+            }
+        }
+    }
+
+    /// Submit a CDB to `lun` with optional write data, expecting up to `read_len` bytes back.
+    /// A UNIT ATTENTION (power on, reset, parameters changed…) is reported once by targets and
+    /// then cleared; the command is retried after it, as Linux's SCSI layer does.
+    pub async fn command(&self, lun: u16, cdb: &[u8], write: Option<Bytes>, read_len: u32) -> Result<CommandResult, Error> {
+        let mut tries = 0;
+        loop {
+            let r = self.command_once(lun, cdb, write.clone(), read_len).await?;
+            let ua = r.status == Status::CHECK_CONDITION
+                && r.sense
+                    .as_deref()
+                    .and_then(|s| Sense::parse(s).ok())
+                    .is_some_and(|s| s.key == riser_scsi::sense::SenseKey::UNIT_ATTENTION);
+            tries += 1;
+            if !ua || tries > 4 {
+                return Ok(r);
+            }
+            tracing::debug!("unit attention, retrying");
+        }
+    }
+
+    async fn command_once(&self, lun: u16, cdb: &[u8], write: Option<Bytes>, read_len: u32) -> Result<CommandResult, Error> {
+        let (itt, cmd_sn, exp_stat_sn, rx) = self.slot(false).await?;
+        let mut c = [0u8; 16];
+        let n = cdb.len().min(16);
+        c[..n].copy_from_slice(&cdb[..n]);
+        let mut ahs = Vec::new();
+        if cdb.len() > 16 {
+            extended_cdb_ahs(&mut ahs, &cdb[16..]);
+        }
+        let wlen = write.as_ref().map_or(0, |w| w.len() as u32);
+        let cmd = ScsiCommand {
+            immediate: false,
+            final_: true,
+            read: read_len > 0,
+            write: wlen > 0,
+            attr: 1,
+            lun: Lun::from_number(lun).unwrap_or_default(),
+            itt,
+            expected_data_len: read_len.max(wlen),
+            cmd_sn,
+            exp_stat_sn,
+            cdb: c,
+        };
+        if let Err(_e) = self.inner.dm.send_command(cmd, ahs.into(), read_len, write).await {
+            lock(&self.inner.state).pending.remove(&itt);
+            return Err(Error::ConnectionLost);
+        }
+        match self.wait(itt, rx).await? {
+            Reply::Scsi(r) => Ok(r),
+            Reply::Pdu(Header::Reject(r)) => Err(Error::Rejected(r.reason)),
+            Reply::Pdu(h) => Err(Error::Protocol(format!("unexpected {:?} for a command", h.opcode()))),
+        }
+    }
+
+    /// Run a CDB value.
+    pub async fn run(&self, lun: u16, cdb: &Cdb, write: Option<Bytes>, read_len: u32) -> Result<Bytes, Error> {
+        self.command(lun, &cdb.to_vec(), write, read_len).await?.into_good()
+    }
+
+    /// TEST UNIT READY.
+    pub async fn test_unit_ready(&self, lun: u16) -> Result<(), Error> {
+        self.run(lun, &Cdb::TestUnitReady { control: 0 }, None, 0).await.map(drop)
+    }
+
+    /// Standard INQUIRY data.
+    pub async fn inquiry(&self, lun: u16) -> Result<riser_scsi::inquiry::StandardInquiry, Error> {
+        let d = self.run(lun, &Cdb::Inquiry { evpd: false, page_code: 0, alloc_len: 255, control: 0 }, None, 255).await?;
+        riser_scsi::inquiry::StandardInquiry::parse(&d).map_err(|e| Error::Protocol(e.to_string()))
+    }
+
+    /// A VPD page's body.
+    pub async fn vpd(&self, lun: u16, page: u8) -> Result<Bytes, Error> {
+        let d = self.run(lun, &Cdb::Inquiry { evpd: true, page_code: page, alloc_len: 4096, control: 0 }, None, 4096).await?;
+        let (_, body) = riser_scsi::inquiry::parse_vpd(&d).map_err(|e| Error::Protocol(e.to_string()))?;
+        Ok(d.slice_ref(body))
+    }
+
+    /// READ CAPACITY (16): (number of blocks, block size).
+    pub async fn read_capacity(&self, lun: u16) -> Result<(u64, u32), Error> {
+        let d = self.run(lun, &Cdb::ReadCapacity16 { lba: 0, alloc_len: 32, pmi: false, control: 0 }, None, 32).await?;
+        let c = riser_scsi::capacity::Capacity16::parse(&d).map_err(|e| Error::Protocol(e.to_string()))?;
+        Ok((c.last_lba + 1, c.block_len))
+    }
+
+    /// READ (16) of `blocks` blocks at `lba`.
+    pub async fn read(&self, lun: u16, lba: u64, blocks: u32, block_size: u32) -> Result<Bytes, Error> {
+        let cdb = Cdb::Read(Rw { size: CdbSize::Sixteen, lba, blocks, ..Rw::default() });
+        self.run(lun, &cdb, None, blocks * block_size).await
+    }
+
+    /// WRITE (16) of `data` (whole blocks) at `lba`.
+    pub async fn write(&self, lun: u16, lba: u64, data: Bytes, block_size: u32) -> Result<(), Error> {
+        let cdb = Cdb::Write(Rw { size: CdbSize::Sixteen, lba, blocks: (data.len() / block_size as usize) as u32, ..Rw::default() });
+        self.run(lun, &cdb, Some(data), 0).await.map(drop)
+    }
+
+    /// SYNCHRONIZE CACHE (16) of the whole LU.
+    pub async fn sync(&self, lun: u16) -> Result<(), Error> {
+        self.run(lun, &Cdb::SynchronizeCache(Rw { size: CdbSize::Sixteen, ..Rw::default() }), None, 0).await.map(drop)
+    }
+
+    /// UNMAP one extent.
+    pub async fn unmap(&self, lun: u16, lba: u64, blocks: u32) -> Result<(), Error> {
+        let list = riser_scsi::unmap::to_bytes(&[riser_scsi::unmap::UnmapDescriptor { lba, blocks }]);
+        let cdb = Cdb::Unmap { anchor: false, group: 0, param_len: list.len() as u16, control: 0 };
+        self.run(lun, &cdb, Some(list.into()), 0).await.map(drop)
+    }
+
+    /// A task management function; `ref_itt` for ABORT TASK.
+    pub async fn task_management(&self, lun: u16, function: TmfFunction, ref_itt: u32) -> Result<(), Error> {
+        let (itt, cmd_sn, exp_stat_sn, rx) = self.slot(true).await?;
+        let h = TaskMgmtRequest {
+            immediate: true,
+            function,
+            lun: Lun::from_number(lun).unwrap_or_default(),
+            itt,
+            ref_task_tag: ref_itt,
+            cmd_sn,
+            exp_stat_sn,
+            ref_cmd_sn: cmd_sn,
+            exp_data_sn: 0,
+        };
+        self.inner.dm.send_control(ControlPdu::new(Header::TaskMgmtRequest(h), Bytes::new())).await.map_err(|_| Error::ConnectionLost)?;
+        match self.wait(itt, rx).await? {
+            Reply::Pdu(Header::TaskMgmtResponse(r)) if r.response == TmfResponse::COMPLETE => Ok(()),
+            Reply::Pdu(Header::TaskMgmtResponse(r)) => Err(Error::TaskManagement(r.response)),
+            _ => Err(Error::Protocol("unexpected answer to a task management request".into())),
+        }
+    }
+
+    /// NOP-Out ping; returns the round-trip time.
+    pub async fn ping(&self) -> Result<Duration, Error> {
+        let start = Instant::now();
+        let (itt, cmd_sn, exp_stat_sn, rx) = self.slot(true).await?;
+        let h = NopOut { immediate: true, lun: Lun::ZERO, itt, ttt: RESERVED_TAG, cmd_sn, exp_stat_sn };
+        self.inner.dm.send_control(ControlPdu::new(Header::NopOut(h), Bytes::new())).await.map_err(|_| Error::ConnectionLost)?;
+        match self.wait(itt, rx).await? {
+            Reply::Pdu(Header::NopIn(_)) => Ok(start.elapsed()),
+            _ => Err(Error::Protocol("unexpected answer to a NOP-Out".into())),
+        }
+    }
+
+    /// Log out (close the session) and drop the connection.
+    pub async fn logout(&self) -> Result<(), Error> {
+        let (itt, cmd_sn, exp_stat_sn, rx) = self.slot(true).await?;
+        let h = LogoutRequest { immediate: true, reason: LogoutReason::CLOSE_SESSION, itt, cid: 0, cmd_sn, exp_stat_sn };
+        self.inner.dm.send_control(ControlPdu::new(Header::LogoutRequest(h), Bytes::new())).await.map_err(|_| Error::ConnectionLost)?;
+        let r = self.wait(itt, rx).await;
+        self.inner.dm.terminate();
+        match r? {
+            Reply::Pdu(Header::LogoutResponse(_)) => Ok(()),
+            _ => Err(Error::Protocol("unexpected answer to a Logout".into())),
+        }
+    }
+}

@@ -1,0 +1,312 @@
+//! riser's example iSCSI initiator.
+//!
+//! ```text
+//! cargo run --release --example initiator -- COMMAND URL [options]
+//!   URL: iscsi://HOST[:PORT]/TARGET_IQN/LUN   (or iscsi://HOST[:PORT] for discover)
+//!   COMMAND: discover | inquiry | readcap | read | write | verify | bench
+//! ```
+
+use bytes::Bytes;
+use clap::Parser;
+use riser::initiator::{Error, Session, SessionConfig, discover};
+use riser::iscsi::chap::ChapCredentials;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Parser, Debug)]
+#[command(about = "riser iSCSI initiator")]
+struct Args {
+    /// discover, inquiry, readcap, read, write, verify or bench.
+    command: String,
+    /// iscsi://HOST[:PORT]/TARGET_IQN/LUN
+    url: String,
+    /// Bytes to read, write or verify (suffixes KiB, MiB, GiB).
+    #[arg(long, default_value = "64MiB")]
+    size: String,
+    /// Size of each I/O request.
+    #[arg(long, default_value = "256KiB")]
+    block_size: String,
+    /// Requests in flight.
+    #[arg(long, default_value_t = 8)]
+    queue_depth: usize,
+    /// Byte offset on the LUN.
+    #[arg(long, default_value = "0")]
+    offset: String,
+    /// Seconds per bench measurement.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Our initiator name.
+    #[arg(long, default_value = "iqn.2026-11.io.riser:initiator")]
+    initiator_name: String,
+    /// CHAP credentials.
+    #[arg(long, value_name = "USER:SECRET")]
+    chap: Option<String>,
+    /// Credentials expected from the target (mutual CHAP).
+    #[arg(long, value_name = "USER:SECRET")]
+    mutual_chap: Option<String>,
+    /// read: write the data to this file (default: only report).
+    #[arg(long)]
+    output: Option<std::path::PathBuf>,
+    /// write: data from this file (default: a seeded pattern).
+    #[arg(long)]
+    input: Option<std::path::PathBuf>,
+    /// Pattern seed for write/verify.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().map_err(|_| format!("bad size {s:?}"))?;
+    let mult = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" | "kb" => 1 << 10,
+        "m" | "mib" | "mb" => 1 << 20,
+        "g" | "gib" | "gb" => 1 << 30,
+        _ => return Err(format!("bad size unit in {s:?}")),
+    };
+    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} too large"))
+}
+
+struct Url {
+    host: String,
+    target: Option<String>,
+    lun: u16,
+}
+
+fn parse_url(u: &str) -> Result<Url, String> {
+    let rest = u.strip_prefix("iscsi://").ok_or("URL must start with iscsi://")?;
+    let mut parts = rest.splitn(3, '/');
+    let mut host = parts.next().unwrap_or_default().to_string();
+    if host.is_empty() {
+        return Err("URL has no host".into());
+    }
+    if !host.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) || host.ends_with(']') {
+        host.push_str(":3260");
+    }
+    let target = parts.next().filter(|t| !t.is_empty()).map(str::to_string);
+    let lun = match parts.next() {
+        Some(l) if !l.is_empty() => l.parse().map_err(|_| format!("bad LUN {l:?}"))?,
+        _ => 0,
+    };
+    Ok(Url { host, target, lun })
+}
+
+fn creds(s: &str) -> Result<ChapCredentials, String> {
+    let (u, p) = s.split_once(':').ok_or("expected USER:SECRET")?;
+    ChapCredentials::new(u, p.as_bytes().to_vec()).map_err(|e| e.to_string())
+}
+
+/// A seeded pattern for `len` bytes at byte `offset` of the LUN (xorshift per 8 bytes), so any
+/// range can be regenerated for comparison.
+fn pattern(seed: u64, offset: u64, len: usize) -> Bytes {
+    let mut v = Vec::with_capacity(len);
+    let mut i = offset / 8;
+    while v.len() < len {
+        let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ seed;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+        i += 1;
+    }
+    let skip = (offset % 8) as usize;
+    v.drain(..skip.min(v.len()));
+    v.truncate(len);
+    v.into()
+}
+
+fn fmt_err(e: Error) -> String {
+    e.to_string()
+}
+
+/// Run `total` bytes of I/O in `io`-byte requests with `qd` in flight; `f(offset, len)`.
+async fn pump<F, Fut>(total: u64, io: u64, qd: usize, f: F) -> Result<(), String>
+where
+    F: Fn(u64, usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), String>> + Send,
+{
+    let f = Arc::new(f);
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut workers = Vec::new();
+    for _ in 0..qd.max(1) {
+        let (f, next) = (f.clone(), next.clone());
+        workers.push(tokio::spawn(async move {
+            loop {
+                let at = next.fetch_add(io, std::sync::atomic::Ordering::Relaxed);
+                if at >= total {
+                    return Ok::<(), String>(());
+                }
+                f(at, io.min(total - at) as usize).await?;
+            }
+        }));
+    }
+    for w in workers {
+        w.await.map_err(|e| e.to_string())??;
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() {
+    if let Err(e) = run().await {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> Result<(), String> {
+    let a = Args::parse();
+    let url = parse_url(&a.url)?;
+    let mut cfg = SessionConfig::new(a.initiator_name.clone(), url.target.clone().unwrap_or_default());
+    if let Some(c) = &a.chap {
+        cfg = cfg.with_chap(creds(c)?, a.mutual_chap.as_deref().map(creds).transpose()?);
+    }
+    if a.command == "discover" {
+        let found = discover(&url.host, &a.initiator_name, cfg.auth.clone()).await.map_err(fmt_err)?;
+        for (t, addrs) in found {
+            println!("{t}");
+            for ad in addrs {
+                println!("    {ad}");
+            }
+        }
+        return Ok(());
+    }
+    if url.target.is_none() {
+        return Err("this command needs iscsi://HOST[:PORT]/TARGET_IQN/LUN".into());
+    }
+    let s = Session::connect(&url.host, cfg).await.map_err(fmt_err)?;
+    let lun = url.lun;
+    let (blocks, bs) = s.read_capacity(lun).await.map_err(fmt_err)?;
+    let size = parse_size(&a.size)?;
+    let io = parse_size(&a.block_size)?.max(u64::from(bs)) / u64::from(bs) * u64::from(bs);
+    let offset = parse_size(&a.offset)?;
+    if offset % u64::from(bs) != 0 {
+        return Err(format!("--offset must be a multiple of the {bs}-byte block size"));
+    }
+    let capacity = blocks * u64::from(bs);
+    let size = size.min(capacity.saturating_sub(offset)) / u64::from(bs) * u64::from(bs);
+    match a.command.as_str() {
+        "inquiry" => {
+            let i = s.inquiry(lun).await.map_err(fmt_err)?;
+            println!("vendor: {}", String::from_utf8_lossy(&i.vendor).trim());
+            println!("product: {}", String::from_utf8_lossy(&i.product).trim());
+            println!("revision: {}", String::from_utf8_lossy(&i.revision).trim());
+            println!("peripheral: {:#04x}  version: {:#04x}", i.peripheral, i.version);
+            if let Ok(sn) = s.vpd(lun, 0x80).await {
+                println!("serial: {}", String::from_utf8_lossy(&sn));
+            }
+        }
+        "readcap" => println!("{blocks} blocks of {bs} bytes ({} MiB)", capacity >> 20),
+        "read" | "write" | "verify" => {
+            let start = Instant::now();
+            let sess = s.clone();
+            let seed = a.seed;
+            if a.command != "read" {
+                let input = match &a.input {
+                    Some(p) => Some(Bytes::from(std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?)),
+                    None => None,
+                };
+                pump(size, io, a.queue_depth, move |at, len| {
+                    let sess = sess.clone();
+                    let data = match &input {
+                        Some(d) => d.slice((at as usize).min(d.len())..(at as usize + len).min(d.len())),
+                        None => pattern(seed, offset + at, len),
+                    };
+                    async move {
+                        if data.len() % bs as usize != 0 || data.is_empty() {
+                            return Err("input is not a whole number of blocks".into());
+                        }
+                        sess.write(lun, (offset + at) / u64::from(bs), data, bs).await.map_err(fmt_err)
+                    }
+                })
+                .await?;
+                let t = start.elapsed().as_secs_f64();
+                println!("wrote {} MiB in {t:.2} s ({:.1} MiB/s)", size >> 20, size as f64 / 1048576.0 / t);
+            }
+            if a.command != "write" {
+                let start = Instant::now();
+                let sess = s.clone();
+                let verify = a.command == "verify";
+                let out = Arc::new(std::sync::Mutex::new(if a.output.is_some() { vec![0u8; size as usize] } else { Vec::new() }));
+                let out2 = out.clone();
+                pump(size, io, a.queue_depth, move |at, len| {
+                    let sess = sess.clone();
+                    let out = out2.clone();
+                    async move {
+                        let d = sess.read(lun, (offset + at) / u64::from(bs), (len / bs as usize) as u32, bs).await.map_err(fmt_err)?;
+                        if verify && d != pattern(seed, offset + at, len) {
+                            return Err(format!("data mismatch in the {len} bytes at offset {}", offset + at));
+                        }
+                        let mut o = out.lock().unwrap_or_else(|e| e.into_inner());
+                        if !o.is_empty() {
+                            o[at as usize..at as usize + len].copy_from_slice(&d);
+                        }
+                        Ok(())
+                    }
+                })
+                .await?;
+                let t = start.elapsed().as_secs_f64();
+                println!(
+                    "read {} MiB in {t:.2} s ({:.1} MiB/s){}",
+                    size >> 20,
+                    size as f64 / 1048576.0 / t,
+                    if verify { ", verified" } else { "" }
+                );
+                if let Some(p) = &a.output {
+                    std::fs::write(p, &*out.lock().unwrap_or_else(|e| e.into_inner())).map_err(|e| format!("{}: {e}", p.display()))?;
+                }
+            }
+        }
+        "bench" => {
+            println!("{:>9} {:>6} {:>11} {:>10}", "io size", "op", "MiB/s", "IOPS");
+            for io in [4096u64, 65536, 262_144, 1 << 20] {
+                for write in [false, true] {
+                    let sess = s.clone();
+                    let span = size.min(capacity - offset).max(io);
+                    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+                    let deadline = Instant::now() + Duration::from_secs_f64(a.seconds);
+                    let start = Instant::now();
+                    let d2 = done.clone();
+                    let data = pattern(a.seed, 0, io as usize);
+                    let mut workers = Vec::new();
+                    for w in 0..a.queue_depth.max(1) {
+                        let (sess, d2, data) = (sess.clone(), d2.clone(), data.clone());
+                        workers.push(tokio::spawn(async move {
+                            let mut at = (w as u64 * io) % span;
+                            while Instant::now() < deadline {
+                                let lba = (offset + at) / u64::from(bs);
+                                let r = if write {
+                                    sess.write(lun, lba, data.clone(), bs).await
+                                } else {
+                                    sess.read(lun, lba, (io / u64::from(bs)) as u32, bs).await.map(drop)
+                                };
+                                r.map_err(fmt_err)?;
+                                d2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                at = (at + io * 8) % (span / io * io).max(io);
+                            }
+                            Ok::<(), String>(())
+                        }));
+                    }
+                    for w in workers {
+                        w.await.map_err(|e| e.to_string())??;
+                    }
+                    let t = start.elapsed().as_secs_f64();
+                    let n = done.load(std::sync::atomic::Ordering::Relaxed) as f64;
+                    println!(
+                        "{:>9} {:>6} {:>11.1} {:>10.0}",
+                        format!("{}KiB", io >> 10),
+                        if write { "write" } else { "read" },
+                        n * io as f64 / 1048576.0 / t,
+                        n / t
+                    );
+                }
+            }
+        }
+        other => return Err(format!("unknown command {other:?}")),
+    }
+    s.logout().await.map_err(fmt_err)?;
+    Ok(())
+}
