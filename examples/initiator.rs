@@ -83,7 +83,7 @@ fn parse_url(u: &str) -> Result<Url, String> {
     if host.is_empty() {
         return Err("URL has no host".into());
     }
-    if !host.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) || host.ends_with(']') {
+    if host.rsplit_once(':').is_none_or(|(_, p)| p.parse::<u16>().is_err()) || host.ends_with(']') {
         host.push_str(":3260");
     }
     let target = parts.next().filter(|t| !t.is_empty()).map(str::to_string);
