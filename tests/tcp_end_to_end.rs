@@ -1,0 +1,266 @@
+//! End to end over TCP on loopback, in process: the riser target served by the example's
+//! building blocks, driven by the riser initiator and by raw sockets.
+
+use bytes::Bytes;
+use riser::initiator::{Error, Session, SessionConfig, discover};
+use riser::iscsi::chap::ChapCredentials;
+use riser::iscsi::keys::OperationalConfig;
+use riser::iscsi::login::{InitiatorAuth, LoginFailure, LoginStatus};
+use riser::iscsi::wire::{Header, LoginRequest, NopOut, Pdu, Stage, TmfFunction};
+use riser::scsi::lun::Lun;
+use riser::scsi::sense::{AscAscq, SenseKey};
+use riser::target::backend::RamBackend;
+use riser::target::lu::LogicalUnit;
+use riser::target::server::{Node, Target, TargetConfig};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const TARGET: &str = "iqn.2026-11.io.riser:e2e";
+const ME: &str = "iqn.2026-11.io.riser:tester";
+
+fn creds(u: &str, s: &str) -> ChapCredentials {
+    ChapCredentials::new(u, s.as_bytes().to_vec()).unwrap()
+}
+
+async fn start(node: impl FnOnce(&mut Node), cfg: impl FnOnce(&mut TargetConfig)) -> SocketAddr {
+    let lu = Arc::new(LogicalUnit::new(Arc::new(RamBackend::new(64 << 20, 512)), Lun::ZERO, 7));
+    let mut n = Node { name: TARGET.into(), alias: None, luns: vec![lu], acl: vec![], chap: None, mutual_chap: None };
+    node(&mut n);
+    let mut c = TargetConfig { nodes: vec![n], ..TargetConfig::default() };
+    cfg(&mut c);
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(Target::new(c).serve(l));
+    addr
+}
+
+fn pattern(seed: u8, len: usize) -> Bytes {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 9) as u8).collect::<Vec<_>>().into()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_write_every_size_and_queue_depth() {
+    let addr = start(|_| {}, |_| {}).await;
+    let s = Session::connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
+    let (blocks, bs) = s.read_capacity(0).await.unwrap();
+    assert_eq!((blocks, bs), (131_072, 512));
+    let inq = s.inquiry(0).await.unwrap();
+    assert_eq!(&inq.vendor, b"RISER   ");
+    // Sizes from one block to 4 MiB, each written and read back byte for byte.
+    let mut lba = 0;
+    for (i, len) in [512usize, 4096, 8192, 65_536, 262_144, 1 << 20, 4 << 20].into_iter().enumerate() {
+        let data = pattern(i as u8, len);
+        s.write(0, lba, data.clone(), bs).await.unwrap();
+        assert_eq!(s.read(0, lba, (len / 512) as u32, bs).await.unwrap(), data, "{len} bytes");
+        lba += (len / 512) as u64;
+    }
+    // 64 commands in flight.
+    let mut tasks = Vec::new();
+    for i in 0..64u64 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            let data = pattern(i as u8, 16_384);
+            s.write(0, 20_000 + i * 32, data.clone(), 512).await.unwrap();
+            assert_eq!(s.read(0, 20_000 + i * 32, 32, 512).await.unwrap(), data);
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    s.sync(0).await.unwrap();
+    s.unmap(0, 0, 8).await.unwrap();
+    assert_eq!(s.read(0, 0, 8, 512).await.unwrap(), vec![0u8; 4096]);
+    s.ping().await.unwrap();
+    s.logout().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r2t_path_with_small_segments_and_bursts() {
+    // InitialR2T=Yes, no immediate data, 4 KiB segments, 16 KiB bursts: every write is
+    // solicited through several R2Ts and many Data-Out PDUs; reads come in many Data-Ins.
+    let op = OperationalConfig {
+        initial_r2t: true,
+        immediate_data: false,
+        max_recv_data_segment_length: 4096,
+        max_burst_length: 16_384,
+        first_burst_length: 8192,
+        ..OperationalConfig::default()
+    };
+    let addr = start(|_| {}, |c| c.operational = op).await;
+    let mut cfg = SessionConfig::new(ME, TARGET);
+    cfg.operational.max_recv_data_segment_length = 4096;
+    let s = Session::connect(addr, cfg).await.unwrap();
+    assert!(s.params().initial_r2t && !s.params().immediate_data);
+    let data = pattern(9, 300 * 512);
+    s.write(0, 1000, data.clone(), 512).await.unwrap();
+    assert_eq!(s.read(0, 1000, 300, 512).await.unwrap(), data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsolicited_data_and_immediate_data() {
+    let op = OperationalConfig {
+        initial_r2t: false,
+        immediate_data: true,
+        first_burst_length: 65_536,
+        max_recv_data_segment_length: 8192,
+        ..OperationalConfig::default()
+    };
+    let addr = start(|_| {}, |c| c.operational = op).await;
+    let s = Session::connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
+    assert!(!s.params().initial_r2t);
+    // 8 KiB immediate, up to 64 KiB unsolicited Data-Out, the rest by R2T.
+    let data = pattern(3, 200 * 1024);
+    s.write(0, 77, data.clone(), 512).await.unwrap();
+    assert_eq!(s.read(0, 77, 400, 512).await.unwrap(), data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_lists_the_target() {
+    let addr = start(|_| {}, |_| {}).await;
+    let found = discover(addr, ME, InitiatorAuth::None).await.unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].0, TARGET);
+    assert_eq!(found[0].1, [format!("{addr},1")]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chap_one_way_mutual_and_wrong_secret() {
+    let addr = start(|n| n.chap = Some(creds("alice", "alicesecret12")), |_| {}).await;
+    Session::connect(addr, SessionConfig::new(ME, TARGET).with_chap(creds("alice", "alicesecret12"), None)).await.unwrap();
+    let e = Session::connect(addr, SessionConfig::new(ME, TARGET).with_chap(creds("alice", "wrongsecret12"), None)).await.unwrap_err();
+    assert!(matches!(e, Error::Login(LoginFailure::Status(LoginStatus::AUTHENTICATION_FAILURE))), "{e}");
+    let e = Session::connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap_err();
+    assert!(matches!(e, Error::Login(LoginFailure::Status(LoginStatus::AUTHENTICATION_FAILURE))), "{e}");
+
+    let addr = start(
+        |n| {
+            n.chap = Some(creds("alice", "alicesecret12"));
+            n.mutual_chap = Some(creds("target", "targetsecret1"));
+        },
+        |_| {},
+    )
+    .await;
+    let s = Session::connect(
+        addr,
+        SessionConfig::new(ME, TARGET).with_chap(creds("alice", "alicesecret12"), Some(creds("target", "targetsecret1"))),
+    )
+    .await
+    .unwrap();
+    s.test_unit_ready(0).await.unwrap();
+    let e = Session::connect(
+        addr,
+        SessionConfig::new(ME, TARGET).with_chap(creds("alice", "alicesecret12"), Some(creds("target", "impostorsecret"))),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(e, Error::Login(LoginFailure::Authentication(_))), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_and_unknown_target_and_lun() {
+    let addr = start(|n| n.acl = vec!["iqn.2026-11.io.riser:someone-else".into()], |_| {}).await;
+    let e = Session::connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap_err();
+    assert!(matches!(e, Error::Login(LoginFailure::Status(LoginStatus::AUTHORIZATION_FAILURE))), "{e}");
+    let e = Session::connect(addr, SessionConfig::new(ME, "iqn.2026-11.io.riser:nothing")).await.unwrap_err();
+    assert!(matches!(e, Error::Login(LoginFailure::Status(LoginStatus::NOT_FOUND))), "{e}");
+
+    let addr = start(|_| {}, |_| {}).await;
+    let s = Session::connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
+    match s.test_unit_ready(3).await.unwrap_err() {
+        Error::Scsi { sense: Some(sense), .. } => {
+            assert_eq!((sense.key, sense.asc), (SenseKey::ILLEGAL_REQUEST, AscAscq::LOGICAL_UNIT_NOT_SUPPORTED))
+        }
+        e => panic!("{e}"),
+    }
+    // Out of range and unknown opcode get the SBC answers.
+    match s.read(0, 1 << 30, 1, 512).await.unwrap_err() {
+        Error::Scsi { sense: Some(sense), .. } => assert_eq!(sense.asc, AscAscq::LBA_OUT_OF_RANGE),
+        e => panic!("{e}"),
+    }
+    let r = s.command(0, &[0xc7, 0, 0, 0, 0, 0], None, 0).await.unwrap();
+    assert_eq!(riser::scsi::sense::Sense::parse(&r.sense.unwrap()).unwrap().asc, AscAscq::INVALID_COMMAND_OPERATION_CODE);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_management_and_unit_attention() {
+    let addr = start(|_| {}, |_| {}).await;
+    let s = Session::connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
+    // ABORT TASK naming a task whose command (RefCmdSN = the next CmdSN) has not arrived:
+    // RFC 7143 §11.5.1 counts it as aborted ("function complete").
+    s.task_management(0, TmfFunction::ABORT_TASK, 0x7777).await.unwrap();
+    s.task_management(0, TmfFunction::LOGICAL_UNIT_RESET, 0).await.unwrap();
+    // The reset's UNIT ATTENTION is reported once and retried past by the initiator.
+    s.test_unit_ready(0).await.unwrap();
+    let r = s.command(0, &[0, 0, 0, 0, 0, 0], None, 0).await.unwrap();
+    assert_eq!(r.status, riser::scsi::sense::Status::GOOD);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_reinstatement_closes_the_old_connection() {
+    let addr = start(|_| {}, |_| {}).await;
+    let cfg = SessionConfig::new(ME, TARGET);
+    let first = Session::connect(addr, cfg.clone()).await.unwrap();
+    first.test_unit_ready(0).await.unwrap();
+    let second = Session::connect(addr, cfg).await.unwrap();
+    second.test_unit_ready(0).await.unwrap();
+    assert!(matches!(first.test_unit_ready(0).await.unwrap_err(), Error::ConnectionLost | Error::Timeout));
+}
+
+async fn raw(addr: SocketAddr) -> tokio::net::TcpStream {
+    tokio::net::TcpStream::connect(addr).await.unwrap()
+}
+
+async fn read_pdu(sock: &mut tokio::net::TcpStream) -> Option<(Header, Vec<u8>)> {
+    let mut bhs = [0u8; 48];
+    if sock.read_exact(&mut bhs).await.is_err() {
+        return None;
+    }
+    let dsl = u32::from_be_bytes([0, bhs[5], bhs[6], bhs[7]]) as usize;
+    let mut rest = vec![0u8; bhs[4] as usize * 4 + dsl.div_ceil(4) * 4];
+    sock.read_exact(&mut rest).await.ok()?;
+    let mut all = bhs.to_vec();
+    all.extend_from_slice(&rest);
+    let (p, _) = Pdu::parse(&all).ok()?;
+    Some((p.header, p.data.to_vec()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_the_rfc_reaction_and_spares_other_sessions() {
+    let addr = start(|_| {}, |_| {}).await;
+    let good = Session::connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
+
+    // Garbage: the connection is dropped.
+    let mut g = raw(addr).await;
+    g.write_all(&[0xde; 200]).await.unwrap();
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(5), g.read(&mut buf)).await.unwrap().unwrap_or(0);
+    assert!(n == 0 || n >= 48, "garbage must end in a close or a login reject");
+
+    // A command before login: Login Response 0x020B, then close.
+    let mut c = raw(addr).await;
+    let mut bytes = Vec::new();
+    Pdu::new(Header::NopOut(NopOut { immediate: true, itt: 1, ttt: u32::MAX, ..NopOut::default() }), &[][..], &[][..]).encode(&mut bytes);
+    c.write_all(&bytes).await.unwrap();
+    match read_pdu(&mut c).await {
+        Some((Header::LoginResponse(r), _)) => assert_eq!((r.status_class, r.status_detail), (2, 0x0b)),
+        other => panic!("{other:?}"),
+    }
+
+    // An oversized data segment in a Login Request: dropped without reading 16 MiB.
+    let mut o = raw(addr).await;
+    let mut bhs = [0u8; 48];
+    Header::LoginRequest(LoginRequest { csg: Stage::SECURITY, nsg: Stage::OPERATIONAL, ..LoginRequest::default() }).emit(
+        &mut bhs,
+        0,
+        (1 << 24) - 1,
+    );
+    o.write_all(&bhs).await.unwrap();
+    let n = tokio::time::timeout(std::time::Duration::from_secs(5), o.read(&mut buf)).await.unwrap().unwrap_or(0);
+    assert_eq!(n, 0, "connection must be closed");
+
+    // The well-behaved session never noticed.
+    let data = pattern(5, 8192);
+    good.write(0, 5, data.clone(), 512).await.unwrap();
+    assert_eq!(good.read(0, 5, 16, 512).await.unwrap(), data);
+}
