@@ -1,8 +1,8 @@
 //! `cargo xtask <command>`: the project's automation.
 //!
-//! * `demo` — the login of a riser initiator to a riser target, in memory through the real
-//!   codec, printing the exchange and the negotiated parameters (the TCP demo with a RAM LUN
-//!   replaces this when the TCP datamover lands).
+//! * `demo` — start the example target on a RAM LUN on a free loopback port, run the example
+//!   initiator's discover, inquiry, readcap, a 128 MiB verify and a short bench against it,
+//!   stop the target.
 //! * `fuzz-seeds` — regenerate `fuzz/seeds/<target>/` from the captured PDUs in
 //!   `testdata/captures/`.
 //! * `fuzz-smoke [--seconds N]` — run every fuzz target for N seconds (default 10) on its seeds.
@@ -10,14 +10,11 @@
 //! * `interop` — install libiscsi's tools if needed, start the example target on a RAM LUN and
 //!   run libiscsi's conformance suite (iscsi-test-cu, SCSI.* and iSCSI.*, two paths, SANITIZE
 //!   allowed) against it
-//!   with the expectations in `testdata/conformance/known-failures.txt`.
+//!   with the expectations in `testdata/conformance/known-failures.txt`; then the riser
+//!   initiator against tgtd (discovery, login without and with CHAP, inquiry, readcap, a
+//!   256 MiB verify at queue depth 16).
 
-use riser_iscsi::login::{
-    InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent, TargetLogin, TargetLoginConfig, TargetLoginEvent, TargetLoginParams,
-    TargetNode,
-};
-use riser_iscsi::text::parse_pairs;
-use riser_iscsi::wire::{Header, Isid, Opcode, Pdu};
+use riser_iscsi::wire::{Opcode, Pdu};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Duration;
@@ -57,56 +54,32 @@ fn main() -> ExitCode {
 }
 
 fn demo() -> Result<(), String> {
-    let target = "iqn.2026-11.io.riser:target0";
-    let tcfg = TargetLoginConfig { targets: vec![TargetNode::open(target)], ..TargetLoginConfig::default() };
-    let icfg = InitiatorLoginConfig::new("iqn.2026-11.io.riser:demo", Some(target.into()), Isid([0x80, 0x52, 0x49, 0x53, 0x45, 0x52]));
-    let now = Duration::ZERO;
-    let seed = |b: u8| -> [u8; 32] {
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
-        let mut s = [b; 32];
-        s[..16].copy_from_slice(&t.to_le_bytes());
-        s
-    };
-    let mut ini = InitiatorLogin::new(icfg, now, seed(1));
-    let mut tgt = TargetLogin::new(tcfg, TargetLoginParams { new_tsih: 1, initial_stat_sn: 1, cmd_window: 64, entropy: seed(2) });
-    println!("riser demo: initiator and target login machines, joined in memory through the iSCSI codec\n");
-    let show = |dir: &str, bytes: &[u8]| {
-        let (p, _) = Pdu::parse(bytes).expect("own PDU parses");
-        let text: Vec<String> = parse_pairs(p.data).unwrap_or_default().iter().map(|(k, v)| format!("{k}={v}")).collect();
-        println!("{dir} {:?} ({} bytes): {}", p.header.opcode(), bytes.len(), text.join(" "));
-    };
-    for _ in 0..32 {
-        let mut moved = false;
-        while let Some(p) = ini.poll_transmit() {
-            moved = true;
-            let mut b = Vec::new();
-            Pdu::new(Header::LoginRequest(p.header), &[][..], &p.data[..]).encode(&mut b);
-            show("I->T", &b);
-            let (pdu, _) = Pdu::parse(&b).map_err(|e| e.to_string())?;
-            tgt.handle_pdu(now, &pdu.header, pdu.data);
-        }
-        while let Some(p) = tgt.poll_transmit() {
-            moved = true;
-            let mut b = Vec::new();
-            Pdu::new(Header::LoginResponse(p.header), &[][..], &p.data[..]).encode(&mut b);
-            show("T->I", &b);
-            let (pdu, _) = Pdu::parse(&b).map_err(|e| e.to_string())?;
-            ini.handle_pdu(now, &pdu.header, pdu.data);
-        }
-        if !moved {
-            break;
-        }
+    println!("riser demo: the example target on a 256 MiB RAM LUN, driven by the example initiator over TCP\n");
+    let iqn = "iqn.2026-11.io.riser:demo";
+    let st = Command::new("cargo")
+        .current_dir(root())
+        .args(["build", "--quiet", "--release", "--examples"])
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !st.success() {
+        return Err("building the examples failed".into());
     }
-    let t = tgt.poll_event();
-    match (ini.poll_event(), t) {
-        (Some(InitiatorLoginEvent::Complete(o)), Some(TargetLoginEvent::Complete(_))) => {
-            println!("\nlogin complete: TSIH {:#06x}, ExpStatSN {}, CmdSN window {}..={}", o.tsih, o.stat_sn, o.exp_cmd_sn, o.max_cmd_sn);
-            println!("{:#?}", o.params);
-            println!("\n(the TCP datamover, target and initiator add the RAM-LUN demo in the next milestone)");
-            Ok(())
-        }
-        (i, t) => Err(format!("login did not complete: initiator {i:?}, target {t:?}")),
-    }
+    let target = RunningTarget::start(&["--target-name", iqn, "--lun", "ram:256MiB"])?;
+    let url = format!("iscsi://127.0.0.1:{}/{iqn}/0", target.port);
+    let initiator = root().join("target/release/examples/initiator");
+    let run = |args: &[&str]| -> Result<(), String> {
+        println!("$ initiator {}", args.join(" "));
+        let st = Command::new(&initiator).args(args).status().map_err(|e| e.to_string())?;
+        if st.success() { Ok(()) } else { Err(format!("initiator {} failed", args[0])) }
+    };
+    run(&["discover", &format!("iscsi://127.0.0.1:{}", target.port)])?;
+    run(&["inquiry", &url])?;
+    run(&["readcap", &url])?;
+    run(&["verify", &url, "--size", "128MiB", "--queue-depth", "16"])?;
+    run(&["bench", &url, "--size", "128MiB", "--queue-depth", "16", "--seconds", "1"])?;
+    drop(target);
+    println!("\ndemo finished: target stopped");
+    Ok(())
 }
 
 fn capture_pdus() -> Result<Vec<(String, Vec<u8>)>, String> {
@@ -311,5 +284,92 @@ fn interop() -> Result<(), String> {
         .status()
         .map_err(|e| e.to_string())?;
     drop(target);
-    if st.success() { Ok(()) } else { Err("conformance suite reported unexpected failures".into()) }
+    let conformance_ok = st.success();
+    let (passed, failed) = initiator_vs_tgtd()?;
+    println!("riser initiator against tgtd: {passed} passed, {failed} failed");
+    if !conformance_ok {
+        return Err("conformance suite reported unexpected failures".into());
+    }
+    if failed > 0 {
+        return Err("the riser initiator failed against tgtd".into());
+    }
+    Ok(())
+}
+
+/// tgtd started by ../shared/peers/start-tgtd.sh; stopped on drop.
+struct Tgtd {
+    port: u16,
+    script: PathBuf,
+}
+
+impl Drop for Tgtd {
+    fn drop(&mut self) {
+        let _ = Command::new("bash").arg(&self.script).args(["stop", &self.port.to_string()]).stdout(std::process::Stdio::null()).status();
+    }
+}
+
+fn initiator_vs_tgtd() -> Result<(u32, u32), String> {
+    ensure_packages(&[("tgtd", "tgt")])?;
+    let script = shared().join("peers/start-tgtd.sh");
+    // tgtd takes the port as its control-socket number too, which must stay small.
+    let port =
+        (3300..3400).find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok()).ok_or("no free port in 3300..3400 for tgtd")?;
+    let iqn = "iqn.2026-11.io.riser.test:interop";
+    let out =
+        Command::new("bash").arg(&script).args(["start", &port.to_string(), iqn, "512M", "file"]).output().map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!("tgtd did not start: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let tgtd = Tgtd { port, script };
+    let initiator = root().join("target/release/examples/initiator");
+    let st = Command::new("cargo")
+        .current_dir(root())
+        .args(["build", "--quiet", "--release", "--example", "initiator"])
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !st.success() {
+        return Err("building the example initiator failed".into());
+    }
+    let url = format!("iscsi://127.0.0.1:{port}/{iqn}/1");
+    let (mut passed, mut failed) = (0, 0);
+    let mut check = |name: &str, args: &[&str], expect_ok: bool| {
+        let out = Command::new(&initiator).args(args).output();
+        let ok = out.as_ref().is_ok_and(|o| o.status.success()) == expect_ok;
+        let detail = out
+            .map(|o| {
+                String::from_utf8_lossy(if o.status.success() { &o.stdout } else { &o.stderr }).lines().last().unwrap_or("").to_string()
+            })
+            .unwrap_or_default();
+        println!("{} {name}: {detail}", if ok { "PASS" } else { "FAIL" });
+        if ok { passed += 1 } else { failed += 1 }
+    };
+    check("discovery", &["discover", &format!("iscsi://127.0.0.1:{port}")], true);
+    check("inquiry", &["inquiry", &url], true);
+    check("readcap", &["readcap", &url], true);
+    check("verify 256 MiB at queue depth 16", &["verify", &url, "--size", "256MiB", "--queue-depth", "16"], true);
+    // CHAP: an incoming account bound to the target, then a mutual (outgoing) one.
+    let tgtadm = |args: &[&str]| {
+        Command::new("tgtadm").args(["-C", &port.to_string(), "--lld", "iscsi"]).args(args).status().is_ok_and(|s| s.success())
+    };
+    let chap_set = tgtadm(&["--mode", "account", "--op", "new", "--user", "riseruser", "--password", "risersecret12"])
+        && tgtadm(&["--mode", "account", "--op", "bind", "--tid", "1", "--user", "riseruser"]);
+    if chap_set {
+        check("login without CHAP refused", &["inquiry", &url], false);
+        check("login with CHAP", &["inquiry", &url, "--chap", "riseruser:risersecret12"], true);
+        check("login with a wrong CHAP secret refused", &["inquiry", &url, "--chap", "riseruser:wrongsecret12"], false);
+        let mutual = tgtadm(&["--mode", "account", "--op", "new", "--user", "tgtuser", "--password", "tgtsecret1234"])
+            && tgtadm(&["--mode", "account", "--op", "bind", "--tid", "1", "--user", "tgtuser", "--outgoing"]);
+        if mutual {
+            check(
+                "login with mutual CHAP",
+                &["readcap", &url, "--chap", "riseruser:risersecret12", "--mutual-chap", "tgtuser:tgtsecret1234"],
+                true,
+            );
+        }
+    } else {
+        println!("FAIL could not configure CHAP on tgtd");
+        failed += 1;
+    }
+    drop(tgtd);
+    Ok((passed, failed))
 }

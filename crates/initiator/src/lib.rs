@@ -106,9 +106,24 @@ impl SessionConfig {
         }
     }
 
-    /// Use CHAP (and mutual CHAP when `mutual` is given).
-    pub fn with_chap(mut self, credentials: ChapCredentials, mutual: Option<ChapCredentials>) -> Self {
-        self.auth = InitiatorAuth::Chap { credentials, algorithms: riser_iscsi::chap::ChapAlgorithm::ALL.to_vec(), mutual };
+    /// Use CHAP (and mutual CHAP when `mutual` is given), offering SHA3-256, SHA-1 and MD5.
+    ///
+    /// SHA-256 (CHAP_A=7) is left out of the default offer: tgt (1.0.85) takes 7 to mean
+    /// SHA-1 and then fails the login; offer it explicitly with
+    /// [`SessionConfig::with_chap_algorithms`] for targets that implement it (LIO, riser).
+    pub fn with_chap(self, credentials: ChapCredentials, mutual: Option<ChapCredentials>) -> Self {
+        use riser_iscsi::chap::ChapAlgorithm::*;
+        self.with_chap_algorithms(credentials, mutual, vec![Sha3_256, Sha1, Md5])
+    }
+
+    /// Use CHAP offering exactly these algorithms, in this preference order.
+    pub fn with_chap_algorithms(
+        mut self,
+        credentials: ChapCredentials,
+        mutual: Option<ChapCredentials>,
+        algorithms: Vec<riser_iscsi::chap::ChapAlgorithm>,
+    ) -> Self {
+        self.auth = InitiatorAuth::Chap { credentials, algorithms, mutual };
         self
     }
 }

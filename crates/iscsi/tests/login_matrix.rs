@@ -703,3 +703,30 @@ fn c45_libiscsi_captured_login_against_riser_target() {
         other => panic!("libiscsi's login did not complete against riser: {other:?}"),
     }
 }
+
+#[test]
+fn c46_chap_response_requests_transit_as_tgt_requires() {
+    // tgt answers an extra empty security-stage round with 0x0200, so CHAP_R must go with T=1.
+    let now = Duration::ZERO;
+    let mut i = initiator_cfg();
+    i.auth = chap("alice", "alicesecret123", &[ChapAlgorithm::Md5], None);
+    let mut ini = InitiatorLogin::new(i, now, [1; 32]);
+    let mut tgt = TargetLogin::new(chap_target("alicesecret123", None), params());
+    let mut saw_chap_r = false;
+    for _ in 0..10 {
+        while let Some(p) = ini.poll_transmit() {
+            if p.data.windows(7).any(|w| w == b"CHAP_R=") {
+                assert!(p.header.transit && p.header.nsg == Stage::OPERATIONAL, "{:?}", p.header);
+                saw_chap_r = true;
+            }
+            let (h, d) = wire(Header::LoginRequest(p.header), &p.data);
+            tgt.handle_pdu(now, &h, &d);
+        }
+        while let Some(p) = tgt.poll_transmit() {
+            let (h, d) = wire(Header::LoginResponse(p.header), &p.data);
+            ini.handle_pdu(now, &h, &d);
+        }
+    }
+    assert!(saw_chap_r);
+    assert!(matches!(ini.poll_event(), Some(InitiatorLoginEvent::Complete(_))));
+}

@@ -291,9 +291,6 @@ impl InitiatorLogin {
         if self.rounds > MAX_ROUNDS {
             return Err(protocol("too many login rounds"));
         }
-        if rsp.itt != self.config.itt || rsp.isid != self.config.isid {
-            return Err(protocol("Login Response for another ITT or ISID"));
-        }
         if rsp.version_active != 0 {
             return Err(protocol("unsupported VersionActive"));
         }
@@ -309,6 +306,16 @@ impl InitiatorLogin {
                 return Ok(());
             }
             _ => return Err(LoginFailure::Status(status)),
+        }
+        // (Checked after the status: tgt zeroes the ISID in failure responses.)
+        if rsp.itt != self.config.itt || rsp.isid != self.config.isid {
+            return Err(LoginFailure::Protocol(alloc::format!(
+                "Login Response for ITT {:#x} / {:?}, expected ITT {:#x} / {:?}",
+                rsp.itt,
+                rsp.isid,
+                self.config.itt,
+                self.config.isid
+            )));
         }
         if rsp.csg != self.stage {
             return Err(protocol("CSG of the response does not match"));
@@ -386,7 +393,9 @@ impl InitiatorLogin {
 
         // Decide the next request.
         if self.stage == Stage::SECURITY {
-            let transit = self.auth == Auth::Done;
+            // CHAP_R goes with T=1: nothing more is needed from our side (tgt refuses an
+            // extra empty round).
+            let transit = matches!(self.auth, Auth::Done | Auth::SentResponse { .. });
             self.send(out.into_bytes(), transit, Stage::OPERATIONAL);
         } else {
             if !self.operational_sent {
