@@ -264,3 +264,80 @@ async fn bad_input_gets_the_rfc_reaction_and_spares_other_sessions() {
     good.write(0, 5, data.clone(), 512).await.unwrap();
     assert_eq!(good.read(0, 5, 16, 512).await.unwrap(), data);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crc32c_header_and_data_digests() {
+    use riser::iscsi::keys::Digest;
+    let addr = start(|_| {}, |_| {}).await;
+    let mut cfg = SessionConfig::new(ME, TARGET);
+    cfg.operational.header_digest = vec![Digest::Crc32c];
+    cfg.operational.data_digest = vec![Digest::Crc32c];
+    let s = Session::connect(addr, cfg).await.unwrap();
+    assert_eq!((s.params().header_digest, s.params().data_digest), (Digest::Crc32c, Digest::Crc32c));
+    let data = pattern(11, 1 << 20);
+    s.write(0, 300, data.clone(), 512).await.unwrap();
+    assert_eq!(s.read(0, 300, 2048, 512).await.unwrap(), data);
+    s.logout().await.unwrap();
+}
+
+/// Log in with the sans-IO machine over a TCP datamover, for tests that then send raw PDUs.
+async fn raw_session(addr: SocketAddr) -> (riser::datamover::PduDatamover, riser::iscsi::login::LoginOutcome) {
+    use riser::datamover::{ControlPdu, Datamover, DmEvent};
+    use riser::iscsi::login::{InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent};
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (dm, driver) = riser::tcp::datamover(stream, riser::iscsi::keys::Role::Initiator);
+    tokio::spawn(driver);
+    let cfg = InitiatorLoginConfig::new(ME, Some(TARGET.into()), riser::iscsi::wire::Isid([0x80, 1, 2, 3, 4, 5]));
+    let mut l = InitiatorLogin::new(cfg, std::time::Duration::ZERO, [4; 32]);
+    loop {
+        while let Some(p) = l.poll_transmit() {
+            dm.send_control(ControlPdu::new(Header::LoginRequest(p.header), p.data.into())).await.unwrap();
+        }
+        if let Some(InitiatorLoginEvent::Complete(o)) = l.poll_event() {
+            dm.notice_key_values(&o.params);
+            dm.enable();
+            return (dm, o);
+        }
+        let DmEvent::Control(p) = dm.next_event().await else { panic!("connection ended during login") };
+        l.handle_pdu(std::time::Duration::ZERO, &p.header, &p.data);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cmdsn_window_snack_and_stray_data_out() {
+    use riser::datamover::{ControlPdu, Datamover, DmEvent};
+    use riser::iscsi::wire::{DataOut, RejectReason, Snack};
+    let addr = start(|_| {}, |_| {}).await;
+    let (dm, o) = raw_session(addr).await;
+    let next = |dm: &riser::datamover::PduDatamover| {
+        let dm = dm.clone();
+        async move {
+            match tokio::time::timeout(std::time::Duration::from_secs(5), dm.next_event()).await.expect("an answer") {
+                DmEvent::Control(p) => p.header,
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    let ping = |itt: u32, cmd_sn: u32, immediate: bool| {
+        Header::NopOut(NopOut { immediate, lun: Lun::ZERO, itt, ttt: u32::MAX, cmd_sn, exp_stat_sn: o.stat_sn })
+    };
+    // A non-immediate PDU far outside the window is silently ignored (RFC 7143 §4.2.2.1)...
+    dm.send_control(ControlPdu::new(ping(5, o.exp_cmd_sn.wrapping_add(100_000), false), Bytes::new())).await.unwrap();
+    // ...a stray Data-Out for no task is drained and ignored...
+    let d = DataOut { final_: true, itt: 0x4444, ttt: 0x1234, ..DataOut::default() };
+    dm.send_control(ControlPdu::new(Header::DataOut(d), Bytes::from(vec![7u8; 512]))).await.unwrap();
+    // ...so the next answer is the one to the in-window ping.
+    dm.send_control(ControlPdu::new(ping(6, o.exp_cmd_sn, false), Bytes::new())).await.unwrap();
+    match next(&dm).await {
+        Header::NopIn(n) => assert_eq!(n.itt, 6),
+        h => panic!("{h:?}"),
+    }
+    // SNACK at ERL 0: Reject (protocol error), connection kept.
+    dm.send_control(ControlPdu::new(Header::Snack(Snack { itt: 9, ..Snack::default() }), Bytes::new())).await.unwrap();
+    match next(&dm).await {
+        Header::Reject(r) => assert_eq!(r.reason, RejectReason::PROTOCOL_ERROR),
+        h => panic!("{h:?}"),
+    }
+    dm.send_control(ControlPdu::new(ping(7, o.exp_cmd_sn.wrapping_add(1), true), Bytes::new())).await.unwrap();
+    assert!(matches!(next(&dm).await, Header::NopIn(n) if n.itt == 7));
+}

@@ -156,6 +156,11 @@ impl PduDatamover {
 
     async fn drive(shared: Arc<Shared>, mut rx: Box<dyn LinkRx>, mut close: oneshot::Receiver<()>) {
         let why = loop {
+            // New framing (digests, limits) applies from the next PDU: the receiver never reads
+            // ahead across the end of login (see the login gate), so this is that boundary.
+            if let Some(p) = lock(&shared.pending_rx_params).take() {
+                rx.set_params(p);
+            }
             let next = tokio::select! {
                 r = rx.read_header() => r,
                 _ = &mut close => break Terminated::Local,
@@ -165,9 +170,6 @@ impl PduDatamover {
                 Ok(None) => break Terminated::PeerClosed,
                 Err(e) => break Terminated::Error(e.to_string()),
             };
-            if let Some(p) = lock(&shared.pending_rx_params).take() {
-                rx.set_params(p);
-            }
             if let Err(e) = Self::receive(&shared, rx.as_mut(), h).await {
                 break Terminated::Error(e.to_string());
             }
