@@ -3,6 +3,10 @@
 //! * `demo` — start the example target on a RAM LUN on a free loopback port, run the example
 //!   initiator's discover, inquiry, readcap, a 128 MiB verify and a short bench against it,
 //!   stop the target.
+//! * `bench [--full] [--reps N] [--runtime S]` — the same clients (libiscsi's iscsi-perf and fio
+//!   with the libiscsi engine, via ../shared/peers/bench-client.sh) against the riser target and
+//!   tgtd, both RAM-backed with the same limits, in one run; prints medians and riser/tgtd, plus
+//!   the raw loopback TCP and memcpy ceilings.
 //! * `fuzz-seeds` — regenerate `fuzz/seeds/<target>/` from the captured PDUs in
 //!   `testdata/captures/`.
 //! * `fuzz-smoke [--seconds N]` — run every fuzz target for N seconds (default 10) on its seeds.
@@ -35,12 +39,15 @@ fn main() -> ExitCode {
             fuzz_smoke(secs)
         }
         Some("interop") => interop(),
+        Some("bench") => bench(&args[1..]),
         Some("fuzz-list") => {
             FUZZ_TARGETS.iter().for_each(|t| println!("{t}"));
             Ok(())
         }
         _ => {
-            eprintln!("usage: cargo xtask <demo | interop | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>");
+            eprintln!(
+                "usage: cargo xtask <demo | interop | bench [--full] [--reps N] [--runtime S] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>"
+            );
             return ExitCode::from(2);
         }
     };
@@ -372,4 +379,80 @@ fn initiator_vs_tgtd() -> Result<(u32, u32), String> {
     }
     drop(tgtd);
     Ok((passed, failed))
+}
+
+fn arg_value<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(String::as_str)
+}
+
+/// Run bench-client.sh against `url`; returns its table rows keyed by
+/// (tool, workload, bs, qd, unit) with the median.
+fn bench_client(url: &str, env: &[(&str, String)]) -> Result<Vec<(String, f64)>, String> {
+    let out = Command::new("bash")
+        .arg(shared().join("peers/bench-client.sh"))
+        .arg(url)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut rows = Vec::new();
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() == 9
+            && let Ok(median) = f[6].parse::<f64>()
+        {
+            rows.push((format!("{:<13} {:<14} {:>5} {:>3} {:<6}", f[0], f[1], f[2], f[3], f[4]), median));
+        }
+    }
+    Ok(rows)
+}
+
+fn bench(args: &[String]) -> Result<(), String> {
+    ensure_packages(&[("iscsi-perf", "libiscsi-bin"), ("tgtd", "tgt"), ("iperf3", "iperf3")])?;
+    // fio with the libiscsi engine (Debian's lacks it); bench-client.sh skips fio rows without it.
+    let _ = Command::new("bash").arg(shared().join("peers/build-fio-libiscsi.sh")).status();
+    let full = args.iter().any(|a| a == "--full");
+    let env = vec![
+        ("REPS", arg_value(args, "--reps").unwrap_or("3").to_string()),
+        ("RUNTIME", arg_value(args, "--runtime").unwrap_or("5").to_string()),
+        ("QUICK", if full { "0" } else { "1" }.to_string()),
+    ];
+    let iqn = "iqn.2026-11.io.riser:bench";
+    println!("== riser target (RAM LUN)");
+    let riser_rows = {
+        let t = RunningTarget::start(&["--target-name", iqn, "--lun", "ram:1GiB"])?;
+        let rows = bench_client(&format!("iscsi://127.0.0.1:{}/{iqn}/0", t.port), &env)?;
+        drop(t);
+        rows
+    };
+    println!("== tgtd (LUN on /dev/shm, limits raised to riser's: TUNED=1)");
+    let tgt_rows = {
+        let script = shared().join("peers/start-tgtd.sh");
+        let port = (3300..3400).find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok()).ok_or("no free port for tgtd")?;
+        let tiqn = "iqn.2026-11.io.riser.test:bench";
+        let out = Command::new("bash")
+            .arg(&script)
+            .args(["start", &port.to_string(), tiqn, "1G", "shm"])
+            .env("TUNED", "1")
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("tgtd did not start: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        let guard = Tgtd { port, script };
+        let rows = bench_client(&format!("iscsi://127.0.0.1:{port}/{tiqn}/1"), &env)?;
+        drop(guard);
+        rows
+    };
+    println!("\n{:<46} {:>10} {:>10} {:>12}", "tool workload bs qd unit (medians)", "riser", "tgtd", "riser/tgtd");
+    for (k, r) in &riser_rows {
+        match tgt_rows.iter().find(|(tk, _)| tk == k) {
+            Some((_, t)) if *t > 0.0 => println!("{k:<46} {r:>10.1} {t:>10.1} {:>11.2}x", r / t),
+            _ => println!("{k:<46} {r:>10.1} {:>10} {:>12}", "-", "-"),
+        }
+    }
+    println!("\n== physical ceilings");
+    let _ = Command::new("bash").arg(shared().join("peers/bench-raw.sh")).env("REPS", "1").env("SECS", "3").status();
+    Ok(())
 }
