@@ -341,3 +341,25 @@ async fn cmdsn_window_snack_and_stray_data_out() {
     dm.send_control(ControlPdu::new(ping(7, o.exp_cmd_sn.wrapping_add(1), true), Bytes::new())).await.unwrap();
     assert!(matches!(next(&dm).await, Header::NopIn(n) if n.itt == 7));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nop_in_keepalive_answered_keeps_the_session_unanswered_drops_it() {
+    use riser::datamover::{ControlPdu, Datamover, DmEvent};
+    use std::time::Duration;
+    let quick = |c: &mut TargetConfig| {
+        c.nop_interval = Some(Duration::from_millis(200));
+        c.nop_timeout = Duration::from_millis(600);
+    };
+    // The riser initiator answers pings: the session outlives many intervals.
+    let addr = start(|_| {}, quick).await;
+    let s = Session::connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    s.test_unit_ready(0).await.unwrap();
+
+    // A silent initiator is dropped after the timeout.
+    let (dm, _) = raw_session(addr).await;
+    let first = tokio::time::timeout(Duration::from_secs(5), dm.next_event()).await.unwrap();
+    assert!(matches!(first, DmEvent::Control(ControlPdu { header: Header::NopIn(n), .. }) if n.itt == u32::MAX && n.ttt != u32::MAX));
+    let end = tokio::time::timeout(Duration::from_secs(5), dm.next_event()).await.unwrap();
+    assert!(matches!(end, DmEvent::Terminated(_)), "{end:?}");
+}

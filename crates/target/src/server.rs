@@ -51,6 +51,11 @@ pub struct TargetConfig {
     pub queue_depth: u32,
     /// Login timeout.
     pub login_timeout: Duration,
+    /// After this long without a PDU from the initiator the target pings it with a NOP-In;
+    /// `None` disables the keepalive.
+    pub nop_interval: Option<Duration>,
+    /// A ping unanswered for this long drops the connection.
+    pub nop_timeout: Duration,
 }
 
 impl Default for TargetConfig {
@@ -60,6 +65,8 @@ impl Default for TargetConfig {
             operational: OperationalConfig::default(),
             portal_group_tag: 1,
             queue_depth: 128,
+            nop_interval: Some(Duration::from_secs(10)),
+            nop_timeout: Duration::from_secs(15),
             login_timeout: Duration::from_secs(15),
         }
     }
@@ -192,7 +199,8 @@ impl Target {
             old.terminate();
         }
         let node = self.config.nodes.iter().find(|n| n.name.eq_ignore_ascii_case(&p.target_name)).cloned();
-        let session = Arc::new(Session::new(dm.clone(), outcome, node, self.config.queue_depth));
+        let session =
+            Arc::new(Session::new(dm.clone(), outcome, node, self.config.queue_depth, (self.config.nop_interval, self.config.nop_timeout)));
         session.run(&self, portal).await;
         // Unregister, unless a reinstatement already replaced this connection.
         let mut sessions = lock(&self.sessions);
@@ -221,10 +229,13 @@ struct Session {
     tx: tokio::sync::Mutex<()>,
     tasks: Mutex<HashMap<u32, (Lun, AbortHandle)>>,
     next_ttt: AtomicU32,
+    keepalive: (Option<Duration>, Duration),
+    /// The TTT and send time of our outstanding ping.
+    ping: Mutex<Option<(u32, Instant)>>,
 }
 
 impl Session {
-    fn new(dm: PduDatamover, o: LoginOutcome, node: Option<Node>, depth: u32) -> Self {
+    fn new(dm: PduDatamover, o: LoginOutcome, node: Option<Node>, depth: u32, keepalive: (Option<Duration>, Duration)) -> Self {
         let nexus = format!("{},i,0x{}", o.params.initiator_name, o.isid.0.iter().map(|b| format!("{b:02x}")).collect::<String>());
         Self {
             dm,
@@ -236,6 +247,8 @@ impl Session {
             tx: tokio::sync::Mutex::new(()),
             tasks: Mutex::new(HashMap::new()),
             next_ttt: AtomicU32::new(1),
+            keepalive,
+            ping: Mutex::new(None),
         }
     }
 
@@ -312,7 +325,21 @@ impl Session {
             }
         }
         loop {
-            let pdu = match self.dm.next_event().await {
+            let event = match self.keepalive.0 {
+                Some(idle) => match tokio::time::timeout(idle.min(self.keepalive.1), self.dm.next_event()).await {
+                    Ok(ev) => ev,
+                    Err(_) => {
+                        if !self.keepalive_tick(idle).await {
+                            info!(nexus = %self.nexus, "NOP-In ping unanswered: dropping the connection");
+                            self.dm.terminate();
+                            break;
+                        }
+                        continue;
+                    }
+                },
+                None => self.dm.next_event().await,
+            };
+            let pdu = match event {
                 DmEvent::Control(p) => p,
                 DmEvent::Terminated(why) => {
                     debug!(nexus = %self.nexus, ?why, "connection ended");
@@ -320,6 +347,17 @@ impl Session {
                 }
                 _ => continue,
             };
+            // Any PDU shows the initiator is alive.
+            if let Header::NopOut(n) = &pdu.header
+                && n.itt == RESERVED_TAG
+            {
+                let mut p = lock(&self.ping);
+                if p.is_some_and(|(ttt, _)| ttt == n.ttt) {
+                    *p = None;
+                }
+            } else {
+                *lock(&self.ping) = None;
+            }
             let discovery = self.params.session_type == SessionType::Discovery;
             match pdu.header {
                 Header::ScsiCommand(c) if !discovery => {
@@ -383,6 +421,24 @@ impl Session {
         if let Some(n) = &self.node {
             for lu in &n.luns {
                 lu.nexus_lost(&self.nexus);
+            }
+        }
+    }
+
+    /// The connection was idle: send a ping (one at a time, so at most one unexpected NOP-In is
+    /// outstanding) or, if the last one went unanswered too long, report the connection dead.
+    async fn keepalive_tick(&self, _idle: Duration) -> bool {
+        let now = Instant::now();
+        let outstanding = *lock(&self.ping);
+        match outstanding {
+            Some((_, sent)) => now.duration_since(sent) < self.keepalive.1,
+            None => {
+                let ttt = self.next_ttt.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff;
+                *lock(&self.ping) = Some((ttt, now));
+                let h = Header::NopIn(NopIn { lun: Lun::ZERO, itt: RESERVED_TAG, ttt, ..NopIn::default() });
+                // An unsolicited NOP-In carries the next StatSN without advancing it.
+                self.respond(h, Bytes::new(), false).await;
+                true
             }
         }
     }
