@@ -204,7 +204,13 @@ async fn session_reinstatement_closes_the_old_connection() {
     first.test_unit_ready(0).await.unwrap();
     let second = Session::connect(addr, cfg).await.unwrap();
     second.test_unit_ready(0).await.unwrap();
-    assert!(matches!(first.test_unit_ready(0).await.unwrap_err(), Error::ConnectionLost | Error::Timeout));
+    // The target closed the first connection; the first session notices, logs in again
+    // (reinstating the session in turn) and its command goes through.
+    let data = pattern(1, 4096);
+    first.write(0, 0, data.clone(), 512).await.unwrap();
+    assert_eq!(first.read(0, 0, 8, 512).await.unwrap(), data);
+    first.logout().await.unwrap();
+    assert!(matches!(first.test_unit_ready(0).await.unwrap_err(), Error::ConnectionLost));
 }
 
 async fn raw(addr: SocketAddr) -> tokio::net::TcpStream {

@@ -163,10 +163,17 @@ struct State {
     exp_stat_sn: u32,
     pending: HashMap<u32, oneshot::Sender<Reply>>,
     dead: bool,
+    /// Logged out: no reconnection.
+    closed: bool,
 }
 
 struct Inner {
-    dm: PduDatamover,
+    dm: Mutex<PduDatamover>,
+    /// Connection generation; a receiver only reports the loss of its own connection.
+    generation: AtomicU32,
+    addr: std::net::SocketAddr,
+    login: InitiatorLoginConfig,
+    reconnecting: tokio::sync::Mutex<()>,
     params: NegotiatedParams,
     state: Mutex<State>,
     window: Notify,
@@ -309,6 +316,12 @@ pub async fn discover(addr: impl ToSocketAddrs, initiator_name: &str, auth: Init
     Ok(out)
 }
 
+impl Inner {
+    fn dm(&self) -> PduDatamover {
+        lock(&self.dm).clone()
+    }
+}
+
 impl Session {
     /// Connect and log in.
     pub async fn connect(addr: impl ToSocketAddrs, cfg: SessionConfig) -> Result<Self, Error> {
@@ -316,9 +329,18 @@ impl Session {
         lc.auth = cfg.auth.clone();
         lc.operational = cfg.operational.clone();
         lc.login_timeout = cfg.timeout;
-        let (dm, o) = login(addr, lc, cfg.timeout).await?;
+        let addr = tokio::net::lookup_host(addr)
+            .await
+            .map_err(Error::Connect)?
+            .next()
+            .ok_or_else(|| Error::Connect(std::io::ErrorKind::NotFound.into()))?;
+        let (dm, o) = login(addr, lc.clone(), cfg.timeout).await?;
         let inner = Arc::new(Inner {
-            dm,
+            dm: Mutex::new(dm),
+            generation: AtomicU32::new(0),
+            addr,
+            login: lc,
+            reconnecting: tokio::sync::Mutex::new(()),
             params: o.params.clone(),
             state: Mutex::new(State {
                 cmd_sn: SerialNumber(o.exp_cmd_sn),
@@ -326,13 +348,55 @@ impl Session {
                 exp_stat_sn: o.stat_sn,
                 pending: HashMap::new(),
                 dead: false,
+                closed: false,
             }),
             window: Notify::new(),
             next_itt: AtomicU32::new(0x100),
             timeout: cfg.timeout,
         });
-        tokio::spawn(Self::receiver(inner.clone()));
+        tokio::spawn(Self::receiver(inner.clone(), 0));
         Ok(Self { inner })
+    }
+
+    fn is_closed(&self) -> bool {
+        lock(&self.inner.state).closed
+    }
+
+    /// End the current connection (if the receiver has not noticed its loss yet) and log in
+    /// again.
+    async fn force_reconnect(&self) -> Result<(), Error> {
+        self.inner.dm().terminate();
+        for _ in 0..200 {
+            if lock(&self.inner.state).dead {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.reconnect().await
+    }
+
+    /// Log in again after a connection loss: a leading login with the same ISID and TSIH 0,
+    /// which makes the target reinstate the session (ERL 0). Commands that were in flight have
+    /// failed with [`Error::ConnectionLost`].
+    pub async fn reconnect(&self) -> Result<(), Error> {
+        let _one = self.inner.reconnecting.lock().await;
+        if !lock(&self.inner.state).dead {
+            return Ok(());
+        }
+        let (dm, o) = login(self.inner.addr, self.inner.login.clone(), self.inner.timeout).await?;
+        let generation = self.inner.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        *lock(&self.inner.dm) = dm;
+        *lock(&self.inner.state) = State {
+            cmd_sn: SerialNumber(o.exp_cmd_sn),
+            max_cmd_sn: SerialNumber(o.max_cmd_sn),
+            exp_stat_sn: o.stat_sn,
+            pending: HashMap::new(),
+            dead: false,
+            closed: false,
+        };
+        tokio::spawn(Self::receiver(self.inner.clone(), generation));
+        tracing::info!("session reinstated after a connection loss");
+        Ok(())
     }
 
     /// The negotiated parameters.
@@ -340,9 +404,10 @@ impl Session {
         &self.inner.params
     }
 
-    async fn receiver(inner: Arc<Inner>) {
+    async fn receiver(inner: Arc<Inner>, generation: u32) {
+        let dm = inner.dm();
         loop {
-            let p = match inner.dm.next_event().await {
+            let p = match dm.next_event().await {
                 DmEvent::Control(p) => p,
                 DmEvent::Terminated(_) => break,
                 _ => continue,
@@ -350,7 +415,7 @@ impl Session {
             Self::note_window(&inner, &p.header);
             match p.header {
                 Header::ScsiResponse(r) => {
-                    let data = inner.dm.take_read_data(r.itt).map(BytesMut::freeze).unwrap_or_default();
+                    let data = dm.take_read_data(r.itt).map(BytesMut::freeze).unwrap_or_default();
                     let sense = (p.data.len() > 2).then(|| {
                         let n = usize::from(u16::from_be_bytes([p.data[0], p.data[1]])).min(p.data.len() - 2);
                         p.data.slice(2..2 + n)
@@ -366,7 +431,7 @@ impl Session {
                     Self::complete(&inner, r.itt, Reply::Scsi(CommandResult { status: r.status, sense, data, residual }));
                 }
                 Header::DataIn(d) if d.status_present => {
-                    let data = inner.dm.take_read_data(d.itt).map(BytesMut::freeze).unwrap_or_default();
+                    let data = dm.take_read_data(d.itt).map(BytesMut::freeze).unwrap_or_default();
                     let residual = if d.underflow {
                         Some((true, d.residual))
                     } else if d.overflow {
@@ -384,7 +449,7 @@ impl Session {
                         (s.cmd_sn.0, s.exp_stat_sn)
                     };
                     let out = NopOut { immediate: true, lun: n.lun, itt: RESERVED_TAG, ttt: n.ttt, cmd_sn, exp_stat_sn: exp };
-                    let _ = inner.dm.send_control(ControlPdu::new(Header::NopOut(out), p.data.clone())).await;
+                    let _ = dm.send_control(ControlPdu::new(Header::NopOut(out), p.data.clone())).await;
                 }
                 Header::Reject(_) => {
                     // The rejected header is the data segment: fail that task.
@@ -400,11 +465,13 @@ impl Session {
                 }
             }
         }
-        let mut s = lock(&inner.state);
-        s.dead = true;
-        s.pending.clear();
-        drop(s);
-        inner.window.notify_waiters();
+        if inner.generation.load(Ordering::Acquire) == generation {
+            let mut s = lock(&inner.state);
+            s.dead = true;
+            s.pending.clear();
+            drop(s);
+            inner.window.notify_waiters();
+        }
     }
 
     fn trim(data: Bytes, residual: Option<(bool, u32)>) -> Bytes {
@@ -454,12 +521,13 @@ impl Session {
     async fn slot(&self, immediate: bool) -> Result<(u32, u32, u32, oneshot::Receiver<Reply>), Error> {
         loop {
             let notified = self.inner.window.notified();
-            {
+            // Decide under the lock; await only after it is released.
+            let dead = {
                 let mut s = lock(&self.inner.state);
-                if s.dead {
+                if s.closed {
                     return Err(Error::ConnectionLost);
                 }
-                if immediate || s.cmd_sn.le(s.max_cmd_sn) {
+                if !s.dead && (immediate || s.cmd_sn.le(s.max_cmd_sn)) {
                     let itt = self.inner.next_itt.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff;
                     let cmd_sn = s.cmd_sn.0;
                     if !immediate {
@@ -469,6 +537,11 @@ impl Session {
                     s.pending.insert(itt, tx);
                     return Ok((itt, cmd_sn, s.exp_stat_sn, rx));
                 }
+                s.dead
+            };
+            if dead {
+                self.reconnect().await?;
+                continue;
             }
             tokio::time::timeout(self.inner.timeout, notified).await.map_err(|_| Error::Timeout)?;
         }
@@ -480,7 +553,7 @@ impl Session {
             Ok(Err(_)) => Err(Error::ConnectionLost),
             Err(_) => {
                 lock(&self.inner.state).pending.remove(&itt);
-                let _ = self.inner.dm.take_read_data(itt);
+                let _ = self.inner.dm().take_read_data(itt);
                 Err(Error::Timeout)
             }
         }
@@ -492,7 +565,16 @@ impl Session {
     pub async fn command(&self, lun: u16, cdb: &[u8], write: Option<Bytes>, read_len: u32) -> Result<CommandResult, Error> {
         let mut tries = 0;
         loop {
-            let r = self.command_once(lun, cdb, write.clone(), read_len).await?;
+            let r = match self.command_once(lun, cdb, write.clone(), read_len).await {
+                // The connection died under the command: reinstate the session and retry once
+                // (ERL 0 loses the task; block commands are safe to repeat).
+                Err(Error::ConnectionLost) if tries == 0 && !self.is_closed() => {
+                    tries += 1;
+                    self.force_reconnect().await?;
+                    continue;
+                }
+                r => r?,
+            };
             let ua = r.status == Status::CHECK_CONDITION
                 && r.sense
                     .as_deref()
@@ -529,7 +611,7 @@ impl Session {
             exp_stat_sn,
             cdb: c,
         };
-        if let Err(_e) = self.inner.dm.send_command(cmd, ahs.into(), read_len, write).await {
+        if let Err(_e) = self.inner.dm().send_command(cmd, ahs.into(), read_len, write).await {
             lock(&self.inner.state).pending.remove(&itt);
             return Err(Error::ConnectionLost);
         }
@@ -608,7 +690,7 @@ impl Session {
             ref_cmd_sn: cmd_sn,
             exp_data_sn: 0,
         };
-        self.inner.dm.send_control(ControlPdu::new(Header::TaskMgmtRequest(h), Bytes::new())).await.map_err(|_| Error::ConnectionLost)?;
+        self.inner.dm().send_control(ControlPdu::new(Header::TaskMgmtRequest(h), Bytes::new())).await.map_err(|_| Error::ConnectionLost)?;
         match self.wait(itt, rx).await? {
             Reply::Pdu(Header::TaskMgmtResponse(r)) if r.response == TmfResponse::COMPLETE => Ok(()),
             Reply::Pdu(Header::TaskMgmtResponse(r)) => Err(Error::TaskManagement(r.response)),
@@ -621,7 +703,7 @@ impl Session {
         let start = Instant::now();
         let (itt, cmd_sn, exp_stat_sn, rx) = self.slot(true).await?;
         let h = NopOut { immediate: true, lun: Lun::ZERO, itt, ttt: RESERVED_TAG, cmd_sn, exp_stat_sn };
-        self.inner.dm.send_control(ControlPdu::new(Header::NopOut(h), Bytes::new())).await.map_err(|_| Error::ConnectionLost)?;
+        self.inner.dm().send_control(ControlPdu::new(Header::NopOut(h), Bytes::new())).await.map_err(|_| Error::ConnectionLost)?;
         match self.wait(itt, rx).await? {
             Reply::Pdu(Header::NopIn(_)) => Ok(start.elapsed()),
             _ => Err(Error::Protocol("unexpected answer to a NOP-Out".into())),
@@ -632,9 +714,10 @@ impl Session {
     pub async fn logout(&self) -> Result<(), Error> {
         let (itt, cmd_sn, exp_stat_sn, rx) = self.slot(true).await?;
         let h = LogoutRequest { immediate: true, reason: LogoutReason::CLOSE_SESSION, itt, cid: 0, cmd_sn, exp_stat_sn };
-        self.inner.dm.send_control(ControlPdu::new(Header::LogoutRequest(h), Bytes::new())).await.map_err(|_| Error::ConnectionLost)?;
+        self.inner.dm().send_control(ControlPdu::new(Header::LogoutRequest(h), Bytes::new())).await.map_err(|_| Error::ConnectionLost)?;
         let r = self.wait(itt, rx).await;
-        self.inner.dm.terminate();
+        lock(&self.inner.state).closed = true;
+        self.inner.dm().terminate();
         match r? {
             Reply::Pdu(Header::LogoutResponse(_)) => Ok(()),
             _ => Err(Error::Protocol("unexpected answer to a Logout".into())),
