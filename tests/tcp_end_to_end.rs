@@ -369,3 +369,63 @@ async fn nop_in_keepalive_answered_keeps_the_session_unanswered_drops_it() {
     let end = tokio::time::timeout(Duration::from_secs(5), dm.next_event()).await.unwrap();
     assert!(matches!(end, DmEvent::Terminated(_)), "{end:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_out_outside_its_sequence_ends_only_that_task() {
+    use riser::datamover::{ControlPdu, Datamover, DmEvent};
+    use riser::iscsi::wire::{DataOut, ScsiCommand};
+    use riser::scsi::sense::Sense;
+    let op = OperationalConfig { initial_r2t: true, immediate_data: false, ..OperationalConfig::default() };
+    let addr = start(|_| {}, |c| c.operational = op).await;
+    let (dm, o) = raw_session(addr).await;
+    let write10 = |itt: u32, cmd_sn: u32| {
+        let mut cdb = [0u8; 16];
+        cdb[..10].copy_from_slice(&[0x2a, 0, 0, 0, 0, 1, 0, 0, 8, 0]);
+        Header::ScsiCommand(ScsiCommand {
+            final_: true,
+            write: true,
+            attr: 1,
+            itt,
+            expected_data_len: 4096,
+            cmd_sn,
+            exp_stat_sn: o.stat_sn,
+            cdb,
+            ..ScsiCommand::default()
+        })
+    };
+    let response = |dm: riser::datamover::PduDatamover| async move {
+        loop {
+            match tokio::time::timeout(std::time::Duration::from_secs(5), dm.next_event()).await.expect("an answer") {
+                DmEvent::Control(ControlPdu { header: Header::ScsiResponse(r), data, .. }) => return (r, data),
+                DmEvent::Control(_) => continue,
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    // Data-Out for a Target Transfer Tag the target never issued.
+    dm.send_control(ControlPdu::new(write10(0x10, o.exp_cmd_sn), Bytes::new())).await.unwrap();
+    let d = DataOut { final_: true, itt: 0x10, ttt: 0x5555, ..DataOut::default() };
+    dm.send_control(ControlPdu::new(Header::DataOut(d), Bytes::from(vec![1u8; 4096]))).await.unwrap();
+    let (r, data) = response(dm.clone()).await;
+    assert_eq!(r.itt, 0x10);
+    assert_eq!(r.status, riser::scsi::sense::Status::CHECK_CONDITION);
+    let sense = Sense::parse(&data[2..]).unwrap();
+    assert_eq!((sense.key, sense.asc), (SenseKey::ABORTED_COMMAND, AscAscq::DATA_PHASE_ERROR));
+    // Unsolicited Data-Out although InitialR2T=Yes (beyond the allowed burst of zero).
+    dm.send_control(ControlPdu::new(write10(0x11, o.exp_cmd_sn.wrapping_add(1)), Bytes::new())).await.unwrap();
+    let d = DataOut { final_: true, itt: 0x11, ttt: u32::MAX, ..DataOut::default() };
+    dm.send_control(ControlPdu::new(Header::DataOut(d), Bytes::from(vec![1u8; 4096]))).await.unwrap();
+    let (r, _) = response(dm.clone()).await;
+    assert_eq!((r.itt, r.status), (0x11, riser::scsi::sense::Status::CHECK_CONDITION));
+    // The connection is still good.
+    let ping =
+        NopOut { immediate: true, lun: Lun::ZERO, itt: 0x12, ttt: u32::MAX, cmd_sn: o.exp_cmd_sn.wrapping_add(2), exp_stat_sn: o.stat_sn };
+    dm.send_control(ControlPdu::new(Header::NopOut(ping), Bytes::new())).await.unwrap();
+    loop {
+        match tokio::time::timeout(std::time::Duration::from_secs(5), dm.next_event()).await.unwrap() {
+            DmEvent::Control(ControlPdu { header: Header::NopIn(n), .. }) if n.itt == 0x12 => break,
+            DmEvent::Control(_) => continue,
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Duration;
 
-const FUZZ_TARGETS: [&str; 6] = ["pdu", "text", "cdb", "sense", "login_target", "login_initiator"];
+const FUZZ_TARGETS: [&str; 7] = ["pdu", "text", "cdb", "sense", "login_target", "login_initiator", "target_session"];
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
@@ -121,6 +121,7 @@ fn fuzz_seeds() -> Result<(), String> {
         std::fs::write(d.join(name), bytes).map_err(|e| e.to_string())
     };
     let mut logins: std::collections::BTreeMap<String, (Vec<u8>, Vec<u8>)> = Default::default();
+    let mut sessions: std::collections::BTreeMap<String, Vec<u8>> = Default::default();
     for (name, bytes) in &pdus {
         let (pdu, _) = Pdu::parse(bytes).map_err(|e| format!("{name}: {e}"))?;
         write("pdu", name, bytes)?;
@@ -137,6 +138,9 @@ fn fuzz_seeds() -> Result<(), String> {
             Opcode::SCSI_RESPONSE if pdu.data.len() > 2 => write("sense", name, &pdu.data[2..])?,
             Opcode::DATA_IN if !pdu.data.is_empty() => write("sense", name, pdu.data)?,
             _ => {}
+        }
+        if pdu.header.opcode().is_initiator() {
+            sessions.entry(session.clone()).or_default().extend_from_slice(bytes);
         }
         let e = logins.entry(session).or_default();
         match pdu.header.opcode() {
@@ -158,6 +162,9 @@ fn fuzz_seeds() -> Result<(), String> {
                 write("login_initiator", &format!("{session}-{ctl}"), &s)?;
             }
         }
+    }
+    for (session, pdus) in sessions {
+        write("target_session", &session, &pdus)?;
     }
     println!("wrote seeds under {}", seeds.display());
     Ok(())
