@@ -55,21 +55,6 @@ struct Args {
     seed: u64,
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n.parse().map_err(|_| format!("bad size {s:?}"))?;
-    let mult = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" | "kb" => 1 << 10,
-        "m" | "mib" | "mb" => 1 << 20,
-        "g" | "gib" | "gb" => 1 << 30,
-        _ => return Err(format!("bad size unit in {s:?}")),
-    };
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} too large"))
-}
-
 struct Url {
     host: String,
     target: Option<String>,
@@ -180,9 +165,9 @@ async fn run() -> Result<(), String> {
     let s = Session::connect(&url.host, cfg).await.map_err(fmt_err)?;
     let lun = url.lun;
     let (blocks, bs) = s.read_capacity(lun).await.map_err(fmt_err)?;
-    let size = parse_size(&a.size)?;
-    let io = parse_size(&a.block_size)?.max(u64::from(bs)) / u64::from(bs) * u64::from(bs);
-    let offset = parse_size(&a.offset)?;
+    let size = riser::cli::parse_size(&a.size)?;
+    let io = riser::cli::parse_size(&a.block_size)?.max(u64::from(bs)) / u64::from(bs) * u64::from(bs);
+    let offset = riser::cli::parse_size(&a.offset)?;
     if offset % u64::from(bs) != 0 {
         return Err(format!("--offset must be a multiple of the {bs}-byte block size"));
     }

@@ -41,22 +41,6 @@ struct Args {
     block_size: u32,
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n.parse().map_err(|_| format!("bad size {s:?}"))?;
-    let mult = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" | "kb" => 1 << 10,
-        "m" | "mib" | "mb" => 1 << 20,
-        "g" | "gib" | "gb" => 1 << 30,
-        "t" | "tib" | "tb" => 1 << 40,
-        _ => return Err(format!("bad size unit in {s:?}")),
-    };
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} too large"))
-}
-
 fn creds(s: &str) -> Result<ChapCredentials, String> {
     let (u, p) = s.split_once(':').ok_or("expected USER:SECRET")?;
     ChapCredentials::new(u, p.as_bytes().to_vec()).map_err(|e| e.to_string())
@@ -65,10 +49,10 @@ fn creds(s: &str) -> Result<ChapCredentials, String> {
 fn backend(spec: &str, bs: u32) -> Result<Arc<dyn BlockBackend>, String> {
     let (kind, rest) = spec.split_once(':').ok_or_else(|| format!("bad --lun {spec:?}"))?;
     Ok(match kind {
-        "ram" => Arc::new(RamBackend::new(parse_size(rest)?, bs)),
+        "ram" => Arc::new(RamBackend::new(riser::cli::parse_size(rest)?, bs)),
         "file" => {
             let (path, size) = match rest.rsplit_once(':') {
-                Some((p, s)) if parse_size(s).is_ok() => (p, Some(parse_size(s)?)),
+                Some((p, s)) if riser::cli::parse_size(s).is_ok() => (p, Some(riser::cli::parse_size(s)?)),
                 _ => (rest, None),
             };
             Arc::new(FileBackend::open(Path::new(path), size, bs).map_err(|e| format!("{path}: {e}"))?)

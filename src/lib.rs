@@ -29,3 +29,36 @@ pub use riser_scsi as scsi;
 pub use riser_target as target;
 #[cfg(feature = "target")]
 pub use riser_tcp as tcp;
+
+/// Helpers shared by the example programs and scripts.
+pub mod cli {
+    /// Parse a size with an optional binary suffix: `512`, `4KiB`, `256MiB`, `1GiB`, `2TiB`
+    /// (`K`/`KB`, `M`/`MB`, … mean the same binary units).
+    pub fn parse_size(s: &str) -> Result<u64, String> {
+        let s = s.trim();
+        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (n, unit) = s.split_at(split);
+        let n: u64 = n.parse().map_err(|_| format!("bad size {s:?}"))?;
+        let shift = match unit.to_ascii_lowercase().as_str() {
+            "" | "b" => 0,
+            "k" | "kib" | "kb" => 10,
+            "m" | "mib" | "mb" => 20,
+            "g" | "gib" | "gb" => 30,
+            "t" | "tib" | "tb" => 40,
+            _ => return Err(format!("bad size unit in {s:?}")),
+        };
+        n.checked_mul(1 << shift).ok_or_else(|| format!("size {s:?} too large"))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn sizes() {
+            assert_eq!(super::parse_size("4KiB"), Ok(4096));
+            assert_eq!(super::parse_size("1GiB"), Ok(1 << 30));
+            assert_eq!(super::parse_size("512"), Ok(512));
+            assert!(super::parse_size("1XB").is_err());
+            assert!(super::parse_size("99999999999TiB").is_err());
+        }
+    }
+}

@@ -415,32 +415,14 @@ impl Session {
             Self::note_window(&inner, &p.header);
             match p.header {
                 Header::ScsiResponse(r) => {
-                    let data = dm.take_read_data(r.itt).map(BytesMut::freeze).unwrap_or_default();
                     let sense = (p.data.len() > 2).then(|| {
                         let n = usize::from(u16::from_be_bytes([p.data[0], p.data[1]])).min(p.data.len() - 2);
                         p.data.slice(2..2 + n)
                     });
-                    let residual = if r.underflow {
-                        Some((true, r.residual))
-                    } else if r.overflow {
-                        Some((false, r.residual))
-                    } else {
-                        None
-                    };
-                    let data = Self::trim(data, residual);
-                    Self::complete(&inner, r.itt, Reply::Scsi(CommandResult { status: r.status, sense, data, residual }));
+                    Self::finish(&inner, &dm, r.itt, r.status, sense, (r.underflow, r.overflow, r.residual));
                 }
                 Header::DataIn(d) if d.status_present => {
-                    let data = dm.take_read_data(d.itt).map(BytesMut::freeze).unwrap_or_default();
-                    let residual = if d.underflow {
-                        Some((true, d.residual))
-                    } else if d.overflow {
-                        Some((false, d.residual))
-                    } else {
-                        None
-                    };
-                    let data = Self::trim(data, residual);
-                    Self::complete(&inner, d.itt, Reply::Scsi(CommandResult { status: d.status, sense: None, data, residual }));
+                    Self::finish(&inner, &dm, d.itt, d.status, None, (d.underflow, d.overflow, d.residual));
                 }
                 Header::NopIn(n) if n.ttt != RESERVED_TAG => {
                     // A target ping: answer with the same TTT, immediately.
@@ -472,6 +454,28 @@ impl Session {
             drop(s);
             inner.window.notify_waiters();
         }
+    }
+
+    /// A command ended (SCSI Response, or Data-In with status): hand its data and status to
+    /// the waiting caller.
+    fn finish(
+        inner: &Inner,
+        dm: &PduDatamover,
+        itt: u32,
+        status: Status,
+        sense: Option<Bytes>,
+        (underflow, overflow, count): (bool, bool, u32),
+    ) {
+        let data = dm.take_read_data(itt).map(BytesMut::freeze).unwrap_or_default();
+        let residual = if underflow {
+            Some((true, count))
+        } else if overflow {
+            Some((false, count))
+        } else {
+            None
+        };
+        let data = Self::trim(data, residual);
+        Self::complete(inner, itt, Reply::Scsi(CommandResult { status, sense, data, residual }));
     }
 
     fn trim(data: Bytes, residual: Option<(bool, u32)>) -> Bytes {
