@@ -235,6 +235,13 @@ pub trait Datamover: Send + Sync {
     /// fail a pending Get_Data, ignore its further Data-Out.
     fn deallocate_task_resources(&self, itt: u32);
 
+    /// Give a task buffer back once its data has been consumed, so the datamover can reuse the
+    /// memory (registered memory on iSER; on TCP it spares the allocator and the kernel a fresh
+    /// mapping and page faults per large write).
+    fn release_task_buffer(&self, buf: TaskBuffer) {
+        drop(buf);
+    }
+
     /// Connection_Terminate.
     fn terminate(&self);
 

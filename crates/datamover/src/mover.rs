@@ -84,6 +84,7 @@ struct OutWrite {
 struct Shared {
     role: Role,
     reads: StdMutex<HashMap<u32, ReadTask>>,
+    pool: StdMutex<Vec<BytesMut>>,
     out_writes: StdMutex<HashMap<u32, OutWrite>>,
     r2t_queue: mpsc::UnboundedSender<R2t>,
     tx: Mutex<Box<dyn LinkTx>>,
@@ -122,6 +123,7 @@ impl PduDatamover {
         let shared = Arc::new(Shared {
             role,
             reads: StdMutex::new(HashMap::new()),
+            pool: StdMutex::new(Vec::new()),
             out_writes: StdMutex::new(HashMap::new()),
             r2t_queue: r2t_tx,
             tx: Mutex::new(tx),
@@ -328,7 +330,7 @@ impl PduDatamover {
         if !limits.immediate_data && data_len > 0 {
             return Err(DmError::Protocol("immediate data sent with ImmediateData=No".into()));
         }
-        let mut buf = BytesMut::zeroed(edtl as usize);
+        let mut buf = take_buffer(shared, edtl as usize);
         rx.read_data(&mut buf[..data_len]).await?;
         let unsol_allowed = !limits.initial_r2t && !cmd.final_;
         let task = WriteTask {
@@ -448,6 +450,26 @@ impl PduDatamover {
             tx.set_params(p);
         }
         tx.write_pdu(&header, ahs, data).await
+    }
+}
+
+/// Buffers kept for reuse, and the largest one kept.
+const POOL_BUFFERS: usize = 32;
+const POOL_MAX_BUFFER: usize = 8 << 20;
+
+/// A zeroed buffer of `len` bytes, from the pool when one is large enough.
+fn take_buffer(shared: &Shared, len: usize) -> BytesMut {
+    let pooled = {
+        let mut pool = lock(&shared.pool);
+        pool.iter().position(|b| b.capacity() >= len).map(|i| pool.swap_remove(i))
+    };
+    match pooled {
+        Some(mut b) => {
+            b.clear();
+            b.resize(len, 0);
+            b
+        }
+        None => BytesMut::zeroed(len),
     }
 }
 
@@ -617,6 +639,15 @@ impl Datamover for PduDatamover {
 
     fn deallocate_task_resources(&self, itt: u32) {
         lock(&self.shared.writes).remove(&itt);
+    }
+
+    fn release_task_buffer(&self, buf: TaskBuffer) {
+        if buf.data.capacity() <= POOL_MAX_BUFFER {
+            let mut pool = lock(&self.shared.pool);
+            if pool.len() < POOL_BUFFERS {
+                pool.push(buf.data);
+            }
+        }
     }
 
     fn terminate(&self) {

@@ -16,6 +16,13 @@ pub trait BlockBackend: Send + Sync + std::fmt::Debug {
     fn num_blocks(&self) -> u64;
     /// Read `buf.len()` bytes at `offset`.
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Read `len` bytes at `offset` into `out` (cleared first). Backends that can copy straight
+    /// into spare capacity override this to skip zero-filling the buffer.
+    fn read_into(&self, offset: u64, len: usize, out: &mut Vec<u8>) -> io::Result<()> {
+        out.clear();
+        out.resize(len, 0);
+        self.read(offset, out)
+    }
     /// Write `buf` at `offset`.
     fn write(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
     /// Make everything written so far durable (SYNCHRONIZE CACHE, FUA).
@@ -74,6 +81,14 @@ impl BlockBackend for RamBackend {
         let at = offset as usize;
         let src = d.get(at..at + buf.len()).ok_or_else(|| io::Error::other("read beyond the end"))?;
         buf.copy_from_slice(src);
+        Ok(())
+    }
+    fn read_into(&self, offset: u64, len: usize, out: &mut Vec<u8>) -> io::Result<()> {
+        let d = self.data.read().unwrap_or_else(|e| e.into_inner());
+        let at = offset as usize;
+        let src = d.get(at..at + len).ok_or_else(|| io::Error::other("read beyond the end"))?;
+        out.clear();
+        out.extend_from_slice(src);
         Ok(())
     }
     fn write(&self, offset: u64, buf: &[u8]) -> io::Result<()> {

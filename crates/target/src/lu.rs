@@ -83,6 +83,11 @@ pub struct LogicalUnit {
     serial: String,
     naa: (u64, u64),
     state: Mutex<State>,
+    buffers: Mutex<Vec<Vec<u8>>>,
+}
+
+fn lock_pool(m: &Mutex<Vec<Vec<u8>>>) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 type R = Result<Outcome, Sense>;
@@ -112,6 +117,7 @@ impl LogicalUnit {
             serial: format!("RISER{id:011X}"),
             naa: (id & 0xf_ffff_ffff, 0x5249_5345_5200_0000 | id),
             state: Mutex::new(State { wce: true, ..State::default() }),
+            buffers: Mutex::new(Vec::new()),
         }
     }
 
@@ -436,9 +442,22 @@ impl LogicalUnit {
 
     fn read(&self, r: &Rw) -> R {
         let (off, len) = self.check_rw(r)?;
-        let mut buf = vec![0u8; len];
-        self.backend.read(off, &mut buf).map_err(|_| self.io_error(true))?;
+        let mut buf = lock_pool(&self.buffers).pop().unwrap_or_default();
+        self.backend.read_into(off, len, &mut buf).map_err(|_| self.io_error(true))?;
         Ok(Outcome::good(buf))
+    }
+
+    /// Hand back the data buffer of a finished READ for reuse (large buffers would otherwise be
+    /// a fresh mapping, page-faulted in, per command).
+    pub fn recycle(&self, data: Bytes) {
+        if let Ok(b) = data.try_into_mut()
+            && b.capacity() <= 8 << 20
+        {
+            let mut pool = lock_pool(&self.buffers);
+            if pool.len() < 32 {
+                pool.push(b.into());
+            }
+        }
     }
 
     fn write(&self, r: &Rw, out: &[u8]) -> R {

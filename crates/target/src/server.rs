@@ -609,9 +609,14 @@ impl Session {
         let lu2 = lu.clone();
         let nexus = self.nexus.clone();
         let plan2: Plan = plan.clone();
-        let Ok(o) = tokio::task::spawn_blocking(move || lu2.execute(&plan2, &data_out[..usable], &nexus)).await else {
+        let Ok((o, data_out)) = tokio::task::spawn_blocking(move || (lu2.execute(&plan2, &data_out[..usable], &nexus), data_out)).await
+        else {
             return;
         };
+        // The write data is consumed: let the datamover reuse its buffer.
+        if let Ok(buf) = data_out.try_into_mut() {
+            self.dm.release_task_buffer(riser_datamover::TaskBuffer { data: buf });
+        }
         let mut residual = (false, false, 0u32);
         let mut pdus = 0;
         if c.write || out_len > 0 {
@@ -639,6 +644,7 @@ impl Session {
             }
         }
         self.scsi_response(&c, &o, residual, pdus).await;
+        lu.recycle(o.data);
     }
 
     async fn fetch_write_data(&self, c: &ScsiCommand, immediate: u32) -> Result<Bytes, riser_datamover::DmError> {
