@@ -33,6 +33,11 @@ pub trait BlockBackend: Send + Sync + std::fmt::Debug {
     fn is_mapped(&self, offset: u64) -> bool;
     /// Whether UNMAP is supported (thin provisioning).
     fn thin(&self) -> bool;
+    /// Whether every call completes at memory speed without blocking on a device (commands then
+    /// run inline instead of on the blocking thread pool).
+    fn in_memory(&self) -> bool {
+        false
+    }
     /// Whether one `write` call is atomic with respect to concurrent reads and writes
     /// (WRITE ATOMIC is offered only then).
     fn atomic_writes(&self) -> bool {
@@ -122,6 +127,9 @@ impl BlockBackend for RamBackend {
     }
     fn atomic_writes(&self) -> bool {
         // Each write holds the data lock for its whole range.
+        true
+    }
+    fn in_memory(&self) -> bool {
         true
     }
 }

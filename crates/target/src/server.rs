@@ -606,12 +606,17 @@ impl Session {
             return self.scsi_response(&c, &o, (false, true, out_len), 0).await;
         }
         let usable = data_out.len().min(out_len as usize);
-        let lu2 = lu.clone();
-        let nexus = self.nexus.clone();
-        let plan2: Plan = plan.clone();
-        let Ok((o, data_out)) = tokio::task::spawn_blocking(move || (lu2.execute(&plan2, &data_out[..usable], &nexus), data_out)).await
-        else {
-            return;
+        let (o, data_out) = if lu.backend().in_memory() {
+            // Memory-speed backends run inline; a thread hand-off would cost more than the I/O.
+            (lu.execute(&plan, &data_out[..usable], &self.nexus), data_out)
+        } else {
+            let lu2 = lu.clone();
+            let nexus = self.nexus.clone();
+            let plan2: Plan = plan.clone();
+            let Ok(r) = tokio::task::spawn_blocking(move || (lu2.execute(&plan2, &data_out[..usable], &nexus), data_out)).await else {
+                return;
+            };
+            r
         };
         // The write data is consumed: let the datamover reuse its buffer.
         if let Ok(buf) = data_out.try_into_mut() {
