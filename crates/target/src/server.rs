@@ -638,7 +638,39 @@ impl Session {
             } else if produced < edtl {
                 residual = (true, false, edtl - produced);
             }
-            if send > 0 && c.read {
+            if send > 0 && c.read && o.status == Status::GOOD && o.sense.is_none() {
+                // Phase collapse (RFC 7143 §11.7.4): GOOD status rides in the last Data-In, which
+                // then takes the next StatSN; the response order lock keeps StatSNs in order.
+                let _order = self.tx.lock().await;
+                let (exp, max) = self.window();
+                let stat_sn = {
+                    let mut s = lock(&self.seq);
+                    let v = s.stat_sn;
+                    s.stat_sn = s.stat_sn.wrapping_add(1);
+                    v
+                };
+                let (underflow, overflow, count) = residual;
+                let collapse = riser_datamover::CollapsedStatus {
+                    status: o.status,
+                    underflow,
+                    overflow,
+                    residual: count,
+                    stat_sn,
+                    exp_cmd_sn: exp,
+                    max_cmd_sn: max,
+                };
+                let desc = riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: Some(collapse) };
+                let sent = self.dm.put_data(desc, o.data.slice(..send as usize)).await;
+                drop(_order);
+                match sent {
+                    Ok(d) if d.status_sent => {
+                        lu.recycle(o.data);
+                        return;
+                    }
+                    Ok(d) => pdus = d.pdus,
+                    Err(_) => return,
+                }
+            } else if send > 0 && c.read {
                 let desc = riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: None };
                 match self.dm.put_data(desc, o.data.slice(..send as usize)).await {
                     Ok(d) => pdus = d.pdus,
