@@ -246,9 +246,12 @@ async fn run() -> Result<(), String> {
             }
         }
         "bench" => {
-            println!("{:>9} {:>6} {:>11} {:>10}", "io size", "op", "MiB/s", "IOPS");
+            let bar = indicatif::ProgressBar::new(8);
+            bar.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").map_err(|e| e.to_string())?);
+            let mut table = vec![format!("{:>9} {:>6} {:>11} {:>10}", "io size", "op", "MiB/s", "IOPS")];
             for io in [4096u64, 65536, 262_144, 1 << 20] {
                 for write in [false, true] {
+                    bar.set_message(format!("{} KiB {}", io >> 10, if write { "write" } else { "read" }));
                     let sess = s.clone();
                     let span = size.min(capacity - offset).max(io);
                     let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -280,14 +283,19 @@ async fn run() -> Result<(), String> {
                     }
                     let t = start.elapsed().as_secs_f64();
                     let n = done.load(std::sync::atomic::Ordering::Relaxed) as f64;
-                    println!(
+                    table.push(format!(
                         "{:>9} {:>6} {:>11.1} {:>10.0}",
                         format!("{}KiB", io >> 10),
                         if write { "write" } else { "read" },
                         n * io as f64 / 1048576.0 / t,
                         n / t
-                    );
+                    ));
+                    bar.inc(1);
                 }
+            }
+            bar.finish_and_clear();
+            for row in table {
+                println!("{row}");
             }
         }
         other => return Err(format!("unknown command {other:?}")),

@@ -3,7 +3,7 @@
 //! ```text
 //! cargo run --release --example target -- [--portal 127.0.0.1:3260] [--target-name IQN]
 //!     [--lun ram:1GiB | --lun file:PATH[:SIZE] | --lun blk:DEVICE]... [--chap USER:SECRET]
-//!     [--mutual-chap USER:SECRET] [--acl INITIATOR_IQN]...
+//!     [--mutual-chap USER:SECRET] [--acl INITIATOR_IQN]... [--config target.toml]
 //! ```
 
 use clap::Parser;
@@ -18,12 +18,12 @@ use std::sync::Arc;
 #[derive(Parser, Debug)]
 #[command(about = "riser iSCSI target")]
 struct Args {
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:3260")]
+    /// Address to listen on (repeatable; default 127.0.0.1:3260).
+    #[arg(long)]
     portal: Vec<String>,
-    /// Target name.
-    #[arg(long, default_value = "iqn.2026-11.io.riser:target0")]
-    target_name: String,
+    /// Target name (default iqn.2026-11.io.riser:target0).
+    #[arg(long)]
+    target_name: Option<String>,
     /// LUNs in order: ram:SIZE, file:PATH[:SIZE], blk:DEVICE (default: one 1 GiB RAM LUN).
     #[arg(long)]
     lun: Vec<String>,
@@ -36,9 +36,59 @@ struct Args {
     /// Initiator names allowed to log in (default: all).
     #[arg(long)]
     acl: Vec<String>,
-    /// Logical block size.
-    #[arg(long, default_value_t = 512)]
-    block_size: u32,
+    /// Logical block size (default 512).
+    #[arg(long)]
+    block_size: Option<u32>,
+    /// A TOML file with the same settings (keys as the long options, `-` written `_`; lists for
+    /// portal, lun and acl). Command-line options override it.
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
+}
+
+/// The `--config` file.
+#[derive(serde::Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    #[serde(default)]
+    portal: Vec<String>,
+    target_name: Option<String>,
+    #[serde(default)]
+    lun: Vec<String>,
+    chap: Option<String>,
+    mutual_chap: Option<String>,
+    #[serde(default)]
+    acl: Vec<String>,
+    block_size: Option<u32>,
+}
+
+impl Args {
+    /// Fill what the command line left out from the config file, then the defaults.
+    fn merged(mut self) -> Result<Self, String> {
+        let file = match &self.config {
+            Some(p) => toml::from_str::<FileConfig>(&std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?)
+                .map_err(|e| format!("{}: {e}", p.display()))?,
+            None => FileConfig::default(),
+        };
+        let or = |cli: Vec<String>, file: Vec<String>, default: &str| {
+            if !cli.is_empty() {
+                cli
+            } else if !file.is_empty() {
+                file
+            } else {
+                vec![default.to_string()]
+            }
+        };
+        self.portal = or(self.portal, file.portal, "127.0.0.1:3260");
+        self.lun = or(self.lun, file.lun, "ram:1GiB");
+        if self.acl.is_empty() {
+            self.acl = file.acl;
+        }
+        self.target_name = self.target_name.or(file.target_name).or(Some("iqn.2026-11.io.riser:target0".into()));
+        self.chap = self.chap.or(file.chap);
+        self.mutual_chap = self.mutual_chap.or(file.mutual_chap);
+        self.block_size = self.block_size.or(file.block_size).or(Some(512));
+        Ok(self)
+    }
 }
 
 fn creds(s: &str) -> Result<ChapCredentials, String> {
@@ -63,16 +113,24 @@ fn backend(spec: &str, bs: u32) -> Result<Arc<dyn BlockBackend>, String> {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), String> {
+async fn main() {
+    if let Err(e) = run().await {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> Result<(), String> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_target(false)
         .init();
-    let args = Args::parse();
-    let specs = if args.lun.is_empty() { vec!["ram:1GiB".to_string()] } else { args.lun.clone() };
+    let args = Args::parse().merged()?;
+    let target_name = args.target_name.clone().unwrap_or_default();
+    let block_size = args.block_size.unwrap_or(512);
     let mut luns = Vec::new();
-    for (i, spec) in specs.iter().enumerate() {
-        let b = backend(spec, args.block_size)?;
+    for (i, spec) in args.lun.iter().enumerate() {
+        let b = backend(spec, block_size)?;
         let lun = Lun::from_number(i as u16).ok_or("too many LUNs")?;
         luns.push(Arc::new(LogicalUnit::new(b, lun, i as u64 + 1)));
     }
@@ -81,12 +139,12 @@ async fn main() -> Result<(), String> {
     if mutual_chap.is_some() && chap.is_none() {
         return Err("--mutual-chap needs --chap".into());
     }
-    let node = Node { name: args.target_name.clone(), alias: None, luns, acl: args.acl.clone(), chap, mutual_chap };
+    let node = Node { name: target_name.clone(), alias: None, luns, acl: args.acl.clone(), chap, mutual_chap };
     let target = Target::new(TargetConfig { nodes: vec![node], ..TargetConfig::default() });
     let mut servers = Vec::new();
     for p in &args.portal {
         let listener = tokio::net::TcpListener::bind(p).await.map_err(|e| format!("cannot listen on {p}: {e}"))?;
-        tracing::info!("listening on {} for {}", listener.local_addr().map_err(|e| e.to_string())?, args.target_name);
+        tracing::info!("listening on {} for {target_name}", listener.local_addr().map_err(|e| e.to_string())?);
         servers.push(tokio::spawn(target.clone().serve(listener)));
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
