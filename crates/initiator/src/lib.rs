@@ -167,6 +167,20 @@ struct State {
     closed: bool,
 }
 
+impl State {
+    /// The sequence numbers a completed login leaves us with.
+    fn after_login(o: &riser_iscsi::login::LoginOutcome) -> Self {
+        Self {
+            cmd_sn: SerialNumber(o.exp_cmd_sn),
+            max_cmd_sn: SerialNumber(o.max_cmd_sn),
+            exp_stat_sn: o.stat_sn,
+            pending: HashMap::new(),
+            dead: false,
+            closed: false,
+        }
+    }
+}
+
 struct Inner {
     dm: Mutex<PduDatamover>,
     /// Connection generation; a receiver only reports the loss of its own connection.
@@ -342,14 +356,7 @@ impl Session {
             login: lc,
             reconnecting: tokio::sync::Mutex::new(()),
             params: o.params.clone(),
-            state: Mutex::new(State {
-                cmd_sn: SerialNumber(o.exp_cmd_sn),
-                max_cmd_sn: SerialNumber(o.max_cmd_sn),
-                exp_stat_sn: o.stat_sn,
-                pending: HashMap::new(),
-                dead: false,
-                closed: false,
-            }),
+            state: Mutex::new(State::after_login(&o)),
             window: Notify::new(),
             next_itt: AtomicU32::new(0x100),
             timeout: cfg.timeout,
@@ -386,14 +393,7 @@ impl Session {
         let (dm, o) = login(self.inner.addr, self.inner.login.clone(), self.inner.timeout).await?;
         let generation = self.inner.generation.fetch_add(1, Ordering::AcqRel) + 1;
         *lock(&self.inner.dm) = dm;
-        *lock(&self.inner.state) = State {
-            cmd_sn: SerialNumber(o.exp_cmd_sn),
-            max_cmd_sn: SerialNumber(o.max_cmd_sn),
-            exp_stat_sn: o.stat_sn,
-            pending: HashMap::new(),
-            dead: false,
-            closed: false,
-        };
+        *lock(&self.inner.state) = State::after_login(&o);
         tokio::spawn(Self::receiver(self.inner.clone(), generation));
         tracing::info!("session reinstated after a connection loss");
         Ok(())
