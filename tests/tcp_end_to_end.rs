@@ -429,3 +429,23 @@ async fn data_out_outside_its_sequence_ends_only_that_task() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sendtargets_longer_than_one_pdu_uses_continuation() {
+    // 4000 targets: about 400 KB of SendTargets text, more than the initiator's 256 KiB
+    // MaxRecvDataSegmentLength, so the answer comes in C-bit pieces.
+    let names: Vec<String> = (0..4000).map(|i| format!("iqn.2026-11.io.riser:a-rather-long-target-name-for-the-list-{i:05}")).collect();
+    let addr = start(
+        |_| {},
+        |c| {
+            for n in &names {
+                c.nodes.push(Node { name: n.clone(), alias: None, luns: vec![], acl: vec![], chap: None, mutual_chap: None });
+            }
+        },
+    )
+    .await;
+    let found = discover(addr, ME, InitiatorAuth::None).await.unwrap();
+    assert_eq!(found.len(), 4001);
+    assert_eq!(found[4000].0, names[3999]);
+    assert!(found.iter().all(|(_, a)| a.len() == 1));
+}

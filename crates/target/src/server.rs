@@ -232,6 +232,8 @@ struct Session {
     keepalive: (Option<Duration>, Duration),
     /// The TTT and send time of our outstanding ping.
     ping: Mutex<Option<(u32, Instant)>>,
+    /// The rest of a Text Response awaiting continuation requests, with its TTT.
+    text_rest: Mutex<Option<(u32, Vec<u8>)>>,
 }
 
 impl Session {
@@ -249,6 +251,7 @@ impl Session {
             next_ttt: AtomicU32::new(1),
             keepalive,
             ping: Mutex::new(None),
+            text_rest: Mutex::new(None),
         }
     }
 
@@ -514,6 +517,18 @@ impl Session {
     }
 
     async fn text(&self, t: TextRequest, data: &[u8], target: &Arc<Target>, portal: SocketAddr) {
+        if t.ttt != RESERVED_TAG {
+            // The initiator fetching the next piece of a long answer.
+            let pending = lock(&self.text_rest).take();
+            match pending {
+                Some((ttt, rest)) if ttt == t.ttt => self.send_text(t, rest).await,
+                other => {
+                    *lock(&self.text_rest) = other;
+                    self.reject(RejectReason::INVALID_PDU_FIELD, &Header::TextRequest(t)).await;
+                }
+            }
+            return;
+        }
         let pairs = parse_pairs(data).unwrap_or_default();
         let mut out = TextBuilder::new();
         for (k, v) in pairs {
@@ -541,15 +556,31 @@ impl Session {
                 out.push(k, "NotUnderstood");
             }
         }
-        let h = Header::TextResponse(TextResponse {
-            final_: true,
-            cont: false,
-            lun: t.lun,
-            itt: t.itt,
-            ttt: RESERVED_TAG,
-            ..TextResponse::default()
-        });
-        self.respond(h, out.into_bytes().into(), true).await;
+        self.send_text(t, out.into_bytes()).await;
+    }
+
+    /// Send text as one Text Response, or the first piece of a C-bit sequence when it exceeds
+    /// what the initiator receives in one PDU (RFC 7143 §11.10.2); the rest waits for the
+    /// initiator's continuation requests (same ITT, our TTT).
+    async fn send_text(&self, t: TextRequest, mut text: Vec<u8>) {
+        let max = self.params.initiator_recv_data_segment_length.max(512) as usize;
+        let (piece, more) = if text.len() > max {
+            let rest = text.split_off(max);
+            (text, Some(rest))
+        } else {
+            (text, None)
+        };
+        let ttt = match more {
+            Some(rest) => {
+                let ttt = self.next_ttt.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff;
+                *lock(&self.text_rest) = Some((ttt, rest));
+                ttt
+            }
+            None => RESERVED_TAG,
+        };
+        let last = ttt == RESERVED_TAG;
+        let h = Header::TextResponse(TextResponse { final_: last, cont: !last, lun: t.lun, itt: t.itt, ttt, ..TextResponse::default() });
+        self.respond(h, piece.into(), true).await;
     }
 
     async fn scsi_response(&self, c: &ScsiCommand, o: &Outcome, residual: (bool, bool, u32), exp_data_sn: u32) {
