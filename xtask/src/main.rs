@@ -63,14 +63,7 @@ fn main() -> ExitCode {
 fn demo() -> Result<(), String> {
     println!("riser demo: the example target on a 256 MiB RAM LUN, driven by the example initiator over TCP\n");
     let iqn = "iqn.2026-11.io.riser:demo";
-    let st = Command::new("cargo")
-        .current_dir(root())
-        .args(["build", "--quiet", "--release", "--examples"])
-        .status()
-        .map_err(|e| e.to_string())?;
-    if !st.success() {
-        return Err("building the examples failed".into());
-    }
+    build_examples()?;
     let target = RunningTarget::start(&["--target-name", iqn, "--lun", "ram:256MiB"])?;
     let url = format!("iscsi://127.0.0.1:{}/{iqn}/0", target.port);
     let initiator = root().join("target/release/examples/initiator");
@@ -243,14 +236,7 @@ struct RunningTarget {
 
 impl RunningTarget {
     fn start(args: &[&str]) -> Result<Self, String> {
-        let st = Command::new("cargo")
-            .current_dir(root())
-            .args(["build", "--quiet", "--release", "--example", "target"])
-            .status()
-            .map_err(|e| e.to_string())?;
-        if !st.success() {
-            return Err("building the example target failed".into());
-        }
+        build_examples()?;
         let port = free_port()?;
         let portal = format!("127.0.0.1:{port}");
         let child = Command::new(root().join("target/release/examples/target"))
@@ -316,6 +302,37 @@ struct Tgtd {
     script: PathBuf,
 }
 
+impl Tgtd {
+    /// Start a private tgtd with one LUN (`backing`: file or shm); `tuned` raises its limits to
+    /// riser's.
+    fn start(iqn: &str, size: &str, backing: &str, tuned: bool) -> Result<Self, String> {
+        let script = shared().join("peers/start-tgtd.sh");
+        // tgtd takes the port as its control-socket number too, which must stay small.
+        let port =
+            (3300..3400).find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok()).ok_or("no free port in 3300..3400 for tgtd")?;
+        let out = Command::new("bash")
+            .arg(&script)
+            .args(["start", &port.to_string(), iqn, size, backing])
+            .env("TUNED", if tuned { "1" } else { "0" })
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("tgtd did not start: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        Ok(Self { port, script })
+    }
+}
+
+/// Build the example target and initiator (release).
+fn build_examples() -> Result<(), String> {
+    let st = Command::new("cargo")
+        .current_dir(root())
+        .args(["build", "--quiet", "--release", "--examples"])
+        .status()
+        .map_err(|e| e.to_string())?;
+    if st.success() { Ok(()) } else { Err("building the examples failed".into()) }
+}
+
 impl Drop for Tgtd {
     fn drop(&mut self) {
         let _ = Command::new("bash").arg(&self.script).args(["stop", &self.port.to_string()]).stdout(std::process::Stdio::null()).status();
@@ -324,26 +341,11 @@ impl Drop for Tgtd {
 
 fn initiator_vs_tgtd() -> Result<(u32, u32), String> {
     ensure_packages(&[("tgtd", "tgt")])?;
-    let script = shared().join("peers/start-tgtd.sh");
-    // tgtd takes the port as its control-socket number too, which must stay small.
-    let port =
-        (3300..3400).find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok()).ok_or("no free port in 3300..3400 for tgtd")?;
     let iqn = "iqn.2026-11.io.riser.test:interop";
-    let out =
-        Command::new("bash").arg(&script).args(["start", &port.to_string(), iqn, "512M", "file"]).output().map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        return Err(format!("tgtd did not start: {}", String::from_utf8_lossy(&out.stderr)));
-    }
-    let tgtd = Tgtd { port, script };
+    let tgtd = Tgtd::start(iqn, "512M", "file", false)?;
+    let port = tgtd.port;
     let initiator = root().join("target/release/examples/initiator");
-    let st = Command::new("cargo")
-        .current_dir(root())
-        .args(["build", "--quiet", "--release", "--example", "initiator"])
-        .status()
-        .map_err(|e| e.to_string())?;
-    if !st.success() {
-        return Err("building the example initiator failed".into());
-    }
+    build_examples()?;
     let url = format!("iscsi://127.0.0.1:{port}/{iqn}/1");
     let (mut passed, mut failed) = (0, 0);
     let mut check = |name: &str, args: &[&str], expect_ok: bool| {
@@ -435,19 +437,9 @@ fn bench(args: &[String]) -> Result<(), String> {
     };
     println!("== tgtd (LUN on /dev/shm, limits raised to riser's: TUNED=1)");
     let tgt_rows = {
-        let script = shared().join("peers/start-tgtd.sh");
-        let port = (3300..3400).find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok()).ok_or("no free port for tgtd")?;
         let tiqn = "iqn.2026-11.io.riser.test:bench";
-        let out = Command::new("bash")
-            .arg(&script)
-            .args(["start", &port.to_string(), tiqn, "1G", "shm"])
-            .env("TUNED", "1")
-            .output()
-            .map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(format!("tgtd did not start: {}", String::from_utf8_lossy(&out.stderr)));
-        }
-        let guard = Tgtd { port, script };
+        let guard = Tgtd::start(tiqn, "1G", "shm", true)?;
+        let port = guard.port;
         let rows = bench_client(&format!("iscsi://127.0.0.1:{port}/{tiqn}/1"), &env)?;
         drop(guard);
         rows
