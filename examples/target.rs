@@ -3,7 +3,7 @@
 //! ```text
 //! cargo run --release --example target -- [--portal 127.0.0.1:3260] [--target-name IQN]
 //!     [--lun ram:1GiB | --lun file:PATH[:SIZE] | --lun blk:DEVICE]... [--chap USER:SECRET]
-//!     [--mutual-chap USER:SECRET] [--acl INITIATOR_IQN]... [--config target.toml]
+//!     [--mutual-chap USER:SECRET] [--acl INITIATOR_IQN]... [--sanitize-rate RATE] [--config target.toml]
 //! ```
 
 use clap::Parser;
@@ -39,6 +39,10 @@ struct Args {
     /// Logical block size (default 512).
     #[arg(long)]
     block_size: Option<u32>,
+    /// Pace SANITIZE to this many bytes per second (e.g. 64MiB; default: unpaced). Bounds the
+    /// load a sanitize puts on a shared backing store.
+    #[arg(long, value_name = "RATE")]
+    sanitize_rate: Option<String>,
     /// A TOML file with the same settings (keys as the long options, `-` written `_`; lists for
     /// portal, lun and acl). Command-line options override it.
     #[arg(long)]
@@ -59,6 +63,7 @@ struct FileConfig {
     #[serde(default)]
     acl: Vec<String>,
     block_size: Option<u32>,
+    sanitize_rate: Option<String>,
 }
 
 impl Args {
@@ -87,6 +92,7 @@ impl Args {
         self.chap = self.chap.or(file.chap);
         self.mutual_chap = self.mutual_chap.or(file.mutual_chap);
         self.block_size = self.block_size.or(file.block_size).or(Some(512));
+        self.sanitize_rate = self.sanitize_rate.or(file.sanitize_rate);
         Ok(self)
     }
 }
@@ -128,11 +134,12 @@ async fn run() -> Result<(), String> {
     let args = Args::parse().merged()?;
     let target_name = args.target_name.clone().unwrap_or_default();
     let block_size = args.block_size.unwrap_or(512);
+    let sanitize_rate = args.sanitize_rate.as_deref().map(riser::cli::parse_size).transpose()?;
     let mut luns = Vec::new();
     for (i, spec) in args.lun.iter().enumerate() {
         let b = backend(spec, block_size)?;
         let lun = Lun::from_number(i as u16).ok_or("too many LUNs")?;
-        luns.push(Arc::new(LogicalUnit::new(b, lun, i as u64 + 1)));
+        luns.push(Arc::new(LogicalUnit::new(b, lun, i as u64 + 1).with_sanitize_rate(sanitize_rate)));
     }
     let chap = args.chap.as_deref().map(creds).transpose()?;
     let mutual_chap = args.mutual_chap.as_deref().map(creds).transpose()?;

@@ -129,6 +129,8 @@ asc! {
     LUN_NOT_READY = 0x04, 0x00;
     /// 04/02 LOGICAL UNIT NOT READY, INITIALIZING COMMAND REQUIRED.
     LUN_NOT_READY_INIT_REQUIRED = 0x04, 0x02;
+    /// 04/1B LOGICAL UNIT NOT READY, SANITIZE IN PROGRESS.
+    SANITIZE_IN_PROGRESS = 0x04, 0x1b;
     /// 0C/00 WRITE ERROR.
     WRITE_ERROR = 0x0c, 0x00;
     /// 10/01 LOGICAL BLOCK GUARD CHECK FAILED.
@@ -167,6 +169,8 @@ asc! {
     CAPACITY_DATA_CHANGED = 0x2a, 0x09;
     /// 2C/00 COMMAND SEQUENCE ERROR.
     COMMAND_SEQUENCE_ERROR = 0x2c, 0x00;
+    /// 31/03 SANITIZE COMMAND FAILED.
+    SANITIZE_COMMAND_FAILED = 0x31, 0x03;
     /// 39/00 SAVING PARAMETERS NOT SUPPORTED.
     SAVING_PARAMETERS_NOT_SUPPORTED = 0x39, 0x00;
     /// 3A/00 MEDIUM NOT PRESENT.
@@ -280,6 +284,15 @@ impl Sense {
     pub fn invalid_field_in_parameter_list(byte: u16, bit: Option<u8>) -> Self {
         let mut s = Self::new(SenseKey::ILLEGAL_REQUEST, AscAscq::INVALID_FIELD_IN_PARAMETER_LIST);
         s.key_specific = Some(FieldPointer { in_cdb: false, bit, byte }.to_bytes());
+        s
+    }
+
+    /// NOT READY with a progress indication (SPC-5 §4.4.2.4.4): `done` of `total` units.
+    pub fn not_ready_in_progress(asc: AscAscq, done: u64, total: u64) -> Self {
+        let mut s = Self::new(SenseKey::NOT_READY, asc);
+        let fraction = if total == 0 { 0 } else { (u128::from(done.min(total)) * 65536 / u128::from(total)).min(65535) as u16 };
+        let [hi, lo] = fraction.to_be_bytes();
+        s.key_specific = Some([0, hi, lo]);
         s
     }
 

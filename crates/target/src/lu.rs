@@ -12,7 +12,9 @@ use riser_scsi::mode::{self, Caching, Control, InformationalExceptions, ModeHead
 use riser_scsi::report::{CommandDescriptor, all_commands_to_bytes, one_command_to_bytes, report_luns_to_bytes};
 use riser_scsi::sense::{AscAscq, Sense, SenseKey, Status};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// An I_T nexus: the initiator port (name + ISID) as a string.
 pub type Nexus = String;
@@ -73,6 +75,102 @@ struct State {
     unit_attention: HashMap<Nexus, Vec<AscAscq>>,
     prevent: bool,
     stopped: bool,
+    sanitize: Option<Arc<SanitizeJob>>,
+    sanitize_failed: bool,
+}
+
+/// A SANITIZE running in the background (SBC-4 §4.11). Until it ends the LU answers NOT READY,
+/// SANITIZE IN PROGRESS; it survives task management and the loss of the session that started it.
+#[derive(Debug)]
+struct SanitizeJob {
+    total: u64,
+    done: AtomicU64,
+    ok: Mutex<Option<bool>>,
+    ended: Condvar,
+}
+
+impl SanitizeJob {
+    fn result(&self) -> Option<bool> {
+        *self.ok.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn finish(&self, ok: bool) {
+        *self.ok.lock().unwrap_or_else(|e| e.into_inner()) = Some(ok);
+        self.ended.notify_all();
+    }
+    fn wait(&self) -> bool {
+        let mut g = self.ok.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(ok) = *g {
+                return ok;
+            }
+            g = self.ended.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// What a sanitize leaves the LU in.
+enum SanitizeState {
+    Idle,
+    Running { done: u64, total: u64 },
+    Failed,
+}
+
+impl State {
+    fn sanitize_state(&mut self) -> SanitizeState {
+        if let Some(job) = &self.sanitize {
+            match job.result() {
+                None => return SanitizeState::Running { done: job.done.load(Ordering::Relaxed), total: job.total },
+                Some(ok) => {
+                    self.sanitize_failed = !ok;
+                    self.sanitize = None;
+                }
+            }
+        }
+        if self.sanitize_failed { SanitizeState::Failed } else { SanitizeState::Idle }
+    }
+}
+
+/// The work of a SANITIZE OVERWRITE, done on its own thread.
+struct Overwrite {
+    backend: Arc<dyn BlockBackend>,
+    pattern: Vec<u8>,
+    passes: u8,
+    invert: bool,
+    rate: Option<u64>,
+}
+
+impl Overwrite {
+    /// Write every pass over the whole medium, then flush; false on a backend error.
+    fn run(&self, job: &SanitizeJob) -> bool {
+        let bs = u64::from(self.backend.block_size());
+        let total = self.backend.num_blocks() * bs;
+        let chunk_len = ((1u64 << 20) / bs).max(1) * bs;
+        let chunk: Vec<u8> = self.pattern.iter().copied().cycle().take(chunk_len as usize).collect();
+        let inverted: Vec<u8> = chunk.iter().map(|b| !b).collect();
+        let start = Instant::now();
+        let mut written = 0u64;
+        for pass in 0..self.passes {
+            // With INVERT the pattern is inverted between consecutive passes (SBC-4 §5.30.3).
+            let data = if self.invert && pass % 2 == 1 { &inverted } else { &chunk };
+            let mut at = 0u64;
+            while at < total {
+                let n = (total - at).min(chunk_len) as usize;
+                if self.backend.write(at, &data[..n]).is_err() {
+                    return false;
+                }
+                at += n as u64;
+                written += n as u64;
+                job.done.store(written, Ordering::Relaxed);
+                if let Some(rate) = self.rate {
+                    let due = Duration::from_secs_f64(written as f64 / rate as f64);
+                    if let Some(wait) = due.checked_sub(start.elapsed()) {
+                        std::thread::sleep(wait);
+                    }
+                }
+            }
+        }
+        self.backend.flush().is_ok()
+    }
 }
 
 /// One logical unit.
@@ -84,6 +182,7 @@ pub struct LogicalUnit {
     naa: (u64, u64),
     state: Mutex<State>,
     buffers: Mutex<Vec<Vec<u8>>>,
+    sanitize_rate: Option<u64>,
 }
 
 fn lock_pool(m: &Mutex<Vec<Vec<u8>>>) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
@@ -118,7 +217,22 @@ impl LogicalUnit {
             naa: (id & 0xf_ffff_ffff, 0x5249_5345_5200_0000 | id),
             state: Mutex::new(State { wce: true, ..State::default() }),
             buffers: Mutex::new(Vec::new()),
+            sanitize_rate: None,
         }
+    }
+
+    /// Pace SANITIZE to at most `bytes_per_second` of backing-store writes (default: as fast as
+    /// the backend goes). This bounds the load a sanitize puts on a shared backing store; it
+    /// also keeps a RAM LUN's sanitize observable for conformance tests.
+    pub fn with_sanitize_rate(mut self, bytes_per_second: Option<u64>) -> Self {
+        self.sanitize_rate = bytes_per_second.filter(|&r| r > 0);
+        self
+    }
+
+    /// Whether `plan` may block its thread for long (file I/O, or a SANITIZE without IMMED that
+    /// waits for the whole operation); the server runs those off its I/O threads.
+    pub fn may_block(&self, plan: &Plan) -> bool {
+        !self.backend.in_memory() || matches!(plan.cdb, Cdb::Sanitize { flags, .. } if flags & 0x80 == 0)
     }
 
     fn st(&self) -> std::sync::MutexGuard<'_, State> {
@@ -194,6 +308,19 @@ impl LogicalUnit {
         // REQUEST SENSE (SAM-5 §5.14).
         if !matches!(c, Cdb::Inquiry { .. } | Cdb::ReportLuns { .. } | Cdb::RequestSense { .. }) {
             let mut s = self.st();
+            // While a sanitize runs (or after it failed) the medium is off limits (SBC-4 §4.11.2).
+            match s.sanitize_state() {
+                SanitizeState::Idle => {}
+                SanitizeState::Running { done, total } => {
+                    drop(s);
+                    return Err(self.check(Sense::not_ready_in_progress(AscAscq::SANITIZE_IN_PROGRESS, done, total)));
+                }
+                SanitizeState::Failed if !matches!(c, Cdb::Sanitize { .. } | Cdb::ReportSupportedOpcodes { .. }) => {
+                    drop(s);
+                    return Err(self.check(Sense::new(SenseKey::MEDIUM_ERROR, AscAscq::SANITIZE_COMMAND_FAILED)));
+                }
+                SanitizeState::Failed => {}
+            }
             if let Some(v) = s.unit_attention.get_mut(nexus)
                 && !v.is_empty()
             {
@@ -311,7 +438,11 @@ impl LogicalUnit {
         match c {
             Cdb::TestUnitReady { .. } => Ok(Outcome::good(Bytes::new())),
             Cdb::RequestSense { desc, alloc_len, .. } => {
-                let s = Sense::new(SenseKey::NO_SENSE, AscAscq::NO_ADDITIONAL_SENSE);
+                let s = match self.st().sanitize_state() {
+                    SanitizeState::Running { done, total } => Sense::not_ready_in_progress(AscAscq::SANITIZE_IN_PROGRESS, done, total),
+                    SanitizeState::Failed => Sense::new(SenseKey::MEDIUM_ERROR, AscAscq::SANITIZE_COMMAND_FAILED),
+                    SanitizeState::Idle => Sense::new(SenseKey::NO_SENSE, AscAscq::NO_ADDITIONAL_SENSE),
+                };
                 let b = if *desc { s.to_descriptor() } else { s.to_fixed().to_vec() };
                 Ok(Outcome::good(truncate(b, u32::from(*alloc_len))))
             }
@@ -474,47 +605,62 @@ impl LogicalUnit {
         Ok(Outcome::good(Bytes::new()))
     }
 
-    /// SANITIZE (SBC-4 §5.30): OVERWRITE with an initialization pattern, run to completion
-    /// before the status (IMMED is honoured by completing first).
+    /// SANITIZE (SBC-4 §5.30): OVERWRITE with an initialization pattern. The overwrite runs on
+    /// its own thread; with IMMED the status is GOOD once it has started, without it the status
+    /// waits for the end (the caller's thread blocks: see [`LogicalUnit::may_block`]).
     fn sanitize(&self, flags: u8, reserved: &[u8; 5], param_len: u16, out: &[u8]) -> R {
         const OVERWRITE: u8 = 0x01;
+        const IMMED: u8 = 0x80;
         if flags & 0x40 != 0 {
             return Err(bad_field(1, Some(6)));
         }
         if reserved.iter().any(|&b| b != 0) {
             return Err(bad_field(2, None));
         }
-        let sa = flags & 0x1f;
-        let bs = u64::from(self.bs());
-        let total = self.blocks() * bs;
-        match sa {
-            OVERWRITE => {
-                let p = usize::from(param_len);
-                if p <= 4 || p >= self.bs() as usize + 5 || out.len() < p {
-                    return Err(bad_field(7, None));
-                }
-                let count = out[0] & 0x1f;
-                let pattern_len = usize::from(u16::from_be_bytes([out[2], out[3]]));
-                if count == 0 || pattern_len == 0 || pattern_len > self.bs() as usize || pattern_len > p - 4 {
-                    return Err(bad_field(7, None));
-                }
-                self.write_protected()?;
-                let invert = out[0] & 0x80 != 0;
-                let pattern = &out[4..4 + pattern_len];
-                let chunk: Vec<u8> = pattern.iter().copied().cycle().take(1 << 20).collect();
-                for pass in 0..count {
-                    let flip = invert && pass % 2 == 1;
-                    let data: Vec<u8> = if flip { chunk.iter().map(|b| !b).collect() } else { chunk.clone() };
-                    let mut at = 0u64;
-                    while at < total {
-                        let n = (total - at).min(data.len() as u64 / bs * bs) as usize;
-                        self.backend.write(at, &data[..n]).map_err(|_| self.io_error(false))?;
-                        at += n as u64;
-                    }
-                }
-                Ok(Outcome::good(Bytes::new()))
+        if flags & 0x1f != OVERWRITE {
+            return Err(bad_field(1, Some(4)));
+        }
+        let p = usize::from(param_len);
+        if p <= 4 || p >= self.bs() as usize + 5 || out.len() < p {
+            return Err(bad_field(7, None));
+        }
+        let count = out[0] & 0x1f;
+        let pattern_len = usize::from(u16::from_be_bytes([out[2], out[3]]));
+        if count == 0 || pattern_len == 0 || pattern_len > self.bs() as usize || pattern_len > p - 4 {
+            return Err(bad_field(7, None));
+        }
+        self.write_protected()?;
+        let overwrite = Overwrite {
+            backend: self.backend.clone(),
+            pattern: out[4..4 + pattern_len].to_vec(),
+            passes: count,
+            invert: out[0] & 0x80 != 0,
+            rate: self.sanitize_rate,
+        };
+        let job = Arc::new(SanitizeJob {
+            total: self.blocks() * u64::from(self.bs()) * u64::from(count),
+            done: AtomicU64::new(0),
+            ok: Mutex::new(None),
+            ended: Condvar::new(),
+        });
+        {
+            let mut s = self.st();
+            if let SanitizeState::Running { done, total } = s.sanitize_state() {
+                // Two SANITIZE commands raced past the gate in plan().
+                return Err(Sense::not_ready_in_progress(AscAscq::SANITIZE_IN_PROGRESS, done, total));
             }
-            _ => Err(bad_field(1, Some(4))),
+            s.sanitize = Some(job.clone());
+            s.sanitize_failed = false;
+        }
+        let worker = job.clone();
+        if let Err(e) = std::thread::Builder::new().name("riser-sanitize".into()).spawn(move || worker.finish(overwrite.run(&worker))) {
+            tracing::error!("cannot start the sanitize thread: {e}");
+            job.finish(false);
+        }
+        if flags & IMMED != 0 || job.wait() {
+            Ok(Outcome::good(Bytes::new()))
+        } else {
+            Err(Sense::new(SenseKey::MEDIUM_ERROR, AscAscq::SANITIZE_COMMAND_FAILED))
         }
     }
 
@@ -1005,5 +1151,166 @@ impl LogicalUnit {
             _ => return Err(bad_field(1, Some(4))),
         }
         Ok(Outcome::good(Bytes::new()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::RamBackend;
+    use std::sync::atomic::AtomicBool;
+
+    /// A RAM backend whose writes can be made to fail.
+    #[derive(Debug)]
+    struct Flaky {
+        ram: RamBackend,
+        fail: AtomicBool,
+    }
+
+    impl BlockBackend for Flaky {
+        fn block_size(&self) -> u32 {
+            self.ram.block_size()
+        }
+        fn num_blocks(&self) -> u64 {
+            self.ram.num_blocks()
+        }
+        fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+            self.ram.read(offset, buf)
+        }
+        fn write(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+            if self.fail.load(Ordering::Relaxed) { Err(std::io::Error::other("injected")) } else { self.ram.write(offset, buf) }
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn unmap(&self, offset: u64, len: u64) -> std::io::Result<()> {
+            self.ram.unmap(offset, len)
+        }
+        fn is_mapped(&self, offset: u64) -> bool {
+            self.ram.is_mapped(offset)
+        }
+        fn thin(&self) -> bool {
+            true
+        }
+        fn in_memory(&self) -> bool {
+            true
+        }
+    }
+
+    const N: &str = "iqn.test,i,0x1";
+
+    fn lu(size: u64, rate: Option<u64>) -> (Arc<Flaky>, LogicalUnit) {
+        let b = Arc::new(Flaky { ram: RamBackend::new(size, 512), fail: AtomicBool::new(false) });
+        (b.clone(), LogicalUnit::new(b, Lun::ZERO, 1).with_sanitize_rate(rate))
+    }
+
+    fn run(lu: &LogicalUnit, cdb: &[u8], out: &[u8]) -> Outcome {
+        match lu.plan(cdb, N) {
+            Ok(p) => lu.execute(&p, out, N),
+            Err(o) => o,
+        }
+    }
+
+    fn sense_of(o: &Outcome) -> Sense {
+        assert_eq!(o.status, Status::CHECK_CONDITION, "{o:?}");
+        Sense::parse(o.sense.as_ref().unwrap()).unwrap()
+    }
+
+    fn sanitize_cdb(immed: bool, param_len: u16) -> [u8; 10] {
+        let [hi, lo] = param_len.to_be_bytes();
+        [op::SANITIZE, if immed { 0x81 } else { 0x01 }, 0, 0, 0, 0, 0, hi, lo, 0]
+    }
+
+    /// OVERWRITE parameter list: one pass (or `passes`) of `pattern`.
+    fn overwrite_params(passes: u8, invert: bool, pattern: &[u8]) -> Vec<u8> {
+        let mut v = vec![passes | if invert { 0x80 } else { 0 }, 0];
+        v.extend_from_slice(&(pattern.len() as u16).to_be_bytes());
+        v.extend_from_slice(pattern);
+        v
+    }
+
+    const TUR: [u8; 6] = [0; 6];
+    const INQUIRY: [u8; 6] = [0x12, 0, 0, 0, 36, 0];
+    const REQUEST_SENSE: [u8; 6] = [0x03, 0, 0, 0, 18, 0];
+    const READ10: [u8; 10] = [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+
+    #[test]
+    fn immediate_sanitize_runs_in_the_background_and_fences_the_medium() {
+        // 4 MiB at 8 MiB/s: half a second of sanitize.
+        let (b, lu) = lu(4 << 20, Some(8 << 20));
+        b.write(0, &[0x55; 512]).unwrap();
+        let params = overwrite_params(1, false, &[0xa5, 0x5a]);
+        let o = run(&lu, &sanitize_cdb(true, params.len() as u16), &params);
+        assert_eq!(o.status, Status::GOOD, "IMMED returns once the sanitize has started");
+
+        let s = sense_of(&run(&lu, &TUR, &[]));
+        assert_eq!((s.key, s.asc), (SenseKey::NOT_READY, AscAscq::SANITIZE_IN_PROGRESS));
+        let s = sense_of(&run(&lu, &READ10, &[]));
+        assert_eq!((s.key, s.asc), (SenseKey::NOT_READY, AscAscq::SANITIZE_IN_PROGRESS));
+        let s = sense_of(&run(&lu, &sanitize_cdb(true, params.len() as u16), &params));
+        assert_eq!(s.asc, AscAscq::SANITIZE_IN_PROGRESS, "a second SANITIZE waits its turn");
+        assert_eq!(run(&lu, &INQUIRY, &[]).status, Status::GOOD, "INQUIRY stays allowed");
+
+        // REQUEST SENSE reports the progress, which only grows.
+        let progress = |o: Outcome| {
+            assert_eq!(o.status, Status::GOOD);
+            let s = Sense::parse(&o.data).unwrap();
+            assert_eq!(s.asc, AscAscq::SANITIZE_IN_PROGRESS);
+            u16::from_be_bytes([s.key_specific.unwrap()[1], s.key_specific.unwrap()[2]])
+        };
+        let first = progress(run(&lu, &REQUEST_SENSE, &[]));
+        std::thread::sleep(Duration::from_millis(150));
+        let second = progress(run(&lu, &REQUEST_SENSE, &[]));
+        assert!(second > first, "progress {first} then {second}");
+
+        let t0 = Instant::now();
+        while run(&lu, &TUR, &[]).status != Status::GOOD {
+            assert!(t0.elapsed() < Duration::from_secs(10), "the sanitize never ended");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut all = vec![0u8; 4 << 20];
+        b.read(0, &mut all).unwrap();
+        assert!(all.chunks(2).all(|c| c == [0xa5, 0x5a]), "every byte overwritten with the pattern");
+        let s = Sense::parse(&run(&lu, &REQUEST_SENSE, &[]).data).unwrap();
+        assert_eq!(s.key, SenseKey::NO_SENSE);
+    }
+
+    #[test]
+    fn sanitize_without_immed_reports_at_the_end_with_inverted_passes() {
+        let (b, lu) = lu(1 << 20, None);
+        let params = overwrite_params(2, true, &[0x0f]);
+        let o = run(&lu, &sanitize_cdb(false, params.len() as u16), &params);
+        assert_eq!(o.status, Status::GOOD);
+        assert_eq!(run(&lu, &TUR, &[]).status, Status::GOOD, "done by the time the status came");
+        let mut all = vec![0u8; 1 << 20];
+        b.read(0, &mut all).unwrap();
+        assert!(all.iter().all(|&x| x == 0xf0), "the second pass writes the inverted pattern");
+        assert!(lu.may_block(&lu.plan(&sanitize_cdb(false, 5), N).unwrap()));
+        assert!(!lu.may_block(&lu.plan(&sanitize_cdb(true, 5), N).unwrap()));
+    }
+
+    #[test]
+    fn a_failed_sanitize_leaves_the_medium_fenced_until_a_good_one() {
+        let (b, lu) = lu(1 << 20, None);
+        let params = overwrite_params(1, false, &[0]);
+        b.fail.store(true, Ordering::Relaxed);
+        let s = sense_of(&run(&lu, &sanitize_cdb(false, params.len() as u16), &params));
+        assert_eq!((s.key, s.asc), (SenseKey::MEDIUM_ERROR, AscAscq::SANITIZE_COMMAND_FAILED));
+        let s = sense_of(&run(&lu, &READ10, &[]));
+        assert_eq!((s.key, s.asc), (SenseKey::MEDIUM_ERROR, AscAscq::SANITIZE_COMMAND_FAILED));
+        assert_eq!(run(&lu, &INQUIRY, &[]).status, Status::GOOD);
+        b.fail.store(false, Ordering::Relaxed);
+        assert_eq!(run(&lu, &sanitize_cdb(false, params.len() as u16), &params).status, Status::GOOD);
+        assert_eq!(run(&lu, &READ10, &[]).status, Status::GOOD);
+    }
+
+    #[test]
+    fn progress_indication_scales_to_65536() {
+        let s = Sense::not_ready_in_progress(AscAscq::SANITIZE_IN_PROGRESS, 1, 2);
+        assert_eq!(s.key_specific, Some([0, 0x80, 0]));
+        let fixed = s.to_fixed();
+        assert_eq!(fixed[15] & 0x80, 0x80, "SKSV");
+        assert_eq!(&fixed[16..18], &[0x80, 0]);
+        assert_eq!(Sense::not_ready_in_progress(AscAscq::SANITIZE_IN_PROGRESS, 5, 5).key_specific, Some([0, 0xff, 0xff]));
     }
 }

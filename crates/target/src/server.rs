@@ -404,6 +404,9 @@ impl Session {
                         self.accept_cmd_sn(l.cmd_sn);
                     }
                     self.abort_all(None);
+                    // The nexus ends before the initiator hears so: what it held (a RESERVE(6))
+                    // is free by the time it can send anything else.
+                    self.nexus_lost();
                     let h = Header::LogoutResponse(LogoutResponse {
                         response: LogoutResponseCode::SUCCESS,
                         itt: l.itt,
@@ -421,6 +424,11 @@ impl Session {
             }
         }
         self.abort_all(None);
+        self.nexus_lost();
+    }
+
+    /// Release what this I_T nexus holds on every LU (idempotent).
+    fn nexus_lost(&self) {
         if let Some(n) = &self.node {
             for lu in &n.luns {
                 lu.nexus_lost(&self.nexus);
@@ -637,7 +645,7 @@ impl Session {
             return self.scsi_response(&c, &o, (false, true, out_len), 0).await;
         }
         let usable = data_out.len().min(out_len as usize);
-        let (o, data_out) = if lu.backend().in_memory() {
+        let (o, data_out) = if !lu.may_block(&plan) {
             // Memory-speed backends run inline; a thread hand-off would cost more than the I/O.
             (lu.execute(&plan, &data_out[..usable], &self.nexus), data_out)
         } else {
