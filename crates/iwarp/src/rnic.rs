@@ -1,0 +1,1538 @@
+//! The software RNIC: memory, queue pairs, the FPDU receive and transmit engines and the MPA
+//! connection manager.
+
+use crate::Term;
+use crate::wire::{
+    self, Header, IrdOrd, MPA_FLAG_CRC, MPA_FLAG_ENHANCED, MPA_FLAG_MARKERS, MPA_FLAG_REJECT, MPA_HEADER_LEN, MpaFrame, Opcode, QN_READ,
+    QN_SEND, QN_TERMINATE, READ_REQUEST_LEN, ReadRequest, TerminateMsg, UNTAGGED_HDR,
+};
+use riser_verbs::{
+    Access, BoxFuture, CompletionQueue, ConnParam, ConnectionRequest, Error, Established, Listener, MAX_PRIVATE_DATA, MemoryRegion,
+    ProtectionDomain, Provider, QpCaps, QueuePair, RecvWr, Result, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus,
+};
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, BufReader, IoSlice, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+use tracing::{debug, warn};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Largest IRD/ORD either side may use (Linux siw's limit).
+pub const MAX_IRD_ORD: u8 = 128;
+
+/// How the software RNIC connects.
+#[derive(Clone, Debug)]
+pub struct RnicConfig {
+    /// Ask for MPA CRC32C on FPDUs (the connection uses CRC when either side asks).
+    pub crc: bool,
+    /// MPA revision to request: 2 (RFC 6581 enhanced setup with IRD/ORD) or 1.
+    pub mpa_rev: u8,
+    /// As initiator, ask for peer-to-peer mode and send a zero-length RDMA Write as the
+    /// ready-to-receive message.
+    pub p2p: bool,
+    /// Payload bytes per FPDU (a multiple of 4, at most 65516).
+    pub max_segment: usize,
+    /// Time allowed for TCP connect and the MPA exchange.
+    pub setup_timeout: Duration,
+}
+
+impl Default for RnicConfig {
+    fn default() -> Self {
+        Self { crc: true, mpa_rev: 2, p2p: false, max_segment: 65516, setup_timeout: Duration::from_secs(10) }
+    }
+}
+
+/// The software RNIC (a [`Provider`]).
+#[derive(Clone, Debug)]
+pub struct SoftRnic {
+    shared: Arc<RnicShared>,
+}
+
+#[derive(Debug)]
+struct RnicShared {
+    config: RnicConfig,
+    /// STag index → region.
+    regions: Mutex<HashMap<u32, Weak<SoftMr>>>,
+    next_index: AtomicU32,
+    next_pd: AtomicU64,
+}
+
+impl RnicShared {
+    fn lookup(&self, stag: u32) -> Option<Arc<SoftMr>> {
+        lock(&self.regions).get(&(stag >> 8)).and_then(Weak::upgrade)
+    }
+}
+
+impl Default for SoftRnic {
+    fn default() -> Self {
+        Self::new(RnicConfig::default())
+    }
+}
+
+impl SoftRnic {
+    /// A software RNIC with `config`.
+    pub fn new(config: RnicConfig) -> Self {
+        let start = rand::random::<u32>() & 0x00ff_ffff;
+        Self {
+            shared: Arc::new(RnicShared {
+                config,
+                regions: Mutex::new(HashMap::new()),
+                next_index: AtomicU32::new(start.max(1)),
+                next_pd: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RnicConfig {
+        &self.shared.config
+    }
+
+    /// Answer an MPA connection request arriving on an already accepted TCP stream (for
+    /// servers that run their own listener).
+    pub fn request_from_stream(&self, stream: TcpStream) -> Result<SoftRequest> {
+        read_request(&self.shared, stream)
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Completion queues
+
+/// A completion queue.
+#[derive(Debug)]
+pub struct SoftCq {
+    q: Mutex<VecDeque<Wc>>,
+    cv: Condvar,
+    notify: tokio::sync::Notify,
+}
+
+impl SoftCq {
+    fn push(&self, wc: Wc) {
+        lock(&self.q).push_back(wc);
+        self.cv.notify_all();
+        self.notify.notify_waiters();
+    }
+}
+
+impl CompletionQueue for SoftCq {
+    fn poll(&self, max: usize) -> Vec<Wc> {
+        let mut q = lock(&self.q);
+        let n = max.min(q.len());
+        q.drain(..n).collect()
+    }
+
+    fn wait_blocking(&self, timeout: Duration) -> bool {
+        let q = lock(&self.q);
+        let (q, _) = self.cv.wait_timeout_while(q, timeout, |q| q.is_empty()).unwrap_or_else(|e| e.into_inner());
+        !q.is_empty()
+    }
+
+    fn ready(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            loop {
+                let mut n = std::pin::pin!(self.notify.notified());
+                n.as_mut().enable();
+                if !lock(&self.q).is_empty() {
+                    return;
+                }
+                n.await;
+            }
+        })
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Memory
+
+/// A registered memory region; it owns its buffer, and dropping it deregisters.
+#[derive(Debug)]
+pub struct SoftMr {
+    index: u32,
+    key: AtomicU32,
+    valid: AtomicBool,
+    pd: u64,
+    access: Access,
+    addr: u64,
+    len: usize,
+    mem: Mutex<Vec<u8>>,
+    rnic: Weak<RnicShared>,
+}
+
+impl SoftMr {
+    fn stag(&self) -> u32 {
+        (self.index << 8) | self.key.load(Ordering::Acquire)
+    }
+
+    /// The buffer back (deregistering).
+    pub fn into_inner(self: Arc<Self>) -> Option<Vec<u8>> {
+        Arc::try_unwrap(self).ok().map(|mut m| std::mem::take(m.mem.get_mut().unwrap_or_else(|e| e.into_inner())))
+    }
+
+    /// Check an access of `len` bytes at virtual address `to` with STag `stag` from domain
+    /// `pd` needing `need`; on failure, which check failed.
+    fn check(&self, stag: u32, pd: u64, need: Access, to: u64, len: u64) -> std::result::Result<usize, Denied> {
+        if stag != self.stag() || !self.valid.load(Ordering::Acquire) {
+            return Err(Denied::Stag);
+        }
+        if pd != self.pd {
+            return Err(Denied::Pd);
+        }
+        if !self.access.contains(need) {
+            return Err(Denied::Access);
+        }
+        let end = to.checked_add(len).ok_or(Denied::Bounds)?;
+        if to < self.addr || end > self.addr + self.len as u64 {
+            return Err(Denied::Bounds);
+        }
+        Ok((to - self.addr) as usize)
+    }
+}
+
+impl Drop for SoftMr {
+    fn drop(&mut self) {
+        if let Some(r) = self.rnic.upgrade() {
+            let mut t = lock(&r.regions);
+            if t.get(&self.index).is_some_and(|w| w.strong_count() == 0) {
+                t.remove(&self.index);
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Denied {
+    Stag,
+    Pd,
+    Access,
+    Bounds,
+}
+
+impl MemoryRegion for SoftMr {
+    fn lkey(&self) -> u32 {
+        self.stag()
+    }
+    fn rkey(&self) -> u32 {
+        self.stag()
+    }
+    fn addr(&self) -> u64 {
+        self.addr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn access(&self) -> Access {
+        self.access
+    }
+    fn read(&self, f: &mut dyn FnMut(&[u8])) {
+        f(&lock(&self.mem))
+    }
+    fn write(&self, f: &mut dyn FnMut(&mut [u8])) {
+        f(&mut lock(&self.mem))
+    }
+    fn invalidate(&self) {
+        self.valid.store(false, Ordering::Release);
+    }
+    fn rekey(&self) -> Result<u32> {
+        let k = self.key.load(Ordering::Acquire);
+        self.key.store(k.wrapping_add(1) & 0xff, Ordering::Release);
+        self.valid.store(true, Ordering::Release);
+        Ok(self.stag())
+    }
+    fn is_valid(&self) -> bool {
+        self.valid.load(Ordering::Acquire)
+    }
+}
+
+/// A protection domain.
+#[derive(Debug)]
+pub struct SoftPd {
+    id: u64,
+    rnic: Arc<RnicShared>,
+}
+
+impl ProtectionDomain for SoftPd {
+    type Mr = SoftMr;
+
+    fn register(&self, buf: Vec<u8>, access: Access) -> Result<Arc<SoftMr>> {
+        let mut t = lock(&self.rnic.regions);
+        if t.len() >= 0x00ff_fff0 {
+            return Err(Error::Registration("no free STag index".into()));
+        }
+        let index = loop {
+            let i = self.rnic.next_index.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
+            if i != 0 && t.get(&i).is_none_or(|w| w.strong_count() == 0) {
+                break i;
+            }
+        };
+        let addr = buf.as_ptr() as u64;
+        let mr = Arc::new(SoftMr {
+            index,
+            key: AtomicU32::new(u32::from(rand::random::<u8>())),
+            valid: AtomicBool::new(true),
+            pd: self.id,
+            access,
+            addr,
+            len: buf.len(),
+            mem: Mutex::new(buf),
+            rnic: Arc::downgrade(&self.rnic),
+        });
+        t.insert(index, Arc::downgrade(&mr));
+        Ok(mr)
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Queue pairs
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum QpState {
+    Idle,
+    Connected,
+    /// A Terminate is on its way out; then Error.
+    Terminating,
+    Error,
+}
+
+/// An outstanding RDMA Read this side issued.
+#[derive(Debug)]
+struct PendingRead {
+    wr_id: u64,
+    signaled: bool,
+    sink: Sge,
+    size: u32,
+    received: u32,
+    /// The ready-to-receive zero-length Read: no completion.
+    internal: bool,
+}
+
+/// Work for the transmitter.
+#[derive(Debug)]
+enum TxItem {
+    Wr(SendWr),
+    /// Answer a validated Read Request (`src` is None for zero-length reads).
+    ReadResponse {
+        req: ReadRequest,
+        src: Option<Arc<SoftMr>>,
+    },
+    /// Zero-length RDMA Write as the ready-to-receive message.
+    RtrWrite,
+    Terminate(TerminateMsg),
+    Stop,
+}
+
+#[derive(Debug)]
+struct QpShared {
+    rnic: Arc<RnicShared>,
+    pd: u64,
+    caps: QpCaps,
+    send_cq: Arc<SoftCq>,
+    recv_cq: Arc<SoftCq>,
+    rq: Mutex<VecDeque<RecvWr>>,
+    orq: Mutex<VecDeque<PendingRead>>,
+    orq_cv: Condvar,
+    state: Mutex<QpState>,
+    state_cv: Condvar,
+    closed: tokio::sync::Notify,
+    tx: Mutex<Option<Sender<TxItem>>>,
+    sock: Mutex<Option<TcpStream>>,
+    established: Mutex<Option<Established>>,
+    ird: AtomicU32,
+    ord: AtomicU32,
+    /// Inbound reads accepted but not yet answered.
+    ird_in_use: AtomicU32,
+    /// Responder side: nothing may be sent before the initiator's first FPDU (RFC 5044).
+    may_send: Mutex<bool>,
+    may_send_cv: Condvar,
+    terminate_received: Mutex<Option<Term>>,
+    terminate_sent: Mutex<Option<Term>>,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+/// A queue pair of the software RNIC.
+#[derive(Debug)]
+pub struct SoftQp {
+    s: Arc<QpShared>,
+}
+
+impl Drop for SoftQp {
+    fn drop(&mut self) {
+        self.s.fail(None);
+        let threads = std::mem::take(&mut *lock(&self.s.threads));
+        let me = std::thread::current().id();
+        for t in threads {
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl SoftQp {
+    fn new(rnic: &Arc<RnicShared>, pd: &SoftPd, send_cq: &Arc<SoftCq>, recv_cq: &Arc<SoftCq>, caps: QpCaps) -> Result<Arc<Self>> {
+        if !Arc::ptr_eq(rnic, &pd.rnic) {
+            return Err(Error::Invalid("protection domain of another device".into()));
+        }
+        Ok(Arc::new(Self {
+            s: Arc::new(QpShared {
+                rnic: rnic.clone(),
+                pd: pd.id,
+                caps,
+                send_cq: send_cq.clone(),
+                recv_cq: recv_cq.clone(),
+                rq: Mutex::new(VecDeque::new()),
+                orq: Mutex::new(VecDeque::new()),
+                orq_cv: Condvar::new(),
+                state: Mutex::new(QpState::Idle),
+                state_cv: Condvar::new(),
+                closed: tokio::sync::Notify::new(),
+                tx: Mutex::new(None),
+                sock: Mutex::new(None),
+                established: Mutex::new(None),
+                ird: AtomicU32::new(0),
+                ord: AtomicU32::new(0),
+                ird_in_use: AtomicU32::new(0),
+                may_send: Mutex::new(true),
+                may_send_cv: Condvar::new(),
+                terminate_received: Mutex::new(None),
+                terminate_sent: Mutex::new(None),
+                threads: Mutex::new(Vec::new()),
+            }),
+        }))
+    }
+
+    /// The Terminate the peer sent, if the connection ended with one.
+    pub fn terminate_received(&self) -> Option<Term> {
+        *lock(&self.s.terminate_received)
+    }
+
+    /// The Terminate this side sent, if it ended the connection with one.
+    pub fn terminate_sent(&self) -> Option<Term> {
+        *lock(&self.s.terminate_sent)
+    }
+
+    /// Start the engines on an established stream.
+    fn start(&self, stream: TcpStream, crc: bool, responder: bool, est: Established, rtr_write: bool) -> Result<()> {
+        stream.set_read_timeout(None)?;
+        stream.set_write_timeout(None)?;
+        stream.set_nodelay(true)?;
+        let rx_stream = stream.try_clone()?;
+        let tx_stream = stream.try_clone()?;
+        self.s.ird.store(u32::from(est.ird), Ordering::Release);
+        self.s.ord.store(u32::from(est.ord), Ordering::Release);
+        *lock(&self.s.established) = Some(est);
+        *lock(&self.s.sock) = Some(stream);
+        *lock(&self.s.may_send) = !responder;
+        let (txq, rxq) = channel();
+        if rtr_write {
+            let _ = txq.send(TxItem::RtrWrite);
+        }
+        *lock(&self.s.tx) = Some(txq.clone());
+        *lock(&self.s.state) = QpState::Connected;
+        let max_segment = self.s.rnic.config.max_segment.clamp(4, 65516) & !3;
+        let s = self.s.clone();
+        let tx = std::thread::Builder::new()
+            .name("iwarp-tx".into())
+            .spawn(move || transmit(&s, tx_stream, rxq, crc, max_segment))
+            .map_err(Error::Io)?;
+        let s = self.s.clone();
+        let rx = std::thread::Builder::new()
+            .name("iwarp-rx".into())
+            .spawn(move || receive(&s, BufReader::with_capacity(16 << 10, rx_stream), crc, &txq))
+            .map_err(Error::Io)?;
+        lock(&self.s.threads).extend([tx, rx]);
+        Ok(())
+    }
+}
+
+impl QpShared {
+    fn state(&self) -> QpState {
+        *lock(&self.state)
+    }
+
+    /// Leave the connected state: optionally send a Terminate first (through the transmitter),
+    /// then close the socket and flush every outstanding request.
+    fn fail(&self, terminate: Option<TerminateMsg>) {
+        {
+            let mut st = lock(&self.state);
+            match *st {
+                QpState::Error => return,
+                QpState::Terminating if terminate.is_some() => return,
+                _ => {}
+            }
+            if let Some(t) = terminate {
+                if *st == QpState::Connected {
+                    *st = QpState::Terminating;
+                    *lock(&self.terminate_sent) = Some(t.term);
+                    drop(st);
+                    if let Some(tx) = lock(&self.tx).as_ref() {
+                        let _ = tx.send(TxItem::Terminate(t));
+                    }
+                    // The transmitter sends it and calls fail(None).
+                    self.may_send_release();
+                    return;
+                }
+            }
+            *st = QpState::Error;
+        }
+        self.state_cv.notify_all();
+        if let Some(s) = lock(&self.sock).as_ref() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        if let Some(tx) = lock(&self.tx).take() {
+            let _ = tx.send(TxItem::Stop);
+        }
+        self.may_send_release();
+        self.flush_receives();
+        self.flush_reads(None);
+        self.closed.notify_waiters();
+    }
+
+    fn may_send_release(&self) {
+        *lock(&self.may_send) = true;
+        self.may_send_cv.notify_all();
+    }
+
+    fn flush_receives(&self) {
+        let rq: Vec<RecvWr> = lock(&self.rq).drain(..).collect();
+        for wr in rq {
+            self.recv_cq.push(Wc {
+                wr_id: wr.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                invalidated_rkey: None,
+                solicited: false,
+            });
+        }
+    }
+
+    /// Complete outstanding reads: the oldest with `head_status` (the read a Terminate was
+    /// about), the rest flushed.
+    fn flush_reads(&self, head_status: Option<WcStatus>) {
+        let reads: Vec<PendingRead> = lock(&self.orq).drain(..).collect();
+        self.orq_cv.notify_all();
+        for (i, r) in reads.into_iter().enumerate() {
+            if r.internal {
+                continue;
+            }
+            let status = if i == 0 { head_status.unwrap_or(WcStatus::WrFlushErr) } else { WcStatus::WrFlushErr };
+            self.send_cq.push(Wc {
+                wr_id: r.wr_id,
+                status,
+                opcode: WcOpcode::RdmaRead,
+                byte_len: 0,
+                invalidated_rkey: None,
+                solicited: false,
+            });
+        }
+    }
+
+    fn complete_send(&self, wr: &SendWr, status: WcStatus, byte_len: u32) {
+        if status != WcStatus::Success || wr.signaled {
+            let opcode = match wr.op {
+                SendOp::RdmaWrite { .. } => WcOpcode::RdmaWrite,
+                SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
+                _ => WcOpcode::Send,
+            };
+            self.send_cq.push(Wc { wr_id: wr.wr_id, status, opcode, byte_len, invalidated_rkey: None, solicited: false });
+        }
+    }
+
+    /// Resolve a local element for an access needing `need`.
+    fn local(&self, sge: &Sge, need: Access) -> Option<(Arc<SoftMr>, usize)> {
+        let mr = self.rnic.lookup(sge.lkey)?;
+        let off = mr.check(sge.lkey, self.pd, need, sge.addr, u64::from(sge.length)).ok()?;
+        Some((mr, off))
+    }
+}
+
+impl QueuePair for SoftQp {
+    fn post_send(&self, wr: SendWr) -> Result<()> {
+        if wr.sg_list.len() > self.s.caps.max_sge as usize {
+            return Err(Error::Invalid(format!("{} scatter/gather elements (at most {})", wr.sg_list.len(), self.s.caps.max_sge)));
+        }
+        if matches!(wr.op, SendOp::RdmaRead { .. }) && wr.sg_list.len() != 1 {
+            return Err(Error::Invalid("an RDMA Read takes exactly one sink element".into()));
+        }
+        match self.s.state() {
+            QpState::Idle => return Err(Error::NotConnected),
+            QpState::Connected => {
+                if let Some(tx) = lock(&self.s.tx).as_ref()
+                    && tx.send(TxItem::Wr(wr.clone())).is_ok()
+                {
+                    return Ok(());
+                }
+            }
+            QpState::Terminating | QpState::Error => {}
+        }
+        self.s.complete_send(&wr, WcStatus::WrFlushErr, 0);
+        Ok(())
+    }
+
+    fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        if wr.sg_list.len() > self.s.caps.max_sge as usize {
+            return Err(Error::Invalid(format!("{} scatter/gather elements (at most {})", wr.sg_list.len(), self.s.caps.max_sge)));
+        }
+        let mut rq = lock(&self.s.rq);
+        if rq.len() >= self.s.caps.max_recv_wr as usize {
+            return Err(Error::Invalid("receive queue full".into()));
+        }
+        match self.s.state() {
+            QpState::Terminating | QpState::Error => {
+                drop(rq);
+                self.s.recv_cq.push(Wc {
+                    wr_id: wr.wr_id,
+                    status: WcStatus::WrFlushErr,
+                    opcode: WcOpcode::Recv,
+                    byte_len: 0,
+                    invalidated_rkey: None,
+                    solicited: false,
+                });
+            }
+            _ => rq.push_back(wr),
+        }
+        Ok(())
+    }
+
+    fn disconnect(&self) {
+        self.s.fail(None);
+    }
+
+    fn is_connected(&self) -> bool {
+        self.s.state() == QpState::Connected
+    }
+
+    fn disconnected(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            loop {
+                let mut n = std::pin::pin!(self.s.closed.notified());
+                n.as_mut().enable();
+                if matches!(self.s.state(), QpState::Error) {
+                    return;
+                }
+                n.await;
+            }
+        })
+    }
+
+    fn established(&self) -> Option<Established> {
+        lock(&self.s.established).clone()
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Transmit
+
+/// Write all of `bufs` (std's write_all_vectored is unstable).
+fn write_all_vectored(w: &mut impl Write, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        match w.write_vectored(bufs) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// One FPDU: header (after the length field), payload pieces, then pad and CRC.
+fn send_fpdu(w: &mut impl Write, crc: bool, header: &[u8], payload: &[&[u8]]) -> io::Result<()> {
+    let plen: usize = payload.iter().map(|p| p.len()).sum();
+    let mpa_len = header.len() + plen;
+    let mut head = [0u8; 2 + UNTAGGED_HDR + READ_REQUEST_LEN + 8];
+    head[..2].copy_from_slice(&(mpa_len as u16).to_be_bytes());
+    head[2..2 + header.len()].copy_from_slice(header);
+    let head = &head[..2 + header.len()];
+    let pad = [0u8; 3];
+    let pad = &pad[..wire::fpdu_pad(mpa_len)];
+    let sum = if crc {
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(payload.len() + 2);
+        parts.push(head);
+        parts.extend_from_slice(payload);
+        parts.push(pad);
+        wire::fpdu_crc(&parts)
+    } else {
+        [0; 4]
+    };
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(payload.len() + 3);
+    slices.push(IoSlice::new(head));
+    slices.extend(payload.iter().map(|p| IoSlice::new(p)));
+    slices.push(IoSlice::new(pad));
+    slices.push(IoSlice::new(&sum));
+    write_all_vectored(w, &mut slices)
+}
+
+/// Transmit state: per-queue MSNs.
+struct Tx {
+    crc: bool,
+    max_segment: usize,
+    msn_send: u32,
+    msn_read: u32,
+}
+
+enum TxOutcome {
+    Done(u32),
+    /// An RDMA Read is on its way; the receiver completes it.
+    Pending,
+    LocalError(WcStatus),
+    Io(io::Error),
+}
+
+fn transmit(s: &Arc<QpShared>, stream: TcpStream, items: Receiver<TxItem>, crc: bool, max_segment: usize) {
+    let mut w = stream;
+    let mut tx = Tx { crc, max_segment, msn_send: 0, msn_read: 0 };
+    while let Ok(item) = items.recv() {
+        // The responder waits for the initiator's first FPDU before sending anything.
+        {
+            let g = lock(&s.may_send);
+            drop(s.may_send_cv.wait_while(g, |ok| !*ok).unwrap_or_else(|e| e.into_inner()));
+        }
+        let state = s.state();
+        match item {
+            TxItem::Stop => break,
+            TxItem::Terminate(t) => {
+                let h = Header::Untagged { op: Opcode::Terminate, last: true, inv_stag: 0, qn: QN_TERMINATE, msn: 1, mo: 0 };
+                let mut hb = [0u8; UNTAGGED_HDR];
+                h.emit(&mut hb);
+                let body = t.emit();
+                let _ = send_fpdu(&mut w, tx.crc, &hb, &[&body]);
+                let _ = w.flush();
+                s.fail(None);
+            }
+            TxItem::Wr(wr) if state != QpState::Connected => s.complete_send(&wr, WcStatus::WrFlushErr, 0),
+            TxItem::Wr(wr) => match tx.work_request(s, &mut w, &wr) {
+                TxOutcome::Done(n) => s.complete_send(&wr, WcStatus::Success, n),
+                TxOutcome::Pending => {}
+                TxOutcome::LocalError(st) => {
+                    s.complete_send(&wr, st, 0);
+                    // A local protection error moves the queue pair to the error state.
+                    s.fail(Some(TerminateMsg {
+                        term: Term::RDMAP_CATASTROPHIC,
+                        segment_len: None,
+                        ddp_header: false,
+                        rdmap_header: false,
+                        attached: vec![],
+                    }));
+                }
+                TxOutcome::Io(e) => {
+                    debug!("iwarp transmit: {e}");
+                    s.complete_send(&wr, WcStatus::WrFlushErr, 0);
+                    s.fail(None);
+                }
+            },
+            TxItem::ReadResponse { .. } | TxItem::RtrWrite if state != QpState::Connected => {}
+            TxItem::ReadResponse { req, src } => {
+                let mut freed = false;
+                let r = tx.read_response(&mut w, &req, src.as_ref(), &mut || {
+                    freed = true;
+                    s.ird_in_use.fetch_sub(1, Ordering::AcqRel);
+                });
+                if !freed {
+                    s.ird_in_use.fetch_sub(1, Ordering::AcqRel);
+                }
+                if let Err(e) = r {
+                    debug!("iwarp transmit: {e}");
+                    s.fail(None);
+                }
+            }
+            TxItem::RtrWrite => {
+                let mut hb = [0u8; 14];
+                Header::Tagged { op: Opcode::Write, last: true, stag: 1, to: 0 }.emit(&mut hb);
+                if send_fpdu(&mut w, tx.crc, &hb, &[]).is_err() {
+                    s.fail(None);
+                }
+            }
+        }
+    }
+    // Whatever is still queued is flushed.
+    while let Ok(item) = items.try_recv() {
+        if let TxItem::Wr(wr) = item {
+            s.complete_send(&wr, WcStatus::WrFlushErr, 0);
+        }
+    }
+}
+
+impl Tx {
+    fn work_request(&mut self, s: &QpShared, w: &mut impl Write, wr: &SendWr) -> TxOutcome {
+        let need = if matches!(wr.op, SendOp::RdmaRead { .. }) { Access::LOCAL_WRITE } else { Access::empty() };
+        let mut sources = Vec::with_capacity(wr.sg_list.len());
+        for sge in &wr.sg_list {
+            match s.local(sge, need) {
+                Some((mr, off)) => sources.push((mr, off, sge.length as usize)),
+                None => return TxOutcome::LocalError(WcStatus::LocalProtErr),
+            }
+        }
+        let total: usize = sources.iter().map(|(_, _, n)| n).sum();
+        if total > u32::MAX as usize {
+            return TxOutcome::LocalError(WcStatus::LocalLengthErr);
+        }
+        let r = match wr.op {
+            SendOp::RdmaRead { remote_addr, rkey } => return self.read_request(s, w, wr, remote_addr, rkey),
+            SendOp::RdmaWrite { remote_addr, rkey } => {
+                let header = |off: u64, last| Header::Tagged { op: Opcode::Write, last, stag: rkey, to: remote_addr.wrapping_add(off) };
+                self.stream_out(w, &sources, header, &mut || {})
+            }
+            op => {
+                let (op, inv) = match op {
+                    SendOp::SendWithInvalidate { rkey } => (Opcode::SendInvalidate, rkey),
+                    SendOp::SendWithSolicitedEvent => (Opcode::SendSe, 0),
+                    SendOp::SendWithSolicitedEventInvalidate { rkey } => (Opcode::SendSeInvalidate, rkey),
+                    _ => (Opcode::Send, 0),
+                };
+                self.msn_send = self.msn_send.wrapping_add(1);
+                let msn = self.msn_send;
+                self.stream_out(
+                    w,
+                    &sources,
+                    |off, last| Header::Untagged { op, last, inv_stag: inv, qn: QN_SEND, msn, mo: off as u32 },
+                    &mut || {},
+                )
+            }
+        };
+        match r {
+            Ok(()) => TxOutcome::Done(total as u32),
+            Err(e) => TxOutcome::Io(e),
+        }
+    }
+
+    /// Send the gathered `sources` as one DDP message, segment by segment; `before_last` runs
+    /// just before the final segment goes out.
+    fn stream_out(
+        &self,
+        w: &mut impl Write,
+        sources: &[(Arc<SoftMr>, usize, usize)],
+        header: impl Fn(u64, bool) -> Header,
+        before_last: &mut dyn FnMut(),
+    ) -> io::Result<()> {
+        let total: usize = sources.iter().map(|(_, _, n)| n).sum();
+        let mut hb = [0u8; UNTAGGED_HDR];
+        if total == 0 {
+            before_last();
+            let n = header(0, true).emit(&mut hb);
+            return send_fpdu(w, self.crc, &hb[..n], &[]);
+        }
+        let (mut sent, mut i, mut within) = (0usize, 0usize, 0usize);
+        let mut staging = Vec::new();
+        while sent < total {
+            let seg = (total - sent).min(self.max_segment);
+            let last = sent + seg == total;
+            if last {
+                before_last();
+            }
+            let n = header(sent as u64, last).emit(&mut hb);
+            // Skip empty elements.
+            while sources[i].2 == within {
+                i += 1;
+                within = 0;
+            }
+            let (mr, off, len) = &sources[i];
+            if len - within >= seg {
+                // One element holds the whole segment: write it straight from the region.
+                let mem = lock(&mr.mem);
+                send_fpdu(w, self.crc, &hb[..n], &[&mem[off + within..off + within + seg]])?;
+                within += seg;
+            } else {
+                // The segment spans elements: gather it (one region lock at a time).
+                staging.clear();
+                let mut need = seg;
+                while need > 0 {
+                    let (mr, off, len) = &sources[i];
+                    let take = (len - within).min(need);
+                    staging.extend_from_slice(&lock(&mr.mem)[off + within..off + within + take]);
+                    need -= take;
+                    within += take;
+                    if within == *len && need > 0 {
+                        i += 1;
+                        within = 0;
+                    }
+                }
+                send_fpdu(w, self.crc, &hb[..n], &[&staging])?;
+            }
+            sent += seg;
+        }
+        Ok(())
+    }
+
+    fn read_request(&mut self, s: &QpShared, w: &mut impl Write, wr: &SendWr, remote_addr: u64, rkey: u32) -> TxOutcome {
+        let sink = wr.sg_list[0];
+        {
+            // At most ORD reads outstanding: later work waits (in order) for a response.
+            let orq = lock(&s.orq);
+            let ord = s.ord.load(Ordering::Acquire) as usize;
+            if ord == 0 {
+                return TxOutcome::LocalError(WcStatus::LocalProtErr);
+            }
+            let mut orq =
+                s.orq_cv.wait_while(orq, |q| q.len() >= ord && s.state() == QpState::Connected).unwrap_or_else(|e| e.into_inner());
+            if s.state() != QpState::Connected {
+                return TxOutcome::Io(io::ErrorKind::NotConnected.into());
+            }
+            orq.push_back(PendingRead { wr_id: wr.wr_id, signaled: wr.signaled, sink, size: sink.length, received: 0, internal: false });
+        }
+        self.msn_read = self.msn_read.wrapping_add(1);
+        let rr = ReadRequest { sink_stag: sink.lkey, sink_to: sink.addr, size: sink.length, src_stag: rkey, src_to: remote_addr };
+        let mut hb = [0u8; UNTAGGED_HDR + READ_REQUEST_LEN];
+        Header::Untagged { op: Opcode::ReadRequest, last: true, inv_stag: 0, qn: QN_READ, msn: self.msn_read, mo: 0 }.emit(&mut hb);
+        hb[UNTAGGED_HDR..].copy_from_slice(&rr.emit());
+        match send_fpdu(w, self.crc, &hb, &[]) {
+            // Completed by the receiver when the last Read Response segment arrives.
+            Ok(()) => TxOutcome::Pending,
+            Err(e) => TxOutcome::Io(e),
+        }
+    }
+
+    /// Answer a Read Request. The IRD slot frees (`done`) just before the last segment leaves:
+    /// the requester can issue its next read only after receiving it.
+    fn read_response(&self, w: &mut impl Write, req: &ReadRequest, src: Option<&Arc<SoftMr>>, done: &mut dyn FnMut()) -> io::Result<()> {
+        let header =
+            |off: u64, last| Header::Tagged { op: Opcode::ReadResponse, last, stag: req.sink_stag, to: req.sink_to.wrapping_add(off) };
+        match src {
+            None => {
+                done();
+                let mut hb = [0u8; 14];
+                header(0, true).emit(&mut hb);
+                send_fpdu(w, self.crc, &hb, &[])
+            }
+            Some(mr) => {
+                let off = (req.src_to - mr.addr) as usize;
+                self.stream_out(w, &[(mr.clone(), off, req.size as usize)], header, done)
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Receive
+
+/// A Send being received across segments.
+struct InboundSend {
+    wr: RecvWr,
+    msn: u32,
+    received: u32,
+    capacity: u64,
+}
+
+/// Receive state: what each queue expects next.
+struct Rx {
+    crc: bool,
+    msn_send: u32,
+    msn_read: u32,
+    send: Option<InboundSend>,
+    /// A tagged message in progress: (STag, next TO).
+    tagged: Option<(u32, u64)>,
+    first_seen: bool,
+}
+
+enum RxError {
+    /// The stream ended or broke.
+    Closed,
+    /// Protocol or access violation: send this Terminate.
+    Term(Term, &'static str),
+}
+
+impl From<io::Error> for RxError {
+    fn from(_: io::Error) -> Self {
+        Self::Closed
+    }
+}
+
+fn terminate_for(term: Term) -> TerminateMsg {
+    TerminateMsg { term, segment_len: None, ddp_header: false, rdmap_header: false, attached: vec![] }
+}
+
+fn receive<R: Read>(s: &Arc<QpShared>, mut r: R, crc: bool, tx: &Sender<TxItem>) {
+    let mut rx = Rx { crc, msn_send: 1, msn_read: 1, send: None, tagged: None, first_seen: false };
+    loop {
+        match rx.fpdu(s, &mut r, tx) {
+            Ok(()) => {
+                if !rx.first_seen {
+                    rx.first_seen = true;
+                    s.may_send_release();
+                }
+            }
+            Err(RxError::Closed) => {
+                s.fail(None);
+                break;
+            }
+            Err(RxError::Term(t, why)) => {
+                debug!("iwarp receive: {why}: sending Terminate {t}");
+                if let Some(inb) = rx.send.take() {
+                    s.recv_cq.push(Wc {
+                        wr_id: inb.wr.wr_id,
+                        status: if t == Term::DDP_UNTAGGED_NO_BUFFER { WcStatus::LocalLengthErr } else { WcStatus::LocalProtErr },
+                        opcode: WcOpcode::Recv,
+                        byte_len: 0,
+                        invalidated_rkey: None,
+                        solicited: false,
+                    });
+                }
+                s.fail(Some(terminate_for(t)));
+                break;
+            }
+        }
+    }
+}
+
+fn denied_tagged(d: Denied) -> Term {
+    match d {
+        Denied::Stag | Denied::Access => Term::DDP_TAGGED_INVALID_STAG,
+        Denied::Pd => Term::DDP_TAGGED_PD,
+        Denied::Bounds => Term::DDP_TAGGED_BOUNDS,
+    }
+}
+
+fn denied_read(d: Denied) -> Term {
+    match d {
+        Denied::Stag => Term::RDMAP_INVALID_STAG,
+        Denied::Pd => Term::RDMAP_PD,
+        Denied::Access => Term::RDMAP_ACCESS,
+        Denied::Bounds => Term::RDMAP_BOUNDS,
+    }
+}
+
+/// Running CRC over an FPDU (nothing computed when the connection has CRC off).
+struct Crc {
+    on: bool,
+    value: u32,
+}
+
+impl Crc {
+    fn add(&mut self, b: &[u8]) {
+        if self.on {
+            self.value = crc32c::crc32c_append(self.value, b);
+        }
+    }
+}
+
+impl Rx {
+    fn fpdu<R: Read>(&mut self, s: &QpShared, r: &mut R, tx: &Sender<TxItem>) -> std::result::Result<(), RxError> {
+        let mut lenb = [0u8; 2];
+        r.read_exact(&mut lenb)?;
+        let mpa_len = usize::from(u16::from_be_bytes(lenb));
+        let mut crc = Crc { on: self.crc, value: 0 };
+        crc.add(&lenb);
+        if mpa_len < 2 {
+            return Err(RxError::Term(Term::MPA_FRAMING, "FPDU shorter than a DDP header"));
+        }
+        let mut hb = [0u8; UNTAGGED_HDR + READ_REQUEST_LEN];
+        r.read_exact(&mut hb[..2])?;
+        let tagged = hb[0] & 0x80 != 0;
+        let base = if tagged { wire::TAGGED_HDR } else { UNTAGGED_HDR };
+        if mpa_len < base {
+            return Err(RxError::Term(Term::MPA_FRAMING, "FPDU shorter than its DDP header"));
+        }
+        r.read_exact(&mut hb[2..base])?;
+        let h = Header::parse(&hb[..base]).map_err(|e| match e {
+            wire::WireError::Violation(t, why) => RxError::Term(t, why),
+            _ => RxError::Term(Term::MPA_FRAMING, "bad DDP header"),
+        })?;
+        let extra = match h.op() {
+            Opcode::ReadRequest => READ_REQUEST_LEN,
+            _ => 0,
+        };
+        if mpa_len < base + extra {
+            return Err(RxError::Term(Term::MPA_FRAMING, "FPDU shorter than its RDMAP header"));
+        }
+        r.read_exact(&mut hb[base..base + extra])?;
+        crc.add(&hb[..base + extra]);
+        let payload = mpa_len - base - extra;
+        let commit = self.segment(s, r, &h, &hb[base..base + extra], payload, &mut crc)?;
+        // Pad and CRC.
+        let mut tail = [0u8; 7];
+        let pad = wire::fpdu_pad(mpa_len);
+        r.read_exact(&mut tail[..pad + 4])?;
+        crc.add(&tail[..pad]);
+        if self.crc && crc.value.to_le_bytes() != tail[pad..pad + 4] {
+            return Err(RxError::Term(Term::MPA_CRC, "FPDU CRC mismatch"));
+        }
+        self.commit(s, commit, tx)
+    }
+
+    /// Validate a segment and place its payload; what to do once its CRC checked out is returned.
+    fn segment<R: Read>(
+        &mut self,
+        s: &QpShared,
+        r: &mut R,
+        h: &Header,
+        body: &[u8],
+        payload: usize,
+        crc: &mut Crc,
+    ) -> std::result::Result<Commit, RxError> {
+        match *h {
+            Header::Tagged { op: Opcode::Write, last, stag, to } => {
+                if let Some((cur, next)) = self.tagged {
+                    if cur != stag || next != to {
+                        return Err(RxError::Term(Term::DDP_TAGGED_BOUNDS, "RDMA Write segment does not continue its message"));
+                    }
+                } else if payload == 0 {
+                    // A zero-length Write (e.g. the peer-to-peer ready-to-receive) touches nothing.
+                    return Ok(Commit::None);
+                }
+                let mr = s.rnic.lookup(stag).ok_or(RxError::Term(Term::DDP_TAGGED_INVALID_STAG, "RDMA Write to an unknown STag"))?;
+                let off = mr
+                    .check(stag, s.pd, Access::REMOTE_WRITE, to, payload as u64)
+                    .map_err(|d| RxError::Term(denied_tagged(d), "RDMA Write refused"))?;
+                place(r, &mr, off, payload, crc)?;
+                self.tagged = if last { None } else { Some((stag, to + payload as u64)) };
+                Ok(Commit::None)
+            }
+            Header::Tagged { op: Opcode::ReadResponse, last, stag, to } => {
+                let (sink, received, size) = {
+                    let orq = lock(&s.orq);
+                    let head = orq.front().ok_or(RxError::Term(Term::DDP_CATASTROPHIC, "Read Response without an outstanding Read"))?;
+                    (head.sink, head.received, head.size)
+                };
+                if stag != sink.lkey {
+                    return Err(RxError::Term(Term::DDP_TAGGED_INVALID_STAG, "Read Response for another sink STag"));
+                }
+                if to != sink.addr.wrapping_add(u64::from(received)) || u64::from(received) + payload as u64 > u64::from(size) {
+                    return Err(RxError::Term(Term::DDP_TAGGED_BOUNDS, "Read Response outside the requested range"));
+                }
+                if last && u64::from(received) + payload as u64 != u64::from(size) {
+                    return Err(RxError::Term(Term::DDP_TAGGED_BOUNDS, "Read Response shorter than requested"));
+                }
+                if payload > 0 {
+                    let part = Sge { addr: to, length: payload as u32, lkey: stag };
+                    let (mr, off) = s
+                        .local(&part, Access::LOCAL_WRITE)
+                        .ok_or(RxError::Term(Term::DDP_TAGGED_INVALID_STAG, "Read sink no longer valid"))?;
+                    place(r, &mr, off, payload, crc)?;
+                }
+                Ok(Commit::ReadProgress { bytes: payload as u32, last })
+            }
+            Header::Untagged { op, last, inv_stag, qn, msn, mo } if op.is_send() => {
+                if qn != QN_SEND {
+                    return Err(RxError::Term(Term::DDP_UNTAGGED_INVALID_QN, "Send on a queue other than 0"));
+                }
+                if self.send.is_none() {
+                    let wr = lock(&s.rq).pop_front().ok_or(RxError::Term(Term::DDP_UNTAGGED_NO_BUFFER, "Send with no receive posted"))?;
+                    let capacity = wr.sg_list.iter().map(|e| u64::from(e.length)).sum();
+                    self.send = Some(InboundSend { wr, msn, received: 0, capacity });
+                }
+                let inb = self.send.as_mut().expect("set above");
+                if msn != self.msn_send || inb.msn != msn {
+                    return Err(RxError::Term(Term::DDP_UNTAGGED_BAD_MSN, "Send MSN out of sequence"));
+                }
+                if mo != inb.received {
+                    return Err(RxError::Term(Term::DDP_UNTAGGED_BAD_MO, "Send MO does not follow the bytes received"));
+                }
+                if u64::from(inb.received) + payload as u64 > inb.capacity {
+                    return Err(RxError::Term(Term::DDP_UNTAGGED_NO_BUFFER, "Send larger than the posted receive"));
+                }
+                // Scatter into the receive's elements.
+                let mut at = u64::from(inb.received);
+                let mut left = payload;
+                for sge in &inb.wr.sg_list {
+                    if left == 0 {
+                        break;
+                    }
+                    let len = u64::from(sge.length);
+                    if at >= len {
+                        at -= len;
+                        continue;
+                    }
+                    let take = ((len - at) as usize).min(left);
+                    let part = Sge { addr: sge.addr + at, length: take as u32, lkey: sge.lkey };
+                    let (mr, off) =
+                        s.local(&part, Access::LOCAL_WRITE).ok_or(RxError::Term(Term::DDP_CATASTROPHIC, "receive buffer not usable"))?;
+                    place(r, &mr, off, take, crc)?;
+                    left -= take;
+                    at = 0;
+                }
+                inb.received += payload as u32;
+                Ok(if last { Commit::SendDone { op, inv_stag } } else { Commit::None })
+            }
+            Header::Untagged { op: Opcode::ReadRequest, qn, msn, mo, .. } => {
+                if qn != QN_READ {
+                    return Err(RxError::Term(Term::DDP_UNTAGGED_INVALID_QN, "Read Request on a queue other than 1"));
+                }
+                if msn != self.msn_read || mo != 0 {
+                    return Err(RxError::Term(Term::DDP_UNTAGGED_BAD_MSN, "Read Request MSN out of sequence"));
+                }
+                if payload != 0 {
+                    return Err(RxError::Term(Term::MPA_FRAMING, "Read Request with a payload"));
+                }
+                let req = ReadRequest::parse(body).map_err(|_| RxError::Term(Term::MPA_FRAMING, "short Read Request"))?;
+                Ok(Commit::Read(req))
+            }
+            Header::Untagged { op: Opcode::Terminate, .. } => {
+                let mut b = vec![0u8; payload];
+                r.read_exact(&mut b)?;
+                crc.add(&b);
+                let t = TerminateMsg::parse(&b).map(|t| t.term).unwrap_or(Term::RDMAP_CATASTROPHIC);
+                Ok(Commit::Terminated(t))
+            }
+            _ => Err(RxError::Term(Term::RDMAP_BAD_OPCODE, "unexpected opcode")),
+        }
+    }
+
+    fn commit(&mut self, s: &QpShared, c: Commit, tx: &Sender<TxItem>) -> std::result::Result<(), RxError> {
+        match c {
+            Commit::None => Ok(()),
+            Commit::ReadProgress { bytes, last } => {
+                let done = {
+                    let mut orq = lock(&s.orq);
+                    let Some(head) = orq.front_mut() else { return Ok(()) };
+                    head.received += bytes;
+                    if last { orq.pop_front() } else { None }
+                };
+                if let Some(r) = done {
+                    s.orq_cv.notify_all();
+                    if r.signaled && !r.internal {
+                        s.send_cq.push(Wc {
+                            wr_id: r.wr_id,
+                            status: WcStatus::Success,
+                            opcode: WcOpcode::RdmaRead,
+                            byte_len: r.size,
+                            invalidated_rkey: None,
+                            solicited: false,
+                        });
+                    }
+                }
+                Ok(())
+            }
+            Commit::SendDone { op, inv_stag } => {
+                let inb = self.send.take().expect("a Send in progress");
+                self.msn_send = self.msn_send.wrapping_add(1);
+                let mut invalidated = None;
+                if matches!(op, Opcode::SendInvalidate | Opcode::SendSeInvalidate) {
+                    match s.rnic.lookup(inv_stag) {
+                        Some(mr) if mr.pd == s.pd && mr.index == inv_stag >> 8 => {
+                            mr.invalidate();
+                            invalidated = Some(inv_stag);
+                        }
+                        _ => {
+                            s.recv_cq.push(Wc {
+                                wr_id: inb.wr.wr_id,
+                                status: WcStatus::RemoteInvalidRequestErr,
+                                opcode: WcOpcode::Recv,
+                                byte_len: inb.received,
+                                invalidated_rkey: None,
+                                solicited: false,
+                            });
+                            return Err(RxError::Term(Term::RDMAP_CANNOT_INVALIDATE, "Send with Invalidate of an STag not ours"));
+                        }
+                    }
+                }
+                s.recv_cq.push(Wc {
+                    wr_id: inb.wr.wr_id,
+                    status: WcStatus::Success,
+                    opcode: WcOpcode::Recv,
+                    byte_len: inb.received,
+                    invalidated_rkey: invalidated,
+                    solicited: matches!(op, Opcode::SendSe | Opcode::SendSeInvalidate),
+                });
+                Ok(())
+            }
+            Commit::Read(req) => {
+                self.msn_read = self.msn_read.wrapping_add(1);
+                let ird = s.ird.load(Ordering::Acquire);
+                if s.ird_in_use.load(Ordering::Acquire) >= ird {
+                    return Err(RxError::Term(Term::RDMAP_IRD_EXCEEDED, "more Read Requests outstanding than IRD"));
+                }
+                let src = if req.size == 0 {
+                    None
+                } else {
+                    let mr = s.rnic.lookup(req.src_stag).ok_or(RxError::Term(Term::RDMAP_INVALID_STAG, "RDMA Read of an unknown STag"))?;
+                    mr.check(req.src_stag, s.pd, Access::REMOTE_READ, req.src_to, u64::from(req.size))
+                        .map_err(|d| RxError::Term(denied_read(d), "RDMA Read refused"))?;
+                    Some(mr)
+                };
+                s.ird_in_use.fetch_add(1, Ordering::AcqRel);
+                tx.send(TxItem::ReadResponse { req, src }).map_err(|_| RxError::Closed)
+            }
+            Commit::Terminated(t) => {
+                warn!("iwarp: peer terminated the connection: {t}");
+                *lock(&s.terminate_received) = Some(t);
+                let status = if t.is_protection() { WcStatus::RemoteAccessErr } else { WcStatus::RemoteOpErr };
+                s.flush_reads(Some(status));
+                Err(RxError::Closed)
+            }
+        }
+    }
+}
+
+enum Commit {
+    None,
+    ReadProgress { bytes: u32, last: bool },
+    SendDone { op: Opcode, inv_stag: u32 },
+    Read(ReadRequest),
+    Terminated(Term),
+}
+
+/// Read `len` payload bytes from the stream straight into `mr` at `off`.
+fn place<R: Read>(r: &mut R, mr: &SoftMr, off: usize, len: usize, crc: &mut Crc) -> std::result::Result<(), RxError> {
+    let mut mem = lock(&mr.mem);
+    let dst = &mut mem[off..off + len];
+    r.read_exact(dst)?;
+    crc.add(dst);
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// Connection management (MPA)
+
+fn setup_err(e: io::Error) -> Error {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::Unreachable("no MPA answer in time".into()),
+        _ => Error::Io(e),
+    }
+}
+
+fn read_frame(stream: &mut TcpStream) -> Result<MpaFrame> {
+    let mut h = [0u8; MPA_HEADER_LEN];
+    stream.read_exact(&mut h).map_err(setup_err)?;
+    let (reply, flags, rev, pd_len) = MpaFrame::parse_header(&h).map_err(|e| Error::Setup(e.to_string()))?;
+    let mut pd = vec![0u8; pd_len];
+    stream.read_exact(&mut pd).map_err(setup_err)?;
+    MpaFrame::with_private_data(reply, flags, rev, &pd).map_err(|e| Error::Setup(e.to_string()))
+}
+
+fn clamp(v: u16) -> u8 {
+    v.min(u16::from(MAX_IRD_ORD)) as u8
+}
+
+/// A connection request read from a new TCP connection.
+#[derive(Debug)]
+pub struct SoftRequest {
+    rnic: Arc<RnicShared>,
+    stream: TcpStream,
+    frame: MpaFrame,
+    peer: SocketAddr,
+    qp: Option<Arc<SoftQp>>,
+}
+
+fn read_request(rnic: &Arc<RnicShared>, mut stream: TcpStream) -> Result<SoftRequest> {
+    stream.set_read_timeout(Some(rnic.config.setup_timeout.min(Duration::from_secs(5))))?;
+    stream.set_nodelay(true)?;
+    let peer = stream.peer_addr()?;
+    let frame = read_frame(&mut stream)?;
+    let mut refuse = |why: &str| {
+        // A protocol reject: R set, no consumer data.
+        let reply = MpaFrame {
+            reply: true,
+            flags: MPA_FLAG_REJECT,
+            rev: frame.rev.max(1),
+            ird_ord: frame.ird_ord.map(|_| IrdOrd::default()),
+            private_data: vec![],
+        };
+        let _ = stream.write_all(&reply.emit());
+        Err(Error::Setup(why.into()))
+    };
+    if frame.reply {
+        return refuse("an MPA Reply where a Request belongs");
+    }
+    if frame.markers() {
+        return refuse("MPA markers requested (not supported)");
+    }
+    Ok(SoftRequest { rnic: rnic.clone(), stream, frame, peer, qp: None })
+}
+
+impl ConnectionRequest for SoftRequest {
+    type Qp = SoftQp;
+    type Pd = SoftPd;
+    type Cq = SoftCq;
+
+    fn private_data(&self) -> &[u8] {
+        &self.frame.private_data
+    }
+
+    fn ird_ord(&self) -> (u8, u8) {
+        self.frame.ird_ord.map(|io| (clamp(io.ird), clamp(io.ord))).unwrap_or((1, 1))
+    }
+
+    fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    fn create_qp(&mut self, pd: &Arc<SoftPd>, send_cq: &Arc<SoftCq>, recv_cq: &Arc<SoftCq>, caps: QpCaps) -> Result<Arc<SoftQp>> {
+        let qp = SoftQp::new(&self.rnic, pd, send_cq, recv_cq, caps)?;
+        self.qp = Some(qp.clone());
+        Ok(qp)
+    }
+
+    fn accept(mut self, param: &ConnParam) -> Result<Arc<SoftQp>> {
+        let qp = self.qp.take().ok_or_else(|| Error::Invalid("accept before create_qp".into()))?;
+        if param.private_data.len() > MAX_PRIVATE_DATA {
+            return Err(Error::Invalid(format!("{} bytes of private data (at most {MAX_PRIVATE_DATA})", param.private_data.len())));
+        }
+        let (peer_ird, peer_ord) = self.ird_ord();
+        // Our ORD may not exceed the requester's IRD; our IRD covers what it will issue.
+        let ord = param.initiator_depth.min(peer_ird);
+        let ird = param.responder_resources.max(peer_ord).min(MAX_IRD_ORD);
+        let crc = self.frame.crc() || self.rnic.config.crc;
+        let ird_ord = self.frame.ird_ord.map(|req| {
+            let (write_rtr, read_rtr) =
+                if req.p2p { if req.write_rtr || !req.read_rtr { (true, false) } else { (false, true) } } else { (false, false) };
+            IrdOrd { ird: u16::from(ird), ord: u16::from(ord), p2p: req.p2p, write_rtr, read_rtr }
+        });
+        let flags = (self.frame.flags & !(MPA_FLAG_REJECT | MPA_FLAG_MARKERS | MPA_FLAG_ENHANCED)) | if crc { MPA_FLAG_CRC } else { 0 };
+        let reply = MpaFrame { reply: true, flags, rev: self.frame.rev, ird_ord, private_data: param.private_data.clone() };
+        let est = Established { private_data: self.frame.private_data.clone(), ird, ord, peer: Some(self.peer) };
+        // The engines start before the reply goes out so the first FPDU is handled at once;
+        // the transmitter holds back until that FPDU arrived.
+        qp.start(self.stream.try_clone()?, crc, true, est, false)?;
+        if let Err(e) = self.stream.write_all(&reply.emit()) {
+            qp.s.fail(None);
+            return Err(Error::Io(e));
+        }
+        Ok(qp)
+    }
+
+    fn reject(mut self, private_data: &[u8]) {
+        let reply = MpaFrame {
+            reply: true,
+            flags: MPA_FLAG_REJECT,
+            rev: self.frame.rev.max(1),
+            ird_ord: self.frame.ird_ord.map(|_| IrdOrd::default()),
+            private_data: private_data[..private_data.len().min(MAX_PRIVATE_DATA)].to_vec(),
+        };
+        let _ = self.stream.write_all(&reply.emit());
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
+/// A listening endpoint.
+#[derive(Debug)]
+pub struct SoftListener {
+    rnic: Arc<RnicShared>,
+    listener: TcpListener,
+}
+
+impl Listener for SoftListener {
+    type Request = SoftRequest;
+
+    fn get_request(&self) -> Result<SoftRequest> {
+        loop {
+            let (stream, peer) = self.listener.accept()?;
+            match read_request(&self.rnic, stream) {
+                Ok(r) => return Ok(r),
+                Err(e) => debug!(%peer, "iwarp: connection request dropped: {e}"),
+            }
+        }
+    }
+
+    fn local_addr(&self) -> Result<SocketAddr> {
+        Ok(self.listener.local_addr()?)
+    }
+}
+
+impl Provider for SoftRnic {
+    type Pd = SoftPd;
+    type Cq = SoftCq;
+    type Qp = SoftQp;
+    type Listener = SoftListener;
+    type Request = SoftRequest;
+
+    fn name(&self) -> String {
+        "soft-iwarp".into()
+    }
+
+    fn alloc_pd(&self) -> Result<Arc<SoftPd>> {
+        Ok(Arc::new(SoftPd { id: self.shared.next_pd.fetch_add(1, Ordering::Relaxed), rnic: self.shared.clone() }))
+    }
+
+    fn create_cq(&self, _depth: u32) -> Result<Arc<SoftCq>> {
+        Ok(Arc::new(SoftCq { q: Mutex::new(VecDeque::new()), cv: Condvar::new(), notify: tokio::sync::Notify::new() }))
+    }
+
+    fn listen(&self, addr: SocketAddr) -> Result<SoftListener> {
+        Ok(SoftListener { rnic: self.shared.clone(), listener: TcpListener::bind(addr)? })
+    }
+
+    fn create_qp(&self, pd: &Arc<SoftPd>, send_cq: &Arc<SoftCq>, recv_cq: &Arc<SoftCq>, caps: QpCaps) -> Result<Arc<SoftQp>> {
+        SoftQp::new(&self.shared, pd, send_cq, recv_cq, caps)
+    }
+
+    fn connect(&self, qp: &Arc<SoftQp>, addr: SocketAddr, param: &ConnParam) -> Result<Established> {
+        if param.private_data.len() > MAX_PRIVATE_DATA {
+            return Err(Error::Invalid(format!("{} bytes of private data (at most {MAX_PRIVATE_DATA})", param.private_data.len())));
+        }
+        if qp.s.state() != QpState::Idle {
+            return Err(Error::Invalid("queue pair already connected".into()));
+        }
+        let cfg = &self.shared.config;
+        let mut stream = TcpStream::connect_timeout(&addr, cfg.setup_timeout).map_err(|e| match e.kind() {
+            io::ErrorKind::TimedOut => Error::Unreachable(format!("{addr}: TCP connect timed out")),
+            _ => Error::Io(e),
+        })?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(cfg.setup_timeout))?;
+        let enhanced = cfg.mpa_rev >= 2;
+        let request = MpaFrame {
+            reply: false,
+            flags: if cfg.crc { MPA_FLAG_CRC } else { 0 },
+            rev: if enhanced { 2 } else { 1 },
+            ird_ord: enhanced.then_some(IrdOrd {
+                ird: u16::from(param.responder_resources.min(MAX_IRD_ORD)),
+                ord: u16::from(param.initiator_depth.min(MAX_IRD_ORD)),
+                p2p: cfg.p2p,
+                write_rtr: cfg.p2p,
+                read_rtr: false,
+            }),
+            private_data: param.private_data.clone(),
+        };
+        stream.write_all(&request.emit())?;
+        let reply = read_frame(&mut stream)?;
+        if !reply.reply {
+            return Err(Error::Setup("the peer answered with an MPA Request".into()));
+        }
+        if reply.rejected() {
+            return Err(Error::Rejected { private_data: reply.private_data });
+        }
+        if reply.markers() {
+            return Err(Error::Setup("the peer wants MPA markers (not supported)".into()));
+        }
+        if enhanced && reply.ird_ord.is_none() {
+            return Err(Error::Setup("enhanced MPA request answered without IRD/ORD".into()));
+        }
+        let (ird, ord) = match reply.ird_ord {
+            Some(io) => (param.responder_resources.max(clamp(io.ord)).min(MAX_IRD_ORD), param.initiator_depth.min(clamp(io.ird))),
+            None => (param.responder_resources, param.initiator_depth),
+        };
+        let rtr_write = reply.ird_ord.is_some_and(|io| io.p2p && io.write_rtr) && cfg.p2p;
+        if reply.ird_ord.is_some_and(|io| io.p2p && !io.write_rtr) && cfg.p2p {
+            return Err(Error::Setup("the peer chose a ready-to-receive message we did not offer".into()));
+        }
+        let est = Established { private_data: reply.private_data.clone(), ird, ord, peer: Some(addr) };
+        qp.start(stream, reply.crc(), false, est.clone(), rtr_write)?;
+        Ok(est)
+    }
+}
+
+/// Feed `bytes` to a connected queue pair's receive engine (no socket; what it would send is
+/// discarded): the fuzz target for the FPDU state machine.
+pub fn fuzz_receive(bytes: &[u8], crc: bool) {
+    let rnic = SoftRnic::default();
+    let pd = rnic.alloc_pd().expect("pd");
+    let cq = rnic.create_cq(64).expect("cq");
+    let qp = SoftQp::new(&rnic.shared, &pd, &cq, &cq, QpCaps::default()).expect("qp");
+    let all = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+    let regions: Vec<_> = (0..3).map(|i| pd.register(vec![0u8; 256 << i], all).expect("mr")).collect();
+    for (i, mr) in regions.iter().enumerate() {
+        let _ = qp.post_recv(RecvWr { wr_id: i as u64, sg_list: vec![Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() }] });
+    }
+    qp.s.ird.store(4, Ordering::Release);
+    qp.s.ord.store(4, Ordering::Release);
+    *lock(&qp.s.state) = QpState::Connected;
+    let (txq, items) = channel();
+    *lock(&qp.s.tx) = Some(txq.clone());
+    receive(&qp.s, io::Cursor::new(bytes), crc, &txq);
+    // Run the transmitter over what the receiver queued, into a sink.
+    drop(txq);
+    let _ = lock(&qp.s.tx).take();
+    let tx = Tx { crc, max_segment: 65516, msn_send: 0, msn_read: 0 };
+    while let Ok(item) = items.try_recv() {
+        if let TxItem::ReadResponse { req, src } = item {
+            let _ = tx.read_response(&mut io::sink(), &req, src.as_ref(), &mut || {});
+        }
+    }
+}

@@ -1,0 +1,644 @@
+//! iWARP wire formats: MPA request/reply frames and FPDUs (RFC 5044, RFC 6581), DDP segment
+//! headers (RFC 5041) and RDMAP messages (RFC 5040), byte-exact with Linux siw.
+//!
+//! Offsets in this module count from the first byte after the 2-byte MPA length field (the
+//! "ULPDU"), unless a function says otherwise.
+
+use crate::Term;
+
+/// Key of an MPA Request frame.
+pub const MPA_REQ_KEY: &[u8; 16] = b"MPA ID Req Frame";
+/// Key of an MPA Reply frame.
+pub const MPA_REP_KEY: &[u8; 16] = b"MPA ID Rep Frame";
+/// Markers requested (never supported).
+pub const MPA_FLAG_MARKERS: u8 = 0x80;
+/// CRC requested.
+pub const MPA_FLAG_CRC: u8 = 0x40;
+/// Reject (replies only).
+pub const MPA_FLAG_REJECT: u8 = 0x20;
+/// RFC 6581 enhanced setup: a 4-byte IRD/ORD block leads the private data.
+pub const MPA_FLAG_ENHANCED: u8 = 0x10;
+/// Most private data (IRD/ORD block included) an MPA frame may carry toward Linux siw.
+pub const MPA_MAX_PRIVATE_DATA: usize = 256;
+/// Length of the fixed MPA frame header.
+pub const MPA_HEADER_LEN: usize = 20;
+
+/// Errors in bytes from the wire; each maps to the Terminate RFC 5040 asks for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// Not an MPA frame of the expected kind.
+    #[error("bad MPA frame key")]
+    BadKey,
+    /// MPA revision above 2.
+    #[error("unsupported MPA revision {0}")]
+    BadRevision(u8),
+    /// Private data longer than allowed.
+    #[error("MPA private data of {0} bytes (at most 256)")]
+    PrivateDataTooLong(usize),
+    /// Enhanced flag without room for the IRD/ORD block.
+    #[error("enhanced MPA frame without its IRD/ORD block")]
+    MissingIrdOrd,
+    /// A frame shorter than its header says.
+    #[error("truncated: need {need} bytes, have {have}")]
+    Truncated {
+        /// Bytes needed.
+        need: usize,
+        /// Bytes present.
+        have: usize,
+    },
+    /// A DDP/RDMAP header that breaks the rules (the Terminate to send is attached).
+    #[error("protocol violation: {1}")]
+    Violation(Term, &'static str),
+}
+
+/// The RFC 6581 IRD/ORD block.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IrdOrd {
+    /// Inbound RDMA Read queue depth of the sender (14 bits).
+    pub ird: u16,
+    /// Outbound RDMA Read queue depth of the sender (14 bits).
+    pub ord: u16,
+    /// Peer-to-peer mode: a ready-to-receive message follows the reply.
+    pub p2p: bool,
+    /// Zero-length RDMA Write as the ready-to-receive message.
+    pub write_rtr: bool,
+    /// Zero-length RDMA Read as the ready-to-receive message.
+    pub read_rtr: bool,
+}
+
+impl IrdOrd {
+    fn parse(b: &[u8]) -> Self {
+        let a = u16::from_be_bytes([b[0], b[1]]);
+        let c = u16::from_be_bytes([b[2], b[3]]);
+        Self { ird: a & 0x3fff, ord: c & 0x3fff, p2p: a & 0x8000 != 0, write_rtr: c & 0x8000 != 0, read_rtr: c & 0x4000 != 0 }
+    }
+    fn emit(&self) -> [u8; 4] {
+        let a = (self.ird & 0x3fff) | if self.p2p { 0x8000 } else { 0 };
+        let c = (self.ord & 0x3fff) | if self.write_rtr { 0x8000 } else { 0 } | if self.read_rtr { 0x4000 } else { 0 };
+        let [a0, a1] = a.to_be_bytes();
+        let [c0, c1] = c.to_be_bytes();
+        [a0, a1, c0, c1]
+    }
+}
+
+/// An MPA Request or Reply frame.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MpaFrame {
+    /// Reply (true) or request.
+    pub reply: bool,
+    /// Flag byte (`MPA_FLAG_*`; other bits are kept so a reply can echo them).
+    pub flags: u8,
+    /// Revision (1 or 2).
+    pub rev: u8,
+    /// The IRD/ORD block (enhanced frames).
+    pub ird_ord: Option<IrdOrd>,
+    /// Consumer private data (after the IRD/ORD block).
+    pub private_data: Vec<u8>,
+}
+
+impl MpaFrame {
+    /// Parse the 20-byte header: (reply, flags, revision, private data length).
+    pub fn parse_header(h: &[u8; MPA_HEADER_LEN]) -> Result<(bool, u8, u8, usize), WireError> {
+        let reply = match &h[..16] {
+            k if k == MPA_REQ_KEY => false,
+            k if k == MPA_REP_KEY => true,
+            _ => return Err(WireError::BadKey),
+        };
+        let rev = h[17];
+        if rev > 2 {
+            return Err(WireError::BadRevision(rev));
+        }
+        let pd_len = usize::from(u16::from_be_bytes([h[18], h[19]]));
+        if pd_len > MPA_MAX_PRIVATE_DATA {
+            return Err(WireError::PrivateDataTooLong(pd_len));
+        }
+        Ok((reply, h[16], rev, pd_len))
+    }
+
+    /// Parse a whole frame.
+    pub fn parse(b: &[u8]) -> Result<Self, WireError> {
+        let h: &[u8; MPA_HEADER_LEN] =
+            b.get(..MPA_HEADER_LEN).and_then(|h| h.try_into().ok()).ok_or(WireError::Truncated { need: MPA_HEADER_LEN, have: b.len() })?;
+        let (reply, flags, rev, pd_len) = Self::parse_header(h)?;
+        let pd =
+            b.get(MPA_HEADER_LEN..MPA_HEADER_LEN + pd_len).ok_or(WireError::Truncated { need: MPA_HEADER_LEN + pd_len, have: b.len() })?;
+        Self::with_private_data(reply, flags, rev, pd)
+    }
+
+    /// Build from a parsed header and its private data.
+    pub fn with_private_data(reply: bool, flags: u8, rev: u8, pd: &[u8]) -> Result<Self, WireError> {
+        if rev == 2 && flags & MPA_FLAG_ENHANCED != 0 {
+            if pd.len() < 4 {
+                return Err(WireError::MissingIrdOrd);
+            }
+            Ok(Self { reply, flags, rev, ird_ord: Some(IrdOrd::parse(pd)), private_data: pd[4..].to_vec() })
+        } else {
+            Ok(Self { reply, flags, rev, ird_ord: None, private_data: pd.to_vec() })
+        }
+    }
+
+    /// The frame's bytes.
+    pub fn emit(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(MPA_HEADER_LEN + 4 + self.private_data.len());
+        v.extend_from_slice(if self.reply { MPA_REP_KEY } else { MPA_REQ_KEY });
+        let flags = if self.ird_ord.is_some() { self.flags | MPA_FLAG_ENHANCED } else { self.flags & !MPA_FLAG_ENHANCED };
+        v.push(flags);
+        v.push(self.rev);
+        let pd_len = self.private_data.len() + if self.ird_ord.is_some() { 4 } else { 0 };
+        v.extend_from_slice(&(pd_len as u16).to_be_bytes());
+        if let Some(io) = &self.ird_ord {
+            v.extend_from_slice(&io.emit());
+        }
+        v.extend_from_slice(&self.private_data);
+        v
+    }
+
+    /// CRC requested.
+    pub fn crc(&self) -> bool {
+        self.flags & MPA_FLAG_CRC != 0
+    }
+    /// Markers requested.
+    pub fn markers(&self) -> bool {
+        self.flags & MPA_FLAG_MARKERS != 0
+    }
+    /// Reject (reply).
+    pub fn rejected(&self) -> bool {
+        self.flags & MPA_FLAG_REJECT != 0
+    }
+}
+
+/// Pad bytes after a ULPDU of `mpa_len` bytes so the FPDU ends 4-aligned.
+pub fn fpdu_pad(mpa_len: usize) -> usize {
+    (4 - (mpa_len + 2) % 4) % 4
+}
+
+/// CRC32C of an FPDU's bytes (length field through pad), as the 4 wire bytes.
+pub fn fpdu_crc(parts: &[&[u8]]) -> [u8; 4] {
+    let crc = parts.iter().fold(0u32, |c, p| crc32c::crc32c_append(c, p));
+    crc.to_le_bytes()
+}
+
+/// RDMAP opcodes (RFC 5040 §4.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Opcode {
+    /// RDMA Write (tagged).
+    Write = 0,
+    /// RDMA Read Request (untagged, queue 1).
+    ReadRequest = 1,
+    /// RDMA Read Response (tagged).
+    ReadResponse = 2,
+    /// Send (queue 0).
+    Send = 3,
+    /// Send with Invalidate.
+    SendInvalidate = 4,
+    /// Send with Solicited Event.
+    SendSe = 5,
+    /// Send with Solicited Event and Invalidate.
+    SendSeInvalidate = 6,
+    /// Terminate (queue 2).
+    Terminate = 7,
+}
+
+impl Opcode {
+    /// From the 4-bit field.
+    pub fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            0 => Self::Write,
+            1 => Self::ReadRequest,
+            2 => Self::ReadResponse,
+            3 => Self::Send,
+            4 => Self::SendInvalidate,
+            5 => Self::SendSe,
+            6 => Self::SendSeInvalidate,
+            7 => Self::Terminate,
+            _ => return None,
+        })
+    }
+    /// Whether this opcode rides in tagged DDP segments.
+    pub fn tagged(self) -> bool {
+        matches!(self, Self::Write | Self::ReadResponse)
+    }
+    /// Whether this is one of the Send variants.
+    pub fn is_send(self) -> bool {
+        matches!(self, Self::Send | Self::SendInvalidate | Self::SendSe | Self::SendSeInvalidate)
+    }
+    /// Header bytes after the MPA length field.
+    pub fn header_len(self) -> usize {
+        match self {
+            Self::Write | Self::ReadResponse => TAGGED_HDR,
+            Self::ReadRequest => UNTAGGED_HDR + READ_REQUEST_LEN,
+            Self::Terminate => UNTAGGED_HDR + 4,
+            _ => UNTAGGED_HDR,
+        }
+    }
+}
+
+/// Tagged DDP header length after the MPA length field (control, STag, TO).
+pub const TAGGED_HDR: usize = 14;
+/// Untagged DDP header length after the MPA length field (control, reserved/inv STag, QN, MSN, MO).
+pub const UNTAGGED_HDR: usize = 18;
+/// Read Request body after the untagged header (sink STag, sink TO, size, source STag, source
+/// TO): the whole FPDU header is 48 bytes, MPA length 46 (Linux's `struct iwarp_rdma_rreq`).
+pub const READ_REQUEST_LEN: usize = 28;
+/// Queue number of Sends.
+pub const QN_SEND: u32 = 0;
+/// Queue number of Read Requests.
+pub const QN_READ: u32 = 1;
+/// Queue number of Terminates.
+pub const QN_TERMINATE: u32 = 2;
+
+/// A decoded DDP segment header with its RDMAP opcode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Header {
+    /// Tagged: RDMA Write or Read Response.
+    Tagged {
+        /// Opcode.
+        op: Opcode,
+        /// Last segment of the message.
+        last: bool,
+        /// Sink STag.
+        stag: u32,
+        /// Tagged offset of this segment's first byte.
+        to: u64,
+    },
+    /// Untagged: Sends, Read Request, Terminate.
+    Untagged {
+        /// Opcode.
+        op: Opcode,
+        /// Last segment of the message.
+        last: bool,
+        /// Invalidate STag (Send with Invalidate), else 0.
+        inv_stag: u32,
+        /// Queue number.
+        qn: u32,
+        /// Message sequence number.
+        msn: u32,
+        /// Message offset of this segment's first byte.
+        mo: u32,
+    },
+}
+
+const DDP_TAGGED: u16 = 0x8000;
+const DDP_LAST: u16 = 0x4000;
+const DDP_V1: u16 = 0x0100;
+const RDMAP_V1: u16 = 0x0040;
+
+impl Header {
+    /// The RDMAP opcode.
+    pub fn op(&self) -> Opcode {
+        match *self {
+            Self::Tagged { op, .. } | Self::Untagged { op, .. } => op,
+        }
+    }
+    /// Last segment flag.
+    pub fn last(&self) -> bool {
+        match *self {
+            Self::Tagged { last, .. } | Self::Untagged { last, .. } => last,
+        }
+    }
+
+    /// Decode the control field and the DDP header from the first bytes of a ULPDU (at least
+    /// [`TAGGED_HDR`] or [`UNTAGGED_HDR`] bytes as the tagged bit says). Checks versions and
+    /// opcode; the Terminate for a violation is in the error.
+    pub fn parse(u: &[u8]) -> Result<Self, WireError> {
+        if u.len() < 2 {
+            return Err(WireError::Truncated { need: 2, have: u.len() });
+        }
+        let ctrl = u16::from_be_bytes([u[0], u[1]]);
+        let tagged = ctrl & DDP_TAGGED != 0;
+        let need = if tagged { TAGGED_HDR } else { UNTAGGED_HDR };
+        if u.len() < need {
+            return Err(WireError::Truncated { need, have: u.len() });
+        }
+        if ctrl & 0x0300 != DDP_V1 {
+            let t = if tagged { Term::DDP_TAGGED_BAD_VERSION } else { Term::DDP_UNTAGGED_BAD_VERSION };
+            return Err(WireError::Violation(t, "DDP version is not 1"));
+        }
+        if ctrl & 0x00c0 != RDMAP_V1 {
+            return Err(WireError::Violation(Term::RDMAP_BAD_VERSION, "RDMAP version is not 1"));
+        }
+        let op = Opcode::from_u8((ctrl & 0x0f) as u8).ok_or(WireError::Violation(Term::RDMAP_BAD_OPCODE, "unknown RDMAP opcode"))?;
+        if op.tagged() != tagged {
+            let t = if tagged { Term::DDP_TAGGED_INVALID_STAG } else { Term::DDP_UNTAGGED_INVALID_QN };
+            return Err(WireError::Violation(t, "opcode and DDP tagged flag disagree"));
+        }
+        let last = ctrl & DDP_LAST != 0;
+        let be32 = |o: usize| u32::from_be_bytes([u[o], u[o + 1], u[o + 2], u[o + 3]]);
+        Ok(if tagged {
+            Self::Tagged { op, last, stag: be32(2), to: (u64::from(be32(6)) << 32) | u64::from(be32(10)) }
+        } else {
+            Self::Untagged { op, last, inv_stag: be32(2), qn: be32(6), msn: be32(10), mo: be32(14) }
+        })
+    }
+
+    /// Encode (after the MPA length field) into `out`, returning the bytes written.
+    pub fn emit(&self, out: &mut [u8]) -> usize {
+        let ctrl = |op: Opcode, tagged: bool, last: bool| {
+            (if tagged { DDP_TAGGED } else { 0 } | if last { DDP_LAST } else { 0 } | DDP_V1 | RDMAP_V1 | op as u16).to_be_bytes()
+        };
+        match *self {
+            Self::Tagged { op, last, stag, to } => {
+                out[0..2].copy_from_slice(&ctrl(op, true, last));
+                out[2..6].copy_from_slice(&stag.to_be_bytes());
+                out[6..14].copy_from_slice(&to.to_be_bytes());
+                TAGGED_HDR
+            }
+            Self::Untagged { op, last, inv_stag, qn, msn, mo } => {
+                out[0..2].copy_from_slice(&ctrl(op, false, last));
+                out[2..6].copy_from_slice(&inv_stag.to_be_bytes());
+                out[6..10].copy_from_slice(&qn.to_be_bytes());
+                out[10..14].copy_from_slice(&msn.to_be_bytes());
+                out[14..18].copy_from_slice(&mo.to_be_bytes());
+                UNTAGGED_HDR
+            }
+        }
+    }
+}
+
+/// The body of an RDMA Read Request (after its untagged header).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadRequest {
+    /// STag the responses are tagged with (the requester's sink).
+    pub sink_stag: u32,
+    /// Tagged offset of the sink.
+    pub sink_to: u64,
+    /// Bytes to read.
+    pub size: u32,
+    /// STag of the source at the responder.
+    pub src_stag: u32,
+    /// Tagged offset of the source.
+    pub src_to: u64,
+}
+
+impl ReadRequest {
+    /// Parse the 28 bytes after the untagged header.
+    pub fn parse(b: &[u8]) -> Result<Self, WireError> {
+        if b.len() < READ_REQUEST_LEN {
+            return Err(WireError::Truncated { need: READ_REQUEST_LEN, have: b.len() });
+        }
+        let be32 = |o: usize| u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let be64 = |o: usize| (u64::from(be32(o)) << 32) | u64::from(be32(o + 4));
+        Ok(Self { sink_stag: be32(0), sink_to: be64(4), size: be32(12), src_stag: be32(16), src_to: be64(20) })
+    }
+    /// Encode the 28 bytes.
+    pub fn emit(&self) -> [u8; READ_REQUEST_LEN] {
+        let mut b = [0u8; READ_REQUEST_LEN];
+        b[0..4].copy_from_slice(&self.sink_stag.to_be_bytes());
+        b[4..12].copy_from_slice(&self.sink_to.to_be_bytes());
+        b[12..16].copy_from_slice(&self.size.to_be_bytes());
+        b[16..20].copy_from_slice(&self.src_stag.to_be_bytes());
+        b[20..28].copy_from_slice(&self.src_to.to_be_bytes());
+        b
+    }
+}
+
+/// A Terminate message's control word and attached header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TerminateMsg {
+    /// Layer, error type and code.
+    pub term: Term,
+    /// The DDP segment length of the offending segment, if attached (M).
+    pub segment_len: Option<u16>,
+    /// The offending DDP header was attached (D).
+    pub ddp_header: bool,
+    /// The offending RDMAP header was attached (R).
+    pub rdmap_header: bool,
+    /// Attached bytes (after the control word).
+    pub attached: Vec<u8>,
+}
+
+impl TerminateMsg {
+    /// Parse the body after the untagged header. Linux siw on little-endian hosts swaps the
+    /// layer/type nibbles and puts M/D/R in the low bits; that form is recognised too.
+    pub fn parse(b: &[u8]) -> Result<Self, WireError> {
+        if b.len() < 4 {
+            return Err(WireError::Truncated { need: 4, have: b.len() });
+        }
+        let siw_le = b[2] & 0xe0 == 0 && b[2] & 0x07 != 0;
+        let (layer, etype) = if siw_le { (b[0] & 0x0f, b[0] >> 4) } else { (b[0] >> 4, b[0] & 0x0f) };
+        let (m, d, r) =
+            if siw_le { (b[2] & 1 != 0, b[2] & 2 != 0, b[2] & 4 != 0) } else { (b[2] & 0x80 != 0, b[2] & 0x40 != 0, b[2] & 0x20 != 0) };
+        let attached = b[4..].to_vec();
+        let segment_len = (m && attached.len() >= 2).then(|| u16::from_be_bytes([attached[0], attached[1]]));
+        Ok(Self { term: Term { layer, etype, code: b[1] }, segment_len, ddp_header: d, rdmap_header: r, attached })
+    }
+
+    /// Encode the body (RFC 5040 bit positions).
+    pub fn emit(&self) -> Vec<u8> {
+        let mut v = vec![(self.term.layer << 4) | (self.term.etype & 0x0f), self.term.code, 0, 0];
+        if self.segment_len.is_some() {
+            v[2] |= 0x80;
+        }
+        if self.ddp_header {
+            v[2] |= 0x40;
+        }
+        if self.rdmap_header {
+            v[2] |= 0x20;
+        }
+        v.extend_from_slice(&self.attached);
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(s: &str) -> Vec<u8> {
+        let s: String = s.split_whitespace().collect();
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    }
+
+    #[test]
+    fn siw_rping_client_request_is_24_bytes() {
+        let f = MpaFrame {
+            reply: false,
+            flags: 0,
+            rev: 2,
+            ird_ord: Some(IrdOrd { ird: 1, ord: 1, ..IrdOrd::default() }),
+            private_data: vec![],
+        };
+        let b = f.emit();
+        assert_eq!(b, [MPA_REQ_KEY.as_slice(), &hex("1002 0004 0001 0001")].concat());
+        assert_eq!(MpaFrame::parse(&b).unwrap(), MpaFrame { flags: MPA_FLAG_ENHANCED, ..f });
+    }
+
+    #[test]
+    fn reply_with_crc_p2p_and_private_data() {
+        let io = IrdOrd { ird: 16, ord: 8, p2p: true, write_rtr: true, read_rtr: false };
+        let f = MpaFrame { reply: true, flags: MPA_FLAG_CRC | MPA_FLAG_ENHANCED, rev: 2, ird_ord: Some(io), private_data: vec![1, 2, 3] };
+        let b = f.emit();
+        assert_eq!(&b[16..], &hex("5002 0007 8010 8008 010203"));
+        assert_eq!(MpaFrame::parse(&b).unwrap(), f);
+        assert!(MpaFrame::parse(&b).unwrap().crc());
+    }
+
+    #[test]
+    fn rev1_frames_have_no_ird_ord_block() {
+        let f = MpaFrame { reply: false, flags: 0, rev: 1, ird_ord: None, private_data: b"hi".to_vec() };
+        let b = f.emit();
+        assert_eq!(&b[16..], &hex("0001 0002 6869"));
+        assert_eq!(MpaFrame::parse(&b).unwrap(), f);
+    }
+
+    #[test]
+    fn bad_frames() {
+        let mut b = MpaFrame { rev: 2, ..MpaFrame::default() }.emit();
+        b[0] = b'X';
+        assert_eq!(MpaFrame::parse(&b), Err(WireError::BadKey));
+        let mut b = MpaFrame { rev: 2, ..MpaFrame::default() }.emit();
+        b[17] = 3;
+        assert_eq!(MpaFrame::parse(&b), Err(WireError::BadRevision(3)));
+        let mut b = MpaFrame { rev: 2, ..MpaFrame::default() }.emit();
+        b[18..20].copy_from_slice(&257u16.to_be_bytes());
+        assert_eq!(MpaFrame::parse(&b), Err(WireError::PrivateDataTooLong(257)));
+        let mut b = MpaFrame { rev: 2, ..MpaFrame::default() }.emit();
+        b[16] = MPA_FLAG_ENHANCED;
+        b[18..20].copy_from_slice(&2u16.to_be_bytes());
+        b.extend_from_slice(&[0, 0]);
+        assert_eq!(MpaFrame::parse(&b), Err(WireError::MissingIrdOrd));
+        assert!(matches!(MpaFrame::parse(&b[..10]), Err(WireError::Truncated { .. })));
+    }
+
+    /// Build a whole FPDU (length, ULPDU, pad, CRC).
+    fn fpdu(hdr: &Header, extra: &[u8]) -> Vec<u8> {
+        let mut h = [0u8; 64];
+        let n = hdr.emit(&mut h);
+        let mut ulpdu = h[..n].to_vec();
+        ulpdu.extend_from_slice(extra);
+        let mut v = (ulpdu.len() as u16).to_be_bytes().to_vec();
+        v.extend_from_slice(&ulpdu);
+        v.resize(v.len() + fpdu_pad(ulpdu.len()), 0);
+        let crc = fpdu_crc(&[&v]);
+        v.extend_from_slice(&crc);
+        v
+    }
+
+    #[test]
+    fn fpdu_vectors_from_the_siw_digest() {
+        // Zero-length RDMA Write, STag 1, TO 0.
+        let w = fpdu(&Header::Tagged { op: Opcode::Write, last: true, stag: 1, to: 0 }, &[]);
+        assert_eq!(w, hex("000e c140 00000001 0000000000000000 ebd34c5f"));
+        // Zero-length Send, MSN 1.
+        let s = fpdu(&Header::Untagged { op: Opcode::Send, last: true, inv_stag: 0, qn: 0, msn: 1, mo: 0 }, &[]);
+        assert_eq!(s, hex("0012 4143 00000000 00000000 00000001 00000000 587be8c4"));
+        // 16 zero bytes, MSN 1 (rping's "go ahead").
+        let g = fpdu(&Header::Untagged { op: Opcode::Send, last: true, inv_stag: 0, qn: 0, msn: 1, mo: 0 }, &[0; 16]);
+        assert_eq!(&g[..20], &hex("0022 4143 00000000 00000000 00000001 00000000")[..]);
+        assert_eq!(&g[g.len() - 4..], &hex("84609a12")[..]);
+        assert_eq!(g.len() % 4, 0);
+    }
+
+    #[test]
+    fn control_words_match_siw() {
+        let ctl = |h: Header| {
+            let mut b = [0u8; 20];
+            h.emit(&mut b);
+            u16::from_be_bytes([b[0], b[1]])
+        };
+        let t = |op, last| Header::Tagged { op, last, stag: 0, to: 0 };
+        let u = |op, last| Header::Untagged { op, last, inv_stag: 0, qn: 0, msn: 0, mo: 0 };
+        assert_eq!(ctl(t(Opcode::Write, true)), 0xc140);
+        assert_eq!(ctl(t(Opcode::Write, false)), 0x8140);
+        assert_eq!(ctl(u(Opcode::ReadRequest, true)), 0x4141);
+        assert_eq!(ctl(t(Opcode::ReadResponse, true)), 0xc142);
+        assert_eq!(ctl(t(Opcode::ReadResponse, false)), 0x8142);
+        assert_eq!(ctl(u(Opcode::Send, false)), 0x0143);
+        assert_eq!(ctl(u(Opcode::SendInvalidate, true)), 0x4144);
+        assert_eq!(ctl(u(Opcode::SendSe, true)), 0x4145);
+        assert_eq!(ctl(u(Opcode::SendSeInvalidate, true)), 0x4146);
+        assert_eq!(ctl(u(Opcode::Terminate, true)), 0x4147);
+    }
+
+    #[test]
+    fn read_request_is_48_bytes_on_the_wire() {
+        let rr = ReadRequest { sink_stag: 0x1100, sink_to: 0x7f00_0000_1000, size: 64, src_stag: 0x2200, src_to: 0x5555_0000 };
+        let f = fpdu(&Header::Untagged { op: Opcode::ReadRequest, last: true, inv_stag: 0, qn: 1, msn: 1, mo: 0 }, &rr.emit());
+        assert_eq!(&f[..2], &[0x00, 0x2e], "MPA length 46");
+        assert_eq!(f.len(), 2 + 46 + 4, "no pad");
+        assert_eq!(ReadRequest::parse(&f[20..48]).unwrap(), rr);
+        assert_eq!(&f[20..48], &hex("00001100 00007f0000001000 00000040 00002200 0000000055550000")[..]);
+    }
+
+    #[test]
+    fn header_checks_give_the_rfc_terminate() {
+        let mut b = [0u8; 20];
+        Header::Untagged { op: Opcode::Send, last: true, inv_stag: 0, qn: 0, msn: 1, mo: 0 }.emit(&mut b);
+        assert!(Header::parse(&b).is_ok());
+        let mut v = b;
+        v[0] &= !0x01; // DDP version 0
+        assert!(matches!(Header::parse(&v), Err(WireError::Violation(Term::DDP_UNTAGGED_BAD_VERSION, _))));
+        let mut v = b;
+        v[1] = 0x03 | 0x80; // RDMAP version 2
+        assert!(matches!(Header::parse(&v), Err(WireError::Violation(Term::RDMAP_BAD_VERSION, _))));
+        let mut v = b;
+        v[1] = 0x48; // opcode 8
+        assert!(matches!(Header::parse(&v), Err(WireError::Violation(Term::RDMAP_BAD_OPCODE, _))));
+        assert!(matches!(Header::parse(&b[..10]), Err(WireError::Truncated { .. })));
+    }
+
+    #[test]
+    fn terminate_both_layouts() {
+        let t = TerminateMsg {
+            term: Term::DDP_TAGGED_BOUNDS,
+            segment_len: Some(64),
+            ddp_header: true,
+            rdmap_header: false,
+            attached: vec![0, 64, 0xc1, 0x40],
+        };
+        let b = t.emit();
+        assert_eq!(&b[..4], &[0x11, 0x01, 0xc0, 0x00]);
+        assert_eq!(TerminateMsg::parse(&b).unwrap(), t);
+        // siw on x86: nibbles swapped, M/D at 0x01/0x02.
+        let siw = [0x11u8, 0x01, 0x03, 0x00, 0, 64, 0xc1, 0x40];
+        let p = TerminateMsg::parse(&siw).unwrap();
+        assert_eq!(p.term, Term::DDP_TAGGED_BOUNDS);
+        assert_eq!(p.segment_len, Some(64));
+        let siw_rdmap = [0x20u8, 0x07, 0x00, 0x00];
+        assert_eq!(TerminateMsg::parse(&siw_rdmap).unwrap().term, Term { layer: 2, etype: 0, code: 7 });
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn headers_round_trip(tagged: bool, op in 0u8..8, last: bool, a: u32, b: u32, c: u32, d: u32, to: u64) {
+            let op = Opcode::from_u8(op).unwrap();
+            let h = if op.tagged() {
+                Header::Tagged { op, last, stag: a, to }
+            } else {
+                Header::Untagged { op, last, inv_stag: a, qn: b, msn: c, mo: d }
+            };
+            let _ = tagged;
+            let mut buf = [0u8; 32];
+            let n = h.emit(&mut buf);
+            proptest::prop_assert_eq!(Header::parse(&buf[..n]).unwrap(), h);
+        }
+
+        #[test]
+        fn mpa_frames_round_trip(reply: bool, crc: bool, enhanced: bool, ird in 0u16..0x4000, ord in 0u16..0x4000, p2p: bool, w: bool, r: bool,
+                                 pd in proptest::collection::vec(proptest::num::u8::ANY, 0..252)) {
+            let f = MpaFrame {
+                reply,
+                flags: if crc { MPA_FLAG_CRC } else { 0 } | if enhanced { MPA_FLAG_ENHANCED } else { 0 },
+                rev: if enhanced { 2 } else { 1 },
+                ird_ord: enhanced.then_some(IrdOrd { ird, ord, p2p, write_rtr: w, read_rtr: r }),
+                private_data: pd,
+            };
+            proptest::prop_assert_eq!(MpaFrame::parse(&f.emit()).unwrap(), f);
+        }
+
+        #[test]
+        fn read_requests_round_trip(a: u32, b: u64, c: u32, d: u32, e: u64) {
+            let rr = ReadRequest { sink_stag: a, sink_to: b, size: c, src_stag: d, src_to: e };
+            proptest::prop_assert_eq!(ReadRequest::parse(&rr.emit()).unwrap(), rr);
+        }
+
+        #[test]
+        fn parsers_never_panic(b in proptest::collection::vec(proptest::num::u8::ANY, 0..80)) {
+            let _ = MpaFrame::parse(&b);
+            let _ = Header::parse(&b);
+            let _ = ReadRequest::parse(&b);
+            let _ = TerminateMsg::parse(&b);
+        }
+    }
+}

@@ -1,0 +1,367 @@
+//! riser-verbs: the RDMA provider interface iSER is written against.
+//!
+//! The shape follows libibverbs and the RDMA connection manager closely enough that rdma-core
+//! can implement it, and is small enough for riser's software iWARP RNIC (`riser-iwarp`) to
+//! implement in full:
+//!
+//! * a [`Provider`] hands out protection domains, completion queues and listeners, and creates
+//!   active-side queue pairs;
+//! * memory is registered in a protection domain with [`Access`] rights; a [`MemoryRegion`]
+//!   owns its buffer (so it cannot move or be freed while the RNIC may touch it) and has one
+//!   STag used as lkey and rkey (`index << 8 | key`); [`MemoryRegion::rekey`] issues a fresh
+//!   key so stale keys fail, [`MemoryRegion::invalidate`] revokes remote access;
+//! * a [`QueuePair`] is reliable-connected: receives are posted before the connection is
+//!   established, sends ([`SendOp`]) complete on its send [`CompletionQueue`];
+//! * completions are polled, and waited for either blocking or through a future — nobody
+//!   busy-polls;
+//! * connection setup carries private data and IRD/ORD ([`ConnParam`]); a listener yields
+//!   [`ConnectionRequest`]s that are accepted onto a fresh queue pair or rejected with private
+//!   data; [`QueuePair::disconnect`] flushes outstanding work with [`WcStatus::WrFlushErr`].
+
+#![warn(missing_docs)]
+
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+bitflags::bitflags! {
+    /// Memory access rights (local read is always allowed).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub struct Access: u32 {
+        /// The RNIC may write into the region for local operations (receives, RDMA Read sinks).
+        const LOCAL_WRITE = 1;
+        /// Peers may RDMA Write into the region.
+        const REMOTE_WRITE = 2;
+        /// Peers may RDMA Read from the region.
+        const REMOTE_READ = 4;
+    }
+}
+
+/// One scatter/gather element: `length` bytes at virtual address `addr` of the region `lkey`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sge {
+    /// Virtual address (inside the region: [`MemoryRegion::addr`] + offset).
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// Local key of the region.
+    pub lkey: u32,
+}
+
+/// What a send-queue work request does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendOp {
+    /// Send into the peer's next posted receive.
+    Send,
+    /// Send, and have the peer invalidate its STag `rkey` once the message arrived.
+    SendWithInvalidate {
+        /// The peer's STag to invalidate.
+        rkey: u32,
+    },
+    /// Send with the Solicited Event flag.
+    SendWithSolicitedEvent,
+    /// Send with Solicited Event and Invalidate.
+    SendWithSolicitedEventInvalidate {
+        /// The peer's STag to invalidate.
+        rkey: u32,
+    },
+    /// Write the gathered local data to the peer's memory.
+    RdmaWrite {
+        /// Peer virtual address (tagged offset).
+        remote_addr: u64,
+        /// Peer STag.
+        rkey: u32,
+    },
+    /// Read the peer's memory into the (single) local sink element.
+    RdmaRead {
+        /// Peer virtual address (tagged offset).
+        remote_addr: u64,
+        /// Peer STag.
+        rkey: u32,
+    },
+}
+
+/// A send-queue work request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SendWr {
+    /// Caller's identifier, returned in the completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: SendOp,
+    /// Local data (gather list; for RDMA Read the sink, one element).
+    pub sg_list: Vec<Sge>,
+    /// Whether a successful completion is reported (errors always are).
+    pub signaled: bool,
+}
+
+/// A receive-queue work request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Caller's identifier, returned in the completion.
+    pub wr_id: u64,
+    /// Where an incoming Send is scattered.
+    pub sg_list: Vec<Sge>,
+}
+
+/// How a work request ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WcStatus {
+    /// Done.
+    Success,
+    /// A local element was too short for the message.
+    LocalLengthErr,
+    /// A local key, right or bound was wrong.
+    LocalProtErr,
+    /// Flushed: the queue pair left the connected state before the request ran.
+    WrFlushErr,
+    /// The peer refused a remote access (bad STag, rights or bounds).
+    RemoteAccessErr,
+    /// The peer failed the operation (e.g. no receive posted, too many reads).
+    RemoteOpErr,
+    /// The peer's request was invalid (e.g. a Send-with-Invalidate of a key we do not own).
+    RemoteInvalidRequestErr,
+    /// The connection broke.
+    FatalErr,
+}
+
+/// Which work request a completion belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WcOpcode {
+    /// Any Send variant.
+    Send,
+    /// RDMA Write.
+    RdmaWrite,
+    /// RDMA Read.
+    RdmaRead,
+    /// A receive.
+    Recv,
+}
+
+/// A work completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Wc {
+    /// The request's identifier.
+    pub wr_id: u64,
+    /// Outcome.
+    pub status: WcStatus,
+    /// Kind of request.
+    pub opcode: WcOpcode,
+    /// Bytes received (receives) or moved.
+    pub byte_len: u32,
+    /// For receives of a Send with Invalidate: the local STag the peer invalidated.
+    pub invalidated_rkey: Option<u32>,
+    /// For receives: the Send carried the Solicited Event flag.
+    pub solicited: bool,
+}
+
+/// Private data and RDMA Read resources of a connection (RDMA CM's conn_param).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConnParam {
+    /// Consumer private data (≤ [`MAX_PRIVATE_DATA`]).
+    pub private_data: Vec<u8>,
+    /// Inbound RDMA Reads this side accepts outstanding (IRD; CM's responder_resources).
+    pub responder_resources: u8,
+    /// RDMA Reads this side issues outstanding (ORD; CM's initiator_depth).
+    pub initiator_depth: u8,
+}
+
+/// Most consumer private data a connection request or reply carries (iWARP toward Linux siw:
+/// 256 bytes in all, 4 of them the RFC 6581 IRD/ORD block).
+pub const MAX_PRIVATE_DATA: usize = 252;
+
+/// Queue sizes of a queue pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Scatter/gather elements per request.
+    pub max_sge: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        Self { max_send_wr: 256, max_recv_wr: 256, max_sge: 4 }
+    }
+}
+
+/// What an established connection negotiated.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Established {
+    /// The peer's private data (from its request or reply).
+    pub private_data: Vec<u8>,
+    /// Inbound reads accepted outstanding (IRD).
+    pub ird: u8,
+    /// Outbound reads issued outstanding (ORD).
+    pub ord: u8,
+    /// Peer address.
+    pub peer: Option<SocketAddr>,
+}
+
+/// Provider errors.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No RDMA device (or provider library) is available.
+    #[error("no RDMA device: {0}")]
+    NoDevice(String),
+    /// The peer refused the connection; its private data is attached.
+    #[error("connection rejected by the peer ({} bytes of private data)", private_data.len())]
+    Rejected {
+        /// The peer's reject private data.
+        private_data: Vec<u8>,
+    },
+    /// The peer did not answer in time.
+    #[error("peer unreachable or not answering: {0}")]
+    Unreachable(String),
+    /// The connection setup broke the protocol.
+    #[error("connection setup failed: {0}")]
+    Setup(String),
+    /// An argument is out of range (queue full, too many elements, private data too long...).
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    /// A key that names no region of this protection domain.
+    #[error("unknown key {0:#010x}")]
+    UnknownKey(u32),
+    /// Memory registration failed.
+    #[error("memory registration failed: {0}")]
+    Registration(String),
+    /// The queue pair is not connected.
+    #[error("queue pair not connected")]
+    NotConnected,
+    /// Socket / device I/O.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// Provider result.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// A boxed future, for waiting without naming the provider's future types.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A completion queue.
+pub trait CompletionQueue: Send + Sync + fmt::Debug {
+    /// Take up to `max` completions.
+    fn poll(&self, max: usize) -> Vec<Wc>;
+    /// Wait (blocking the thread) until a completion is available or `timeout` passed; true if
+    /// one is.
+    fn wait_blocking(&self, timeout: Duration) -> bool;
+    /// A future that resolves once a completion is available.
+    fn ready(&self) -> BoxFuture<'_, ()>;
+}
+
+/// A registered memory region. It owns its buffer; dropping it deregisters.
+pub trait MemoryRegion: Send + Sync + fmt::Debug {
+    /// Local key.
+    fn lkey(&self) -> u32;
+    /// Remote key (STag); the same value as the lkey on iWARP.
+    fn rkey(&self) -> u32;
+    /// Virtual address of the first byte (what peers use as tagged offset).
+    fn addr(&self) -> u64;
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// Whether the region is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Access rights.
+    fn access(&self) -> Access;
+    /// Run `f` on the contents.
+    fn read(&self, f: &mut dyn FnMut(&[u8]));
+    /// Run `f` on the contents, mutably.
+    fn write(&self, f: &mut dyn FnMut(&mut [u8]));
+    /// Revoke the STag: local and remote use fails until [`MemoryRegion::rekey`].
+    fn invalidate(&self);
+    /// A fresh key (the STag's low 8 bits change) and the region valid again; returns the new
+    /// STag. Old keys no longer match.
+    fn rekey(&self) -> Result<u32>;
+    /// Whether the STag is currently valid.
+    fn is_valid(&self) -> bool;
+}
+
+/// A protection domain: regions and queue pairs of one domain only work with each other.
+pub trait ProtectionDomain: Send + Sync + fmt::Debug {
+    /// The region type.
+    type Mr: MemoryRegion + 'static;
+    /// Register `buf` with `access` rights.
+    fn register(&self, buf: Vec<u8>, access: Access) -> Result<Arc<Self::Mr>>;
+}
+
+/// A reliable-connected queue pair.
+pub trait QueuePair: Send + Sync + fmt::Debug {
+    /// Post a send-queue request.
+    fn post_send(&self, wr: SendWr) -> Result<()>;
+    /// Post a receive.
+    fn post_recv(&self, wr: RecvWr) -> Result<()>;
+    /// Close the connection: outstanding work is flushed ([`WcStatus::WrFlushErr`]).
+    fn disconnect(&self);
+    /// Whether the connection is up.
+    fn is_connected(&self) -> bool;
+    /// A future that resolves once the connection has ended (either side, or an error).
+    fn disconnected(&self) -> BoxFuture<'_, ()>;
+    /// Negotiated parameters once connected.
+    fn established(&self) -> Option<Established>;
+}
+
+/// A connection request waiting for the consumer's decision.
+pub trait ConnectionRequest: Send {
+    /// The queue pair type.
+    type Qp: QueuePair;
+    /// The protection domain type.
+    type Pd: ProtectionDomain;
+    /// The completion queue type.
+    type Cq: CompletionQueue;
+    /// The requester's private data.
+    fn private_data(&self) -> &[u8];
+    /// The requester's IRD and ORD.
+    fn ird_ord(&self) -> (u8, u8);
+    /// The requester's address.
+    fn peer(&self) -> SocketAddr;
+    /// Create the queue pair the connection will use (post receives on it before accepting).
+    fn create_qp(&mut self, pd: &Arc<Self::Pd>, send_cq: &Arc<Self::Cq>, recv_cq: &Arc<Self::Cq>, caps: QpCaps) -> Result<Arc<Self::Qp>>;
+    /// Accept onto the queue pair from [`ConnectionRequest::create_qp`].
+    fn accept(self, param: &ConnParam) -> Result<Arc<Self::Qp>>;
+    /// Refuse, with private data for the requester.
+    fn reject(self, private_data: &[u8]);
+}
+
+/// A passive endpoint.
+pub trait Listener: Send + Sync {
+    /// The request type.
+    type Request: ConnectionRequest;
+    /// Wait (blocking) for the next well-formed connection request.
+    fn get_request(&self) -> Result<Self::Request>;
+    /// The bound address.
+    fn local_addr(&self) -> Result<SocketAddr>;
+}
+
+/// An RDMA provider (device).
+pub trait Provider: Send + Sync + fmt::Debug {
+    /// Protection domain type.
+    type Pd: ProtectionDomain + 'static;
+    /// Completion queue type.
+    type Cq: CompletionQueue + 'static;
+    /// Queue pair type.
+    type Qp: QueuePair + 'static;
+    /// Listener type.
+    type Listener: Listener<Request = Self::Request> + 'static;
+    /// Connection request type.
+    type Request: ConnectionRequest<Qp = Self::Qp, Pd = Self::Pd, Cq = Self::Cq> + 'static;
+    /// A short name ("soft-iwarp", "rdma-core:rxe0"...).
+    fn name(&self) -> String;
+    /// A new protection domain.
+    fn alloc_pd(&self) -> Result<Arc<Self::Pd>>;
+    /// A new completion queue of `depth` entries.
+    fn create_cq(&self, depth: u32) -> Result<Arc<Self::Cq>>;
+    /// Listen on `addr`.
+    fn listen(&self, addr: SocketAddr) -> Result<Self::Listener>;
+    /// Create an active-side queue pair.
+    fn create_qp(&self, pd: &Arc<Self::Pd>, send_cq: &Arc<Self::Cq>, recv_cq: &Arc<Self::Cq>, caps: QpCaps) -> Result<Arc<Self::Qp>>;
+    /// Connect `qp` to `addr` (blocking until established, rejected or timed out).
+    fn connect(&self, qp: &Arc<Self::Qp>, addr: SocketAddr, param: &ConnParam) -> Result<Established>;
+}
