@@ -10,6 +10,8 @@
 //! | `tcp` | `riser-tcp` | iSCSI/TCP datamover (feature `target`) |
 //! | `target` | `riser-target` | SCSI block target core and iSCSI target server (feature `target`) |
 //! | `initiator` | `riser-initiator` | async iSCSI initiator (feature `target`) |
+//! | `verbs` | `riser-verbs` | RDMA provider interface (feature `rdma`) |
+//! | `iwarp` | `riser-iwarp` | software iWARP RNIC over TCP (feature `rdma`) |
 //!
 //! The datamover seam, the TCP and iSER datamovers, the target and the initiator join as their
 //! crates land (see `docs/ARCHITECTURE.md`).
@@ -23,6 +25,10 @@
 pub use riser_datamover as datamover;
 #[cfg(feature = "target")]
 pub use riser_initiator as initiator;
+#[cfg(feature = "rdma")]
+pub use riser_iwarp as iwarp;
+#[cfg(feature = "rdma")]
+pub use riser_verbs as verbs;
 pub use riser_iscsi as iscsi;
 pub use riser_scsi as scsi;
 #[cfg(feature = "target")]

@@ -7,6 +7,9 @@
 //!   with the libiscsi engine, via ../shared/peers/bench-client.sh) against the riser target and
 //!   tgtd, both RAM-backed with the same limits, in one run; prints medians and riser/tgtd, plus
 //!   the raw loopback TCP and memcpy ceilings.
+//! * `lab` — boot the RDMA lab VM (../shared/lab/rdma-lab.sh, soft-iWARP siw and soft-RoCE rxe)
+//!   and run the interop matrix inside it: riser's rping (software iWARP RNIC) against the
+//!   kernel's siw rping, both ways.
 //! * `fuzz-seeds` — regenerate `fuzz/seeds/<target>/` from the captured PDUs in
 //!   `testdata/captures/`.
 //! * `fuzz-smoke [--seconds N]` — run every fuzz target for N seconds (default 10) on its seeds.
@@ -23,7 +26,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Duration;
 
-const FUZZ_TARGETS: [&str; 7] = ["pdu", "text", "cdb", "sense", "login_target", "login_initiator", "target_session"];
+const FUZZ_TARGETS: [&str; 10] =
+    ["pdu", "text", "cdb", "sense", "login_target", "login_initiator", "target_session", "mpa", "ddp_rdmap", "iwarp_rx"];
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
@@ -39,6 +43,7 @@ fn main() -> ExitCode {
             fuzz_smoke(secs)
         }
         Some("interop") => interop(),
+        Some("lab") => lab(),
         Some("bench") => bench(&args[1..]),
         Some("fuzz-list") => {
             FUZZ_TARGETS.iter().for_each(|t| println!("{t}"));
@@ -46,7 +51,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo | interop | bench [--full] [--reps N] [--runtime S] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>"
+                "usage: cargo xtask <demo | interop | lab | bench [--full] [--reps N] [--runtime S] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>"
             );
             return ExitCode::from(2);
         }
@@ -161,8 +166,94 @@ fn fuzz_seeds() -> Result<(), String> {
     for (session, pdus) in sessions {
         write("target_session", &session, &pdus)?;
     }
+    for (name, bytes) in iwarp_seeds() {
+        let target = if name.starts_with("mpa") { "mpa" } else { "ddp_rdmap" };
+        write(target, &name, &bytes)?;
+    }
+    write("iwarp_rx", "stream-nocrc", &iwarp_stream(false))?;
+    write("iwarp_rx", "stream-crc", &iwarp_stream(true))?;
     println!("wrote seeds under {}", seeds.display());
     Ok(())
+}
+
+/// MPA frames and DDP/RDMAP headers of every kind (after the MPA length field).
+fn iwarp_seeds() -> Vec<(String, Vec<u8>)> {
+    use riser_iwarp::wire::{IrdOrd, MPA_FLAG_CRC, MpaFrame, Opcode, ReadRequest, TerminateMsg};
+    let mut out = Vec::new();
+    for (i, rev) in [1u8, 2].into_iter().enumerate() {
+        for reply in [false, true] {
+            let f = MpaFrame {
+                reply,
+                flags: MPA_FLAG_CRC,
+                rev,
+                ird_ord: (rev == 2).then_some(IrdOrd { ird: 4, ord: 4, p2p: reply, write_rtr: true, read_rtr: false }),
+                private_data: b"riser".to_vec(),
+            };
+            out.push((format!("mpa-{i}-{reply}"), f.emit()));
+        }
+    }
+    for h in iwarp_headers() {
+        let mut b = [0u8; 32];
+        let n = h.emit(&mut b);
+        let mut v = b[..n].to_vec();
+        match h.op() {
+            Opcode::ReadRequest => v.extend_from_slice(&ReadRequest { sink_stag: 0x100, sink_to: 0, size: 64, src_stag: 0x200, src_to: 0 }.emit()),
+            Opcode::Terminate => v.extend_from_slice(
+                &TerminateMsg {
+                    term: riser_iwarp::Term::DDP_TAGGED_BOUNDS,
+                    segment_len: Some(4),
+                    ddp_header: true,
+                    rdmap_header: false,
+                    attached: vec![0, 4, 0xc1, 0x40],
+                }
+                .emit(),
+            ),
+            _ => {}
+        }
+        out.push((format!("ddp-{:?}", h.op()), v));
+    }
+    out
+}
+
+fn iwarp_headers() -> Vec<riser_iwarp::wire::Header> {
+    use riser_iwarp::wire::{Header, Opcode};
+    let u = |op, msn, qn| Header::Untagged { op, last: true, inv_stag: 0, qn, msn, mo: 0 };
+    vec![
+        Header::Tagged { op: Opcode::Write, last: true, stag: 0x100, to: 0 },
+        Header::Tagged { op: Opcode::ReadResponse, last: true, stag: 0x100, to: 0 },
+        u(Opcode::Send, 1, 0),
+        u(Opcode::SendInvalidate, 1, 0),
+        u(Opcode::SendSe, 1, 0),
+        u(Opcode::SendSeInvalidate, 1, 0),
+        u(Opcode::ReadRequest, 1, 1),
+        u(Opcode::Terminate, 1, 2),
+    ]
+}
+
+/// A byte stream of FPDUs: two Sends, a Read Request, a Write, a Terminate.
+fn iwarp_stream(crc: bool) -> Vec<u8> {
+    use riser_iwarp::wire::{self, Header, Opcode, ReadRequest};
+    let mut out = vec![u8::from(crc)];
+    let mut fpdu = |h: Header, extra: &[u8]| {
+        let mut b = [0u8; 64];
+        let n = h.emit(&mut b);
+        let mut v = ((n + extra.len()) as u16).to_be_bytes().to_vec();
+        v.extend_from_slice(&b[..n]);
+        v.extend_from_slice(extra);
+        v.resize(v.len() + wire::fpdu_pad(n + extra.len()), 0);
+        let sum = if crc { wire::fpdu_crc(&[&v]) } else { [0; 4] };
+        v.extend_from_slice(&sum);
+        out.extend_from_slice(&v);
+    };
+    fpdu(Header::Untagged { op: Opcode::Send, last: true, inv_stag: 0, qn: 0, msn: 1, mo: 0 }, b"hello");
+    fpdu(Header::Untagged { op: Opcode::Send, last: false, inv_stag: 0, qn: 0, msn: 2, mo: 0 }, &[7; 8]);
+    fpdu(Header::Untagged { op: Opcode::Send, last: true, inv_stag: 0, qn: 0, msn: 2, mo: 8 }, &[8; 8]);
+    fpdu(
+        Header::Untagged { op: Opcode::ReadRequest, last: true, inv_stag: 0, qn: 1, msn: 1, mo: 0 },
+        &ReadRequest { sink_stag: 0x100, sink_to: 0, size: 0, src_stag: 0, src_to: 0 }.emit(),
+    );
+    fpdu(Header::Tagged { op: Opcode::Write, last: true, stag: 1, to: 0 }, &[]);
+    out
 }
 
 fn fuzz_smoke(secs: u32) -> Result<(), String> {
@@ -317,6 +408,48 @@ fn interop() -> Result<(), String> {
     }
     if ifailed > 0 {
         return Err("the riser initiator failed against tgtd".into());
+    }
+    Ok(())
+}
+
+fn lab() -> Result<(), String> {
+    let script = shared().join("lab/rdma-lab.sh");
+    if !script.exists() {
+        return Err(format!("{} not found (set RISER_SHARED)", script.display()));
+    }
+    let st = Command::new("bash").arg(&script).arg("setup").status().map_err(|e| e.to_string())?;
+    if !st.success() {
+        return Err("rdma-lab.sh setup failed".into());
+    }
+    let st = Command::new("cargo")
+        .current_dir(root())
+        .args(["build", "--quiet", "--release", "--example", "rping"])
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !st.success() {
+        return Err("building the rping example failed".into());
+    }
+    let rping = root().join("target/release/examples/rping");
+    let out = Command::new("bash")
+        .current_dir(root())
+        .arg(&script)
+        .args(["run", "--links", "siw", "--timeout", "900", "-e"])
+        .arg(format!("RPING={}", rping.display()))
+        .args(["--script", "xtask/lab/iwarp-rping.sh"])
+        .env("RDMA_LAB_QUIET", "1")
+        .output()
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let cells: Vec<&str> = text.lines().filter(|l| l.starts_with("PASS ") || l.starts_with("FAIL ")).collect();
+    cells.iter().for_each(|l| println!("{l}"));
+    let failed = cells.iter().filter(|l| l.starts_with("FAIL")).count();
+    println!("{} passed, {failed} failed", cells.len() - failed);
+    if cells.is_empty() {
+        eprint!("{}{}", text, String::from_utf8_lossy(&out.stderr));
+        return Err(format!("the lab run produced no results (exit {:?})", out.status.code()));
+    }
+    if failed > 0 || !out.status.success() {
+        return Err("lab cells failed".into());
     }
     Ok(())
 }

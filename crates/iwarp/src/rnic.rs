@@ -1296,6 +1296,12 @@ fn read_frame(stream: &mut TcpStream) -> Result<MpaFrame> {
     MpaFrame::with_private_data(reply, flags, rev, &pd).map_err(|e| Error::Setup(e.to_string()))
 }
 
+fn describe(rev: u8, crc: bool, ird: u8, ord: u8, p2p: bool) -> String {
+    let crc = if crc { "on" } else { "off" };
+    let p2p = if p2p { ", peer-to-peer (zero-length Write RTR)" } else { "" };
+    format!("MPA rev {rev}, CRC {crc}, markers off, IRD {ird}, ORD {ord}{p2p}")
+}
+
 fn clamp(v: u16) -> u8 {
     v.min(u16::from(MAX_IRD_ORD)) as u8
 }
@@ -1376,7 +1382,13 @@ impl ConnectionRequest for SoftRequest {
         });
         let flags = (self.frame.flags & !(MPA_FLAG_REJECT | MPA_FLAG_MARKERS | MPA_FLAG_ENHANCED)) | if crc { MPA_FLAG_CRC } else { 0 };
         let reply = MpaFrame { reply: true, flags, rev: self.frame.rev, ird_ord, private_data: param.private_data.clone() };
-        let est = Established { private_data: self.frame.private_data.clone(), ird, ord, peer: Some(self.peer) };
+        let est = Established {
+            private_data: self.frame.private_data.clone(),
+            ird,
+            ord,
+            peer: Some(self.peer),
+            description: describe(self.frame.rev, crc, ird, ord, ird_ord.is_some_and(|io| io.p2p)),
+        };
         // The engines start before the reply goes out so the first FPDU is handled at once;
         // the transmitter holds back until that FPDU arrived.
         qp.start(self.stream.try_clone()?, crc, true, est, false)?;
@@ -1502,7 +1514,13 @@ impl Provider for SoftRnic {
         if reply.ird_ord.is_some_and(|io| io.p2p && !io.write_rtr) && cfg.p2p {
             return Err(Error::Setup("the peer chose a ready-to-receive message we did not offer".into()));
         }
-        let est = Established { private_data: reply.private_data.clone(), ird, ord, peer: Some(addr) };
+        let est = Established {
+            private_data: reply.private_data.clone(),
+            ird,
+            ord,
+            peer: Some(addr),
+            description: describe(reply.rev, reply.crc(), ird, ord, rtr_write),
+        };
         qp.start(stream, reply.crc(), false, est.clone(), rtr_write)?;
         Ok(est)
     }

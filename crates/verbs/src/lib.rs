@@ -200,6 +200,8 @@ pub struct Established {
     pub ord: u8,
     /// Peer address.
     pub peer: Option<SocketAddr>,
+    /// What the transport negotiated, for logs (e.g. "MPA rev 2, CRC on, IRD 4, ORD 4").
+    pub description: String,
 }
 
 /// Provider errors.
