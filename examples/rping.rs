@@ -2,7 +2,7 @@
 //! protocol, on the wire compatible with it (and so with the Linux kernel's siw).
 //!
 //! ```text
-//! cargo run --release --example rping -- -s|-c -a ADDR [-p PORT] [-C COUNT] [-S SIZE] [-v]
+//! cargo run --release --example rping -- -s|-c -a ADDR [-p PORT] [-C COUNT] [-S SIZE] [-v] [--no-crc] [--p2p]
 //! ```
 //!
 //! Per ping the client advertises its source buffer (address, rkey, size in one 16-byte Send);
@@ -11,11 +11,13 @@
 //! buffers. The exit status is 0 only when every ping verified.
 
 use clap::Parser;
-use riser::iwarp::SoftRnic;
+use riser::iwarp::{RnicConfig, SoftRnic};
 use riser::verbs::{
     Access, CompletionQueue, ConnParam, ConnectionRequest, Listener, MemoryRegion, ProtectionDomain, Provider, QpCaps, QueuePair, RecvWr,
     SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus,
 };
+use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,6 +52,12 @@ struct Args {
     /// Debug output.
     #[arg(short = 'd')]
     debug: bool,
+    /// Do not ask for MPA CRC (the connection still uses it if the peer asks).
+    #[arg(long)]
+    no_crc: bool,
+    /// Client: ask for MPA peer-to-peer mode (RFC 6581) and send the ready-to-receive message.
+    #[arg(long)]
+    p2p: bool,
     /// Help.
     #[arg(short = 'h', long = "help", action = clap::ArgAction::Help)]
     _help: Option<bool>,
@@ -93,6 +101,9 @@ struct Conn<P: Provider> {
     recv: Arc<<P::Pd as ProtectionDomain>::Mr>,
     send: Arc<<P::Pd as ProtectionDomain>::Mr>,
     debug: bool,
+    /// Completions polled while waiting for another kind: a peer's answer can complete before
+    /// the Send that asked for it is reported, so nothing polled is thrown away.
+    pending: RefCell<VecDeque<Wc>>,
 }
 
 impl<P: Provider> Conn<P> {
@@ -103,25 +114,36 @@ impl<P: Provider> Conn<P> {
     /// Wait for the next completion of `op` (errors other than flushes end the program).
     fn wait(&self, op: WcOpcode) -> Result<Wc, String> {
         loop {
-            for wc in self.cq.poll(1) {
+            let earlier = {
+                let mut p = self.pending.borrow_mut();
+                p.iter().position(|w| w.opcode == op).and_then(|i| p.remove(i))
+            };
+            if let Some(wc) = earlier {
+                return Ok(wc);
+            }
+            let mut flushed = false;
+            for wc in self.cq.poll(16) {
                 if self.debug {
                     eprintln!("cq: {wc:?}");
                 }
-                if wc.status == WcStatus::WrFlushErr {
-                    return Err("disconnected".into());
-                }
-                if wc.status != WcStatus::Success {
-                    return Err(format!("{:?} completed with {:?}", wc.opcode, wc.status));
-                }
-                if wc.opcode == op {
-                    return Ok(wc);
+                match wc.status {
+                    // Flushes come with the end of the connection (as rping, they are not errors):
+                    // a completion that made it before them still counts.
+                    WcStatus::WrFlushErr => flushed = true,
+                    WcStatus::Success => self.pending.borrow_mut().push_back(wc),
+                    other => return Err(format!("{:?} completed with {other:?}", wc.opcode)),
                 }
             }
-            if !self.cq.wait_blocking(Duration::from_secs(1)) && !self.qp.is_connected() && self.cq.poll(0).is_empty() {
-                // Give late completions one more look before giving up.
+            if self.pending.borrow().iter().any(|w| w.opcode == op) {
+                continue;
+            }
+            if flushed || !self.qp.is_connected() {
+                // Give completions racing the flush a moment before giving up.
                 if !self.cq.wait_blocking(Duration::from_millis(200)) {
                     return Err("disconnected".into());
                 }
+            } else {
+                self.cq.wait_blocking(Duration::from_secs(1));
             }
         }
     }
@@ -163,12 +185,20 @@ fn server<P: Provider>(p: &P, a: &Args) -> Result<(), String> {
     let cq = p.create_cq(32).map_err(|e| e.to_string())?;
     let qp = req.create_qp(&pd, &cq, &cq, QpCaps { max_send_wr: 16, max_recv_wr: 2, max_sge: 1 }).map_err(|e| e.to_string())?;
     let reg = |n, acc| pd.register(vec![0u8; n], acc).map_err(|e| e.to_string());
-    let conn: Conn<P> = Conn { cq, qp, recv: reg(16, Access::LOCAL_WRITE)?, send: reg(16, Access::empty())?, debug: a.debug };
+    let conn: Conn<P> = Conn {
+        cq,
+        qp,
+        recv: reg(16, Access::LOCAL_WRITE)?,
+        send: reg(16, Access::empty())?,
+        debug: a.debug,
+        pending: RefCell::new(VecDeque::new()),
+    };
     let rdma = reg(a.size, Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE)?;
     conn.post_recv()?;
     let (ird, ord) = req.ird_ord();
     // As librdmacm's rdma_accept(id, NULL): IRD/ORD as the request asked.
-    req.accept(&ConnParam { private_data: vec![], responder_resources: ord.max(1), initiator_depth: ird.max(1) }).map_err(|e| e.to_string())?;
+    req.accept(&ConnParam { private_data: vec![], responder_resources: ord.max(1), initiator_depth: ird.max(1) })
+        .map_err(|e| e.to_string())?;
     if let Some(e) = conn.qp.established() {
         eprintln!("rping server: connection from {} ({})", e.peer.map(|p| p.to_string()).unwrap_or_default(), e.description);
     }
@@ -224,7 +254,14 @@ fn client<P: Provider>(p: &P, a: &Args) -> Result<(), String> {
     let cq = p.create_cq(32).map_err(|e| e.to_string())?;
     let qp = p.create_qp(&pd, &cq, &cq, QpCaps { max_send_wr: 16, max_recv_wr: 2, max_sge: 1 }).map_err(|e| e.to_string())?;
     let reg = |n, acc| pd.register(vec![0u8; n], acc).map_err(|e| e.to_string());
-    let conn: Conn<P> = Conn { cq, qp, recv: reg(16, Access::LOCAL_WRITE)?, send: reg(16, Access::empty())?, debug: a.debug };
+    let conn: Conn<P> = Conn {
+        cq,
+        qp,
+        recv: reg(16, Access::LOCAL_WRITE)?,
+        send: reg(16, Access::empty())?,
+        debug: a.debug,
+        pending: RefCell::new(VecDeque::new()),
+    };
     let all = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
     let start = reg(a.size, all)?;
     let rdma = reg(a.size, all)?;
@@ -267,7 +304,7 @@ fn main() {
         eprintln!("error: one of -s (server) or -c (client)");
         std::process::exit(2);
     }
-    let rnic = SoftRnic::default();
+    let rnic = SoftRnic::new(RnicConfig { crc: !a.no_crc, p2p: a.p2p, ..RnicConfig::default() });
     let r = if a.server { server(&rnic, &a) } else { client(&rnic, &a) };
     if let Err(e) = r {
         eprintln!("rping: {e}");

@@ -25,16 +25,16 @@
 pub use riser_datamover as datamover;
 #[cfg(feature = "target")]
 pub use riser_initiator as initiator;
+pub use riser_iscsi as iscsi;
 #[cfg(feature = "rdma")]
 pub use riser_iwarp as iwarp;
-#[cfg(feature = "rdma")]
-pub use riser_verbs as verbs;
-pub use riser_iscsi as iscsi;
 pub use riser_scsi as scsi;
 #[cfg(feature = "target")]
 pub use riser_target as target;
 #[cfg(feature = "target")]
 pub use riser_tcp as tcp;
+#[cfg(feature = "rdma")]
+pub use riser_verbs as verbs;
 
 /// Helpers shared by the example programs and scripts.
 pub mod cli {

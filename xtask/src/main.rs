@@ -6,7 +6,8 @@
 //! * `bench [--full] [--reps N] [--runtime S]` — the same clients (libiscsi's iscsi-perf and fio
 //!   with the libiscsi engine, via ../shared/peers/bench-client.sh) against the riser target and
 //!   tgtd, both RAM-backed with the same limits, in one run; prints medians and riser/tgtd, plus
-//!   the raw loopback TCP and memcpy ceilings.
+//!   the raw loopback TCP and memcpy ceilings; then RDMA Write / Read / Send over the software
+//!   iWARP RNIC against raw TCP for 4 KiB–4 MiB messages (`--rdma-only`: just that part).
 //! * `lab` — boot the RDMA lab VM (../shared/lab/rdma-lab.sh, soft-iWARP siw and soft-RoCE rxe)
 //!   and run the interop matrix inside it: riser's rping (software iWARP RNIC) against the
 //!   kernel's siw rping, both ways.
@@ -51,7 +52,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo | interop | lab | bench [--full] [--reps N] [--runtime S] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>"
+                "usage: cargo xtask <demo | interop | lab | bench [--full] [--reps N] [--runtime S] [--rdma-only] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>"
             );
             return ExitCode::from(2);
         }
@@ -197,7 +198,9 @@ fn iwarp_seeds() -> Vec<(String, Vec<u8>)> {
         let n = h.emit(&mut b);
         let mut v = b[..n].to_vec();
         match h.op() {
-            Opcode::ReadRequest => v.extend_from_slice(&ReadRequest { sink_stag: 0x100, sink_to: 0, size: 64, src_stag: 0x200, src_to: 0 }.emit()),
+            Opcode::ReadRequest => {
+                v.extend_from_slice(&ReadRequest { sink_stag: 0x100, sink_to: 0, size: 64, src_stag: 0x200, src_to: 0 }.emit())
+            }
             Opcode::Terminate => v.extend_from_slice(
                 &TerminateMsg {
                     term: riser_iwarp::Term::DDP_TAGGED_BOUNDS,
@@ -436,7 +439,7 @@ fn lab() -> Result<(), String> {
         .args(["run", "--links", "siw", "--timeout", "900", "-e"])
         .arg(format!("RPING={}", rping.display()))
         .args(["--script", "xtask/lab/iwarp-rping.sh"])
-        .env("RDMA_LAB_QUIET", "1")
+        .stderr(std::process::Stdio::inherit())
         .output()
         .map_err(|e| e.to_string())?;
     let text = String::from_utf8_lossy(&out.stdout);
@@ -575,7 +578,48 @@ fn bench_client(url: &str, env: &[(&str, String)]) -> Result<Vec<(String, f64)>,
     Ok(rows)
 }
 
+/// RDMA Write / Read / Send over the software iWARP RNIC against raw TCP, both ends in one
+/// process over loopback, the same sizes in the same run: median MiB/s of `reps` runs.
+fn bench_rdma(reps: usize) -> Result<(), String> {
+    let st = Command::new("cargo")
+        .current_dir(root())
+        .args(["build", "--quiet", "--release", "--example", "iwarp_perf"])
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !st.success() {
+        return Err("building the iwarp_perf example failed".into());
+    }
+    let perf = root().join("target/release/examples/iwarp_perf");
+    let run = |op: &str, size: u64| -> Result<f64, String> {
+        let total = (size * 64).clamp(256 << 20, 2 << 30);
+        let mut v = Vec::new();
+        for _ in 0..reps {
+            let out = Command::new(&perf)
+                .args(["--op", op, "--size", &size.to_string(), "--total", &total.to_string()])
+                .output()
+                .map_err(|e| e.to_string())?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            let mibs = text.split_whitespace().nth(2).and_then(|x| x.parse::<f64>().ok());
+            v.push(mibs.ok_or_else(|| format!("iwarp_perf {op} {size}: {text}{}", String::from_utf8_lossy(&out.stderr)))?);
+        }
+        v.sort_by(f64::total_cmp);
+        Ok(v[v.len() / 2])
+    };
+    println!("== software iWARP RNIC over loopback (MiB/s, median of {reps}; ratio to raw TCP with the same message size)");
+    println!("{:>8} {:>10} {:>10} {:>7} {:>10} {:>7} {:>10} {:>7}", "size", "raw TCP", "Write", "ratio", "Read", "ratio", "Send", "ratio");
+    for size in [4u64 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20] {
+        let tcp = run("tcp", size)?;
+        let (w, r, s) = (run("write", size)?, run("read", size)?, run("send", size)?);
+        println!("{:>7}K {tcp:>10.0} {w:>10.0} {:>6.2}x {r:>10.0} {:>6.2}x {s:>10.0} {:>6.2}x", size >> 10, w / tcp, r / tcp, s / tcp);
+    }
+    Ok(())
+}
+
 fn bench(args: &[String]) -> Result<(), String> {
+    let reps: usize = arg_value(args, "--reps").and_then(|r| r.parse().ok()).unwrap_or(3);
+    if args.iter().any(|a| a == "--rdma-only") {
+        return bench_rdma(reps);
+    }
     ensure_packages(&[("iscsi-perf", "libiscsi-bin"), ("tgtd", "tgt"), ("iperf3", "iperf3")])?;
     // fio with the libiscsi engine (Debian's lacks it); bench-client.sh skips fio rows without it.
     let _ = Command::new("bash").arg(shared().join("peers/build-fio-libiscsi.sh")).status();
@@ -611,5 +655,6 @@ fn bench(args: &[String]) -> Result<(), String> {
     }
     println!("\n== physical ceilings");
     let _ = Command::new("bash").arg(shared().join("peers/bench-raw.sh")).env("REPS", "1").env("SECS", "3").status();
-    Ok(())
+    println!();
+    bench_rdma(reps)
 }
