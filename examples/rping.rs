@@ -2,7 +2,7 @@
 //! protocol, on the wire compatible with it (and so with the Linux kernel's siw).
 //!
 //! ```text
-//! cargo run --release --example rping -- -s|-c -a ADDR [-p PORT] [-C COUNT] [-S SIZE] [-v] [--no-crc] [--p2p]
+//! cargo run --release --example rping -- -s|-c -a ADDR [-p PORT] [-C COUNT] [-S SIZE] [-v] [--crc] [--p2p]
 //! ```
 //!
 //! Per ping the client advertises its source buffer (address, rkey, size in one 16-byte Send);
@@ -52,9 +52,9 @@ struct Args {
     /// Debug output.
     #[arg(short = 'd')]
     debug: bool,
-    /// Do not ask for MPA CRC (the connection still uses it if the peer asks).
+    /// Ask for MPA CRC32C (off unless either side asks).
     #[arg(long)]
-    no_crc: bool,
+    crc: bool,
     /// Client: ask for MPA peer-to-peer mode (RFC 6581) and send the ready-to-receive message.
     #[arg(long)]
     p2p: bool,
@@ -304,7 +304,7 @@ fn main() {
         eprintln!("error: one of -s (server) or -c (client)");
         std::process::exit(2);
     }
-    let rnic = SoftRnic::new(RnicConfig { crc: !a.no_crc, p2p: a.p2p, ..RnicConfig::default() });
+    let rnic = SoftRnic::new(RnicConfig { crc: a.crc, p2p: a.p2p, ..RnicConfig::default() });
     let r = if a.server { server(&rnic, &a) } else { client(&rnic, &a) };
     if let Err(e) = r {
         eprintln!("rping: {e}");

@@ -46,8 +46,8 @@ for S in 64 65000; do
   cell "riser rping -s <- siw rping -c, -S $S" $rc "$(grep -h 'connection from\|rping:' /tmp/r-server.log | tr '\n' ' ') kernel client verified $pings pings"
   port=$((port + 1))
 done
-# MPA options: CRC off (siw then runs without CRC), peer-to-peer with the zero-length Write RTR.
-client_cell 7190 4096 "--no-crc" --no-crc
+# MPA options: CRC on (riser asks, siw follows), peer-to-peer with the zero-length Write RTR.
+client_cell 7190 4096 "--crc" --crc
 client_cell 7191 4096 "--p2p" --p2p
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]
