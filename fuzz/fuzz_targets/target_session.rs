@@ -32,7 +32,7 @@ fuzz_target!(|data: &[u8]| {
         let (dm, driver) = PduDatamover::new(Role::Target, Box::new(trx), Box::new(ttx));
         tokio::spawn(driver);
         let addr = "127.0.0.1:3260".parse().unwrap();
-        let conn = tokio::spawn(target().connection(dm, addr, addr));
+        let conn = tokio::spawn(target().connection(std::sync::Arc::new(dm), riser_iscsi::keys::Transport::Tcp, addr, addr));
         let mut raw = RawEnd { rx: irx, tx: itx };
         let mut rest = data;
         while let Ok((pdu, used)) = Pdu::parse(rest) {

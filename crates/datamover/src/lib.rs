@@ -39,7 +39,7 @@ use bytes::{Bytes, BytesMut};
 use core::future::Future;
 use core::pin::Pin;
 use riser_iscsi::keys::NegotiatedParams;
-use riser_iscsi::wire::Header;
+use riser_iscsi::wire::{Header, ScsiCommand};
 use riser_scsi::lun::Lun;
 use riser_scsi::sense::Status;
 
@@ -204,7 +204,7 @@ pub struct ConnectionResources {
 }
 
 /// The datamover of one connection.
-pub trait Datamover: Send + Sync {
+pub trait Datamover: Send + Sync + core::fmt::Debug {
     /// Send_Control: send a control-type PDU. Completion means it is on its way in order with
     /// everything sent before it.
     fn send_control(&self, pdu: ControlPdu) -> BoxFuture<'_, Result<(), DmError>>;
@@ -247,4 +247,18 @@ pub trait Datamover: Send + Sync {
 
     /// The next notification (Control_Notify, Connection_Terminate_Notify, …).
     fn next_event(&self) -> BoxFuture<'_, DmEvent>;
+
+    /// Send_Control for a SCSI Command on the initiator, with the task's buffers (RFC 5047 §7.1:
+    /// the I/O buffer descriptors travel with the command): a read buffer of `read_len` bytes and
+    /// the write data. TCP sends immediate and unsolicited data and answers R2Ts; iSER registers
+    /// the buffers and advertises them in the iSER header.
+    fn send_command(&self, cmd: ScsiCommand, ahs: Bytes, read_len: u32, write: Option<Bytes>) -> BoxFuture<'_, Result<(), DmError>>;
+
+    /// Initiator: the read data of a finished (or aborted) command; forgets the task's buffers
+    /// (the initiator half of Deallocate_Task_Resources).
+    fn take_read_data(&self, itt: u32) -> Option<BytesMut>;
 }
+
+/// A shared datamover, as the target and initiator hold it (one per connection: compare with
+/// `Arc::ptr_eq`).
+pub type SharedDatamover = std::sync::Arc<dyn Datamover>;

@@ -221,8 +221,8 @@ impl PduDatamover {
     /// Initiator: Send_Control for a SCSI Command with its buffers. Immediate data rides in the
     /// command PDU and unsolicited Data-Out follows as negotiated; solicited data goes out as
     /// the target's R2Ts arrive; Data-In lands in a read buffer of `read_len` bytes, handed out
-    /// by [`PduDatamover::take_read_data`] when the command ends.
-    pub async fn send_command(&self, mut cmd: ScsiCommand, ahs: Bytes, read_len: u32, write: Option<Bytes>) -> Result<(), DmError> {
+    /// by [`Datamover::take_read_data`] when the command ends.
+    pub async fn send_scsi_command(&self, mut cmd: ScsiCommand, ahs: Bytes, read_len: u32, write: Option<Bytes>) -> Result<(), DmError> {
         if read_len > 0 {
             lock(&self.shared.reads).insert(cmd.itt, ReadTask { buf: BytesMut::zeroed(read_len as usize) });
         }
@@ -246,9 +246,7 @@ impl PduDatamover {
         Ok(())
     }
 
-    /// Initiator: the read data of a finished (or aborted) command; forgets its buffers
-    /// (the initiator half of Deallocate_Task_Resources).
-    pub fn take_read_data(&self, itt: u32) -> Option<BytesMut> {
+    fn take_read_buffer(&self, itt: u32) -> Option<BytesMut> {
         lock(&self.shared.out_writes).remove(&itt);
         lock(&self.shared.reads).remove(&itt).map(|r| r.buf)
     }
@@ -478,16 +476,26 @@ fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Datamover for PduDatamover {
+    fn send_command(&self, cmd: ScsiCommand, ahs: Bytes, read_len: u32, write: Option<Bytes>) -> BoxFuture<'_, Result<(), DmError>> {
+        Box::pin(self.send_scsi_command(cmd, ahs, read_len, write))
+    }
+
+    fn take_read_data(&self, itt: u32) -> Option<BytesMut> {
+        self.take_read_buffer(itt)
+    }
+
     fn send_control(&self, pdu: ControlPdu) -> BoxFuture<'_, Result<(), DmError>> {
         Box::pin(async move {
             // A login step answered: let the receiver read on, except after the final, successful
             // Login Response (then it waits for Enable_Datamover and the new parameters).
+            // The gate opens before the PDU leaves: once it is on the wire, the answer may be
+            // read (and gated) before this task runs again, and a late release would let the
+            // receiver past that answer's gate with the old framing.
             let final_ok = matches!(pdu.header, Header::LoginResponse(r) if r.transit && r.nsg.0 == 3 && r.status_class == 0);
-            let r = self.send(pdu.header, &pdu.ahs, &[&pdu.data]).await;
             if !final_ok && self.shared.awaiting_login_step.swap(false, Ordering::AcqRel) {
                 self.shared.login_gate.notify_one();
             }
-            r
+            self.send(pdu.header, &pdu.ahs, &[&pdu.data]).await
         })
     }
 

@@ -17,9 +17,9 @@
 //! ```
 
 use bytes::{Bytes, BytesMut};
-use riser_datamover::{ControlPdu, Datamover, DmEvent, PduDatamover};
+use riser_datamover::{BoxFuture, ControlPdu, DmEvent, SharedDatamover};
 use riser_iscsi::chap::ChapCredentials;
-use riser_iscsi::keys::{NegotiatedParams, OperationalConfig, Role};
+use riser_iscsi::keys::{NegotiatedParams, OperationalConfig, Role, Transport};
 use riser_iscsi::login::{InitiatorAuth, InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent, LoginFailure};
 use riser_iscsi::serial::SerialNumber;
 use riser_iscsi::text::{TextBuilder, parse_pairs};
@@ -87,6 +87,35 @@ pub struct SessionConfig {
     pub isid: Isid,
     /// Login and command timeout.
     pub timeout: Duration,
+    /// How connections are made (default: iSCSI over TCP).
+    pub connector: Arc<dyn Connector>,
+}
+
+/// Makes the connections of a session: a transport connection and its datamover, ready for
+/// the first Login Request.
+pub trait Connector: Send + Sync + std::fmt::Debug {
+    /// Connect to `addr`.
+    fn connect(&self, addr: std::net::SocketAddr) -> BoxFuture<'_, Result<SharedDatamover, Error>>;
+    /// The transport (it selects the login key set: digests on TCP, RDMAExtensions on iSER).
+    fn transport(&self) -> Transport;
+}
+
+/// iSCSI over TCP.
+#[derive(Debug, Default)]
+pub struct TcpConnector;
+
+impl Connector for TcpConnector {
+    fn connect(&self, addr: std::net::SocketAddr) -> BoxFuture<'_, Result<SharedDatamover, Error>> {
+        Box::pin(async move {
+            let stream = TcpStream::connect(addr).await.map_err(Error::Connect)?;
+            let (dm, driver) = riser_tcp::datamover(stream, Role::Initiator);
+            tokio::spawn(driver);
+            Ok(Arc::new(dm) as SharedDatamover)
+        })
+    }
+    fn transport(&self) -> Transport {
+        Transport::Tcp
+    }
 }
 
 impl SessionConfig {
@@ -103,6 +132,7 @@ impl SessionConfig {
             // Type 10b (random) ISID.
             isid: Isid([0x80, b[3], b[4], b[5], b[6], b[7]]),
             timeout: Duration::from_secs(30),
+            connector: Arc::new(TcpConnector),
         }
     }
 
@@ -182,7 +212,8 @@ impl State {
 }
 
 struct Inner {
-    dm: Mutex<PduDatamover>,
+    dm: Mutex<SharedDatamover>,
+    connector: Arc<dyn Connector>,
     /// Connection generation; a receiver only reports the loss of its own connection.
     generation: AtomicU32,
     addr: std::net::SocketAddr,
@@ -224,13 +255,13 @@ fn entropy() -> [u8; 32] {
 
 /// Log in on a fresh connection; returns the datamover and the outcome.
 async fn login(
-    addr: impl ToSocketAddrs,
-    cfg: InitiatorLoginConfig,
+    connector: &dyn Connector,
+    addr: std::net::SocketAddr,
+    mut cfg: InitiatorLoginConfig,
     timeout: Duration,
-) -> Result<(PduDatamover, riser_iscsi::login::LoginOutcome), Error> {
-    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr)).await.map_err(|_| Error::Timeout)?.map_err(Error::Connect)?;
-    let (dm, driver) = riser_tcp::datamover(stream, Role::Initiator);
-    tokio::spawn(driver);
+) -> Result<(SharedDatamover, riser_iscsi::login::LoginOutcome), Error> {
+    cfg.transport = connector.transport();
+    let dm = tokio::time::timeout(timeout, connector.connect(addr)).await.map_err(|_| Error::Timeout)??;
     let start = Instant::now();
     let mut l = InitiatorLogin::new(cfg, Duration::ZERO, entropy());
     loop {
@@ -267,12 +298,26 @@ async fn login(
     }
 }
 
-/// SendTargets discovery: the targets and their addresses (`host:port,tpgt`).
+async fn resolve(addr: impl ToSocketAddrs) -> Result<std::net::SocketAddr, Error> {
+    tokio::net::lookup_host(addr).await.map_err(Error::Connect)?.next().ok_or_else(|| Error::Connect(std::io::ErrorKind::NotFound.into()))
+}
+
+/// SendTargets discovery over TCP: the targets and their addresses (`host:port,tpgt`).
 pub async fn discover(addr: impl ToSocketAddrs, initiator_name: &str, auth: InitiatorAuth) -> Result<Vec<(String, Vec<String>)>, Error> {
+    discover_via(&TcpConnector, resolve(addr).await?, initiator_name, auth).await
+}
+
+/// SendTargets discovery over any transport (a discovery session on iSER runs over iSER).
+pub async fn discover_via(
+    connector: &dyn Connector,
+    addr: std::net::SocketAddr,
+    initiator_name: &str,
+    auth: InitiatorAuth,
+) -> Result<Vec<(String, Vec<String>)>, Error> {
     let mut cfg = InitiatorLoginConfig::new(initiator_name, None, SessionConfig::new(initiator_name, "").isid);
     cfg.auth = auth;
     let timeout = Duration::from_secs(15);
-    let (dm, o) = login(addr, cfg, timeout).await?;
+    let (dm, o) = login(connector, addr, cfg, timeout).await?;
     let mut text = TextBuilder::new();
     text.push("SendTargets", "All");
     let req = TextRequest {
@@ -331,7 +376,7 @@ pub async fn discover(addr: impl ToSocketAddrs, initiator_name: &str, auth: Init
 }
 
 impl Inner {
-    fn dm(&self) -> PduDatamover {
+    fn dm(&self) -> SharedDatamover {
         lock(&self.dm).clone()
     }
 }
@@ -343,14 +388,11 @@ impl Session {
         lc.auth = cfg.auth.clone();
         lc.operational = cfg.operational.clone();
         lc.login_timeout = cfg.timeout;
-        let addr = tokio::net::lookup_host(addr)
-            .await
-            .map_err(Error::Connect)?
-            .next()
-            .ok_or_else(|| Error::Connect(std::io::ErrorKind::NotFound.into()))?;
-        let (dm, o) = login(addr, lc.clone(), cfg.timeout).await?;
+        let addr = resolve(addr).await?;
+        let (dm, o) = login(&*cfg.connector, addr, lc.clone(), cfg.timeout).await?;
         let inner = Arc::new(Inner {
             dm: Mutex::new(dm),
+            connector: cfg.connector.clone(),
             generation: AtomicU32::new(0),
             addr,
             login: lc,
@@ -390,7 +432,7 @@ impl Session {
         if !lock(&self.inner.state).dead {
             return Ok(());
         }
-        let (dm, o) = login(self.inner.addr, self.inner.login.clone(), self.inner.timeout).await?;
+        let (dm, o) = login(&*self.inner.connector, self.inner.addr, self.inner.login.clone(), self.inner.timeout).await?;
         let generation = self.inner.generation.fetch_add(1, Ordering::AcqRel) + 1;
         *lock(&self.inner.dm) = dm;
         *lock(&self.inner.state) = State::after_login(&o);
@@ -460,7 +502,7 @@ impl Session {
     /// the waiting caller.
     fn finish(
         inner: &Inner,
-        dm: &PduDatamover,
+        dm: &SharedDatamover,
         itt: u32,
         status: Status,
         sense: Option<Bytes>,

@@ -3,7 +3,7 @@
 
 use crate::lu::{LogicalUnit, Outcome, Plan};
 use bytes::Bytes;
-use riser_datamover::{ControlPdu, Datamover, DmEvent, PduDatamover, R2tDesc};
+use riser_datamover::{ControlPdu, DmEvent, R2tDesc, SharedDatamover};
 use riser_iscsi::chap::ChapCredentials;
 use riser_iscsi::keys::{NegotiatedParams, OperationalConfig, Role, SessionType, Transport};
 use riser_iscsi::login::{LoginOutcome, TargetLogin, TargetLoginConfig, TargetLoginEvent, TargetLoginParams, TargetNode};
@@ -79,7 +79,7 @@ type SessionKey = (String, Isid, String);
 pub struct Target {
     config: TargetConfig,
     next_tsih: AtomicU16,
-    sessions: Mutex<HashMap<SessionKey, PduDatamover>>,
+    sessions: Mutex<HashMap<SessionKey, SharedDatamover>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -115,12 +115,12 @@ impl Target {
             tokio::spawn(async move {
                 let (dm, driver) = riser_tcp::datamover(stream, Role::Target);
                 tokio::spawn(driver);
-                me.connection(dm, peer, portal).await;
+                me.connection(Arc::new(dm), Transport::Tcp, peer, portal).await;
             });
         }
     }
 
-    fn login_config(&self) -> TargetLoginConfig {
+    fn login_config(&self, transport: Transport) -> TargetLoginConfig {
         TargetLoginConfig {
             targets: self
                 .config
@@ -136,14 +136,15 @@ impl Target {
                 .collect(),
             portal_group_tag: self.config.portal_group_tag,
             operational: self.config.operational.clone(),
-            transport: Transport::Tcp,
+            transport,
             login_timeout: self.config.login_timeout,
             ..TargetLoginConfig::default()
         }
     }
 
-    /// Serve one connection on a datamover: login, then the session.
-    pub async fn connection(self: Arc<Self>, dm: PduDatamover, peer: SocketAddr, portal: SocketAddr) {
+    /// Serve one connection on a datamover: login (with the key set of `transport`), then the
+    /// session. The datamover may be TCP or iSER: nothing below depends on which.
+    pub async fn connection(self: Arc<Self>, dm: SharedDatamover, transport: Transport, peer: SocketAddr, portal: SocketAddr) {
         let start = Instant::now();
         let mut tsih = self.next_tsih.fetch_add(1, Ordering::Relaxed);
         if tsih == 0 {
@@ -152,7 +153,7 @@ impl Target {
         let e = entropy();
         let stat_sn = u32::from_le_bytes([e[0], e[1], e[2], e[3]]) & 0x0fff_ffff;
         let mut login = TargetLogin::new(
-            self.login_config(),
+            self.login_config(transport),
             TargetLoginParams { new_tsih: tsih, initial_stat_sn: stat_sn, cmd_window: self.config.queue_depth, entropy: e },
         );
         let outcome = loop {
@@ -204,7 +205,7 @@ impl Target {
         session.run(&self, portal).await;
         // Unregister, unless a reinstatement already replaced this connection.
         let mut sessions = lock(&self.sessions);
-        if sessions.get(&key).is_some_and(|cur| cur.same(&dm)) {
+        if sessions.get(&key).is_some_and(|cur| Arc::ptr_eq(cur, &dm)) {
             sessions.remove(&key);
         }
     }
@@ -219,7 +220,7 @@ struct Seq {
 }
 
 struct Session {
-    dm: PduDatamover,
+    dm: SharedDatamover,
     params: NegotiatedParams,
     node: Option<Node>,
     nexus: String,
@@ -237,7 +238,7 @@ struct Session {
 }
 
 impl Session {
-    fn new(dm: PduDatamover, o: LoginOutcome, node: Option<Node>, depth: u32, keepalive: (Option<Duration>, Duration)) -> Self {
+    fn new(dm: SharedDatamover, o: LoginOutcome, node: Option<Node>, depth: u32, keepalive: (Option<Duration>, Duration)) -> Self {
         let nexus = format!("{},i,0x{}", o.params.initiator_name, o.isid.0.iter().map(|b| format!("{b:02x}")).collect::<String>());
         Self {
             dm,
