@@ -12,6 +12,7 @@
 //! | `initiator` | `riser-initiator` | async iSCSI initiator (feature `target`) |
 //! | `verbs` | `riser-verbs` | RDMA provider interface (feature `rdma`) |
 //! | `iwarp` | `riser-iwarp` | software iWARP RNIC over TCP (feature `rdma`) |
+//! | `iser` | `riser-iser` | iSER datamover over `verbs` (feature `rdma`) |
 //!
 //! The datamover seam, the TCP and iSER datamovers, the target and the initiator join as their
 //! crates land (see `docs/ARCHITECTURE.md`).
@@ -26,6 +27,8 @@ pub use riser_datamover as datamover;
 #[cfg(feature = "target")]
 pub use riser_initiator as initiator;
 pub use riser_iscsi as iscsi;
+#[cfg(feature = "rdma")]
+pub use riser_iser as iser;
 #[cfg(feature = "rdma")]
 pub use riser_iwarp as iwarp;
 pub use riser_scsi as scsi;

@@ -257,6 +257,18 @@ pub trait Datamover: Send + Sync + core::fmt::Debug {
     /// Initiator: the read data of a finished (or aborted) command; forgets the task's buffers
     /// (the initiator half of Deallocate_Task_Resources).
     fn take_read_data(&self, itt: u32) -> Option<BytesMut>;
+
+    /// Whether Put_Data may carry the status in its last PDU (phase collapse: TCP yes, iSER
+    /// never). When it cannot, the target sends a separate SCSI Response.
+    fn collapses_status(&self) -> bool {
+        false
+    }
+
+    /// The largest data segment this datamover can receive (its posted receive buffers on
+    /// iSER); login declares no more than this. `None`: no limit of its own.
+    fn max_recv_data_segment_length(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// A shared datamover, as the target and initiator hold it (one per connection: compare with

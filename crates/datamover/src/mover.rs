@@ -484,6 +484,10 @@ impl Datamover for PduDatamover {
         self.take_read_buffer(itt)
     }
 
+    fn collapses_status(&self) -> bool {
+        true
+    }
+
     fn send_control(&self, pdu: ControlPdu) -> BoxFuture<'_, Result<(), DmError>> {
         Box::pin(async move {
             // A login step answered: let the receiver read on, except after the final, successful

@@ -100,6 +100,39 @@ pub trait Connector: Send + Sync + std::fmt::Debug {
     fn transport(&self) -> Transport;
 }
 
+/// iSER over an RDMA provider (the software iWARP RNIC, or rdma-core).
+#[derive(Debug)]
+pub struct IserConnector<P: riser_verbs::Provider> {
+    provider: P,
+    pd: Arc<P::Pd>,
+    config: riser_iser::IserConfig,
+}
+
+impl<P: riser_verbs::Provider + Clone + 'static> IserConnector<P> {
+    /// Connections through `provider` with `config`.
+    pub fn new(provider: P, config: riser_iser::IserConfig) -> Result<Self, riser_verbs::Error> {
+        let pd = provider.alloc_pd()?;
+        Ok(Self { provider, pd, config })
+    }
+}
+
+impl<P: riser_verbs::Provider + Clone + 'static> Connector for IserConnector<P> {
+    fn connect(&self, addr: std::net::SocketAddr) -> BoxFuture<'_, Result<SharedDatamover, Error>> {
+        Box::pin(async move {
+            let (p, pd, cfg) = (self.provider.clone(), self.pd.clone(), self.config);
+            let dm = tokio::task::spawn_blocking(move || riser_iser::connect(&p, &pd, addr, cfg))
+                .await
+                .map_err(|e| Error::Connect(std::io::Error::other(e)))?
+                .map_err(|e| Error::Connect(std::io::Error::other(e)))?;
+            tokio::spawn(dm.driver());
+            Ok(Arc::new(dm) as SharedDatamover)
+        })
+    }
+    fn transport(&self) -> Transport {
+        Transport::Iser
+    }
+}
+
 /// iSCSI over TCP.
 #[derive(Debug, Default)]
 pub struct TcpConnector;
@@ -262,6 +295,9 @@ async fn login(
 ) -> Result<(SharedDatamover, riser_iscsi::login::LoginOutcome), Error> {
     cfg.transport = connector.transport();
     let dm = tokio::time::timeout(timeout, connector.connect(addr)).await.map_err(|_| Error::Timeout)??;
+    if let Some(m) = dm.max_recv_data_segment_length() {
+        cfg.operational.max_recv_data_segment_length = cfg.operational.max_recv_data_segment_length.min(m);
+    }
     let start = Instant::now();
     let mut l = InitiatorLogin::new(cfg, Duration::ZERO, entropy());
     loop {

@@ -249,6 +249,9 @@ impl MemoryRegion for SoftMr {
     fn is_valid(&self) -> bool {
         self.valid.load(Ordering::Acquire)
     }
+    fn into_buffer(self: Arc<Self>) -> Option<Vec<u8>> {
+        self.into_inner()
+    }
 }
 
 /// A protection domain.

@@ -120,6 +120,55 @@ impl Target {
         }
     }
 
+    /// Accept iSER connections on `listener` (an RDMA provider's listener) until the task is
+    /// dropped: each connection request becomes an iSER datamover, then a session exactly as
+    /// over TCP. `cfg.recv_depth` is raised above the CmdSN window so MaxCmdSN never opens
+    /// beyond posted receives.
+    pub async fn serve_iser<P: riser_verbs::Provider + Clone + 'static>(
+        self: Arc<Self>,
+        provider: P,
+        listener: P::Listener,
+        mut cfg: riser_iser::IserConfig,
+    ) -> std::io::Result<()> {
+        use riser_verbs::Listener as _;
+        cfg.recv_depth = cfg.recv_depth.max(self.config.queue_depth + 16);
+        let portal = listener.local_addr().map_err(std::io::Error::other)?;
+        let pd = provider.alloc_pd().map_err(std::io::Error::other)?;
+        // The provider's listener blocks: it runs on a thread of its own (not the blocking pool,
+        // which a runtime waits for at shutdown) and hands requests over; it stops at the next
+        // request after this future is dropped.
+        let (tx, mut rx) = tokio::sync::mpsc::channel(4);
+        std::thread::Builder::new().name("iser-listen".into()).spawn(move || {
+            loop {
+                let r = listener.get_request();
+                if tx.blocking_send(r).is_err() {
+                    break;
+                }
+            }
+        })?;
+        while let Some(req) = rx.recv().await {
+            let req = match req {
+                Ok(r) => r,
+                Err(e) => {
+                    warn!("iSER connection request failed: {e}");
+                    continue;
+                }
+            };
+            let (p, pd2, me) = (provider.clone(), pd.clone(), self.clone());
+            tokio::spawn(async move {
+                match tokio::task::spawn_blocking(move || riser_iser::accept(&p, req, &pd2, cfg)).await {
+                    Ok(Ok((dm, peer))) => {
+                        tokio::spawn(dm.driver());
+                        me.connection(Arc::new(dm), Transport::Iser, peer, portal).await;
+                    }
+                    Ok(Err(e)) => warn!("iSER accept failed: {e}"),
+                    Err(e) => warn!("iSER accept failed: {e}"),
+                }
+            });
+        }
+        Ok(())
+    }
+
     fn login_config(&self, transport: Transport) -> TargetLoginConfig {
         TargetLoginConfig {
             targets: self
@@ -152,8 +201,12 @@ impl Target {
         }
         let e = entropy();
         let stat_sn = u32::from_le_bytes([e[0], e[1], e[2], e[3]]) & 0x0fff_ffff;
+        let mut config = self.login_config(transport);
+        if let Some(m) = dm.max_recv_data_segment_length() {
+            config.operational.max_recv_data_segment_length = config.operational.max_recv_data_segment_length.min(m);
+        }
         let mut login = TargetLogin::new(
-            self.login_config(transport),
+            config,
             TargetLoginParams { new_tsih: tsih, initial_stat_sn: stat_sn, cmd_window: self.config.queue_depth, entropy: e },
         );
         let outcome = loop {
@@ -678,7 +731,7 @@ impl Session {
             } else if produced < edtl {
                 residual = (true, false, edtl - produced);
             }
-            if send > 0 && c.read && o.status == Status::GOOD && o.sense.is_none() {
+            if send > 0 && c.read && o.status == Status::GOOD && o.sense.is_none() && self.dm.collapses_status() {
                 // Phase collapse (RFC 7143 §11.7.4): GOOD status rides in the last Data-In, which
                 // then takes the next StatSN; the response order lock keeps StatSNs in order.
                 let _order = self.tx.lock().await;

@@ -284,6 +284,9 @@ pub trait MemoryRegion: Send + Sync + fmt::Debug {
     fn rekey(&self) -> Result<u32>;
     /// Whether the STag is currently valid.
     fn is_valid(&self) -> bool;
+    /// Deregister and hand the buffer back, if this is the last handle (work requests that
+    /// used the region have completed and dropped theirs).
+    fn into_buffer(self: Arc<Self>) -> Option<Vec<u8>>;
 }
 
 /// A protection domain: regions and queue pairs of one domain only work with each other.

@@ -1,0 +1,608 @@
+//! The iSER datamover: RFC 5047's primitives as RDMA operations over a riser-verbs provider.
+
+use crate::header::{CmPrivateData, ISER_HDR_LEN, ISER_HEADERS_LEN, IserHeader, IserOpcode, RFC5046_HDR_LEN, RemoteBuf};
+use bytes::{Bytes, BytesMut};
+use riser_datamover::{
+    BoxFuture, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent, PutDataDone, R2tDesc, TaskBuffer, Terminated,
+};
+use riser_iscsi::keys::{NegotiatedParams, Role};
+use riser_iscsi::wire::{Header, Pdu, ScsiCommand};
+use riser_verbs::{
+    Access, CompletionQueue, ConnParam, ConnectionRequest, MemoryRegion, ProtectionDomain, Provider, QpCaps, QueuePair, RecvWr, SendOp,
+    SendWr, Sge, WcOpcode, WcStatus,
+};
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::{Notify, mpsc, oneshot};
+use tracing::{debug, warn};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sizing and options of an iSER connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IserConfig {
+    /// Largest data segment this side receives: what it declares as
+    /// InitiatorRecvDataSegmentLength / TargetRecvDataSegmentLength (login PDUs need 8192).
+    pub recv_dsl: u32,
+    /// Receives kept posted in full-feature phase: at least the CmdSN window plus room for
+    /// unsolicited Data-Out, NOP-Out and task management.
+    pub recv_depth: u32,
+    /// Allow Send with Invalidate (the CM private data says so unless this is off).
+    pub send_invalidate: bool,
+    /// Inbound RDMA Reads this side accepts outstanding (responder resources).
+    pub ird: u8,
+    /// RDMA Reads this side issues outstanding (initiator depth).
+    pub ord: u8,
+}
+
+impl Default for IserConfig {
+    fn default() -> Self {
+        Self { recv_dsl: 8192, recv_depth: 128, send_invalidate: true, ird: 16, ord: 16 }
+    }
+}
+
+/// Receives posted while logging in.
+const LOGIN_RECVS: u32 = 4;
+
+type Mr<P> = <<P as Provider>::Pd as ProtectionDomain>::Mr;
+
+/// What the target learned from a command's iSER header.
+#[derive(Clone, Copy, Debug, Default)]
+struct Remote {
+    write: Option<RemoteBuf>,
+    read: Option<RemoteBuf>,
+}
+
+/// Write data arriving before Get_Data (immediate data, unsolicited Data-Out).
+struct WriteTask {
+    buf: Vec<u8>,
+    received: u32,
+}
+
+/// The initiator's registrations for one command.
+struct InitTask<P: Provider> {
+    read: Option<Arc<Mr<P>>>,
+    write: Option<Arc<Mr<P>>>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    max_send_dsl: u32,
+    first_burst: u32,
+    immediate_data: bool,
+}
+
+struct Waiter<P: Provider> {
+    done: oneshot::Sender<WcStatus>,
+    _keep: Option<Arc<Mr<P>>>,
+}
+
+struct Shared<P: Provider> {
+    role: Role,
+    cfg: IserConfig,
+    pd: Arc<P::Pd>,
+    cq: Arc<P::Cq>,
+    qp: Arc<P::Qp>,
+    send_inv: AtomicBool,
+    recv_size: usize,
+    recvs: Mutex<HashMap<u64, Arc<Mr<P>>>>,
+    next_wr: AtomicU64,
+    waiting: Mutex<HashMap<u64, Waiter<P>>>,
+    events_tx: mpsc::UnboundedSender<DmEvent>,
+    events_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<DmEvent>>,
+    remote: Mutex<HashMap<u32, Remote>>,
+    writes: Mutex<HashMap<u32, WriteTask>>,
+    writes_changed: Notify,
+    tasks: Mutex<HashMap<u32, InitTask<P>>>,
+    limits: Mutex<Limits>,
+    ff_posted: AtomicBool,
+    closed: AtomicBool,
+}
+
+/// The iSER datamover of one connection (initiator or target).
+pub struct IserDatamover<P: Provider> {
+    s: Arc<Shared<P>>,
+}
+
+impl<P: Provider> std::fmt::Debug for IserDatamover<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IserDatamover").field("role", &self.s.role).field("qp", &self.s.qp).finish_non_exhaustive()
+    }
+}
+
+fn io(e: impl std::fmt::Display) -> DmError {
+    DmError::Io(e.to_string())
+}
+
+impl<P: Provider + 'static> IserDatamover<P> {
+    fn new(role: Role, cfg: IserConfig, pd: Arc<P::Pd>, cq: Arc<P::Cq>, qp: Arc<P::Qp>) -> Result<Self, riser_verbs::Error> {
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let s = Arc::new(Shared {
+            role,
+            cfg,
+            pd,
+            cq,
+            qp,
+            send_inv: AtomicBool::new(false),
+            recv_size: ISER_HEADERS_LEN + cfg.recv_dsl.max(8192) as usize,
+            recvs: Mutex::new(HashMap::new()),
+            next_wr: AtomicU64::new(1),
+            waiting: Mutex::new(HashMap::new()),
+            events_tx,
+            events_rx: tokio::sync::Mutex::new(events_rx),
+            remote: Mutex::new(HashMap::new()),
+            writes: Mutex::new(HashMap::new()),
+            writes_changed: Notify::new(),
+            tasks: Mutex::new(HashMap::new()),
+            limits: Mutex::new(Limits { max_send_dsl: 8192, first_burst: 0, immediate_data: false }),
+            ff_posted: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+        });
+        // Login is carried by Sends from the very first PDU: receives are posted before the
+        // connection is established.
+        for _ in 0..LOGIN_RECVS {
+            s.post_recv(None)?;
+        }
+        Ok(Self { s })
+    }
+
+    /// The completion driver: spawn it (tokio). It ends when the connection has.
+    pub fn driver(&self) -> impl Future<Output = ()> + Send + 'static {
+        let s = self.s.clone();
+        async move { s.drive().await }
+    }
+
+    /// Whether Send with Invalidate is in use on this connection.
+    pub fn remote_invalidation(&self) -> bool {
+        self.s.send_inv.load(Ordering::Acquire)
+    }
+}
+
+impl<P: Provider + 'static> Shared<P> {
+    /// Post one receive (a fresh buffer, or `mr` again).
+    fn post_recv(&self, mr: Option<Arc<Mr<P>>>) -> Result<(), riser_verbs::Error> {
+        let mr = match mr {
+            Some(m) => m,
+            None => self.pd.register(vec![0u8; self.recv_size], Access::LOCAL_WRITE)?,
+        };
+        let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
+        let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
+        lock(&self.recvs).insert(wr_id, mr);
+        self.qp.post_recv(RecvWr { wr_id, sg_list: vec![sge] }).inspect_err(|_| {
+            lock(&self.recvs).remove(&wr_id);
+        })
+    }
+
+    /// Full-feature receives: posted once, before the final login PDU leaves, so MaxCmdSN
+    /// never opens beyond posted receives.
+    fn post_ff_recvs(&self) -> Result<(), DmError> {
+        if self.ff_posted.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let have = lock(&self.recvs).len() as u32;
+        for _ in have..self.cfg.recv_depth {
+            self.post_recv(None).map_err(io)?;
+        }
+        Ok(())
+    }
+
+    fn fail(&self, why: &str) {
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            warn!("iSER connection ended: {why}");
+            let _ = self.events_tx.send(DmEvent::Terminated(Terminated::Error(why.into())));
+        }
+        self.qp.disconnect();
+        self.writes_changed.notify_waiters();
+    }
+
+    async fn drive(self: Arc<Self>) {
+        let mut quiet_rounds = 0;
+        loop {
+            let wcs = self.cq.poll(64);
+            if wcs.is_empty() {
+                if !self.qp.is_connected() {
+                    // Flushes may trail the disconnect: look twice before leaving.
+                    quiet_rounds += 1;
+                    if quiet_rounds > 2 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+                tokio::select! {
+                    _ = self.cq.ready() => {}
+                    _ = self.qp.disconnected() => {}
+                }
+                continue;
+            }
+            quiet_rounds = 0;
+            for wc in wcs {
+                if wc.opcode == WcOpcode::Recv {
+                    let Some(mr) = lock(&self.recvs).remove(&wc.wr_id) else { continue };
+                    if wc.status != WcStatus::Success {
+                        if wc.status != WcStatus::WrFlushErr {
+                            self.fail(&format!("receive failed: {:?}", wc.status));
+                        }
+                        continue;
+                    }
+                    let n = wc.byte_len as usize;
+                    let mut msg = vec![0u8; n];
+                    mr.read(&mut |b| msg.copy_from_slice(&b[..n]));
+                    if !self.closed.load(Ordering::Acquire) && self.post_recv(Some(mr)).is_err() {
+                        self.fail("cannot repost a receive");
+                    }
+                    if let Err(why) = self.on_message(&msg, wc.invalidated_rkey) {
+                        self.fail(&why);
+                    }
+                } else if let Some(w) = lock(&self.waiting).remove(&wc.wr_id) {
+                    let _ = w.done.send(wc.status);
+                }
+            }
+        }
+        lock(&self.waiting).clear();
+        lock(&self.recvs).clear();
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            let _ = self.events_tx.send(DmEvent::Terminated(Terminated::PeerClosed));
+        }
+        self.writes_changed.notify_waiters();
+    }
+
+    /// One received Send: an iSER header, a BHS, AHS and data.
+    fn on_message(&self, msg: &[u8], invalidated: Option<u32>) -> Result<(), String> {
+        let ih = IserHeader::parse(msg).map_err(|e| e.to_string())?;
+        match ih.opcode {
+            IserOpcode::Control => {}
+            IserOpcode::Hello | IserOpcode::HelloReply => {
+                return Err("iSER Hello/HelloReply received: riser speaks RFC 7145 iSER, set up by the connection manager".into());
+            }
+            IserOpcode::Other(n) => return Err(format!("unknown iSER opcode {n:#x}")),
+        }
+        let pdu = match Pdu::parse_limited(&msg[ISER_HDR_LEN..], self.cfg.recv_dsl.max(8192), false) {
+            Ok((p, _)) => p,
+            Err(e) => {
+                let rfc5046 = msg.len() >= RFC5046_HDR_LEN + 48 && Pdu::parse_limited(&msg[RFC5046_HDR_LEN..], u32::MAX, false).is_ok();
+                return Err(if rfc5046 {
+                    "the peer uses the 12-byte iSER header of RFC 5046; riser speaks RFC 7145 (28-byte header, as Linux)".into()
+                } else {
+                    format!("bad PDU in an iSER message: {e}")
+                });
+            }
+        };
+        let header = pdu.header;
+        tracing::trace!(role = ?self.role, op = ?header.opcode(), itt = header.itt(), len = msg.len(), ?invalidated, "iSER receive");
+        let ahs = Bytes::copy_from_slice(pdu.ahs);
+        match (self.role, &header) {
+            (Role::Target, Header::ScsiCommand(c)) => {
+                lock(&self.remote).insert(c.itt, Remote { write: ih.write, read: ih.read });
+                if c.write && c.expected_data_len > 0 {
+                    let edtl = c.expected_data_len as usize;
+                    let imm = pdu.data.len().min(edtl);
+                    if edtl > crate::MAX_TASK_BUFFER {
+                        return Err(format!("expected data transfer length {edtl} beyond {}", crate::MAX_TASK_BUFFER));
+                    }
+                    let mut buf = vec![0u8; edtl];
+                    buf[..imm].copy_from_slice(&pdu.data[..imm]);
+                    lock(&self.writes).insert(c.itt, WriteTask { buf, received: imm as u32 });
+                    let _ = self.events_tx.send(DmEvent::Control(ControlPdu { header, ahs, data: Bytes::new(), immediate: imm as u32 }));
+                    return Ok(());
+                }
+            }
+            (Role::Target, Header::DataOut(d)) => {
+                // Unsolicited Data-Out (InitialR2T=No): a Send, placed by its buffer offset.
+                let mut w = lock(&self.writes);
+                if let Some(t) = w.get_mut(&d.itt) {
+                    let at = d.buffer_offset as usize;
+                    let end =
+                        at.checked_add(pdu.data.len()).filter(|&e| e <= t.buf.len()).ok_or("Data-Out beyond the expected data length")?;
+                    t.buf[at..end].copy_from_slice(pdu.data);
+                    t.received += pdu.data.len() as u32;
+                }
+                drop(w);
+                self.writes_changed.notify_waiters();
+                return Ok(());
+            }
+            (Role::Initiator, h) => {
+                if let Some(k) = invalidated {
+                    if !self.send_inv.load(Ordering::Acquire) {
+                        return Err("unexpected remote invalidation (not negotiated)".into());
+                    }
+                    let ok =
+                        lock(&self.tasks).get(&h.itt()).is_some_and(|t| [&t.read, &t.write].into_iter().flatten().any(|mr| mr.rkey() == k));
+                    if !ok {
+                        return Err(format!("bogus remote invalidation of {k:#x} for task {:#x}", h.itt()));
+                    }
+                }
+            }
+            _ => {}
+        }
+        let data = Bytes::copy_from_slice(pdu.data);
+        let _ = self.events_tx.send(DmEvent::Control(ControlPdu { header, ahs, data, immediate: 0 }));
+        Ok(())
+    }
+
+    /// Post a send-queue request and wait for its completion; `keep` lives until then.
+    async fn post(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Arc<Mr<P>>>) -> Result<(), DmError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(DmError::Closed);
+        }
+        let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(role = ?self.role, wr_id, ?op, "iSER post");
+        let (tx, rx) = oneshot::channel();
+        lock(&self.waiting).insert(wr_id, Waiter { done: tx, _keep: keep });
+        if let Err(e) = self.qp.post_send(SendWr { wr_id, op, sg_list: sg, signaled: true }) {
+            lock(&self.waiting).remove(&wr_id);
+            return Err(io(e));
+        }
+        match rx.await {
+            Ok(WcStatus::Success) => Ok(()),
+            Ok(WcStatus::WrFlushErr) | Err(_) => Err(DmError::Closed),
+            Ok(st) => {
+                self.fail(&format!("{op:?} failed: {st:?}"));
+                Err(DmError::Io(format!("{st:?}")))
+            }
+        }
+    }
+
+    /// One PDU as one Send: [iSER header | BHS | AHS | data].
+    async fn send_pdu(&self, ih: IserHeader, header: &Header, ahs: &[u8], data: &[&[u8]], invalidate: Option<u32>) -> Result<(), DmError> {
+        let dsl: usize = data.iter().map(|d| d.len()).sum();
+        let mut buf = Vec::with_capacity(ISER_HEADERS_LEN + ahs.len() + dsl);
+        buf.extend_from_slice(&ih.emit());
+        let mut bhs = [0u8; 48];
+        header.emit(&mut bhs, ahs.len(), dsl as u32);
+        buf.extend_from_slice(&bhs);
+        buf.extend_from_slice(ahs);
+        data.iter().for_each(|d| buf.extend_from_slice(d));
+        let mr = self.pd.register(buf, Access::empty()).map_err(io)?;
+        let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
+        let op = match invalidate {
+            Some(rkey) => SendOp::SendWithInvalidate { rkey },
+            None => SendOp::Send,
+        };
+        self.post(op, vec![sge], Some(mr)).await
+    }
+}
+
+impl<P: Provider + 'static> Datamover for IserDatamover<P> {
+    fn send_control(&self, pdu: ControlPdu) -> BoxFuture<'_, Result<(), DmError>> {
+        Box::pin(async move {
+            let s = &self.s;
+            let mut invalidate = None;
+            match &pdu.header {
+                // Full-feature receives go up before the final login PDU leaves.
+                Header::LoginResponse(r) if r.transit && r.nsg.0 == 3 && r.status_class == 0 => s.post_ff_recvs()?,
+                Header::LoginRequest(r) if r.transit && r.nsg.0 == 3 => s.post_ff_recvs()?,
+                Header::ScsiResponse(r) => {
+                    // The command's STags end with it; with remote invalidation negotiated the
+                    // response invalidates the one key the initiator gave (read, else write).
+                    let remote = lock(&s.remote).remove(&r.itt);
+                    if s.send_inv.load(Ordering::Acquire)
+                        && let Some(rm) = remote
+                    {
+                        invalidate = rm.read.or(rm.write).map(|b| b.stag).filter(|&k| k != 0);
+                    }
+                }
+                _ => {}
+            }
+            s.send_pdu(IserHeader::CONTROL, &pdu.header, &pdu.ahs, &[&pdu.data], invalidate).await
+        })
+    }
+
+    fn put_data(&self, desc: DataInDesc, data: Bytes) -> BoxFuture<'_, Result<PutDataDone, DmError>> {
+        Box::pin(async move {
+            let s = &self.s;
+            let read = lock(&s.remote).get(&desc.itt).and_then(|r| r.read);
+            let Some(rb) = read else {
+                return Err(DmError::Protocol(format!("task {:#x}: read data but no read STag advertised", desc.itt)));
+            };
+            if !data.is_empty() {
+                // RDMA Write to (read STag, read VA + offset); the SCSI Response Send follows on
+                // the same queue pair, so the data is placed before the status arrives.
+                let mr = s.pd.register(data.to_vec(), Access::empty()).map_err(io)?;
+                let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
+                let op = SendOp::RdmaWrite { remote_addr: rb.va.wrapping_add(u64::from(desc.offset)), rkey: rb.stag };
+                s.post(op, vec![sge], Some(mr)).await?;
+            }
+            // No Data-In PDUs (DataSN not consumed) and never a collapsed status.
+            Ok(PutDataDone { pdus: 0, status_sent: false })
+        })
+    }
+
+    fn get_data(&self, itt: u32, total_len: u32, unsolicited_len: u32, r2ts: Vec<R2tDesc>) -> BoxFuture<'_, Result<TaskBuffer, DmError>> {
+        Box::pin(async move {
+            let s = &self.s;
+            // Unsolicited Data-Out arrives as Sends: wait for all of it.
+            loop {
+                let mut n = std::pin::pin!(s.writes_changed.notified());
+                n.as_mut().enable();
+                let got = lock(&s.writes).get(&itt).map_or(0, |t| t.received);
+                if got >= unsolicited_len {
+                    break;
+                }
+                if s.closed.load(Ordering::Acquire) {
+                    return Err(DmError::Closed);
+                }
+                n.await;
+            }
+            let task = lock(&s.writes).remove(&itt);
+            let buf = task.map_or_else(|| vec![0u8; total_len as usize], |t| t.buf);
+            if r2ts.is_empty() {
+                return Ok(TaskBuffer { data: BytesMut::from(&buf[..]) });
+            }
+            let Some(wb) = lock(&s.remote).get(&itt).and_then(|r| r.write) else {
+                return Err(DmError::DataSequence(format!("task {itt:#x}: solicited write data but no write STag advertised")));
+            };
+            // RDMA Read the rest from (write STag, write VA + (offset − unsolicited)); the sink is
+            // the task buffer itself, registered for local write only.
+            let mr = s.pd.register(buf, Access::LOCAL_WRITE).map_err(io)?;
+            let reads = r2ts.iter().map(|r| {
+                let sge = Sge { addr: mr.addr() + u64::from(r.offset), length: r.len, lkey: mr.lkey() };
+                let remote_addr = wb.va.wrapping_add(u64::from(r.offset - unsolicited_len.min(r.offset)));
+                s.post(SendOp::RdmaRead { remote_addr, rkey: wb.stag }, vec![sge], None)
+            });
+            for r in reads.collect::<Vec<_>>() {
+                r.await?;
+            }
+            let data = match mr.into_buffer() {
+                Some(v) => BytesMut::from(&v[..]),
+                None => return Err(DmError::Io("task buffer still referenced".into())),
+            };
+            Ok(TaskBuffer { data })
+        })
+    }
+
+    fn notice_key_values(&self, p: &NegotiatedParams) {
+        let send = match self.s.role {
+            Role::Target => p.initiator_recv_data_segment_length,
+            Role::Initiator => p.target_recv_data_segment_length,
+        };
+        *lock(&self.s.limits) = Limits { max_send_dsl: send, first_burst: p.first_burst_length, immediate_data: p.immediate_data };
+    }
+
+    fn allocate_connection_resources(&self, _res: ConnectionResources) -> Result<(), DmError> {
+        self.s.post_ff_recvs()
+    }
+
+    fn deallocate_connection_resources(&self) {
+        lock(&self.s.writes).clear();
+        lock(&self.s.remote).clear();
+        lock(&self.s.tasks).clear();
+    }
+
+    fn enable(&self) {
+        if let Err(e) = self.s.post_ff_recvs() {
+            self.s.fail(&format!("cannot post full-feature receives: {e}"));
+        }
+    }
+
+    fn deallocate_task_resources(&self, itt: u32) {
+        lock(&self.s.writes).remove(&itt);
+        lock(&self.s.remote).remove(&itt);
+        if let Some(t) = lock(&self.s.tasks).remove(&itt) {
+            // No response will invalidate these: revoke them here.
+            [t.read, t.write].into_iter().flatten().for_each(|mr| mr.invalidate());
+        }
+    }
+
+    fn terminate(&self) {
+        self.s.closed.store(true, Ordering::Release);
+        self.s.qp.disconnect();
+        self.s.writes_changed.notify_waiters();
+    }
+
+    fn next_event(&self) -> BoxFuture<'_, DmEvent> {
+        Box::pin(async move {
+            match self.s.events_rx.lock().await.recv().await {
+                Some(e) => e,
+                None => DmEvent::Terminated(Terminated::Local),
+            }
+        })
+    }
+
+    fn send_command(&self, mut cmd: ScsiCommand, ahs: Bytes, read_len: u32, write: Option<Bytes>) -> BoxFuture<'_, Result<(), DmError>> {
+        Box::pin(async move {
+            let s = &self.s;
+            let l = *lock(&s.limits);
+            let mut ih = IserHeader::CONTROL;
+            let mut task = InitTask::<P> { read: None, write: None };
+            if read_len > 0 {
+                // A fresh registration (and key) per command and direction.
+                let mr = s.pd.register(vec![0u8; read_len as usize], Access::LOCAL_WRITE | Access::REMOTE_WRITE).map_err(io)?;
+                ih.read = Some(RemoteBuf { stag: mr.rkey(), va: mr.addr() });
+                task.read = Some(mr);
+            }
+            let mut immediate = Bytes::new();
+            if let Some(data) = write.filter(|d| !d.is_empty()) {
+                let imm = if l.immediate_data { data.len().min(l.first_burst as usize).min(l.max_send_dsl as usize) } else { 0 };
+                if imm < data.len() {
+                    let mr = s.pd.register(data.to_vec(), Access::REMOTE_READ).map_err(io)?;
+                    ih.write = Some(RemoteBuf { stag: mr.rkey(), va: mr.addr() + imm as u64 });
+                    task.write = Some(mr);
+                }
+                immediate = data.slice(..imm);
+            }
+            // No unsolicited Data-Out: what is not immediate is read by the target.
+            cmd.final_ = true;
+            let itt = cmd.itt;
+            lock(&s.tasks).insert(itt, task);
+            let r = s.send_pdu(ih, &Header::ScsiCommand(cmd), &ahs, &[&immediate], None).await;
+            if r.is_err() {
+                self.deallocate_task_resources(itt);
+            }
+            r
+        })
+    }
+
+    fn max_recv_data_segment_length(&self) -> Option<u32> {
+        Some(self.s.cfg.recv_dsl.max(8192))
+    }
+
+    fn take_read_data(&self, itt: u32) -> Option<BytesMut> {
+        let t = lock(&self.s.tasks).remove(&itt)?;
+        if let Some(w) = t.write {
+            w.invalidate();
+        }
+        let r = t.read?;
+        r.invalidate();
+        let data = match r.into_buffer() {
+            Some(v) => BytesMut::from(&v[..]),
+            None => BytesMut::new(),
+        };
+        Some(data)
+    }
+}
+
+fn caps(cfg: &IserConfig) -> QpCaps {
+    QpCaps { max_send_wr: cfg.recv_depth * 4 + 16, max_recv_wr: cfg.recv_depth + LOGIN_RECVS, max_sge: 2 }
+}
+
+/// Target: accept an iSER connection request (blocking: run it off the async threads). The
+/// returned datamover's [`IserDatamover::driver`] must be spawned.
+pub fn accept<P: Provider + 'static>(
+    provider: &P,
+    mut req: P::Request,
+    pd: &Arc<P::Pd>,
+    cfg: IserConfig,
+) -> Result<(IserDatamover<P>, SocketAddr), riser_verbs::Error> {
+    let theirs = CmPrivateData::parse(req.private_data());
+    let send_inv = cfg.send_invalidate && !theirs.send_inv_not_supported;
+    let peer = req.peer();
+    let cq = provider.create_cq(caps(&cfg).max_send_wr + caps(&cfg).max_recv_wr)?;
+    let qp = req.create_qp(pd, &cq, &cq, caps(&cfg))?;
+    let dm = IserDatamover::new(Role::Target, cfg, pd.clone(), cq, qp)?;
+    dm.s.send_inv.store(send_inv, Ordering::Release);
+    let (peer_ird, _peer_ord) = req.ird_ord();
+    let ours = CmPrivateData { zbva_not_supported: true, send_inv_not_supported: !send_inv };
+    req.accept(&ConnParam { private_data: ours.emit().to_vec(), responder_resources: cfg.ird, initiator_depth: cfg.ord.min(peer_ird) })?;
+    debug!(%peer, send_inv, "iSER connection accepted");
+    Ok((dm, peer))
+}
+
+/// Initiator: connect to an iSER target (blocking). Spawn the returned datamover's driver.
+pub fn connect<P: Provider + 'static>(
+    provider: &P,
+    pd: &Arc<P::Pd>,
+    addr: SocketAddr,
+    cfg: IserConfig,
+) -> Result<IserDatamover<P>, riser_verbs::Error> {
+    let cq = provider.create_cq(caps(&cfg).max_send_wr + caps(&cfg).max_recv_wr)?;
+    let qp = provider.create_qp(pd, &cq, &cq, caps(&cfg))?;
+    let dm = IserDatamover::new(Role::Initiator, cfg, pd.clone(), cq, qp)?;
+    let ours = CmPrivateData { zbva_not_supported: true, send_inv_not_supported: !cfg.send_invalidate };
+    let est = provider.connect(
+        &dm.s.qp,
+        addr,
+        &ConnParam { private_data: ours.emit().to_vec(), responder_resources: cfg.ird, initiator_depth: cfg.ord },
+    )?;
+    // As Linux: remote invalidation is on iff the reply's 0x40 bit is clear (and we offered it).
+    let theirs = CmPrivateData::parse(&est.private_data);
+    dm.s.send_inv.store(cfg.send_invalidate && !est.private_data.is_empty() && !theirs.send_inv_not_supported, Ordering::Release);
+    debug!(%addr, transport = %est.description, "iSER connection established");
+    Ok(dm)
+}
