@@ -3,13 +3,16 @@
 //! ```text
 //! cargo run --release --example initiator -- COMMAND URL [options]
 //!   URL: iscsi://HOST[:PORT]/TARGET_IQN/LUN   (or iscsi://HOST[:PORT] for discover)
+//!        iser://HOST[:PORT]/TARGET_IQN/LUN    iSER on the software iWARP RNIC (default port 3262)
 //!   COMMAND: discover | inquiry | readcap | read | write | verify | bench
 //! ```
 
 use bytes::Bytes;
 use clap::Parser;
-use riser::initiator::{Error, Session, SessionConfig, discover};
+use riser::initiator::{Error, IserConnector, Session, SessionConfig, discover_via};
 use riser::iscsi::chap::ChapCredentials;
+use riser::iser::IserConfig;
+use riser::iwarp::SoftRnic;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,7 +21,7 @@ use std::time::{Duration, Instant};
 struct Args {
     /// discover, inquiry, readcap, read, write, verify or bench.
     command: String,
-    /// iscsi://HOST[:PORT]/TARGET_IQN/LUN
+    /// iscsi://HOST[:PORT]/TARGET_IQN/LUN, or iser://HOST[:PORT]/TARGET_IQN/LUN
     url: String,
     /// Bytes to read, write or verify (suffixes KiB, MiB, GiB).
     #[arg(long, default_value = "64MiB")]
@@ -56,27 +59,34 @@ struct Args {
 }
 
 struct Url {
+    iser: bool,
     host: String,
     target: Option<String>,
     lun: u16,
 }
 
 fn parse_url(u: &str) -> Result<Url, String> {
-    let rest = u.strip_prefix("iscsi://").ok_or("URL must start with iscsi://")?;
+    let (iser, rest) = match (u.strip_prefix("iscsi://"), u.strip_prefix("iser://")) {
+        (Some(r), _) => (false, r),
+        (_, Some(r)) => (true, r),
+        _ => return Err("URL must start with iscsi:// (TCP) or iser:// (iSER)".into()),
+    };
     let mut parts = rest.splitn(3, '/');
     let mut host = parts.next().unwrap_or_default().to_string();
     if host.is_empty() {
         return Err("URL has no host".into());
     }
     if host.rsplit_once(':').is_none_or(|(_, p)| p.parse::<u16>().is_err()) || host.ends_with(']') {
-        host.push_str(":3260");
+        // iSER on the software RNIC listens on its own TCP port (3262 by convention), since
+        // the TCP portal holds 3260 on the same address.
+        host.push_str(if iser { ":3262" } else { ":3260" });
     }
     let target = parts.next().filter(|t| !t.is_empty()).map(str::to_string);
     let lun = match parts.next() {
         Some(l) if !l.is_empty() => l.parse().map_err(|_| format!("bad LUN {l:?}"))?,
         _ => 0,
     };
-    Ok(Url { host, target, lun })
+    Ok(Url { iser, host, target, lun })
 }
 
 fn creds(s: &str) -> Result<ChapCredentials, String> {
@@ -149,8 +159,13 @@ async fn run() -> Result<(), String> {
     if let Some(c) = &a.chap {
         cfg = cfg.with_chap(creds(c)?, a.mutual_chap.as_deref().map(creds).transpose()?);
     }
+    if url.iser {
+        let c = IserConnector::new(SoftRnic::default(), IserConfig::default()).map_err(|e| e.to_string())?;
+        cfg.connector = Arc::new(c);
+    }
     if a.command == "discover" {
-        let found = discover(&url.host, &a.initiator_name, cfg.auth.clone()).await.map_err(fmt_err)?;
+        let addr = tokio::net::lookup_host(&url.host).await.map_err(|e| e.to_string())?.next().ok_or("no address")?;
+        let found = discover_via(&*cfg.connector, addr, &a.initiator_name, cfg.auth.clone()).await.map_err(fmt_err)?;
         for (t, addrs) in found {
             println!("{t}");
             for ad in addrs {
@@ -160,7 +175,7 @@ async fn run() -> Result<(), String> {
         return Ok(());
     }
     if url.target.is_none() {
-        return Err("this command needs iscsi://HOST[:PORT]/TARGET_IQN/LUN".into());
+        return Err("this command needs iscsi://HOST[:PORT]/TARGET_IQN/LUN (or iser://...)".into());
     }
     let s = Session::connect(&url.host, cfg).await.map_err(fmt_err)?;
     let lun = url.lun;

@@ -1,7 +1,7 @@
 //! riser's example iSCSI target: RAM, file or block-device LUNs behind one portal.
 //!
 //! ```text
-//! cargo run --release --example target -- [--portal 127.0.0.1:3260] [--target-name IQN]
+//! cargo run --release --example target -- [--portal 127.0.0.1:3260] [--iser-portal 127.0.0.1:3262] [--target-name IQN]
 //!     [--lun ram:1GiB | --lun file:PATH[:SIZE] | --lun blk:DEVICE]... [--chap USER:SECRET]
 //!     [--mutual-chap USER:SECRET] [--acl INITIATOR_IQN]... [--sanitize-rate RATE] [--config target.toml]
 //! ```
@@ -21,6 +21,10 @@ struct Args {
     /// Address to listen on (repeatable; default 127.0.0.1:3260).
     #[arg(long)]
     portal: Vec<String>,
+    /// iSER portal on the software iWARP RNIC (repeatable; served in addition to the TCP
+    /// portals; it is a TCP listen of its own, by convention port 3262).
+    #[arg(long, value_name = "ADDR:PORT")]
+    iser_portal: Vec<String>,
     /// Target name (default iqn.2026-11.io.riser:target0).
     #[arg(long)]
     target_name: Option<String>,
@@ -55,6 +59,8 @@ struct Args {
 struct FileConfig {
     #[serde(default)]
     portal: Vec<String>,
+    #[serde(default)]
+    iser_portal: Vec<String>,
     target_name: Option<String>,
     #[serde(default)]
     lun: Vec<String>,
@@ -87,6 +93,9 @@ impl Args {
         self.lun = or(self.lun, file.lun, "ram:1GiB");
         if self.acl.is_empty() {
             self.acl = file.acl;
+        }
+        if self.iser_portal.is_empty() {
+            self.iser_portal = file.iser_portal;
         }
         self.target_name = self.target_name.or(file.target_name).or(Some("iqn.2026-11.io.riser:target0".into()));
         self.chap = self.chap.or(file.chap);
@@ -153,6 +162,14 @@ async fn run() -> Result<(), String> {
         let listener = tokio::net::TcpListener::bind(p).await.map_err(|e| format!("cannot listen on {p}: {e}"))?;
         tracing::info!("listening on {} for {target_name}", listener.local_addr().map_err(|e| e.to_string())?);
         servers.push(tokio::spawn(target.clone().serve(listener)));
+    }
+    for p in &args.iser_portal {
+        use riser::verbs::{Listener, Provider};
+        let addr: std::net::SocketAddr = p.parse().map_err(|e| format!("--iser-portal {p}: {e}"))?;
+        let rnic = riser::iwarp::SoftRnic::default();
+        let listener = rnic.listen(addr).map_err(|e| format!("cannot listen on {p} (iSER): {e}"))?;
+        tracing::info!("listening on {} (iSER, software iWARP RNIC) for {target_name}", listener.local_addr().map_err(|e| e.to_string())?);
+        servers.push(tokio::spawn(target.clone().serve_iser(rnic, listener, riser::iser::IserConfig::default())));
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
     tokio::select! {

@@ -27,8 +27,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Duration;
 
-const FUZZ_TARGETS: [&str; 10] =
-    ["pdu", "text", "cdb", "sense", "login_target", "login_initiator", "target_session", "mpa", "ddp_rdmap", "iwarp_rx"];
+const FUZZ_TARGETS: [&str; 11] =
+    ["pdu", "text", "cdb", "sense", "login_target", "login_initiator", "target_session", "mpa", "ddp_rdmap", "iwarp_rx", "iser_header"];
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
@@ -67,26 +67,47 @@ fn main() -> ExitCode {
 }
 
 fn demo() -> Result<(), String> {
-    println!("riser demo: the example target on a 256 MiB RAM LUN, driven by the example initiator over TCP\n");
+    println!("riser demo: the example target on a 256 MiB RAM LUN, driven by the example initiator over TCP and over iSER\n");
     let iqn = "iqn.2026-11.io.riser:demo";
     build_examples()?;
-    // Sanitize.Reset needs a SANITIZE still running ~5 s after it started (across task management,
-    // a logout and a new login): paced, the 256 MiB overwrite takes ~6.4 s.
-    let target = RunningTarget::start(&["--target-name", iqn, "--lun", "ram:256MiB", "--sanitize-rate", "40MiB"])?;
-    let url = format!("iscsi://127.0.0.1:{}/{iqn}/0", target.port);
+    let iser_port = free_port()?;
+    let iser_portal = format!("127.0.0.1:{iser_port}");
+    let target = RunningTarget::start(&["--target-name", iqn, "--lun", "ram:256MiB", "--iser-portal", &iser_portal])?;
+    let tcp = format!("iscsi://127.0.0.1:{}/{iqn}/0", target.port);
+    let iser = format!("iser://{iser_portal}/{iqn}/0");
     let initiator = root().join("target/release/examples/initiator");
-    let run = |args: &[&str]| -> Result<(), String> {
+    let run = |args: &[&str]| -> Result<String, String> {
         println!("$ initiator {}", args.join(" "));
-        let st = Command::new(&initiator).args(args).status().map_err(|e| e.to_string())?;
-        if st.success() { Ok(()) } else { Err(format!("initiator {} failed", args[0])) }
+        let out = Command::new(&initiator).args(args).stderr(std::process::Stdio::inherit()).output().map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        print!("{text}");
+        if out.status.success() { Ok(text) } else { Err(format!("initiator {} {} failed", args[0], args[1])) }
     };
     run(&["discover", &format!("iscsi://127.0.0.1:{}", target.port)])?;
-    run(&["inquiry", &url])?;
-    run(&["readcap", &url])?;
-    run(&["verify", &url, "--size", "128MiB", "--queue-depth", "16"])?;
-    run(&["bench", &url, "--size", "128MiB", "--queue-depth", "16", "--seconds", "1"])?;
+    run(&["discover", &format!("iser://{iser_portal}")])?;
+    run(&["inquiry", &tcp])?;
+    run(&["readcap", &iser])?;
+    let mut tables = Vec::new();
+    for url in [&tcp, &iser] {
+        run(&["verify", url, "--size", "128MiB", "--queue-depth", "16"])?;
+        tables.push(run(&["bench", url, "--size", "128MiB", "--queue-depth", "16", "--seconds", "1"])?);
+    }
     drop(target);
-    println!("\ndemo finished: target stopped");
+    // Side by side: the rows of both bench tables ("SIZE DIR MiB/s IOPS").
+    let rows = |t: &str| -> Vec<(String, f64)> {
+        t.lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.len() == 4).then(|| f[2].parse::<f64>().ok().map(|m| (format!("{} {}", f[0], f[1]), m))).flatten()
+            })
+            .collect()
+    };
+    println!("\n{:<16} {:>12} {:>12} {:>9}", "block  dir", "TCP MiB/s", "iSER MiB/s", "iSER/TCP");
+    for ((k, t), (_, i)) in rows(&tables[0]).into_iter().zip(rows(&tables[1])) {
+        println!("{k:<16} {t:>12.1} {i:>12.1} {:>8.2}x", i / t);
+    }
+    println!("\n(iSER runs on riser's software iWARP RNIC over loopback TCP: it shows the protocol, not RDMA hardware.)");
+    println!("demo finished: target stopped");
     Ok(())
 }
 
@@ -172,6 +193,14 @@ fn fuzz_seeds() -> Result<(), String> {
         write(target, &name, &bytes)?;
     }
     write("iwarp_rx", "stream-nocrc", &iwarp_stream(false))?;
+    // iSER headers as Linux sends them: control, read (R), write (W).
+    for (name, flags) in [("control", 0x10u8), ("read", 0x14), ("write", 0x18), ("bidi", 0x1c)] {
+        let mut h = vec![0u8; 28];
+        h[0] = flags;
+        h[4..8].copy_from_slice(&0x1234_5600u32.to_be_bytes());
+        h[16..20].copy_from_slice(&0x00ab_cd00u32.to_be_bytes());
+        write("iser_header", name, &h)?;
+    }
     write("iwarp_rx", "stream-crc", &iwarp_stream(true))?;
     println!("wrote seeds under {}", seeds.display());
     Ok(())

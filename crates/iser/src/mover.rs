@@ -449,10 +449,7 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
             for r in reads.collect::<Vec<_>>() {
                 r.await?;
             }
-            let data = match mr.into_buffer() {
-                Some(v) => BytesMut::from(&v[..]),
-                None => return Err(DmError::Io("task buffer still referenced".into())),
-            };
+            let data = copy_out(mr);
             Ok(TaskBuffer { data })
         })
     }
@@ -550,12 +547,18 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
         }
         let r = t.read?;
         r.invalidate();
-        let data = match r.into_buffer() {
-            Some(v) => BytesMut::from(&v[..]),
-            None => BytesMut::new(),
-        };
-        Some(data)
+        Some(copy_out(r))
     }
+}
+
+/// A region's bytes: its buffer back (no copy) when this is the last handle, else a copy.
+fn copy_out<M: MemoryRegion + ?Sized>(mr: Arc<M>) -> BytesMut {
+    if Arc::strong_count(&mr) > 1 {
+        let mut copy = BytesMut::new();
+        mr.read(&mut |b| copy.extend_from_slice(b));
+        return copy;
+    }
+    mr.into_buffer().map(|v| Bytes::from(v).try_into_mut().unwrap_or_else(|b| BytesMut::from(&b[..]))).unwrap_or_default()
 }
 
 fn caps(cfg: &IserConfig) -> QpCaps {

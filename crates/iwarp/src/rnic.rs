@@ -780,7 +780,12 @@ impl Tx {
             return TxOutcome::LocalError(WcStatus::LocalLengthErr);
         }
         let r = match wr.op {
-            SendOp::RdmaRead { remote_addr, rkey } => return self.read_request(s, w, wr, remote_addr, rkey),
+            SendOp::RdmaRead { remote_addr, rkey } => {
+                // The sink was checked; the receiver resolves it again per Read Response. Holding
+                // it here would outlive the completion (the consumer may reclaim the region then).
+                drop(sources);
+                return self.read_request(s, w, wr, remote_addr, rkey);
+            }
             SendOp::RdmaWrite { remote_addr, rkey } => {
                 let header = |off: u64, last| Header::Tagged { op: Opcode::Write, last, stag: rkey, to: remote_addr.wrapping_add(off) };
                 self.stream_out(w, &sources, header, &mut || {})
