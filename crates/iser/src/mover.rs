@@ -241,6 +241,9 @@ impl<P: Provider + 'static> Shared<P> {
                         self.fail(&why);
                     }
                 } else if let Some(w) = lock(&self.waiting).remove(&wc.wr_id) {
+                    if wc.status != WcStatus::Success && wc.status != WcStatus::WrFlushErr {
+                        self.fail(&format!("{:?} failed: {:?}", wc.opcode, wc.status));
+                    }
                     let _ = w.done.send(wc.status);
                 }
             }
@@ -326,8 +329,10 @@ impl<P: Provider + 'static> Shared<P> {
         Ok(())
     }
 
-    /// Post a send-queue request and wait for its completion; `keep` lives until then.
-    async fn post(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Arc<Mr<P>>>) -> Result<(), DmError> {
+    /// Post a send-queue request; `keep` (its registered memory) lives until it completes. With
+    /// `wait`, return at the completion; without, as soon as it is queued: the queue pair keeps
+    /// order, so a Send posted later arrives after it (a failure ends the connection).
+    async fn post(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Arc<Mr<P>>>, wait: bool) -> Result<(), DmError> {
         if self.closed.load(Ordering::Acquire) {
             return Err(DmError::Closed);
         }
@@ -339,13 +344,13 @@ impl<P: Provider + 'static> Shared<P> {
             lock(&self.waiting).remove(&wr_id);
             return Err(io(e));
         }
+        if !wait {
+            return Ok(());
+        }
         match rx.await {
             Ok(WcStatus::Success) => Ok(()),
             Ok(WcStatus::WrFlushErr) | Err(_) => Err(DmError::Closed),
-            Ok(st) => {
-                self.fail(&format!("{op:?} failed: {st:?}"));
-                Err(DmError::Io(format!("{st:?}")))
-            }
+            Ok(st) => Err(DmError::Io(format!("{st:?}"))),
         }
     }
 
@@ -365,7 +370,7 @@ impl<P: Provider + 'static> Shared<P> {
             Some(rkey) => SendOp::SendWithInvalidate { rkey },
             None => SendOp::Send,
         };
-        self.post(op, vec![sge], Some(mr)).await
+        self.post(op, vec![sge], Some(mr), false).await
     }
 }
 
@@ -407,7 +412,7 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
                 let mr = s.pd.register(data.to_vec(), Access::empty()).map_err(io)?;
                 let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
                 let op = SendOp::RdmaWrite { remote_addr: rb.va.wrapping_add(u64::from(desc.offset)), rkey: rb.stag };
-                s.post(op, vec![sge], Some(mr)).await?;
+                s.post(op, vec![sge], Some(mr), false).await?;
             }
             // No Data-In PDUs (DataSN not consumed) and never a collapsed status.
             Ok(PutDataDone { pdus: 0, status_sent: false })
@@ -444,7 +449,7 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
             let reads = r2ts.iter().map(|r| {
                 let sge = Sge { addr: mr.addr() + u64::from(r.offset), length: r.len, lkey: mr.lkey() };
                 let remote_addr = wb.va.wrapping_add(u64::from(r.offset - unsolicited_len.min(r.offset)));
-                s.post(SendOp::RdmaRead { remote_addr, rkey: wb.stag }, vec![sge], None)
+                s.post(SendOp::RdmaRead { remote_addr, rkey: wb.stag }, vec![sge], None, true)
             });
             for r in reads.collect::<Vec<_>>() {
                 r.await?;
@@ -489,8 +494,24 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
 
     fn terminate(&self) {
         self.s.closed.store(true, Ordering::Release);
-        self.s.qp.disconnect();
         self.s.writes_changed.notify_waiters();
+        // Sends return once queued: let what is queued (a Logout Response, a last SCSI
+        // Response) leave before the connection goes, then disconnect.
+        let s = self.s.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn(async move {
+                    for _ in 0..200 {
+                        if lock(&s.waiting).is_empty() || !s.qp.is_connected() {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    s.qp.disconnect();
+                });
+            }
+            Err(_) => s.qp.disconnect(),
+        }
     }
 
     fn next_event(&self) -> BoxFuture<'_, DmEvent> {
