@@ -82,3 +82,45 @@ async fn sixty_four_commands_in_flight() {
     s.test_unit_ready(0).await.unwrap();
     s.logout().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resets_during_transfers_and_teardown_leave_no_registration_behind() {
+    let addr = start().await;
+    let rnic = SoftRnic::default();
+    let mut cfg = SessionConfig::new(ME, TARGET);
+    cfg.connector = Arc::new(IserConnector::new(rnic.clone(), IserConfig::default()).unwrap());
+    let s = Session::connect(addr, cfg).await.unwrap();
+    // Large transfers in flight while the LU is reset: each command either completes with its
+    // data intact or fails; none hangs, and the session carries on.
+    let mut tasks = Vec::new();
+    for i in 0..8u64 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            let data = pattern(i as u8, 4 << 20);
+            if s.write(0, i * 8192, data.clone(), 512).await.is_ok()
+                && let Ok(back) = s.read(0, i * 8192, 8192, 512).await
+            {
+                assert_eq!(back, data);
+            }
+        }));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    s.task_management(0, TmfFunction::LOGICAL_UNIT_RESET, 0).await.unwrap();
+    s.task_management(0, TmfFunction::ABORT_TASK_SET, 0).await.unwrap();
+    for t in tasks {
+        tokio::time::timeout(std::time::Duration::from_secs(30), t).await.expect("no command hangs").unwrap();
+    }
+    let data = pattern(99, 1 << 20);
+    s.write(0, 100_000, data.clone(), 512).await.unwrap();
+    assert_eq!(s.read(0, 100_000, 2048, 512).await.unwrap(), data);
+    assert!(rnic.registered_regions() > 0, "receive buffers are registered while connected");
+    s.logout().await.unwrap();
+    drop(s);
+    // Every per-command registration was revoked and deregistered; with the connection gone
+    // its receive buffers are too.
+    let t0 = std::time::Instant::now();
+    while rnic.registered_regions() != 0 {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10), "{} regions still registered", rnic.registered_regions());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

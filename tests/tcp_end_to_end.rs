@@ -449,3 +449,31 @@ async fn sendtargets_longer_than_one_pdu_uses_continuation() {
     assert_eq!(found[4000].0, names[3999]);
     assert!(found.iter().all(|(_, a)| a.len() == 1));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_aborted_by_a_lun_reset_end_at_once() {
+    let addr = start(|_| {}, |_| {}).await;
+    let mut cfg = SessionConfig::new(ME, TARGET);
+    cfg.timeout = std::time::Duration::from_secs(20);
+    let s = Session::connect(addr, cfg).await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..8u64 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            let data = pattern(i as u8, 4 << 20);
+            match s.write(0, i * 8192, data.clone(), 512).await {
+                Ok(()) | Err(Error::Aborted) => {}
+                Err(e) => panic!("write: {e}"),
+            }
+        }));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let t0 = std::time::Instant::now();
+    s.task_management(0, TmfFunction::LOGICAL_UNIT_RESET, 0).await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // Aborted commands get no response from the target: they end with the reset, not a timeout.
+    assert!(t0.elapsed() < std::time::Duration::from_secs(10));
+    s.test_unit_ready(0).await.unwrap();
+}

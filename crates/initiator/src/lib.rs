@@ -67,6 +67,10 @@ pub enum Error {
     /// A task management function was refused.
     #[error("task management refused: {0:?}")]
     TaskManagement(TmfResponse),
+    /// The command was aborted by task management (ABORT TASK, ABORT/CLEAR TASK SET, LUN or
+    /// target reset): the target sends it no response (RFC 7143 §11.5.1).
+    #[error("command aborted by task management")]
+    Aborted,
     /// A malformed answer.
     #[error("protocol error: {0}")]
     Protocol(String),
@@ -218,6 +222,7 @@ impl CommandResult {
 enum Reply {
     Scsi(CommandResult),
     Pdu(Header),
+    Aborted,
 }
 
 struct State {
@@ -225,6 +230,8 @@ struct State {
     max_cmd_sn: SerialNumber,
     exp_stat_sn: u32,
     pending: HashMap<u32, oneshot::Sender<Reply>>,
+    /// LUN of each outstanding SCSI command (what task management may abort).
+    luns: HashMap<u32, u16>,
     dead: bool,
     /// Logged out: no reconnection.
     closed: bool,
@@ -238,6 +245,7 @@ impl State {
             max_cmd_sn: SerialNumber(o.max_cmd_sn),
             exp_stat_sn: o.stat_sn,
             pending: HashMap::new(),
+            luns: HashMap::new(),
             dead: false,
             closed: false,
         }
@@ -672,6 +680,7 @@ impl Session {
 
     async fn command_once(&self, lun: u16, cdb: &[u8], write: Option<Bytes>, read_len: u32) -> Result<CommandResult, Error> {
         let (itt, cmd_sn, exp_stat_sn, rx) = self.slot(false).await?;
+        lock(&self.inner.state).luns.insert(itt, lun);
         let mut c = [0u8; 16];
         let n = cdb.len().min(16);
         c[..n].copy_from_slice(&cdb[..n]);
@@ -697,8 +706,11 @@ impl Session {
             lock(&self.inner.state).pending.remove(&itt);
             return Err(Error::ConnectionLost);
         }
-        match self.wait(itt, rx).await? {
+        let reply = self.wait(itt, rx).await;
+        lock(&self.inner.state).luns.remove(&itt);
+        match reply? {
             Reply::Scsi(r) => Ok(r),
+            Reply::Aborted => Err(Error::Aborted),
             Reply::Pdu(Header::Reject(r)) => Err(Error::Rejected(r.reason)),
             Reply::Pdu(h) => Err(Error::Protocol(format!("unexpected {:?} for a command", h.opcode()))),
         }
@@ -774,9 +786,39 @@ impl Session {
         };
         self.inner.dm().send_control(ControlPdu::new(Header::TaskMgmtRequest(h), Bytes::new())).await.map_err(|_| Error::ConnectionLost)?;
         match self.wait(itt, rx).await? {
-            Reply::Pdu(Header::TaskMgmtResponse(r)) if r.response == TmfResponse::COMPLETE => Ok(()),
+            Reply::Pdu(Header::TaskMgmtResponse(r)) if r.response == TmfResponse::COMPLETE => {
+                self.aborted(lun, function, ref_itt);
+                Ok(())
+            }
             Reply::Pdu(Header::TaskMgmtResponse(r)) => Err(Error::TaskManagement(r.response)),
             _ => Err(Error::Protocol("unexpected answer to a task management request".into())),
+        }
+    }
+
+    /// After a completed task management function: the commands it aborted get no response, so
+    /// end them here ([`Error::Aborted`]) and release their buffers (registrations on iSER).
+    fn aborted(&self, lun: u16, function: TmfFunction, ref_itt: u32) {
+        let doomed: Vec<(u32, oneshot::Sender<Reply>)> = {
+            let mut s = lock(&self.inner.state);
+            let hit = |itt: u32, l: u16| match function {
+                TmfFunction::ABORT_TASK => itt == ref_itt,
+                TmfFunction::ABORT_TASK_SET | TmfFunction::CLEAR_TASK_SET | TmfFunction::LOGICAL_UNIT_RESET => l == lun,
+                TmfFunction::TARGET_WARM_RESET | TmfFunction::TARGET_COLD_RESET => true,
+                _ => false,
+            };
+            let itts: Vec<u32> = s.luns.iter().filter(|&(&i, &l)| hit(i, l)).map(|(&i, _)| i).collect();
+            itts.into_iter()
+                .filter_map(|i| {
+                    s.luns.remove(&i);
+                    s.pending.remove(&i).map(|tx| (i, tx))
+                })
+                .collect()
+        };
+        let dm = self.inner.dm();
+        for (itt, tx) in doomed {
+            let _ = dm.take_read_data(itt);
+            dm.deallocate_task_resources(itt);
+            let _ = tx.send(Reply::Aborted);
         }
     }
 

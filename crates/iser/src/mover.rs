@@ -449,7 +449,9 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
             let reads = r2ts.iter().map(|r| {
                 let sge = Sge { addr: mr.addr() + u64::from(r.offset), length: r.len, lkey: mr.lkey() };
                 let remote_addr = wb.va.wrapping_add(u64::from(r.offset - unsolicited_len.min(r.offset)));
-                s.post(SendOp::RdmaRead { remote_addr, rkey: wb.stag }, vec![sge], None, true)
+                // The sink stays registered until the read completes, even if this task is
+                // aborted meanwhile (a response into a deregistered sink would end the stream).
+                s.post(SendOp::RdmaRead { remote_addr, rkey: wb.stag }, vec![sge], Some(mr.clone()), true)
             });
             for r in reads.collect::<Vec<_>>() {
                 r.await?;

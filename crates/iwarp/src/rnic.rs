@@ -96,6 +96,12 @@ impl SoftRnic {
         &self.shared.config
     }
 
+    /// Regions currently registered (all protection domains): what remote peers could still
+    /// reach with a valid STag is a subset of these.
+    pub fn registered_regions(&self) -> usize {
+        lock(&self.shared.regions).values().filter(|w| w.strong_count() > 0).count()
+    }
+
     /// Answer an MPA connection request arriving on an already accepted TCP stream (for
     /// servers that run their own listener).
     pub fn request_from_stream(&self, stream: TcpStream) -> Result<SoftRequest> {
