@@ -124,3 +124,90 @@ async fn resets_during_transfers_and_teardown_leave_no_registration_behind() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn immediate_unsolicited_and_rdma_read_data_in_one_write() {
+    let addr = start().await;
+    let mut cfg = SessionConfig::new(ME, TARGET);
+    // As the Linux initiator: InitialR2T=No, so up to FirstBurstLength goes unsolicited: 8 KiB of
+    // immediate data, then Data-Out Sends to 64 KiB, then the target RDMA Reads the rest.
+    cfg.operational.first_burst_length = 65_536;
+    let iser = IserConfig { unsolicited_data_out: true, ..IserConfig::default() };
+    cfg.connector = Arc::new(IserConnector::new(SoftRnic::default(), iser).unwrap());
+    let s = Session::connect(addr, cfg).await.unwrap();
+    assert!(!s.params().initial_r2t && s.params().immediate_data);
+    assert_eq!(s.params().first_burst_length, 65_536);
+    for (i, len) in [4096usize, 65_536, 70_000 / 512 * 512, 1 << 20].into_iter().enumerate() {
+        let data = pattern(40 + i as u8, len);
+        s.write(0, 4096, data.clone(), 512).await.unwrap();
+        assert_eq!(s.read(0, 4096, (len / 512) as u32, 512).await.unwrap(), data, "{len} bytes");
+    }
+    s.logout().await.unwrap();
+}
+
+/// Log in on a bare iSER datamover (what the riser initiator does, without its safety).
+async fn bare_login(addr: SocketAddr) -> (Arc<riser::iser::IserDatamover<SoftRnic>>, riser::iscsi::login::LoginOutcome) {
+    use riser::datamover::{ControlPdu, Datamover, DmEvent};
+    use riser::iscsi::login::{InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent};
+    use riser::iscsi::wire::{Header, Isid};
+    let rnic = SoftRnic::default();
+    let pd = rnic.alloc_pd().unwrap();
+    let dm = tokio::task::spawn_blocking(move || riser::iser::connect(&rnic, &pd, addr, IserConfig::default())).await.unwrap().unwrap();
+    tokio::spawn(dm.driver());
+    let dm = Arc::new(dm);
+    let mut cfg = InitiatorLoginConfig::new(ME, Some(TARGET.into()), Isid([0x80, 1, 2, 3, 4, 5]));
+    cfg.transport = riser::iscsi::keys::Transport::Iser;
+    cfg.operational.max_recv_data_segment_length = 8192;
+    let mut l = InitiatorLogin::new(cfg, std::time::Duration::ZERO, [7; 32]);
+    loop {
+        while let Some(p) = l.poll_transmit() {
+            dm.send_control(ControlPdu::new(Header::LoginRequest(p.header), p.data.into())).await.unwrap();
+        }
+        if let Some(InitiatorLoginEvent::Complete(o)) = l.poll_event() {
+            dm.notice_key_values(&o.params);
+            dm.enable();
+            return (dm, o);
+        }
+        match dm.next_event().await {
+            DmEvent::Control(p) => l.handle_pdu(std::time::Duration::ZERO, &p.header, &p.data),
+            other => panic!("login: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buffer_smaller_than_the_command_says_is_protected_by_the_rnic() {
+    use riser::datamover::{Datamover, DmEvent};
+    use riser::iscsi::wire::ScsiCommand;
+    let addr = start().await;
+    let (dm, o) = bare_login(addr).await;
+    // READ(10) of 128 blocks (64 KiB) with EDTL 64 KiB, but only 4 KiB registered and advertised:
+    // the target's RDMA Write runs past the region and the initiator's RNIC refuses it.
+    let mut cdb = [0u8; 16];
+    cdb[..10].copy_from_slice(&[0x28, 0, 0, 0, 0, 0, 0, 0, 128, 0]);
+    let cmd = ScsiCommand {
+        final_: true,
+        read: true,
+        attr: 1,
+        itt: 0x42,
+        expected_data_len: 65_536,
+        cmd_sn: o.exp_cmd_sn,
+        exp_stat_sn: o.stat_sn,
+        cdb,
+        ..ScsiCommand::default()
+    };
+    dm.send_command(cmd, Bytes::new(), 4096, None).await.unwrap();
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            if let DmEvent::Terminated(_) = dm.next_event().await {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the out-of-bounds write ends the connection");
+    // The target is unharmed: a well-behaved session works.
+    let s = Session::connect(addr, config()).await.unwrap();
+    s.test_unit_ready(0).await.unwrap();
+    s.logout().await.unwrap();
+}

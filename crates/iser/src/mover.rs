@@ -6,7 +6,7 @@ use riser_datamover::{
     BoxFuture, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent, PutDataDone, R2tDesc, TaskBuffer, Terminated,
 };
 use riser_iscsi::keys::{NegotiatedParams, Role};
-use riser_iscsi::wire::{Header, Pdu, ScsiCommand};
+use riser_iscsi::wire::{DataOut, Header, Pdu, RESERVED_TAG, ScsiCommand};
 use riser_verbs::{
     Access, CompletionQueue, ConnParam, ConnectionRequest, MemoryRegion, ProtectionDomain, Provider, QpCaps, QueuePair, RecvWr, SendOp,
     SendWr, Sge, WcOpcode, WcStatus,
@@ -35,6 +35,10 @@ pub struct IserConfig {
     pub recv_depth: u32,
     /// Allow Send with Invalidate (the CM private data says so unless this is off).
     pub send_invalidate: bool,
+    /// Initiator: with InitialR2T=No, send the unsolicited part of a write (up to
+    /// FirstBurstLength) as Data-Out Sends after the immediate data, as the Linux initiator
+    /// does; otherwise only immediate data is sent and the target RDMA Reads the rest.
+    pub unsolicited_data_out: bool,
     /// Inbound RDMA Reads this side accepts outstanding (responder resources).
     pub ird: u8,
     /// RDMA Reads this side issues outstanding (initiator depth).
@@ -43,7 +47,7 @@ pub struct IserConfig {
 
 impl Default for IserConfig {
     fn default() -> Self {
-        Self { recv_dsl: 8192, recv_depth: 128, send_invalidate: true, ird: 16, ord: 16 }
+        Self { recv_dsl: 8192, recv_depth: 128, send_invalidate: true, unsolicited_data_out: false, ird: 16, ord: 16 }
     }
 }
 
@@ -76,6 +80,7 @@ struct Limits {
     max_send_dsl: u32,
     first_burst: u32,
     immediate_data: bool,
+    initial_r2t: bool,
 }
 
 struct Waiter<P: Provider> {
@@ -140,7 +145,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             writes: Mutex::new(HashMap::new()),
             writes_changed: Notify::new(),
             tasks: Mutex::new(HashMap::new()),
-            limits: Mutex::new(Limits { max_send_dsl: 8192, first_burst: 0, immediate_data: false }),
+            limits: Mutex::new(Limits { max_send_dsl: 8192, first_burst: 0, immediate_data: false, initial_r2t: true }),
             ff_posted: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         });
@@ -466,7 +471,8 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
             Role::Target => p.initiator_recv_data_segment_length,
             Role::Initiator => p.target_recv_data_segment_length,
         };
-        *lock(&self.s.limits) = Limits { max_send_dsl: send, first_burst: p.first_burst_length, immediate_data: p.immediate_data };
+        *lock(&self.s.limits) =
+            Limits { max_send_dsl: send, first_burst: p.first_burst_length, immediate_data: p.immediate_data, initial_r2t: p.initial_r2t };
     }
 
     fn allocate_connection_resources(&self, _res: ConnectionResources) -> Result<(), DmError> {
@@ -538,20 +544,44 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
                 task.read = Some(mr);
             }
             let mut immediate = Bytes::new();
+            let mut unsolicited = Bytes::new();
             if let Some(data) = write.filter(|d| !d.is_empty()) {
-                let imm = if l.immediate_data { data.len().min(l.first_burst as usize).min(l.max_send_dsl as usize) } else { 0 };
-                if imm < data.len() {
+                let len = data.len();
+                let imm = if l.immediate_data { len.min(l.first_burst as usize).min(l.max_send_dsl as usize) } else { 0 };
+                let unsolicited_end =
+                    if s.cfg.unsolicited_data_out && !l.initial_r2t { len.min(l.first_burst as usize).max(imm) } else { imm };
+                if unsolicited_end < len {
                     let mr = s.pd.register(data.to_vec(), Access::REMOTE_READ).map_err(io)?;
-                    ih.write = Some(RemoteBuf { stag: mr.rkey(), va: mr.addr() + imm as u64 });
+                    // The write VA names the first byte not sent unsolicited.
+                    ih.write = Some(RemoteBuf { stag: mr.rkey(), va: mr.addr() + unsolicited_end as u64 });
                     task.write = Some(mr);
                 }
                 immediate = data.slice(..imm);
+                unsolicited = data.slice(imm..unsolicited_end);
             }
-            // No unsolicited Data-Out: what is not immediate is read by the target.
-            cmd.final_ = true;
-            let itt = cmd.itt;
+            // F: no unsolicited Data-Out follows.
+            cmd.final_ = unsolicited.is_empty();
+            let (itt, lun, exp_stat_sn) = (cmd.itt, cmd.lun, cmd.exp_stat_sn);
             lock(&s.tasks).insert(itt, task);
-            let r = s.send_pdu(ih, &Header::ScsiCommand(cmd), &ahs, &[&immediate], None).await;
+            let mut r = s.send_pdu(ih, &Header::ScsiCommand(cmd), &ahs, &[&immediate], None).await;
+            // Unsolicited Data-Out PDUs as Sends, each within the target's receive size.
+            let seg = (l.max_send_dsl as usize).max(512);
+            let (mut at, mut data_sn) = (0usize, 0u32);
+            while r.is_ok() && at < unsolicited.len() {
+                let n = seg.min(unsolicited.len() - at);
+                let d = DataOut {
+                    final_: at + n == unsolicited.len(),
+                    lun,
+                    itt,
+                    ttt: RESERVED_TAG,
+                    exp_stat_sn,
+                    data_sn,
+                    buffer_offset: (immediate.len() + at) as u32,
+                };
+                r = s.send_pdu(IserHeader::CONTROL, &Header::DataOut(d), &[], &[&unsolicited[at..at + n]], None).await;
+                at += n;
+                data_sn += 1;
+            }
             if r.is_err() {
                 self.deallocate_task_resources(itt);
             }
