@@ -54,6 +54,9 @@ impl Default for IserConfig {
 /// Receives posted while logging in.
 const LOGIN_RECVS: u32 = 4;
 
+/// Read data at least this large is registered in place rather than copied.
+const ZERO_COPY_MIN: usize = 64 << 10;
+
 type Mr<P> = <<P as Provider>::Pd as ProtectionDomain>::Mr;
 
 /// What the target learned from a command's iSER header.
@@ -414,10 +417,14 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
             if !data.is_empty() {
                 // RDMA Write to (read STag, read VA + offset); the SCSI Response Send follows on
                 // the same queue pair, so the data is placed before the status arrives.
-                let mr = s.pd.register(data.to_vec(), Access::empty()).map_err(io)?;
+                // Large data is registered where it lies (no copy) and the write awaited, so the
+                // caller gets its buffer back; small data is copied and the write left queued.
+                let large = data.len() >= ZERO_COPY_MIN;
+                let mr = if large { s.pd.register_shared(data, Access::empty()) } else { s.pd.register(data.to_vec(), Access::empty()) }
+                    .map_err(io)?;
                 let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
                 let op = SendOp::RdmaWrite { remote_addr: rb.va.wrapping_add(u64::from(desc.offset)), rkey: rb.stag };
-                s.post(op, vec![sge], Some(mr), false).await?;
+                s.post(op, vec![sge], Some(mr), large).await?;
             }
             // No Data-In PDUs (DataSN not consumed) and never a collapsed status.
             Ok(PutDataDone { pdus: 0, status_sent: false })
@@ -551,7 +558,8 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
                 let unsolicited_end =
                     if s.cfg.unsolicited_data_out && !l.initial_r2t { len.min(l.first_burst as usize).max(imm) } else { imm };
                 if unsolicited_end < len {
-                    let mr = s.pd.register(data.to_vec(), Access::REMOTE_READ).map_err(io)?;
+                    // The caller's bytes themselves, registered read-only for the target's RDMA Read.
+                    let mr = s.pd.register_shared(data.clone(), Access::REMOTE_READ).map_err(io)?;
                     // The write VA names the first byte not sent unsolicited.
                     ih.write = Some(RemoteBuf { stag: mr.rkey(), va: mr.addr() + unsolicited_end as u64 });
                     task.write = Some(mr);

@@ -168,8 +168,36 @@ pub struct SoftMr {
     access: Access,
     addr: u64,
     len: usize,
-    mem: Mutex<Vec<u8>>,
+    mem: Mutex<Storage>,
     rnic: Weak<RnicShared>,
+}
+
+/// A region's memory: owned (any access), or shared read-only bytes (no write access at all,
+/// so nothing can place into them).
+#[derive(Debug)]
+enum Storage {
+    Owned(Vec<u8>),
+    Shared(bytes::Bytes),
+}
+
+impl std::ops::Deref for Storage {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Self::Owned(v) => v,
+            Self::Shared(b) => b,
+        }
+    }
+}
+
+impl Storage {
+    fn writable(&mut self) -> &mut [u8] {
+        match self {
+            Self::Owned(v) => v,
+            // Registered without write rights: the access checks never get here.
+            Self::Shared(_) => &mut [],
+        }
+    }
 }
 
 impl SoftMr {
@@ -179,7 +207,12 @@ impl SoftMr {
 
     /// The buffer back (deregistering).
     pub fn into_inner(self: Arc<Self>) -> Option<Vec<u8>> {
-        Arc::try_unwrap(self).ok().map(|mut m| std::mem::take(m.mem.get_mut().unwrap_or_else(|e| e.into_inner())))
+        Arc::try_unwrap(self).ok().and_then(|mut m| {
+            match std::mem::replace(m.mem.get_mut().unwrap_or_else(|e| e.into_inner()), Storage::Owned(Vec::new())) {
+                Storage::Owned(v) => Some(v),
+                Storage::Shared(_) => None,
+            }
+        })
     }
 
     /// Check an access of `len` bytes at virtual address `to` with STag `stag` from domain
@@ -241,7 +274,7 @@ impl MemoryRegion for SoftMr {
         f(&lock(&self.mem))
     }
     fn write(&self, f: &mut dyn FnMut(&mut [u8])) {
-        f(&mut lock(&self.mem))
+        f(lock(&self.mem).writable())
     }
     fn invalidate(&self) {
         self.valid.store(false, Ordering::Release);
@@ -271,6 +304,21 @@ impl ProtectionDomain for SoftPd {
     type Mr = SoftMr;
 
     fn register(&self, buf: Vec<u8>, access: Access) -> Result<Arc<SoftMr>> {
+        let addr = buf.as_ptr() as u64;
+        self.insert(Storage::Owned(buf), addr, access)
+    }
+
+    fn register_shared(&self, buf: bytes::Bytes, access: Access) -> Result<Arc<SoftMr>> {
+        if access.intersects(Access::LOCAL_WRITE | Access::REMOTE_WRITE) {
+            return Err(Error::Registration("shared (read-only) memory cannot be registered for writing".into()));
+        }
+        let addr = buf.as_ptr() as u64;
+        self.insert(Storage::Shared(buf), addr, access)
+    }
+}
+
+impl SoftPd {
+    fn insert(&self, mem: Storage, addr: u64, access: Access) -> Result<Arc<SoftMr>> {
         let mut t = lock(&self.rnic.regions);
         if t.len() >= 0x00ff_fff0 {
             return Err(Error::Registration("no free STag index".into()));
@@ -281,7 +329,6 @@ impl ProtectionDomain for SoftPd {
                 break i;
             }
         };
-        let addr = buf.as_ptr() as u64;
         let mr = Arc::new(SoftMr {
             index,
             key: AtomicU32::new(u32::from(rand::random::<u8>())),
@@ -289,8 +336,8 @@ impl ProtectionDomain for SoftPd {
             pd: self.id,
             access,
             addr,
-            len: buf.len(),
-            mem: Mutex::new(buf),
+            len: mem.len(),
+            mem: Mutex::new(mem),
             rnic: Arc::downgrade(&self.rnic),
         });
         t.insert(index, Arc::downgrade(&mr));
@@ -1373,7 +1420,9 @@ enum Commit {
 /// Read `len` payload bytes from the stream straight into `mr` at `off`.
 fn place<R: Read>(r: &mut R, mr: &SoftMr, off: usize, len: usize, crc: &mut Crc) -> std::result::Result<(), RxError> {
     let mut mem = lock(&mr.mem);
-    let dst = &mut mem[off..off + len];
+    let Some(dst) = mem.writable().get_mut(off..off + len) else {
+        return Err(RxError::Term(Term::DDP_CATASTROPHIC, "placement into read-only memory"));
+    };
     r.read_exact(dst)?;
     crc.add(dst);
     Ok(())

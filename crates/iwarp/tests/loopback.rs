@@ -560,3 +560,23 @@ fn markers_are_refused_in_mpa() {
     let reply = MpaFrame::parse(&h).unwrap();
     assert!(reply.reply && reply.rejected() && !reply.markers());
 }
+
+#[test]
+fn shared_regions_are_read_only_and_readable_remotely() {
+    let (c, s) = pair();
+    let bytes = bytes::Bytes::from(pattern(5, 10_000));
+    assert!(s.pd.register_shared(bytes.clone(), Access::REMOTE_WRITE).is_err(), "no write rights on shared bytes");
+    assert!(s.pd.register_shared(bytes.clone(), Access::LOCAL_WRITE).is_err());
+    let src = s.pd.register_shared(bytes.clone(), Access::REMOTE_READ).unwrap();
+    assert_eq!(src.addr(), bytes.as_ptr() as u64, "registered where it lies");
+    let sink = c.mr(vec![0u8; 10_000], Access::LOCAL_WRITE);
+    c.send(1, SendOp::RdmaRead { remote_addr: src.addr(), rkey: src.rkey() }, vec![sge(&sink, 0, 10_000)]);
+    assert_eq!(next(&c.cq).status, WcStatus::Success);
+    assert_eq!(contents(&sink), pattern(5, 10_000));
+    // A write aimed at it is refused like any region without REMOTE_WRITE.
+    let data = c.mr(vec![1u8; 16], Access::empty());
+    c.send(2, SendOp::RdmaWrite { remote_addr: src.addr(), rkey: src.rkey() }, vec![sge(&data, 0, 16)]);
+    wait_until("the Terminate", || c.qp.terminate_received().is_some());
+    assert_eq!(s.qp.terminate_sent(), Some(Term::DDP_TAGGED_INVALID_STAG));
+    assert_eq!(contents(&src), pattern(5, 10_000));
+}

@@ -295,6 +295,10 @@ pub trait ProtectionDomain: Send + Sync + fmt::Debug {
     type Mr: MemoryRegion + 'static;
     /// Register `buf` with `access` rights.
     fn register(&self, buf: Vec<u8>, access: Access) -> Result<Arc<Self::Mr>>;
+    /// Register shared, immutable bytes (no copy) for local reads and, with
+    /// [`Access::REMOTE_READ`], peer reads; write rights are refused. The region keeps the
+    /// bytes alive until it is dropped.
+    fn register_shared(&self, buf: bytes::Bytes, access: Access) -> Result<Arc<Self::Mr>>;
 }
 
 /// A reliable-connected queue pair.
