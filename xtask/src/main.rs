@@ -7,7 +7,9 @@
 //!   with the libiscsi engine, via ../shared/peers/bench-client.sh) against the riser target and
 //!   tgtd, both RAM-backed with the same limits, in one run; prints medians and riser/tgtd, plus
 //!   the raw loopback TCP and memcpy ceilings; then RDMA Write / Read / Send over the software
-//!   iWARP RNIC against raw TCP for 4 KiB–4 MiB messages (`--rdma-only`: just that part).
+//!   iWARP RNIC against raw TCP for 4 KiB–4 MiB messages (`--rdma-only`: just that part); then
+//!   riser iSER against riser TCP, same target and initiator, 4 KiB–16 MiB, with CPU seconds per
+//!   GiB of each process (`--iser-only`: just that part).
 //! * `lab` — boot the RDMA lab VM (../shared/lab/rdma-lab.sh, soft-iWARP siw and soft-RoCE rxe)
 //!   and run the interop matrix inside it: riser's rping (software iWARP RNIC) against the
 //!   kernel's siw rping, both ways.
@@ -52,7 +54,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo | interop | lab | bench [--full] [--reps N] [--runtime S] [--rdma-only] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>"
+                "usage: cargo xtask <demo | interop | lab | bench [--full] [--reps N] [--runtime S] [--rdma-only | --iser-only] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>"
             );
             return ExitCode::from(2);
         }
@@ -660,10 +662,72 @@ fn bench_rdma(reps: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// CPU seconds (user + system) from a /proc stat line: fields `first` and `first + 1` after
+/// the command name (utime/stime of a process, or cutime/cstime of its waited-for children).
+fn proc_cpu(path: &str, first: usize) -> f64 {
+    let tick =
+        Command::new("getconf").arg("CLK_TCK").output().ok().and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<f64>().ok());
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let after = text.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = after.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    // After ")" come state (not numeric, skipped), ppid, … : field N of stat is f[N - 4].
+    let get = |n: usize| f.get(n - 4).copied().unwrap_or(0.0);
+    (get(first) + get(first + 1)) / tick.unwrap_or(100.0)
+}
+
+/// riser iSER (software iWARP RNIC) against riser TCP: the same target process and the same
+/// initiator program, reads and writes of 4 KiB–16 MiB, throughput and CPU seconds per GiB of
+/// the target and of the initiator.
+fn bench_iser(reps: usize) -> Result<(), String> {
+    build_examples()?;
+    let iqn = "iqn.2026-11.io.riser:bench-iser";
+    let iser_portal = format!("127.0.0.1:{}", free_port()?);
+    let target = RunningTarget::start(&["--target-name", iqn, "--lun", "ram:1GiB", "--iser-portal", &iser_portal])?;
+    let target_stat = format!("/proc/{}/stat", target.child.id());
+    let urls = [("TCP", format!("iscsi://127.0.0.1:{}/{iqn}/0", target.port)), ("iSER", format!("iser://{iser_portal}/{iqn}/0"))];
+    let initiator = root().join("target/release/examples/initiator");
+    println!("== riser iSER (software iWARP RNIC) vs riser TCP: same target, same initiator; MiB/s median of {reps}, CPU s/GiB");
+    println!(
+        "{:>6} {:<5} {:>9} {:>9} {:>6} {:>12} {:>12} {:>12} {:>12}",
+        "io", "op", "TCP", "iSER", "ratio", "TCP tgt", "iSER tgt", "TCP ini", "iSER ini"
+    );
+    for bs in [4u64 << 10, 64 << 10, 256 << 10, 512 << 10, 1 << 20, 4 << 20, 16 << 20] {
+        let size = (bs * 1024).clamp(64 << 20, 512 << 20);
+        for op in ["write", "read"] {
+            let mut row = Vec::new();
+            for (_, url) in &urls {
+                let (mut mibs, mut tgt, mut ini) = (Vec::new(), 0.0, 0.0);
+                for _ in 0..reps {
+                    let (t0, i0) = (proc_cpu(&target_stat, 14), proc_cpu("/proc/self/stat", 16));
+                    let out = Command::new(&initiator)
+                        .args([op, url, "--size", &size.to_string(), "--block-size", &bs.to_string(), "--queue-depth", "8"])
+                        .output()
+                        .map_err(|e| e.to_string())?;
+                    let text = String::from_utf8_lossy(&out.stdout);
+                    let m = text.split('(').nth(1).and_then(|r| r.split_whitespace().next()).and_then(|x| x.parse::<f64>().ok());
+                    mibs.push(m.ok_or_else(|| format!("initiator {op} {url}: {text}{}", String::from_utf8_lossy(&out.stderr)))?);
+                    tgt += proc_cpu(&target_stat, 14) - t0;
+                    ini += proc_cpu("/proc/self/stat", 16) - i0;
+                }
+                mibs.sort_by(f64::total_cmp);
+                let gib = (size * reps as u64) as f64 / (1u64 << 30) as f64;
+                row.push((mibs[mibs.len() / 2], tgt / gib, ini / gib));
+            }
+            let ((tm, tt, ti), (im, it, ii)) = (row[0], row[1]);
+            println!("{:>5}K {op:<5} {tm:>9.0} {im:>9.0} {:>5.2}x {tt:>12.2} {it:>12.2} {ti:>12.2} {ii:>12.2}", bs >> 10, im / tm);
+        }
+    }
+    println!("(the software RNIC runs over loopback TCP: iSER here shows the protocol's costs, not RDMA offload)");
+    Ok(())
+}
+
 fn bench(args: &[String]) -> Result<(), String> {
     let reps: usize = arg_value(args, "--reps").and_then(|r| r.parse().ok()).unwrap_or(3);
     if args.iter().any(|a| a == "--rdma-only") {
         return bench_rdma(reps);
+    }
+    if args.iter().any(|a| a == "--iser-only") {
+        return bench_iser(reps);
     }
     ensure_packages(&[("iscsi-perf", "libiscsi-bin"), ("tgtd", "tgt"), ("iperf3", "iperf3")])?;
     // fio with the libiscsi engine (Debian's lacks it); bench-client.sh skips fio rows without it.
@@ -701,5 +765,7 @@ fn bench(args: &[String]) -> Result<(), String> {
     println!("\n== physical ceilings");
     let _ = Command::new("bash").arg(shared().join("peers/bench-raw.sh")).env("REPS", "1").env("SECS", "3").status();
     println!();
-    bench_rdma(reps)
+    bench_rdma(reps)?;
+    println!();
+    bench_iser(reps)
 }
