@@ -107,6 +107,12 @@ struct Conn<P: Provider> {
 }
 
 impl<P: Provider> Conn<P> {
+    /// The connection's 16-byte message buffers (receive: local write; send: local only).
+    fn new(cq: Arc<P::Cq>, qp: Arc<P::Qp>, pd: &P::Pd, debug: bool) -> Result<Self, String> {
+        let reg = |acc| pd.register(vec![0u8; 16], acc).map_err(|e| e.to_string());
+        Ok(Self { cq, qp, recv: reg(Access::LOCAL_WRITE)?, send: reg(Access::empty())?, debug, pending: RefCell::new(VecDeque::new()) })
+    }
+
     fn post_recv(&self) -> Result<(), String> {
         self.qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![whole(&*self.recv)] }).map_err(|e| e.to_string())
     }
@@ -185,14 +191,7 @@ fn server<P: Provider>(p: &P, a: &Args) -> Result<(), String> {
     let cq = p.create_cq(32).map_err(|e| e.to_string())?;
     let qp = req.create_qp(&pd, &cq, &cq, QpCaps { max_send_wr: 16, max_recv_wr: 2, max_sge: 1 }).map_err(|e| e.to_string())?;
     let reg = |n, acc| pd.register(vec![0u8; n], acc).map_err(|e| e.to_string());
-    let conn: Conn<P> = Conn {
-        cq,
-        qp,
-        recv: reg(16, Access::LOCAL_WRITE)?,
-        send: reg(16, Access::empty())?,
-        debug: a.debug,
-        pending: RefCell::new(VecDeque::new()),
-    };
+    let conn = Conn::<P>::new(cq, qp, &pd, a.debug)?;
     let rdma = reg(a.size, Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE)?;
     conn.post_recv()?;
     let (ird, ord) = req.ird_ord();
@@ -254,14 +253,7 @@ fn client<P: Provider>(p: &P, a: &Args) -> Result<(), String> {
     let cq = p.create_cq(32).map_err(|e| e.to_string())?;
     let qp = p.create_qp(&pd, &cq, &cq, QpCaps { max_send_wr: 16, max_recv_wr: 2, max_sge: 1 }).map_err(|e| e.to_string())?;
     let reg = |n, acc| pd.register(vec![0u8; n], acc).map_err(|e| e.to_string());
-    let conn: Conn<P> = Conn {
-        cq,
-        qp,
-        recv: reg(16, Access::LOCAL_WRITE)?,
-        send: reg(16, Access::empty())?,
-        debug: a.debug,
-        pending: RefCell::new(VecDeque::new()),
-    };
+    let conn = Conn::<P>::new(cq, qp, &pd, a.debug)?;
     let all = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
     let start = reg(a.size, all)?;
     let rdma = reg(a.size, all)?;

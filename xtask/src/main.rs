@@ -455,14 +455,7 @@ fn lab() -> Result<(), String> {
     if !st.success() {
         return Err("rdma-lab.sh setup failed".into());
     }
-    let st = Command::new("cargo")
-        .current_dir(root())
-        .args(["build", "--quiet", "--release", "--example", "rping"])
-        .status()
-        .map_err(|e| e.to_string())?;
-    if !st.success() {
-        return Err("building the rping example failed".into());
-    }
+    build_examples()?;
     let rping = root().join("target/release/examples/rping");
     let out = Command::new("bash")
         .current_dir(root())
@@ -612,14 +605,7 @@ fn bench_client(url: &str, env: &[(&str, String)]) -> Result<Vec<(String, f64)>,
 /// RDMA Write / Read / Send over the software iWARP RNIC against raw TCP, both ends in one
 /// process over loopback, the same sizes in the same run: median MiB/s of `reps` runs.
 fn bench_rdma(reps: usize) -> Result<(), String> {
-    let st = Command::new("cargo")
-        .current_dir(root())
-        .args(["build", "--quiet", "--release", "--example", "iwarp_perf"])
-        .status()
-        .map_err(|e| e.to_string())?;
-    if !st.success() {
-        return Err("building the iwarp_perf example failed".into());
-    }
+    build_examples()?;
     let perf = root().join("target/release/examples/iwarp_perf");
     let once = |op: &str, size: u64| -> Result<f64, String> {
         let total = (size * 256).clamp(1 << 30, 4 << 30);

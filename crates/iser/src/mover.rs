@@ -239,13 +239,15 @@ impl<P: Provider + 'static> Shared<P> {
                         }
                         continue;
                     }
+                    // Handled in place (immediate and Data-Out payload go straight to the task
+                    // buffer), then the buffer is posted again.
                     let n = wc.byte_len as usize;
-                    let mut msg = vec![0u8; n];
-                    mr.read(&mut |b| msg.copy_from_slice(&b[..n]));
+                    let mut handled = Ok(());
+                    mr.read(&mut |b| handled = self.on_message(&b[..n.min(b.len())], wc.invalidated_rkey));
                     if !self.closed.load(Ordering::Acquire) && self.post_recv(Some(mr)).is_err() {
                         self.fail("cannot repost a receive");
                     }
-                    if let Err(why) = self.on_message(&msg, wc.invalidated_rkey) {
+                    if let Err(why) = handled {
                         self.fail(&why);
                     }
                 } else if let Some(w) = lock(&self.waiting).remove(&wc.wr_id) {

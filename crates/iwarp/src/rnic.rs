@@ -19,6 +19,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 use tracing::{debug, warn};
 
+/// A completion without invalidation or solicited flag (all but successful receives).
+fn wc(wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u32) -> Wc {
+    Wc { wr_id, status, opcode, byte_len, invalidated_rkey: None, solicited: false }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -559,14 +564,7 @@ impl QpShared {
     fn flush_receives(&self) {
         let rq: Vec<RecvWr> = lock(&self.rq).drain(..).collect();
         for wr in rq {
-            self.recv_cq.push(Wc {
-                wr_id: wr.wr_id,
-                status: WcStatus::WrFlushErr,
-                opcode: WcOpcode::Recv,
-                byte_len: 0,
-                invalidated_rkey: None,
-                solicited: false,
-            });
+            self.recv_cq.push(wc(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0));
         }
     }
 
@@ -580,14 +578,7 @@ impl QpShared {
                 continue;
             }
             let status = if i == 0 { head_status.unwrap_or(WcStatus::WrFlushErr) } else { WcStatus::WrFlushErr };
-            self.send_cq.push(Wc {
-                wr_id: r.wr_id,
-                status,
-                opcode: WcOpcode::RdmaRead,
-                byte_len: 0,
-                invalidated_rkey: None,
-                solicited: false,
-            });
+            self.send_cq.push(wc(r.wr_id, status, WcOpcode::RdmaRead, 0));
         }
     }
 
@@ -598,7 +589,7 @@ impl QpShared {
                 SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
                 _ => WcOpcode::Send,
             };
-            self.send_cq.push(Wc { wr_id: wr.wr_id, status, opcode, byte_len, invalidated_rkey: None, solicited: false });
+            self.send_cq.push(wc(wr.wr_id, status, opcode, byte_len));
         }
     }
 
@@ -644,14 +635,7 @@ impl QueuePair for SoftQp {
         match self.s.state() {
             QpState::Terminating | QpState::Error => {
                 drop(rq);
-                self.s.recv_cq.push(Wc {
-                    wr_id: wr.wr_id,
-                    status: WcStatus::WrFlushErr,
-                    opcode: WcOpcode::Recv,
-                    byte_len: 0,
-                    invalidated_rkey: None,
-                    solicited: false,
-                });
+                self.s.recv_cq.push(wc(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0));
             }
             _ => rq.push_back(wr),
         }
@@ -1114,14 +1098,12 @@ fn receive<R: Read>(s: &Arc<QpShared>, mut r: R, crc: bool, tx: &Sender<TxItem>)
             Err(RxError::Term(t, why)) => {
                 debug!("iwarp receive: {why}: sending Terminate {t}");
                 if let Some(inb) = rx.send.take() {
-                    s.recv_cq.push(Wc {
-                        wr_id: inb.wr.wr_id,
-                        status: if t == Term::DDP_UNTAGGED_NO_BUFFER { WcStatus::LocalLengthErr } else { WcStatus::LocalProtErr },
-                        opcode: WcOpcode::Recv,
-                        byte_len: 0,
-                        invalidated_rkey: None,
-                        solicited: false,
-                    });
+                    s.recv_cq.push(wc(
+                        inb.wr.wr_id,
+                        if t == Term::DDP_UNTAGGED_NO_BUFFER { WcStatus::LocalLengthErr } else { WcStatus::LocalProtErr },
+                        WcOpcode::Recv,
+                        0,
+                    ));
                 }
                 s.fail(Some(terminate_for(t)));
                 break;
@@ -1336,14 +1318,7 @@ impl Rx {
                 if let Some(r) = done {
                     s.orq_cv.notify_all();
                     if r.signaled && !r.internal {
-                        s.send_cq.push(Wc {
-                            wr_id: r.wr_id,
-                            status: WcStatus::Success,
-                            opcode: WcOpcode::RdmaRead,
-                            byte_len: r.size,
-                            invalidated_rkey: None,
-                            solicited: false,
-                        });
+                        s.send_cq.push(wc(r.wr_id, WcStatus::Success, WcOpcode::RdmaRead, r.size));
                     }
                 }
                 Ok(())
@@ -1359,14 +1334,7 @@ impl Rx {
                             invalidated = Some(inv_stag);
                         }
                         _ => {
-                            s.recv_cq.push(Wc {
-                                wr_id: inb.wr.wr_id,
-                                status: WcStatus::RemoteInvalidRequestErr,
-                                opcode: WcOpcode::Recv,
-                                byte_len: inb.received,
-                                invalidated_rkey: None,
-                                solicited: false,
-                            });
+                            s.recv_cq.push(wc(inb.wr.wr_id, WcStatus::RemoteInvalidRequestErr, WcOpcode::Recv, inb.received));
                             return Err(RxError::Term(Term::RDMAP_CANNOT_INVALIDATE, "Send with Invalidate of an STag not ours"));
                         }
                     }
