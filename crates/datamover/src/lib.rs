@@ -32,8 +32,10 @@
 pub mod link;
 pub mod loopback;
 mod mover;
+mod pool;
 
 pub use mover::{MAX_TASK_BUFFER, PduDatamover};
+pub use pool::BufferPool;
 
 use bytes::{Bytes, BytesMut};
 use core::future::Future;

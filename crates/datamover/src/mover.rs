@@ -84,7 +84,7 @@ struct OutWrite {
 struct Shared {
     role: Role,
     reads: StdMutex<HashMap<u32, ReadTask>>,
-    pool: StdMutex<Vec<BytesMut>>,
+    pool: crate::BufferPool,
     out_writes: StdMutex<HashMap<u32, OutWrite>>,
     r2t_queue: mpsc::UnboundedSender<R2t>,
     tx: Mutex<Box<dyn LinkTx>>,
@@ -123,7 +123,7 @@ impl PduDatamover {
         let shared = Arc::new(Shared {
             role,
             reads: StdMutex::new(HashMap::new()),
-            pool: StdMutex::new(Vec::new()),
+            pool: crate::BufferPool::default(),
             out_writes: StdMutex::new(HashMap::new()),
             r2t_queue: r2t_tx,
             tx: Mutex::new(tx),
@@ -328,7 +328,7 @@ impl PduDatamover {
         if !limits.immediate_data && data_len > 0 {
             return Err(DmError::Protocol("immediate data sent with ImmediateData=No".into()));
         }
-        let mut buf = take_buffer(shared, edtl as usize);
+        let mut buf = shared.pool.take(edtl as usize);
         rx.read_data(&mut buf[..data_len]).await?;
         let unsol_allowed = !limits.initial_r2t && !cmd.final_;
         let task = WriteTask {
@@ -448,26 +448,6 @@ impl PduDatamover {
             tx.set_params(p);
         }
         tx.write_pdu(&header, ahs, data).await
-    }
-}
-
-/// Buffers kept for reuse, and the largest one kept.
-const POOL_BUFFERS: usize = 32;
-const POOL_MAX_BUFFER: usize = 8 << 20;
-
-/// A zeroed buffer of `len` bytes, from the pool when one is large enough.
-fn take_buffer(shared: &Shared, len: usize) -> BytesMut {
-    let pooled = {
-        let mut pool = lock(&shared.pool);
-        pool.iter().position(|b| b.capacity() >= len).map(|i| pool.swap_remove(i))
-    };
-    match pooled {
-        Some(mut b) => {
-            b.clear();
-            b.resize(len, 0);
-            b
-        }
-        None => BytesMut::zeroed(len),
     }
 }
 
@@ -654,12 +634,7 @@ impl Datamover for PduDatamover {
     }
 
     fn release_task_buffer(&self, buf: TaskBuffer) {
-        if buf.data.capacity() <= POOL_MAX_BUFFER {
-            let mut pool = lock(&self.shared.pool);
-            if pool.len() < POOL_BUFFERS {
-                pool.push(buf.data);
-            }
-        }
+        self.shared.pool.give(buf.data);
     }
 
     fn terminate(&self) {

@@ -56,6 +56,9 @@ const LOGIN_RECVS: u32 = 4;
 
 /// Read data at least this large is registered in place rather than copied.
 const ZERO_COPY_MIN: usize = 64 << 10;
+/// The largest single RDMA Read: well within every device's max_msg_sz (2 GiB on rxe, siw and
+/// InfiniBand HCAs; unbounded on the software RNIC), large enough that a command is one Read.
+const MAX_RDMA_READ: u32 = 16 << 20;
 
 type Mr<P> = <<P as Provider>::Pd as ProtectionDomain>::Mr;
 
@@ -106,6 +109,8 @@ struct Shared<P: Provider> {
     events_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<DmEvent>>,
     remote: Mutex<HashMap<u32, Remote>>,
     writes: Mutex<HashMap<u32, WriteTask>>,
+    /// Write task buffers, reused (see [`Datamover::release_task_buffer`]).
+    pool: riser_datamover::BufferPool,
     writes_changed: Notify,
     tasks: Mutex<HashMap<u32, InitTask<P>>>,
     limits: Mutex<Limits>,
@@ -146,6 +151,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             events_rx: tokio::sync::Mutex::new(events_rx),
             remote: Mutex::new(HashMap::new()),
             writes: Mutex::new(HashMap::new()),
+            pool: riser_datamover::BufferPool::default(),
             writes_changed: Notify::new(),
             tasks: Mutex::new(HashMap::new()),
             limits: Mutex::new(Limits { max_send_dsl: 8192, first_burst: 0, immediate_data: false, initial_r2t: true }),
@@ -250,11 +256,13 @@ impl<P: Provider + 'static> Shared<P> {
                     if let Err(why) = handled {
                         self.fail(&why);
                     }
-                } else if let Some(w) = lock(&self.waiting).remove(&wc.wr_id) {
+                } else if let Some(Waiter { done, _keep }) = lock(&self.waiting).remove(&wc.wr_id) {
                     if wc.status != WcStatus::Success && wc.status != WcStatus::WrFlushErr {
                         self.fail(&format!("{:?} failed: {:?}", wc.opcode, wc.status));
                     }
-                    let _ = w.done.send(wc.status);
+                    // Our handle on the memory goes first, so the waiter may take it back whole.
+                    drop(_keep);
+                    let _ = done.send(wc.status);
                 }
             }
         }
@@ -299,7 +307,7 @@ impl<P: Provider + 'static> Shared<P> {
                     if edtl > crate::MAX_TASK_BUFFER {
                         return Err(format!("expected data transfer length {edtl} beyond {}", crate::MAX_TASK_BUFFER));
                     }
-                    let mut buf = vec![0u8; edtl];
+                    let mut buf = self.pool.take_vec(edtl);
                     buf[..imm].copy_from_slice(&pdu.data[..imm]);
                     lock(&self.writes).insert(c.itt, WriteTask { buf, received: imm as u32 });
                     let _ = self.events_tx.send(DmEvent::Control(ControlPdu { header, ahs, data: Bytes::new(), immediate: imm as u32 }));
@@ -343,6 +351,12 @@ impl<P: Provider + 'static> Shared<P> {
     /// `wait`, return at the completion; without, as soon as it is queued: the queue pair keeps
     /// order, so a Send posted later arrives after it (a failure ends the connection).
     async fn post(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Arc<Mr<P>>>, wait: bool) -> Result<(), DmError> {
+        let done = self.post_queued(op, sg, keep)?;
+        if wait { completion(done).await } else { Ok(()) }
+    }
+
+    /// Post a send-queue request now and hand back the receiver of its completion status.
+    fn post_queued(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Arc<Mr<P>>>) -> Result<oneshot::Receiver<WcStatus>, DmError> {
         if self.closed.load(Ordering::Acquire) {
             return Err(DmError::Closed);
         }
@@ -354,14 +368,7 @@ impl<P: Provider + 'static> Shared<P> {
             lock(&self.waiting).remove(&wr_id);
             return Err(io(e));
         }
-        if !wait {
-            return Ok(());
-        }
-        match rx.await {
-            Ok(WcStatus::Success) => Ok(()),
-            Ok(WcStatus::WrFlushErr) | Err(_) => Err(DmError::Closed),
-            Ok(st) => Err(DmError::Io(format!("{st:?}"))),
-        }
+        Ok(rx)
     }
 
     /// One PDU as one Send: [iSER header | BHS | AHS | data].
@@ -450,25 +457,32 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
                 n.await;
             }
             let task = lock(&s.writes).remove(&itt);
-            let buf = task.map_or_else(|| vec![0u8; total_len as usize], |t| t.buf);
+            let buf = task.map_or_else(|| s.pool.take_vec(total_len as usize), |t| t.buf);
             if r2ts.is_empty() {
-                return Ok(TaskBuffer { data: BytesMut::from(&buf[..]) });
+                return Ok(TaskBuffer { data: into_bytes_mut(buf) });
             }
             let Some(wb) = lock(&s.remote).get(&itt).and_then(|r| r.write) else {
                 return Err(DmError::DataSequence(format!("task {itt:#x}: solicited write data but no write STag advertised")));
             };
-            // RDMA Read the rest from (write STag, write VA + (offset − unsolicited)); the sink is
-            // the task buffer itself, registered for local write only.
+            // RDMA Read the rest from (write STag, write VA + (offset − unsolicited)) into the
+            // task buffer itself, registered for local write only. The R2T sequence is only
+            // bookkeeping here: the solicited range goes in reads as large as the provider
+            // takes (not MaxBurstLength), all posted at once; the ORD paces them.
             let mr = s.pd.register(buf, Access::LOCAL_WRITE).map_err(io)?;
-            let reads = r2ts.iter().map(|r| {
-                let sge = Sge { addr: mr.addr() + u64::from(r.offset), length: r.len, lkey: mr.lkey() };
-                let remote_addr = wb.va.wrapping_add(u64::from(r.offset - unsolicited_len.min(r.offset)));
+            let (start, end) = r2ts.iter().fold((u32::MAX, 0), |(a, b), r| (a.min(r.offset), b.max(r.offset + r.len)));
+            let mut pending = Vec::new();
+            let mut at = start;
+            while at < end {
+                let len = (end - at).min(MAX_RDMA_READ);
+                let sge = Sge { addr: mr.addr() + u64::from(at), length: len, lkey: mr.lkey() };
+                let remote_addr = wb.va.wrapping_add(u64::from(at - unsolicited_len.min(at)));
                 // The sink stays registered until the read completes, even if this task is
                 // aborted meanwhile (a response into a deregistered sink would end the stream).
-                s.post(SendOp::RdmaRead { remote_addr, rkey: wb.stag }, vec![sge], Some(mr.clone()), true)
-            });
-            for r in reads.collect::<Vec<_>>() {
-                r.await?;
+                pending.push(s.post_queued(SendOp::RdmaRead { remote_addr, rkey: wb.stag }, vec![sge], Some(mr.clone()))?);
+                at += len;
+            }
+            for done in pending {
+                completion(done).await?;
             }
             let data = copy_out(mr);
             Ok(TaskBuffer { data })
@@ -498,6 +512,10 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
         if let Err(e) = self.s.post_ff_recvs() {
             self.s.fail(&format!("cannot post full-feature receives: {e}"));
         }
+    }
+
+    fn release_task_buffer(&self, buf: TaskBuffer) {
+        self.s.pool.give(buf.data);
     }
 
     fn deallocate_task_resources(&self, itt: u32) {
@@ -614,6 +632,15 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
     }
 }
 
+/// The outcome of a posted request, once it completes.
+async fn completion(done: oneshot::Receiver<WcStatus>) -> Result<(), DmError> {
+    match done.await {
+        Ok(WcStatus::Success) => Ok(()),
+        Ok(WcStatus::WrFlushErr) | Err(_) => Err(DmError::Closed),
+        Ok(st) => Err(DmError::Io(format!("{st:?}"))),
+    }
+}
+
 /// A region's bytes: its buffer back (no copy) when this is the last handle, else a copy.
 fn copy_out<M: MemoryRegion + ?Sized>(mr: Arc<M>) -> BytesMut {
     if Arc::strong_count(&mr) > 1 {
@@ -621,7 +648,12 @@ fn copy_out<M: MemoryRegion + ?Sized>(mr: Arc<M>) -> BytesMut {
         mr.read(&mut |b| copy.extend_from_slice(b));
         return copy;
     }
-    mr.into_buffer().map(|v| Bytes::from(v).try_into_mut().unwrap_or_else(|b| BytesMut::from(&b[..]))).unwrap_or_default()
+    mr.into_buffer().map(into_bytes_mut).unwrap_or_default()
+}
+
+/// A vector as `BytesMut`, without a copy.
+fn into_bytes_mut(v: Vec<u8>) -> BytesMut {
+    Bytes::from(v).try_into_mut().unwrap_or_else(|b| BytesMut::from(&b[..]))
 }
 
 fn caps(cfg: &IserConfig) -> QpCaps {

@@ -1,0 +1,84 @@
+//! Reusable task buffers.
+
+use bytes::{Bytes, BytesMut};
+use std::sync::Mutex;
+
+/// Buffers kept for reuse, and the largest one kept.
+const POOL_BUFFERS: usize = 32;
+const POOL_MAX_BUFFER: usize = 8 << 20;
+
+/// A small pool of data buffers. Large buffers from the allocator are fresh mappings, page-
+/// faulted in on first touch; for a write-heavy stream of large commands that costs more than
+/// the copy itself, so datamovers take their task buffers from here and get them back through
+/// [`Datamover::release_task_buffer`](crate::Datamover::release_task_buffer).
+#[derive(Debug, Default)]
+pub struct BufferPool {
+    free: Mutex<Vec<Vec<u8>>>,
+}
+
+impl BufferPool {
+    /// A zeroed buffer of `len` bytes, from the pool when one is large enough.
+    pub fn take_vec(&self, len: usize) -> Vec<u8> {
+        let pooled = {
+            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+            free.iter().position(|b| b.capacity() >= len).map(|i| free.swap_remove(i))
+        };
+        match pooled {
+            Some(mut b) => {
+                b.clear();
+                b.resize(len, 0);
+                b
+            }
+            None => vec![0; len],
+        }
+    }
+
+    /// Keep `buf` for a later take, unless the pool is full or it is too large.
+    pub fn give_vec(&self, buf: Vec<u8>) {
+        if buf.capacity() <= POOL_MAX_BUFFER {
+            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+            if free.len() < POOL_BUFFERS {
+                free.push(buf);
+            }
+        }
+    }
+
+    /// [`take_vec`](Self::take_vec) as a `BytesMut` (no copy).
+    pub fn take(&self, len: usize) -> BytesMut {
+        let v = self.take_vec(len);
+        Bytes::from(v).try_into_mut().unwrap_or_else(|b| BytesMut::from(&b[..]))
+    }
+
+    /// [`give_vec`](Self::give_vec) for a `BytesMut` (no copy when it owns its whole buffer).
+    pub fn give(&self, mut buf: BytesMut) {
+        // Emptied first: the conversion then moves no bytes.
+        buf.clear();
+        self.give_vec(Vec::from(buf));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reused_buffers_come_back_zeroed_and_sized() {
+        let pool = BufferPool::default();
+        let mut b = pool.take(4096);
+        b.fill(0xaa);
+        let ptr = b.as_ptr();
+        pool.give(b);
+        let again = pool.take(1000);
+        assert_eq!(again.as_ptr(), ptr, "the pooled buffer is reused");
+        assert_eq!(again.len(), 1000);
+        assert!(again.iter().all(|&x| x == 0));
+        // Too large for the pool: dropped, not kept.
+        pool.give(BytesMut::zeroed(POOL_MAX_BUFFER + 1));
+        assert!(pool.take(POOL_MAX_BUFFER + 1).as_ptr() != ptr);
+        // Vec and BytesMut share the pool.
+        let v = pool.take_vec(100);
+        let vp = v.as_ptr();
+        pool.give_vec(v);
+        assert_eq!(pool.take(50).as_ptr(), vp);
+    }
+}
