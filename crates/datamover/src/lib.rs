@@ -35,7 +35,7 @@ mod mover;
 mod pool;
 
 pub use mover::{MAX_TASK_BUFFER, PduDatamover};
-pub use pool::BufferPool;
+pub use pool::{BufferPool, into_bytes_mut};
 
 use bytes::{Bytes, BytesMut};
 use core::future::Future;

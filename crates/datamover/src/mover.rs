@@ -328,7 +328,8 @@ impl PduDatamover {
         if !limits.immediate_data && data_len > 0 {
             return Err(DmError::Protocol("immediate data sent with ImmediateData=No".into()));
         }
-        let mut buf = shared.pool.take(edtl as usize);
+        // Every byte is written before use: Data-Out is checked to arrive in order, once.
+        let mut buf = shared.pool.take_dirty(edtl as usize);
         rx.read_data(&mut buf[..data_len]).await?;
         let unsol_allowed = !limits.initial_r2t && !cmd.final_;
         let task = WriteTask {

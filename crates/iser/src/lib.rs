@@ -16,5 +16,11 @@ mod mover;
 
 pub use mover::{IserConfig, IserDatamover, accept, connect};
 
+#[doc(hidden)]
+pub mod fuzzing {
+    //! Entry points for the fuzz targets.
+    pub use crate::mover::fuzz_receive;
+}
+
 /// Largest write a target accepts in one command (its task buffer).
 pub const MAX_TASK_BUFFER: usize = riser_datamover::MAX_TASK_BUFFER as usize;

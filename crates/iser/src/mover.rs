@@ -89,6 +89,52 @@ struct Limits {
     initial_r2t: bool,
 }
 
+/// PDUs the target sends unasked (a NOP-In ping, an Async Message) land in the initiator's few
+/// spare receives: Linux's iSER initiator sizes for two of each (ISER_MAX_RX_MISC_PDUS). The
+/// target never has more than that in flight; a ping stops counting when its NOP-Out answer
+/// arrives, an Async Message never does (riser's target core sends none today).
+#[derive(Debug, Default)]
+struct Unexpected {
+    pings: Vec<u32>,
+    asyncs: u8,
+}
+
+/// Unexpected PDUs of each kind the initiator can take.
+const MAX_UNEXPECTED: usize = 2;
+
+impl Unexpected {
+    /// Account for an outgoing PDU; an error if the initiator could not receive it.
+    fn sending(&mut self, h: &Header) -> Result<(), DmError> {
+        match h {
+            Header::NopIn(n) if n.itt == RESERVED_TAG && n.ttt != RESERVED_TAG => {
+                if self.pings.len() >= MAX_UNEXPECTED {
+                    return Err(DmError::Protocol(format!(
+                        "NOP-In ping refused: {MAX_UNEXPECTED} unanswered already (an iSER initiator has no receive for more)"
+                    )));
+                }
+                self.pings.push(n.ttt);
+            }
+            Header::AsyncMessage(_) => {
+                if usize::from(self.asyncs) >= MAX_UNEXPECTED {
+                    return Err(DmError::Protocol(format!("Async Message refused: {MAX_UNEXPECTED} sent already on this iSER connection")));
+                }
+                self.asyncs += 1;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Account for a received PDU: a NOP-Out answering a ping frees its receive.
+    fn received(&mut self, h: &Header) {
+        if let Header::NopOut(n) = h
+            && n.ttt != RESERVED_TAG
+        {
+            self.pings.retain(|&t| t != n.ttt);
+        }
+    }
+}
+
 struct Waiter<P: Provider> {
     done: oneshot::Sender<WcStatus>,
     _keep: Option<Arc<Mr<P>>>,
@@ -114,6 +160,7 @@ struct Shared<P: Provider> {
     writes_changed: Notify,
     tasks: Mutex<HashMap<u32, InitTask<P>>>,
     limits: Mutex<Limits>,
+    unexpected: Mutex<Unexpected>,
     ff_posted: AtomicBool,
     closed: AtomicBool,
 }
@@ -155,6 +202,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             writes_changed: Notify::new(),
             tasks: Mutex::new(HashMap::new()),
             limits: Mutex::new(Limits { max_send_dsl: 8192, first_burst: 0, immediate_data: false, initial_r2t: true }),
+            unexpected: Mutex::new(Unexpected::default()),
             ff_posted: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         });
@@ -298,6 +346,9 @@ impl<P: Provider + 'static> Shared<P> {
         let header = pdu.header;
         tracing::trace!(role = ?self.role, op = ?header.opcode(), itt = header.itt(), len = msg.len(), ?invalidated, "iSER receive");
         let ahs = Bytes::copy_from_slice(pdu.ahs);
+        if self.role == Role::Target {
+            lock(&self.unexpected).received(&header);
+        }
         match (self.role, &header) {
             (Role::Target, Header::ScsiCommand(c)) => {
                 lock(&self.remote).insert(c.itt, Remote { write: ih.write, read: ih.read });
@@ -307,7 +358,9 @@ impl<P: Provider + 'static> Shared<P> {
                     if edtl > crate::MAX_TASK_BUFFER {
                         return Err(format!("expected data transfer length {edtl} beyond {}", crate::MAX_TASK_BUFFER));
                     }
-                    let mut buf = self.pool.take_vec(edtl);
+                    // Every byte is written before use: immediate data here, unsolicited
+                    // Data-Out in order after it, RDMA Reads for the rest.
+                    let mut buf = self.pool.take_dirty_vec(edtl);
                     buf[..imm].copy_from_slice(&pdu.data[..imm]);
                     lock(&self.writes).insert(c.itt, WriteTask { buf, received: imm as u32 });
                     let _ = self.events_tx.send(DmEvent::Control(ControlPdu { header, ahs, data: Bytes::new(), immediate: imm as u32 }));
@@ -318,6 +371,10 @@ impl<P: Provider + 'static> Shared<P> {
                 // Unsolicited Data-Out (InitialR2T=No): a Send, placed by its buffer offset.
                 let mut w = lock(&self.writes);
                 if let Some(t) = w.get_mut(&d.itt) {
+                    // In order (DataPDUInOrder=Yes), so `received` is the covered prefix.
+                    if d.buffer_offset != t.received {
+                        return Err(format!("unsolicited Data-Out at offset {} where {} was due", d.buffer_offset, t.received));
+                    }
                     let at = d.buffer_offset as usize;
                     let end =
                         at.checked_add(pdu.data.len()).filter(|&e| e <= t.buf.len()).ok_or("Data-Out beyond the expected data length")?;
@@ -400,6 +457,7 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
                 // Full-feature receives go up before the final login PDU leaves.
                 Header::LoginResponse(r) if r.transit && r.nsg.0 == 3 && r.status_class == 0 => s.post_ff_recvs()?,
                 Header::LoginRequest(r) if r.transit && r.nsg.0 == 3 => s.post_ff_recvs()?,
+                Header::NopIn(_) | Header::AsyncMessage(_) if s.role == Role::Target => lock(&s.unexpected).sending(&pdu.header)?,
                 Header::ScsiResponse(r) => {
                     // The command's STags end with it; with remote invalidation negotiated the
                     // response invalidates the one key the initiator gave (read, else write).
@@ -459,7 +517,7 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
             let task = lock(&s.writes).remove(&itt);
             let buf = task.map_or_else(|| s.pool.take_vec(total_len as usize), |t| t.buf);
             if r2ts.is_empty() {
-                return Ok(TaskBuffer { data: into_bytes_mut(buf) });
+                return Ok(TaskBuffer { data: riser_datamover::into_bytes_mut(buf) });
             }
             let Some(wb) = lock(&s.remote).get(&itt).and_then(|r| r.write) else {
                 return Err(DmError::DataSequence(format!("task {itt:#x}: solicited write data but no write STag advertised")));
@@ -648,12 +706,7 @@ fn copy_out<M: MemoryRegion + ?Sized>(mr: Arc<M>) -> BytesMut {
         mr.read(&mut |b| copy.extend_from_slice(b));
         return copy;
     }
-    mr.into_buffer().map(into_bytes_mut).unwrap_or_default()
-}
-
-/// A vector as `BytesMut`, without a copy.
-fn into_bytes_mut(v: Vec<u8>) -> BytesMut {
-    Bytes::from(v).try_into_mut().unwrap_or_else(|b| BytesMut::from(&b[..]))
+    mr.into_buffer().map(riser_datamover::into_bytes_mut).unwrap_or_default()
 }
 
 fn caps(cfg: &IserConfig) -> QpCaps {
@@ -703,4 +756,91 @@ pub fn connect<P: Provider + 'static>(
     dm.s.send_inv.store(cfg.send_invalidate && !est.private_data.is_empty() && !theirs.send_inv_not_supported, Ordering::Release);
     debug!(%addr, transport = %est.description, "iSER connection established");
     Ok(dm)
+}
+
+/// The fuzz target for the iSER receive path: `input` (a control byte, then messages as
+/// `[selector, length u16 LE, bytes]`) is handled as received Sends, in either role, on a
+/// datamover over the given (unconnected) queue pair, until one ends the connection. Checks
+/// what must hold whatever arrives: no panic, write data only inside its task buffer, no more
+/// immediate data than the command's length, remote invalidation only of the task's own keys.
+pub fn fuzz_receive<P: Provider + 'static>(pd: Arc<P::Pd>, cq: Arc<P::Cq>, qp: Arc<P::Qp>, input: &[u8]) {
+    let Some((&ctl, mut rest)) = input.split_first() else { return };
+    let role = if ctl & 1 == 0 { Role::Target } else { Role::Initiator };
+    let cfg = IserConfig { unsolicited_data_out: ctl & 4 != 0, ..IserConfig::default() };
+    let Ok(dm) = IserDatamover::<P>::new(role, cfg, pd, cq, qp) else { return };
+    let s = &dm.s;
+    s.send_inv.store(ctl & 2 != 0, Ordering::Release);
+    // An initiator with two commands in flight, each with a read and a write registration.
+    let mut keys = Vec::new();
+    if role == Role::Initiator {
+        for itt in 1..=2u32 {
+            let (Ok(read), Ok(write)) = (
+                s.pd.register(vec![0; 4096], Access::LOCAL_WRITE | Access::REMOTE_WRITE),
+                s.pd.register(vec![0; 4096], Access::REMOTE_READ),
+            ) else {
+                return;
+            };
+            keys.extend([read.rkey(), write.rkey()]);
+            lock(&s.tasks).insert(itt, InitTask { read: Some(read), write: Some(write) });
+        }
+    }
+    for _ in 0..64 {
+        let [sel, l0, l1, tail @ ..] = rest else { break };
+        let (msg, tail) = tail.split_at(usize::from(u16::from_le_bytes([*l0, *l1])).min(tail.len()));
+        rest = tail;
+        let invalidated = match sel % 4 {
+            0 => None,
+            1 | 2 => keys.get(usize::from(sel >> 2) % 4).copied().or(Some(u32::from(*sel))),
+            _ => Some(u32::from(*sel) << 8),
+        };
+        // A message never exceeds the receive buffer it lands in.
+        if msg.len() > s.recv_size {
+            continue;
+        }
+        if s.on_message(msg, invalidated).is_err() {
+            break;
+        }
+        for t in lock(&s.writes).values() {
+            assert!(t.received as usize <= t.buf.len() && t.buf.len() <= crate::MAX_TASK_BUFFER);
+        }
+        // A remote invalidation accepted by the initiator named a key of the task it came with.
+        if let (Role::Initiator, Some(k)) = (role, invalidated) {
+            assert!(s.send_inv.load(Ordering::Acquire) && keys.contains(&k), "invalidation of {k:#x} accepted");
+        }
+    }
+    let mut events = s.events_rx.try_lock().expect("events");
+    while let Ok(ev) = events.try_recv() {
+        if let DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), immediate, .. }) = ev {
+            assert!(immediate <= c.expected_data_len);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use riser_iscsi::wire::{AsyncMessage, NopIn, NopOut};
+
+    fn ping(ttt: u32) -> Header {
+        Header::NopIn(NopIn { itt: RESERVED_TAG, ttt, ..NopIn::default() })
+    }
+
+    #[test]
+    fn at_most_two_unanswered_pings_and_two_async_messages() {
+        let mut u = Unexpected::default();
+        u.sending(&ping(1)).unwrap();
+        u.sending(&ping(2)).unwrap();
+        assert!(matches!(u.sending(&ping(3)), Err(DmError::Protocol(_))));
+        // A NOP-In answering the initiator's NOP-Out is expected: not counted.
+        u.sending(&Header::NopIn(NopIn { itt: 7, ttt: RESERVED_TAG, ..NopIn::default() })).unwrap();
+        // An answer to an unknown ping frees nothing; the answer to ping 1 frees one.
+        u.received(&Header::NopOut(NopOut { itt: 9, ttt: 5, ..NopOut::default() }));
+        assert!(u.sending(&ping(3)).is_err());
+        u.received(&Header::NopOut(NopOut { itt: 9, ttt: 1, ..NopOut::default() }));
+        u.sending(&ping(3)).unwrap();
+        let asyncm = Header::AsyncMessage(AsyncMessage::default());
+        u.sending(&asyncm).unwrap();
+        u.sending(&asyncm).unwrap();
+        assert!(u.sending(&asyncm).is_err());
+    }
 }

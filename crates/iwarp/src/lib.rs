@@ -20,7 +20,7 @@ pub use rnic::{MAX_IRD_ORD, RnicConfig, SoftCq, SoftListener, SoftMr, SoftPd, So
 #[doc(hidden)]
 pub mod fuzzing {
     //! Entry points for the fuzz targets.
-    pub use crate::rnic::fuzz_receive;
+    pub use crate::rnic::{detached_qp, fuzz_receive};
 }
 
 /// A Terminate's layer, error type and error code (RFC 5040 §7, RFC 5041 §7, RFC 5044 §8).

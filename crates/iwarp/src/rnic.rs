@@ -1645,6 +1645,16 @@ impl Provider for SoftRnic {
     }
 }
 
+/// A queue pair with no connection (posting receives works; sends fail), with its device, PD
+/// and CQ: for fuzzing the layers above the RNIC without sockets or threads.
+pub fn detached_qp() -> (SoftRnic, Arc<SoftPd>, Arc<SoftCq>, Arc<SoftQp>) {
+    let rnic = SoftRnic::default();
+    let pd = rnic.alloc_pd().expect("pd");
+    let cq = rnic.create_cq(64).expect("cq");
+    let qp = SoftQp::new(&rnic.shared, &pd, &cq, &cq, QpCaps { max_send_wr: 1024, max_recv_wr: 1024, max_sge: 4 }).expect("qp");
+    (rnic, pd, cq, qp)
+}
+
 /// Feed `bytes` to a connected queue pair's receive engine (no socket; what it would send is
 /// discarded): the fuzz target for the FPDU state machine.
 pub fn fuzz_receive(bytes: &[u8], crc: bool) {
