@@ -265,6 +265,11 @@ struct Inner {
     window: Notify,
     next_itt: AtomicU32,
     timeout: Duration,
+    /// Commands hold it (shared) from their registration to the end of their send, a task
+    /// management request (exclusively) while it picks the commands it concerns and is sent:
+    /// so exactly the commands sent before it are the ones it aborts, as the target sees it.
+    /// (Ending a command the target goes on with would revoke memory it is about to access.)
+    send_gate: tokio::sync::RwLock<()>,
 }
 
 /// A logged-in session (one connection).
@@ -446,6 +451,7 @@ impl Session {
             window: Notify::new(),
             next_itt: AtomicU32::new(0x100),
             timeout: cfg.timeout,
+            send_gate: tokio::sync::RwLock::new(()),
         });
         tokio::spawn(Self::receiver(inner.clone(), 0));
         Ok(Self { inner })
@@ -680,6 +686,7 @@ impl Session {
 
     async fn command_once(&self, lun: u16, cdb: &[u8], write: Option<Bytes>, read_len: u32) -> Result<CommandResult, Error> {
         let (itt, cmd_sn, exp_stat_sn, rx) = self.slot(false).await?;
+        let gate = self.inner.send_gate.read().await;
         lock(&self.inner.state).luns.insert(itt, lun);
         let mut c = [0u8; 16];
         let n = cdb.len().min(16);
@@ -702,10 +709,13 @@ impl Session {
             exp_stat_sn,
             cdb: c,
         };
-        if let Err(_e) = self.inner.dm().send_command(cmd, ahs.into(), read_len, write).await {
+        if let Err(e) = self.inner.dm().send_command(cmd, ahs.into(), read_len, write).await {
+            tracing::debug!(itt, %e, "command not sent");
             lock(&self.inner.state).pending.remove(&itt);
+            lock(&self.inner.state).luns.remove(&itt);
             return Err(Error::ConnectionLost);
         }
+        drop(gate);
         let reply = self.wait(itt, rx).await;
         lock(&self.inner.state).luns.remove(&itt);
         match reply? {
@@ -772,6 +782,8 @@ impl Session {
 
     /// A task management function; `ref_itt` for ABORT TASK.
     pub async fn task_management(&self, lun: u16, function: TmfFunction, ref_itt: u32) -> Result<(), Error> {
+        let gate = self.inner.send_gate.write().await;
+        let victims = self.victims(lun, function, ref_itt);
         let (itt, cmd_sn, exp_stat_sn, rx) = self.slot(true).await?;
         let h = TaskMgmtRequest {
             immediate: true,
@@ -785,9 +797,10 @@ impl Session {
             exp_data_sn: 0,
         };
         self.inner.dm().send_control(ControlPdu::new(Header::TaskMgmtRequest(h), Bytes::new())).await.map_err(|_| Error::ConnectionLost)?;
+        drop(gate);
         match self.wait(itt, rx).await? {
             Reply::Pdu(Header::TaskMgmtResponse(r)) if r.response == TmfResponse::COMPLETE => {
-                self.aborted(lun, function, ref_itt);
+                self.aborted(&victims);
                 Ok(())
             }
             Reply::Pdu(Header::TaskMgmtResponse(r)) => Err(Error::TaskManagement(r.response)),
@@ -795,20 +808,25 @@ impl Session {
         }
     }
 
+    /// The commands sent so far that a task management function on `lun` concerns.
+    fn victims(&self, lun: u16, function: TmfFunction, ref_itt: u32) -> Vec<u32> {
+        let hit = |itt: u32, l: u16| match function {
+            TmfFunction::ABORT_TASK => itt == ref_itt,
+            TmfFunction::ABORT_TASK_SET | TmfFunction::CLEAR_TASK_SET | TmfFunction::LOGICAL_UNIT_RESET => l == lun,
+            TmfFunction::TARGET_WARM_RESET | TmfFunction::TARGET_COLD_RESET => true,
+            _ => false,
+        };
+        lock(&self.inner.state).luns.iter().filter(|&(&i, &l)| hit(i, l)).map(|(&i, _)| i).collect()
+    }
+
     /// After a completed task management function: the commands it aborted get no response, so
     /// end them here ([`Error::Aborted`]) and release their buffers (registrations on iSER).
-    fn aborted(&self, lun: u16, function: TmfFunction, ref_itt: u32) {
+    fn aborted(&self, victims: &[u32]) {
         let doomed: Vec<(u32, oneshot::Sender<Reply>)> = {
             let mut s = lock(&self.inner.state);
-            let hit = |itt: u32, l: u16| match function {
-                TmfFunction::ABORT_TASK => itt == ref_itt,
-                TmfFunction::ABORT_TASK_SET | TmfFunction::CLEAR_TASK_SET | TmfFunction::LOGICAL_UNIT_RESET => l == lun,
-                TmfFunction::TARGET_WARM_RESET | TmfFunction::TARGET_COLD_RESET => true,
-                _ => false,
-            };
-            let itts: Vec<u32> = s.luns.iter().filter(|&(&i, &l)| hit(i, l)).map(|(&i, _)| i).collect();
-            itts.into_iter()
-                .filter_map(|i| {
+            victims
+                .iter()
+                .filter_map(|&i| {
                     s.luns.remove(&i);
                     s.pending.remove(&i).map(|tx| (i, tx))
                 })

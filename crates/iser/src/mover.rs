@@ -135,6 +135,15 @@ impl Unexpected {
     }
 }
 
+/// Memory of unsignaled requests, released in order as later requests complete.
+struct Unsignaled<P: Provider> {
+    held: std::collections::VecDeque<(u64, Arc<Mr<P>>)>,
+    since_signal: u32,
+}
+
+/// At most this many requests in a row go unsignaled.
+const SIGNAL_EVERY: u32 = 16;
+
 struct Waiter<P: Provider> {
     done: oneshot::Sender<WcStatus>,
     _keep: Option<Arc<Mr<P>>>,
@@ -151,6 +160,7 @@ struct Shared<P: Provider> {
     recvs: Mutex<HashMap<u64, Arc<Mr<P>>>>,
     next_wr: AtomicU64,
     waiting: Mutex<HashMap<u64, Waiter<P>>>,
+    unsignaled: Mutex<Unsignaled<P>>,
     events_tx: mpsc::UnboundedSender<DmEvent>,
     events_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<DmEvent>>,
     remote: Mutex<HashMap<u32, Remote>>,
@@ -194,6 +204,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             recvs: Mutex::new(HashMap::new()),
             next_wr: AtomicU64::new(1),
             waiting: Mutex::new(HashMap::new()),
+            unsignaled: Mutex::new(Unsignaled { held: Default::default(), since_signal: 0 }),
             events_tx,
             events_rx: tokio::sync::Mutex::new(events_rx),
             remote: Mutex::new(HashMap::new()),
@@ -304,7 +315,13 @@ impl<P: Provider + 'static> Shared<P> {
                     if let Err(why) = handled {
                         self.fail(&why);
                     }
-                } else if let Some(Waiter { done, _keep }) = lock(&self.waiting).remove(&wc.wr_id) {
+                } else if let Some(Waiter { done, _keep }) = self.take_waiter(wc.wr_id) {
+                    // Every request posted before this one has completed too.
+                    let mut u = lock(&self.unsignaled);
+                    while u.held.front().is_some_and(|(id, _)| *id < wc.wr_id) {
+                        u.held.pop_front();
+                    }
+                    drop(u);
                     if wc.status != WcStatus::Success && wc.status != WcStatus::WrFlushErr {
                         self.fail(&format!("{:?} failed: {:?}", wc.opcode, wc.status));
                     }
@@ -315,11 +332,18 @@ impl<P: Provider + 'static> Shared<P> {
             }
         }
         lock(&self.waiting).clear();
+        lock(&self.unsignaled).held.clear();
         lock(&self.recvs).clear();
         if !self.closed.swap(true, Ordering::AcqRel) {
             let _ = self.events_tx.send(DmEvent::Terminated(Terminated::PeerClosed));
         }
         self.writes_changed.notify_waiters();
+    }
+
+    /// The waiter of a send-queue request (the map's lock released at once: the caller goes on
+    /// to lock `unsignaled`, which posting takes before `waiting`).
+    fn take_waiter(&self, wr_id: u64) -> Option<Waiter<P>> {
+        lock(&self.waiting).remove(&wr_id)
     }
 
     /// One received Send: an iSER header, a BHS, AHS and data.
@@ -404,28 +428,47 @@ impl<P: Provider + 'static> Shared<P> {
         Ok(())
     }
 
-    /// Post a send-queue request; `keep` (its registered memory) lives until it completes. With
-    /// `wait`, return at the completion; without, as soon as it is queued: the queue pair keeps
-    /// order, so a Send posted later arrives after it (a failure ends the connection).
-    async fn post(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Arc<Mr<P>>>, wait: bool) -> Result<(), DmError> {
-        let done = self.post_queued(op, sg, keep)?;
-        if wait { completion(done).await } else { Ok(()) }
-    }
-
     /// Post a send-queue request now and hand back the receiver of its completion status.
     fn post_queued(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Arc<Mr<P>>>) -> Result<oneshot::Receiver<WcStatus>, DmError> {
+        let (tx, rx) = oneshot::channel();
+        self.post_wr(op, sg, keep, Some(tx))?;
+        Ok(rx)
+    }
+
+    /// Post a request nobody waits for. Unless `signal`, most go unsignaled (no completion, no
+    /// wake-up of the driver): their memory is released when a later request completes, since
+    /// a send queue completes in order. Every [`SIGNAL_EVERY`]th is signaled so that always
+    /// happens; a signaled one is in `waiting` until it completes (see `terminate`).
+    fn post_unawaited(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Arc<Mr<P>>>, signal: bool) -> Result<(), DmError> {
+        self.post_wr(op, sg, keep, signal.then(|| oneshot::channel().0))
+    }
+
+    /// Post one request: signaled when someone waits, else now and then. Posting is
+    /// serialised, so request ids increase in posting order.
+    fn post_wr(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Arc<Mr<P>>>, done: Option<oneshot::Sender<WcStatus>>) -> Result<(), DmError> {
         if self.closed.load(Ordering::Acquire) {
             return Err(DmError::Closed);
         }
+        let mut u = lock(&self.unsignaled);
         let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
-        tracing::trace!(role = ?self.role, wr_id, ?op, "iSER post");
-        let (tx, rx) = oneshot::channel();
-        lock(&self.waiting).insert(wr_id, Waiter { done: tx, _keep: keep });
-        if let Err(e) = self.qp.post_send(SendWr { wr_id, op, sg_list: sg, signaled: true }) {
+        u.since_signal += 1;
+        let signaled = done.is_some() || u.since_signal >= SIGNAL_EVERY;
+        if signaled {
+            u.since_signal = 0;
+            let done = done.unwrap_or_else(|| oneshot::channel().0);
+            lock(&self.waiting).insert(wr_id, Waiter { done, _keep: keep });
+        } else if let Some(mr) = keep {
+            u.held.push_back((wr_id, mr));
+        }
+        tracing::trace!(role = ?self.role, wr_id, ?op, signaled, "iSER post");
+        if let Err(e) = self.qp.post_send(SendWr { wr_id, op, sg_list: sg, signaled }) {
             lock(&self.waiting).remove(&wr_id);
+            if u.held.back().is_some_and(|(id, _)| *id == wr_id) {
+                u.held.pop_back();
+            }
             return Err(io(e));
         }
-        Ok(rx)
+        Ok(())
     }
 
     /// One PDU as one Send: [iSER header | BHS | AHS | data].
@@ -444,7 +487,10 @@ impl<P: Provider + 'static> Shared<P> {
             Some(rkey) => SendOp::SendWithInvalidate { rkey },
             None => SendOp::Send,
         };
-        self.post(op, vec![sge], Some(mr), false).await
+        // The traffic of commands goes mostly unsignaled; anything else (login, logout, NOP,
+        // task management, text, reject) is signaled, so a connection's end can wait for it.
+        let routine = matches!(header, Header::ScsiCommand(_) | Header::ScsiResponse(_) | Header::DataOut(_));
+        self.post_unawaited(op, vec![sge], Some(mr), !routine)
     }
 }
 
@@ -477,10 +523,9 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
     fn put_data(&self, desc: DataInDesc, data: Bytes) -> BoxFuture<'_, Result<PutDataDone, DmError>> {
         Box::pin(async move {
             let s = &self.s;
-            let read = lock(&s.remote).get(&desc.itt).and_then(|r| r.read);
-            let Some(rb) = read else {
+            if lock(&s.remote).get(&desc.itt).is_none_or(|r| r.read.is_none()) {
                 return Err(DmError::Protocol(format!("task {:#x}: read data but no read STag advertised", desc.itt)));
-            };
+            }
             if !data.is_empty() {
                 // RDMA Write to (read STag, read VA + offset); the SCSI Response Send follows on
                 // the same queue pair, so the data is placed before the status arrives.
@@ -490,8 +535,22 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
                 let mr = if large { s.pd.register_shared(data, Access::empty()) } else { s.pd.register(data.to_vec(), Access::empty()) }
                     .map_err(io)?;
                 let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
-                let op = SendOp::RdmaWrite { remote_addr: rb.va.wrapping_add(u64::from(desc.offset)), rkey: rb.stag };
-                s.post(op, vec![sge], Some(mr), large).await?;
+                // Posted under the lock task management takes to end the task: once a task is
+                // aborted (and its TMF response may be on its way) nothing more is posted for
+                // it, so the initiator never sees a write to a key it has revoked.
+                let done = {
+                    let remote = lock(&s.remote);
+                    let Some(rb) = remote.get(&desc.itt).and_then(|r| r.read) else { return Err(DmError::NoTask(desc.itt)) };
+                    let op = SendOp::RdmaWrite { remote_addr: rb.va.wrapping_add(u64::from(desc.offset)), rkey: rb.stag };
+                    if large {
+                        Some(s.post_queued(op, vec![sge], Some(mr))?)
+                    } else {
+                        s.post_unawaited(op, vec![sge], Some(mr), false).map(|()| None)?
+                    }
+                };
+                if let Some(done) = done {
+                    completion(done).await?;
+                }
             }
             // No Data-In PDUs (DataSN not consumed) and never a collapsed status.
             Ok(PutDataDone { pdus: 0, status_sent: false })
@@ -519,9 +578,9 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
             if r2ts.is_empty() {
                 return Ok(TaskBuffer { data: riser_datamover::into_bytes_mut(buf) });
             }
-            let Some(wb) = lock(&s.remote).get(&itt).and_then(|r| r.write) else {
+            if lock(&s.remote).get(&itt).is_none_or(|r| r.write.is_none()) {
                 return Err(DmError::DataSequence(format!("task {itt:#x}: solicited write data but no write STag advertised")));
-            };
+            }
             // RDMA Read the rest from (write STag, write VA + (offset − unsolicited)) into the
             // task buffer itself, registered for local write only. The R2T sequence is only
             // bookkeeping here: the solicited range goes in reads as large as the provider
@@ -529,15 +588,20 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
             let mr = s.pd.register(buf, Access::LOCAL_WRITE).map_err(io)?;
             let (start, end) = r2ts.iter().fold((u32::MAX, 0), |(a, b), r| (a.min(r.offset), b.max(r.offset + r.len)));
             let mut pending = Vec::new();
-            let mut at = start;
-            while at < end {
-                let len = (end - at).min(MAX_RDMA_READ);
-                let sge = Sge { addr: mr.addr() + u64::from(at), length: len, lkey: mr.lkey() };
-                let remote_addr = wb.va.wrapping_add(u64::from(at - unsolicited_len.min(at)));
-                // The sink stays registered until the read completes, even if this task is
-                // aborted meanwhile (a response into a deregistered sink would end the stream).
-                pending.push(s.post_queued(SendOp::RdmaRead { remote_addr, rkey: wb.stag }, vec![sge], Some(mr.clone()))?);
-                at += len;
+            {
+                // Posted under the lock task management takes to end the task (see put_data).
+                let remote = lock(&s.remote);
+                let Some(wb) = remote.get(&itt).and_then(|r| r.write) else { return Err(DmError::NoTask(itt)) };
+                let mut at = start;
+                while at < end {
+                    let len = (end - at).min(MAX_RDMA_READ);
+                    let sge = Sge { addr: mr.addr() + u64::from(at), length: len, lkey: mr.lkey() };
+                    let remote_addr = wb.va.wrapping_add(u64::from(at - unsolicited_len.min(at)));
+                    // The sink stays registered until the read completes, even if this task is
+                    // aborted meanwhile (a response into a deregistered sink would end the stream).
+                    pending.push(s.post_queued(SendOp::RdmaRead { remote_addr, rkey: wb.stag }, vec![sge], Some(mr.clone()))?);
+                    at += len;
+                }
             }
             for done in pending {
                 completion(done).await?;
@@ -588,8 +652,8 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
     fn terminate(&self) {
         self.s.closed.store(true, Ordering::Release);
         self.s.writes_changed.notify_waiters();
-        // Sends return once queued: let what is queued (a Logout Response, a last SCSI
-        // Response) leave before the connection goes, then disconnect.
+        // Sends return once queued: let the signaled ones (a Logout Response, a Reject, a
+        // failed Login Response) and with them all posted before leave, then disconnect.
         let s = self.s.clone();
         match tokio::runtime::Handle::try_current() {
             Ok(h) => {
