@@ -13,7 +13,7 @@ use riser_verbs::{
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -378,6 +378,12 @@ struct PendingRead {
 #[derive(Debug)]
 enum TxItem {
     Wr(SendWr),
+    /// The unsent tail of a request begun inline by its poster (see `SoftQp::post_inline`).
+    Rest {
+        bytes: Vec<u8>,
+        wr: SendWr,
+        len: u32,
+    },
     /// Answer a validated Read Request (`src` is None for zero-length reads).
     ReadResponse {
         req: ReadRequest,
@@ -387,6 +393,33 @@ enum TxItem {
     RtrWrite,
     Terminate(TerminateMsg),
     Stop,
+}
+
+/// Largest Send or RDMA Write a poster transmits inline (see `SoftQp::post_inline`).
+const INLINE_MAX: u64 = 16 << 10;
+
+/// The transmitter's queue, counting what it holds (queued or being sent): a poster may only
+/// transmit inline while it holds nothing, or it would overtake.
+#[derive(Clone, Debug)]
+struct TxQueue {
+    items: Sender<TxItem>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl TxQueue {
+    fn send(&self, item: TxItem) -> std::result::Result<(), ()> {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        self.items.send(item).map_err(|_| {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+        })
+    }
+}
+
+/// What writes to the stream: the transmitter thread, or a poster sending inline.
+#[derive(Debug)]
+struct Engine {
+    w: TcpStream,
+    tx: Tx,
 }
 
 #[derive(Debug)]
@@ -402,7 +435,11 @@ struct QpShared {
     state: Mutex<QpState>,
     state_cv: Condvar,
     closed: tokio::sync::Notify,
-    tx: Mutex<Option<Sender<TxItem>>>,
+    tx: Mutex<Option<TxQueue>>,
+    /// Items the transmitter holds (see [`TxQueue`]).
+    queued: Arc<AtomicUsize>,
+    /// The stream's writer and transmit state, taken per item by whoever transmits.
+    engine: Mutex<Option<Engine>>,
     sock: Mutex<Option<TcpStream>>,
     established: Mutex<Option<Established>>,
     ird: AtomicU32,
@@ -455,6 +492,8 @@ impl SoftQp {
                 state_cv: Condvar::new(),
                 closed: tokio::sync::Notify::new(),
                 tx: Mutex::new(None),
+                queued: Arc::new(AtomicUsize::new(0)),
+                engine: Mutex::new(None),
                 sock: Mutex::new(None),
                 established: Mutex::new(None),
                 ird: AtomicU32::new(0),
@@ -479,6 +518,48 @@ impl SoftQp {
         *lock(&self.s.terminate_sent)
     }
 
+    /// Transmit a small Send or RDMA Write on the caller's thread when the transmitter is idle
+    /// (a doorbell without a thread hand-off). The message is framed under the engine lock and
+    /// written without blocking; what the socket does not take at once goes to the transmitter
+    /// as the next item, so the stream stays in order and a peer that stops reading can stall
+    /// only the transmitter, never the caller. False: not taken, queue it.
+    fn post_inline(&self, wr: &SendWr) -> bool {
+        let small = wr.sg_list.iter().map(|e| u64::from(e.length)).sum::<u64>() <= INLINE_MAX;
+        if !small || matches!(wr.op, SendOp::RdmaRead { .. }) || !*lock(&self.s.may_send) {
+            return false;
+        }
+        let Ok(mut engine) = self.s.engine.try_lock() else { return false };
+        let Some(Engine { w, tx }) = engine.as_mut() else { return false };
+        if self.s.queued.load(Ordering::Acquire) != 0 {
+            return false;
+        }
+        let mut frame = Vec::with_capacity(INLINE_MAX as usize + 64);
+        // Local errors (a bad key…) take the transmitter's path; nothing was framed then.
+        let TxOutcome::Done(len) = tx.work_request(&self.s, &mut frame, wr) else { return false };
+        let sock = socket2::SockRef::from(&*w);
+        let mut at = 0;
+        while at < frame.len() {
+            match sock.send_with_flags(&frame[at..], libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
+                Ok(n) => at += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // Would block, or broken: the transmitter writes the rest (and meets the error).
+                Err(_) => break,
+            }
+        }
+        if at == frame.len() {
+            self.s.complete_send(wr, WcStatus::Success, len);
+            return true;
+        }
+        let rest = TxItem::Rest { bytes: frame.split_off(at), wr: wr.clone(), len };
+        if lock(&self.s.tx).as_ref().is_none_or(|q| q.send(rest).is_err()) {
+            // Part of an FPDU went out and the rest cannot follow: the stream is unusable.
+            drop(engine);
+            self.s.complete_send(wr, WcStatus::WrFlushErr, 0);
+            self.s.fail(None);
+        }
+        true
+    }
+
     /// Start the engines on an established stream.
     fn start(&self, stream: TcpStream, crc: bool, responder: bool, est: Established, rtr_write: bool) -> Result<()> {
         stream.set_read_timeout(None)?;
@@ -491,18 +572,17 @@ impl SoftQp {
         *lock(&self.s.established) = Some(est);
         *lock(&self.s.sock) = Some(stream);
         *lock(&self.s.may_send) = !responder;
-        let (txq, rxq) = channel();
+        let (items, rxq) = channel();
+        let txq = TxQueue { items, queued: self.s.queued.clone() };
         if rtr_write {
             let _ = txq.send(TxItem::RtrWrite);
         }
+        let max_segment = self.s.rnic.config.max_segment.clamp(4, 65516) & !3;
+        *lock(&self.s.engine) = Some(Engine { w: tx_stream, tx: Tx { crc, max_segment, msn_send: 0, msn_read: 0 } });
         *lock(&self.s.tx) = Some(txq.clone());
         *lock(&self.s.state) = QpState::Connected;
-        let max_segment = self.s.rnic.config.max_segment.clamp(4, 65516) & !3;
         let s = self.s.clone();
-        let tx = std::thread::Builder::new()
-            .name("iwarp-tx".into())
-            .spawn(move || transmit(&s, tx_stream, rxq, crc, max_segment))
-            .map_err(Error::Io)?;
+        let tx = std::thread::Builder::new().name("iwarp-tx".into()).spawn(move || transmit(&s, rxq)).map_err(Error::Io)?;
         let s = self.s.clone();
         let rx = std::thread::Builder::new()
             .name("iwarp-rx".into())
@@ -612,6 +692,9 @@ impl QueuePair for SoftQp {
         match self.s.state() {
             QpState::Idle => return Err(Error::NotConnected),
             QpState::Connected => {
+                if self.post_inline(&wr) {
+                    return Ok(());
+                }
                 if let Some(tx) = lock(&self.s.tx).as_ref()
                     && tx.send(TxItem::Wr(wr.clone())).is_ok()
                 {
@@ -712,7 +795,76 @@ fn send_fpdu(w: &mut impl Write, crc: bool, header: &[u8], payload: &[&[u8]]) ->
     write_all_vectored(w, &mut slices)
 }
 
+/// Send one item of the transmit queue.
+fn transmit_item(s: &Arc<QpShared>, w: &mut TcpStream, tx: &mut Tx, item: TxItem) {
+    let state = s.state();
+    match item {
+        TxItem::Stop => {}
+        TxItem::Terminate(t) => {
+            let h = Header::Untagged { op: Opcode::Terminate, last: true, inv_stag: 0, qn: QN_TERMINATE, msn: 1, mo: 0 };
+            let mut hb = [0u8; UNTAGGED_HDR];
+            h.emit(&mut hb);
+            let body = t.emit();
+            let _ = send_fpdu(w, tx.crc, &hb, &[&body]);
+            let _ = w.flush();
+            s.fail(None);
+        }
+        TxItem::Wr(wr) | TxItem::Rest { wr, .. } if state != QpState::Connected => s.complete_send(&wr, WcStatus::WrFlushErr, 0),
+        TxItem::Rest { bytes, wr, len } => match w.write_all(&bytes) {
+            Ok(()) => s.complete_send(&wr, WcStatus::Success, len),
+            Err(e) => {
+                debug!("iwarp transmit: {e}");
+                s.complete_send(&wr, WcStatus::WrFlushErr, 0);
+                s.fail(None);
+            }
+        },
+        TxItem::Wr(wr) => match tx.work_request(s, w, &wr) {
+            TxOutcome::Done(n) => s.complete_send(&wr, WcStatus::Success, n),
+            TxOutcome::Pending => {}
+            TxOutcome::LocalError(st) => {
+                s.complete_send(&wr, st, 0);
+                // A local protection error moves the queue pair to the error state.
+                s.fail(Some(TerminateMsg {
+                    term: Term::RDMAP_CATASTROPHIC,
+                    segment_len: None,
+                    ddp_header: false,
+                    rdmap_header: false,
+                    attached: vec![],
+                }));
+            }
+            TxOutcome::Io(e) => {
+                debug!("iwarp transmit: {e}");
+                s.complete_send(&wr, WcStatus::WrFlushErr, 0);
+                s.fail(None);
+            }
+        },
+        TxItem::ReadResponse { .. } | TxItem::RtrWrite if state != QpState::Connected => {}
+        TxItem::ReadResponse { req, src } => {
+            let mut freed = false;
+            let r = tx.read_response(w, &req, src.as_ref(), &mut || {
+                freed = true;
+                s.ird_in_use.fetch_sub(1, Ordering::AcqRel);
+            });
+            if !freed {
+                s.ird_in_use.fetch_sub(1, Ordering::AcqRel);
+            }
+            if let Err(e) = r {
+                debug!("iwarp transmit: {e}");
+                s.fail(None);
+            }
+        }
+        TxItem::RtrWrite => {
+            let mut hb = [0u8; 14];
+            Header::Tagged { op: Opcode::Write, last: true, stag: 1, to: 0 }.emit(&mut hb);
+            if send_fpdu(w, tx.crc, &hb, &[]).is_err() {
+                s.fail(None);
+            }
+        }
+    }
+}
+
 /// Transmit state: per-queue MSNs.
+#[derive(Debug)]
 struct Tx {
     crc: bool,
     max_segment: usize,
@@ -728,75 +880,32 @@ enum TxOutcome {
     Io(io::Error),
 }
 
-fn transmit(s: &Arc<QpShared>, stream: TcpStream, items: Receiver<TxItem>, crc: bool, max_segment: usize) {
-    let mut w = stream;
-    let mut tx = Tx { crc, max_segment, msn_send: 0, msn_read: 0 };
+fn transmit(s: &Arc<QpShared>, items: Receiver<TxItem>) {
     while let Ok(item) = items.recv() {
         // The responder waits for the initiator's first FPDU before sending anything.
         {
             let g = lock(&s.may_send);
             drop(s.may_send_cv.wait_while(g, |ok| !*ok).unwrap_or_else(|e| e.into_inner()));
         }
-        let state = s.state();
-        match item {
-            TxItem::Stop => break,
-            TxItem::Terminate(t) => {
-                let h = Header::Untagged { op: Opcode::Terminate, last: true, inv_stag: 0, qn: QN_TERMINATE, msn: 1, mo: 0 };
-                let mut hb = [0u8; UNTAGGED_HDR];
-                h.emit(&mut hb);
-                let body = t.emit();
-                let _ = send_fpdu(&mut w, tx.crc, &hb, &[&body]);
-                let _ = w.flush();
-                s.fail(None);
+        let stop = matches!(item, TxItem::Stop);
+        {
+            let mut engine = lock(&s.engine);
+            if let Some(Engine { w, tx }) = engine.as_mut() {
+                transmit_item(s, w, tx, item);
+            } else if let TxItem::Wr(wr) | TxItem::Rest { wr, .. } = item {
+                s.complete_send(&wr, WcStatus::WrFlushErr, 0);
             }
-            TxItem::Wr(wr) if state != QpState::Connected => s.complete_send(&wr, WcStatus::WrFlushErr, 0),
-            TxItem::Wr(wr) => match tx.work_request(s, &mut w, &wr) {
-                TxOutcome::Done(n) => s.complete_send(&wr, WcStatus::Success, n),
-                TxOutcome::Pending => {}
-                TxOutcome::LocalError(st) => {
-                    s.complete_send(&wr, st, 0);
-                    // A local protection error moves the queue pair to the error state.
-                    s.fail(Some(TerminateMsg {
-                        term: Term::RDMAP_CATASTROPHIC,
-                        segment_len: None,
-                        ddp_header: false,
-                        rdmap_header: false,
-                        attached: vec![],
-                    }));
-                }
-                TxOutcome::Io(e) => {
-                    debug!("iwarp transmit: {e}");
-                    s.complete_send(&wr, WcStatus::WrFlushErr, 0);
-                    s.fail(None);
-                }
-            },
-            TxItem::ReadResponse { .. } | TxItem::RtrWrite if state != QpState::Connected => {}
-            TxItem::ReadResponse { req, src } => {
-                let mut freed = false;
-                let r = tx.read_response(&mut w, &req, src.as_ref(), &mut || {
-                    freed = true;
-                    s.ird_in_use.fetch_sub(1, Ordering::AcqRel);
-                });
-                if !freed {
-                    s.ird_in_use.fetch_sub(1, Ordering::AcqRel);
-                }
-                if let Err(e) = r {
-                    debug!("iwarp transmit: {e}");
-                    s.fail(None);
-                }
-            }
-            TxItem::RtrWrite => {
-                let mut hb = [0u8; 14];
-                Header::Tagged { op: Opcode::Write, last: true, stag: 1, to: 0 }.emit(&mut hb);
-                if send_fpdu(&mut w, tx.crc, &hb, &[]).is_err() {
-                    s.fail(None);
-                }
-            }
+            // Counted down under the engine lock: a poster seeing zero may write inline.
+            s.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        if stop {
+            break;
         }
     }
     // Whatever is still queued is flushed.
     while let Ok(item) = items.try_recv() {
-        if let TxItem::Wr(wr) = item {
+        s.queued.fetch_sub(1, Ordering::AcqRel);
+        if let TxItem::Wr(wr) | TxItem::Rest { wr, .. } = item {
             s.complete_send(&wr, WcStatus::WrFlushErr, 0);
         }
     }
@@ -1081,7 +1190,7 @@ fn terminate_for(term: Term) -> TerminateMsg {
     TerminateMsg { term, segment_len: None, ddp_header: false, rdmap_header: false, attached: vec![] }
 }
 
-fn receive<R: Read>(s: &Arc<QpShared>, mut r: R, crc: bool, tx: &Sender<TxItem>) {
+fn receive<R: Read>(s: &Arc<QpShared>, mut r: R, crc: bool, tx: &TxQueue) {
     let mut rx = Rx { crc, msn_send: 1, msn_read: 1, send: None, tagged: None, first_seen: false };
     loop {
         match rx.fpdu(s, &mut r, tx) {
@@ -1144,7 +1253,7 @@ impl Crc {
 }
 
 impl Rx {
-    fn fpdu<R: Read>(&mut self, s: &QpShared, r: &mut R, tx: &Sender<TxItem>) -> std::result::Result<(), RxError> {
+    fn fpdu<R: Read>(&mut self, s: &QpShared, r: &mut R, tx: &TxQueue) -> std::result::Result<(), RxError> {
         let mut lenb = [0u8; 2];
         r.read_exact(&mut lenb)?;
         let mpa_len = usize::from(u16::from_be_bytes(lenb));
@@ -1305,7 +1414,7 @@ impl Rx {
         }
     }
 
-    fn commit(&mut self, s: &QpShared, c: Commit, tx: &Sender<TxItem>) -> std::result::Result<(), RxError> {
+    fn commit(&mut self, s: &QpShared, c: Commit, tx: &TxQueue) -> std::result::Result<(), RxError> {
         match c {
             Commit::None => Ok(()),
             Commit::ReadProgress { bytes, last } => {
@@ -1670,7 +1779,8 @@ pub fn fuzz_receive(bytes: &[u8], crc: bool) {
     qp.s.ird.store(4, Ordering::Release);
     qp.s.ord.store(4, Ordering::Release);
     *lock(&qp.s.state) = QpState::Connected;
-    let (txq, items) = channel();
+    let (items_tx, items) = channel();
+    let txq = TxQueue { items: items_tx, queued: qp.s.queued.clone() };
     *lock(&qp.s.tx) = Some(txq.clone());
     receive(&qp.s, io::Cursor::new(bytes), crc, &txq);
     // Run the transmitter over what the receiver queued, into a sink.

@@ -580,3 +580,60 @@ fn shared_regions_are_read_only_and_readable_remotely() {
     assert_eq!(s.qp.terminate_sent(), Some(Term::DDP_TAGGED_INVALID_STAG));
     assert_eq!(contents(&src), pattern(5, 10_000));
 }
+
+#[test]
+fn a_peer_that_stops_reading_stalls_only_the_transmitter_and_order_holds() {
+    // Small Sends go out on the poster's thread when the transmitter is idle; when the socket
+    // is full they must neither block the poster nor overtake what is queued.
+    let keep = |s: &End| {
+        let r = s.mr(vec![0u8; 64], Access::LOCAL_WRITE);
+        s.recv(1, &r);
+        // Kept for the connection's life (not in RAW_RECV: another test clears that).
+        std::mem::forget(r);
+    };
+    let (mut sock, server) = raw_peer(false, keep);
+    let s = server.join().unwrap();
+    // The responder speaks only after the initiator's first FPDU.
+    sock.write_all(&raw_fpdu(send_hdr(1, 0, true), &[], b"", false)).unwrap();
+    assert_eq!(next(&s.rcq).status, WcStatus::Success);
+    // Far more than the socket buffers hold, in 3000-byte Sends, while the peer reads nothing:
+    // every post returns.
+    let (count, size) = (6000usize, 3000usize);
+    let src = s.mr(pattern(7, count * size), Access::empty());
+    let posted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let poster = {
+        let (qp, src, posted) = (s.qp.clone(), src.clone(), posted.clone());
+        std::thread::spawn(move || {
+            for i in 0..count {
+                qp.post_send(SendWr { wr_id: i as u64, op: SendOp::Send, sg_list: vec![sge(&src, i * size, size)], signaled: true })
+                    .unwrap();
+            }
+            posted.store(true, std::sync::atomic::Ordering::Release);
+        })
+    };
+    wait_until("every post to return while the peer reads nothing", || posted.load(std::sync::atomic::Ordering::Acquire));
+    poster.join().unwrap();
+    // Now read the stream: every Send whole, in posting order (MSN 1, 2, …).
+    let reader = std::thread::spawn(move || {
+        let mut msn = 0u32;
+        let mut data = Vec::new();
+        while msn < count as u32 {
+            let mut len = [0u8; 2];
+            sock.read_exact(&mut len).unwrap();
+            let len = usize::from(u16::from_be_bytes(len));
+            let mut body = vec![0u8; len + wire::fpdu_pad(len) + 4];
+            sock.read_exact(&mut body).unwrap();
+            let h = Header::parse(&body).unwrap();
+            let Header::Untagged { op: Opcode::Send, msn: m, mo: 0, last: true, .. } = h else { panic!("unexpected {h:?}") };
+            msn += 1;
+            assert_eq!(m, msn, "Sends arrive in posting order");
+            data.extend_from_slice(&body[wire::UNTAGGED_HDR..len]);
+        }
+        data
+    });
+    for i in 0..count {
+        let wc = next(&s.cq);
+        assert_eq!((wc.wr_id, wc.status), (i as u64, WcStatus::Success), "completions in order");
+    }
+    assert_eq!(reader.join().unwrap(), contents(&src));
+}
