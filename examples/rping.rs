@@ -237,6 +237,13 @@ fn server<P: Provider>(p: &P, a: &Args) -> Result<(), String> {
         conn.send_advert(0, 0, 0)?;
         pings += 1;
         if a.count > 0 && pings == a.count {
+            // As rdma-core's rping server, leave the ending to the client: disconnecting right
+            // after the last go-ahead races the client's check of that ping (its CM thread may
+            // see DISCONNECTED before its CQ shows the go-ahead). Give it 10 s.
+            let t0 = std::time::Instant::now();
+            while conn.qp.is_connected() && t0.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
             break;
         }
     }
