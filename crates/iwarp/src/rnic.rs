@@ -382,7 +382,8 @@ enum TxItem {
     Rest {
         bytes: Vec<u8>,
         wr: SendWr,
-        len: u32,
+        /// Its completion's byte count once sent; None for a read (its response completes it).
+        len: Option<u32>,
     },
     /// Answer a validated Read Request (`src` is None for zero-length reads).
     ReadResponse {
@@ -524,8 +525,10 @@ impl SoftQp {
     /// as the next item, so the stream stays in order and a peer that stops reading can stall
     /// only the transmitter, never the caller. False: not taken, queue it.
     fn post_inline(&self, wr: &SendWr) -> bool {
-        let small = wr.sg_list.iter().map(|e| u64::from(e.length)).sum::<u64>() <= INLINE_MAX;
-        if !small || matches!(wr.op, SendOp::RdmaRead { .. }) || !*lock(&self.s.may_send) {
+        // A Read Request is small whatever it reads; the data is placed by the receiver.
+        let read = matches!(wr.op, SendOp::RdmaRead { .. });
+        let small = read || wr.sg_list.iter().map(|e| u64::from(e.length)).sum::<u64>() <= INLINE_MAX;
+        if !small || !*lock(&self.s.may_send) {
             return false;
         }
         let Ok(mut engine) = self.s.engine.try_lock() else { return false };
@@ -533,9 +536,19 @@ impl SoftQp {
         if self.s.queued.load(Ordering::Acquire) != 0 {
             return false;
         }
+        // A read beyond the ORD waits in the transmitter, never here. Only the engine's holder
+        // adds to the outbound read queue, so room seen now is still there below.
+        if read && lock(&self.s.orq).len() >= self.s.ord.load(Ordering::Acquire) as usize {
+            return false;
+        }
         let mut frame = Vec::with_capacity(INLINE_MAX as usize + 64);
-        // Local errors (a bad key…) take the transmitter's path; nothing was framed then.
-        let TxOutcome::Done(len) = tx.work_request(&self.s, &mut frame, wr) else { return false };
+        // Local errors (a bad key…) take the transmitter's path; nothing was framed then. A
+        // read is completed by the receiver when its response arrives.
+        let len = match tx.work_request(&self.s, &mut frame, wr) {
+            TxOutcome::Done(n) => Some(n),
+            TxOutcome::Pending => None,
+            TxOutcome::LocalError(_) | TxOutcome::Io(_) => return false,
+        };
         let sock = socket2::SockRef::from(&*w);
         let mut at = 0;
         while at < frame.len() {
@@ -547,14 +560,19 @@ impl SoftQp {
             }
         }
         if at == frame.len() {
-            self.s.complete_send(wr, WcStatus::Success, len);
+            if let Some(n) = len {
+                self.s.complete_send(wr, WcStatus::Success, n);
+            }
             return true;
         }
         let rest = TxItem::Rest { bytes: frame.split_off(at), wr: wr.clone(), len };
         if lock(&self.s.tx).as_ref().is_none_or(|q| q.send(rest).is_err()) {
-            // Part of an FPDU went out and the rest cannot follow: the stream is unusable.
+            // Part of an FPDU went out and the rest cannot follow: the stream is unusable (a
+            // read already queued is flushed by the failure).
             drop(engine);
-            self.s.complete_send(wr, WcStatus::WrFlushErr, 0);
+            if len.is_some() {
+                self.s.complete_send(wr, WcStatus::WrFlushErr, 0);
+            }
             self.s.fail(None);
         }
         true
@@ -809,12 +827,18 @@ fn transmit_item(s: &Arc<QpShared>, w: &mut TcpStream, tx: &mut Tx, item: TxItem
             let _ = w.flush();
             s.fail(None);
         }
-        TxItem::Wr(wr) | TxItem::Rest { wr, .. } if state != QpState::Connected => s.complete_send(&wr, WcStatus::WrFlushErr, 0),
+        TxItem::Wr(_) | TxItem::Rest { .. } if state != QpState::Connected => flush_item(s, item),
         TxItem::Rest { bytes, wr, len } => match w.write_all(&bytes) {
-            Ok(()) => s.complete_send(&wr, WcStatus::Success, len),
+            Ok(()) => {
+                if let Some(n) = len {
+                    s.complete_send(&wr, WcStatus::Success, n);
+                }
+            }
             Err(e) => {
                 debug!("iwarp transmit: {e}");
-                s.complete_send(&wr, WcStatus::WrFlushErr, 0);
+                if len.is_some() {
+                    s.complete_send(&wr, WcStatus::WrFlushErr, 0);
+                }
                 s.fail(None);
             }
         },
@@ -892,8 +916,8 @@ fn transmit(s: &Arc<QpShared>, items: Receiver<TxItem>) {
             let mut engine = lock(&s.engine);
             if let Some(Engine { w, tx }) = engine.as_mut() {
                 transmit_item(s, w, tx, item);
-            } else if let TxItem::Wr(wr) | TxItem::Rest { wr, .. } = item {
-                s.complete_send(&wr, WcStatus::WrFlushErr, 0);
+            } else {
+                flush_item(s, item);
             }
             // Counted down under the engine lock: a poster seeing zero may write inline.
             s.queued.fetch_sub(1, Ordering::AcqRel);
@@ -905,9 +929,16 @@ fn transmit(s: &Arc<QpShared>, items: Receiver<TxItem>) {
     // Whatever is still queued is flushed.
     while let Ok(item) = items.try_recv() {
         s.queued.fetch_sub(1, Ordering::AcqRel);
-        if let TxItem::Wr(wr) | TxItem::Rest { wr, .. } = item {
-            s.complete_send(&wr, WcStatus::WrFlushErr, 0);
-        }
+        flush_item(s, item);
+    }
+}
+
+/// A request the transmitter will not send completes as flushed; the tail of a read begun
+/// inline does not (the read is in the outbound read queue, flushed with it).
+fn flush_item(s: &QpShared, item: TxItem) {
+    match item {
+        TxItem::Wr(wr) | TxItem::Rest { wr, len: Some(_), .. } => s.complete_send(&wr, WcStatus::WrFlushErr, 0),
+        _ => {}
     }
 }
 
