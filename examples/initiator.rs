@@ -240,10 +240,13 @@ async fn run() -> Result<(), String> {
                         if verify && d != pattern(seed, offset + at, len) {
                             return Err(format!("data mismatch in the {len} bytes at offset {}", offset + at));
                         }
-                        let mut o = out.lock().unwrap_or_else(|e| e.into_inner());
-                        if !o.is_empty() {
-                            o[at as usize..at as usize + len].copy_from_slice(&d);
+                        {
+                            let mut o = out.lock().unwrap_or_else(|e| e.into_inner());
+                            if !o.is_empty() {
+                                o[at as usize..at as usize + len].copy_from_slice(&d);
+                            }
                         }
+                        sess.recycle(d);
                         Ok(())
                     }
                 })
@@ -284,7 +287,7 @@ async fn run() -> Result<(), String> {
                                 let r = if write {
                                     sess.write(lun, lba, data.clone(), bs).await
                                 } else {
-                                    sess.read(lun, lba, (io / u64::from(bs)) as u32, bs).await.map(drop)
+                                    sess.read(lun, lba, (io / u64::from(bs)) as u32, bs).await.map(|d| sess.recycle(d))
                                 };
                                 r.map_err(fmt_err)?;
                                 d2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -55,9 +55,16 @@ async fn discovery_login_and_every_transfer_size() {
     for (i, len) in [512usize, 4096, 8192, 8704, 65_536, 262_144, 1 << 20, 4 << 20, 16 << 20].into_iter().enumerate() {
         let data = pattern(i as u8, len);
         s.write(0, lba, data.clone(), bs).await.unwrap();
-        assert_eq!(s.read(0, lba, (len / 512) as u32, bs).await.unwrap(), data, "{len} bytes");
+        let back = s.read(0, lba, (len / 512) as u32, bs).await.unwrap();
+        assert_eq!(back, data, "{len} bytes");
+        // Read buffers go back to the datamover; the next (smaller or larger) reads reuse them.
+        s.recycle(back);
         lba = (lba + (len / 512) as u64) % 65_536;
     }
+    // A recycled buffer never shows its old bytes: a read of fresh data into one.
+    let fresh = pattern(200, 8192);
+    s.write(0, 40_000, fresh.clone(), bs).await.unwrap();
+    assert_eq!(s.read(0, 40_000, 16, bs).await.unwrap(), fresh);
     s.ping().await.unwrap();
     s.logout().await.unwrap();
 }

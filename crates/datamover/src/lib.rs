@@ -239,7 +239,8 @@ pub trait Datamover: Send + Sync + core::fmt::Debug {
 
     /// Give a task buffer back once its data has been consumed, so the datamover can reuse the
     /// memory (registered memory on iSER; on TCP it spares the allocator and the kernel a fresh
-    /// mapping and page faults per large write).
+    /// mapping and page faults per large write). On the initiator side this takes back the
+    /// data of a finished read ([`take_read_data`](Self::take_read_data)) for later reads.
     fn release_task_buffer(&self, buf: TaskBuffer) {
         drop(buf);
     }

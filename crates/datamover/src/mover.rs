@@ -224,7 +224,7 @@ impl PduDatamover {
     /// by [`Datamover::take_read_data`] when the command ends.
     pub async fn send_scsi_command(&self, mut cmd: ScsiCommand, ahs: Bytes, read_len: u32, write: Option<Bytes>) -> Result<(), DmError> {
         if read_len > 0 {
-            lock(&self.shared.reads).insert(cmd.itt, ReadTask { buf: BytesMut::zeroed(read_len as usize) });
+            lock(&self.shared.reads).insert(cmd.itt, ReadTask { buf: self.shared.pool.take(read_len as usize) });
         }
         let Some(data) = write.filter(|d| !d.is_empty()) else {
             cmd.final_ = true;

@@ -762,6 +762,15 @@ impl Session {
         self.run(lun, &cdb, None, blocks * block_size).await
     }
 
+    /// Hand back the data of a finished read once it is consumed: later reads reuse the memory
+    /// (a large buffer from the allocator is a fresh mapping, page-faulted in per command).
+    /// Ignored unless `data` is the only handle on its buffer.
+    pub fn recycle(&self, data: Bytes) {
+        if let Ok(buf) = data.try_into_mut() {
+            self.inner.dm().release_task_buffer(riser_datamover::TaskBuffer { data: buf });
+        }
+    }
+
     /// WRITE (16) of `data` (whole blocks) at `lba`.
     pub async fn write(&self, lun: u16, lba: u64, data: Bytes, block_size: u32) -> Result<(), Error> {
         let cdb = Cdb::Write(Rw { size: CdbSize::Sixteen, lba, blocks: (data.len() / block_size as usize) as u32, ..Rw::default() });

@@ -688,7 +688,7 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
             let mut task = InitTask::<P> { read: None, write: None };
             if read_len > 0 {
                 // A fresh registration (and key) per command and direction.
-                let mr = s.pd.register(vec![0u8; read_len as usize], Access::LOCAL_WRITE | Access::REMOTE_WRITE).map_err(io)?;
+                let mr = s.pd.register(s.pool.take_vec(read_len as usize), Access::LOCAL_WRITE | Access::REMOTE_WRITE).map_err(io)?;
                 ih.read = Some(RemoteBuf { stag: mr.rkey(), va: mr.addr() });
                 task.read = Some(mr);
             }
