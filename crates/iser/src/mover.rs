@@ -165,7 +165,8 @@ struct Shared<P: Provider> {
     events_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<DmEvent>>,
     remote: Mutex<HashMap<u32, Remote>>,
     writes: Mutex<HashMap<u32, WriteTask>>,
-    /// Write task buffers, reused (see [`Datamover::release_task_buffer`]).
+    /// Task buffers (target: write data; initiator: read data), reused: see
+    /// [`Datamover::release_task_buffer`].
     pool: riser_datamover::BufferPool,
     writes_changed: Notify,
     tasks: Mutex<HashMap<u32, InitTask<P>>>,
