@@ -122,13 +122,21 @@ impl SoftRnic {
 pub struct SoftCq {
     q: Mutex<VecDeque<Wc>>,
     cv: Condvar,
+    /// Threads blocked in `wait_blocking` (changed under `q`'s lock): a notify of the condition
+    /// variable is a system call even with nobody waiting, so it is only made for them.
+    sleepers: AtomicUsize,
     notify: tokio::sync::Notify,
 }
 
 impl SoftCq {
     fn push(&self, wc: Wc) {
-        lock(&self.q).push_back(wc);
-        self.cv.notify_all();
+        let mut q = lock(&self.q);
+        q.push_back(wc);
+        let sleepers = self.sleepers.load(Ordering::Relaxed);
+        drop(q);
+        if sleepers > 0 {
+            self.cv.notify_all();
+        }
         self.notify.notify_waiters();
     }
 }
@@ -142,7 +150,9 @@ impl CompletionQueue for SoftCq {
 
     fn wait_blocking(&self, timeout: Duration) -> bool {
         let q = lock(&self.q);
+        self.sleepers.fetch_add(1, Ordering::Relaxed);
         let (q, _) = self.cv.wait_timeout_while(q, timeout, |q| q.is_empty()).unwrap_or_else(|e| e.into_inner());
+        self.sleepers.fetch_sub(1, Ordering::Relaxed);
         !q.is_empty()
     }
 
@@ -1712,7 +1722,12 @@ impl Provider for SoftRnic {
     }
 
     fn create_cq(&self, _depth: u32) -> Result<Arc<SoftCq>> {
-        Ok(Arc::new(SoftCq { q: Mutex::new(VecDeque::new()), cv: Condvar::new(), notify: tokio::sync::Notify::new() }))
+        Ok(Arc::new(SoftCq {
+            q: Mutex::new(VecDeque::new()),
+            cv: Condvar::new(),
+            sleepers: AtomicUsize::new(0),
+            notify: tokio::sync::Notify::new(),
+        }))
     }
 
     fn listen(&self, addr: SocketAddr) -> Result<SoftListener> {
