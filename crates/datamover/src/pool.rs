@@ -17,20 +17,18 @@ pub struct BufferPool {
 }
 
 impl BufferPool {
+    /// A pooled buffer with room for `len` bytes, if there is one.
+    fn pooled(&self, len: usize) -> Option<Vec<u8>> {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        free.iter().position(|b| b.capacity() >= len).map(|i| free.swap_remove(i))
+    }
+
     /// A zeroed buffer of `len` bytes, from the pool when one is large enough.
     pub fn take_vec(&self, len: usize) -> Vec<u8> {
-        let pooled = {
-            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-            free.iter().position(|b| b.capacity() >= len).map(|i| free.swap_remove(i))
-        };
-        match pooled {
-            Some(mut b) => {
-                b.clear();
-                b.resize(len, 0);
-                b
-            }
-            None => vec![0; len],
-        }
+        let Some(mut b) = self.pooled(len) else { return vec![0; len] };
+        b.clear();
+        b.resize(len, 0);
+        b
     }
 
     /// A buffer of `len` bytes whose contents are unspecified: zeros, or earlier data given to
@@ -38,18 +36,10 @@ impl BufferPool {
     /// write task buffer whose data-in-order checks guarantee full coverage); spares a memset
     /// of the whole buffer per command.
     pub fn take_dirty_vec(&self, len: usize) -> Vec<u8> {
-        let pooled = {
-            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-            free.iter().position(|b| b.capacity() >= len).map(|i| free.swap_remove(i))
-        };
-        match pooled {
-            Some(mut b) => {
-                b.truncate(len);
-                b.resize(len, 0);
-                b
-            }
-            None => vec![0; len],
-        }
+        let Some(mut b) = self.pooled(len) else { return vec![0; len] };
+        b.truncate(len);
+        b.resize(len, 0);
+        b
     }
 
     /// [`take_dirty_vec`](Self::take_dirty_vec) as a `BytesMut` (no copy).
