@@ -406,6 +406,47 @@ enum TxItem {
     Stop,
 }
 
+/// A writer that never blocks: it sends what the socket takes at once and keeps the rest
+/// (and everything after it, in order) in `rest` for the transmitter. It never fails either: a
+/// broken socket leaves everything to the transmitter, which meets the error.
+struct Unblocked<'a> {
+    sock: socket2::SockRef<'a>,
+    rest: Vec<u8>,
+}
+
+impl Write for Unblocked<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_vectored(&[IoSlice::new(buf)])
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        let mut sent = 0;
+        while self.rest.is_empty() {
+            match self.sock.send_vectored_with_flags(bufs, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
+                Ok(n) => {
+                    sent = n;
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        // Keep whatever did not go out.
+        let mut skip = sent;
+        for b in bufs {
+            let take = skip.min(b.len());
+            skip -= take;
+            self.rest.extend_from_slice(&b[take..]);
+        }
+        Ok(total)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Largest Send or RDMA Write a poster transmits inline (see `SoftQp::post_inline`).
 const INLINE_MAX: u64 = 16 << 10;
 
@@ -551,31 +592,23 @@ impl SoftQp {
         if read && lock(&self.s.orq).len() >= self.s.ord.load(Ordering::Acquire) as usize {
             return false;
         }
-        let mut frame = Vec::with_capacity(INLINE_MAX as usize + 64);
-        // Local errors (a bad key…) take the transmitter's path; nothing was framed then. A
-        // read is completed by the receiver when its response arrives.
-        let len = match tx.work_request(&self.s, &mut frame, wr) {
+        // Written straight from the region without blocking; only what the socket refuses is
+        // copied, to be sent by the transmitter. Local errors (a bad key…) take the
+        // transmitter's path; nothing was written then. A read is completed by the receiver
+        // when its response arrives.
+        let mut out = Unblocked { sock: socket2::SockRef::from(&*w), rest: Vec::new() };
+        let len = match tx.work_request(&self.s, &mut out, wr) {
             TxOutcome::Done(n) => Some(n),
             TxOutcome::Pending => None,
             TxOutcome::LocalError(_) | TxOutcome::Io(_) => return false,
         };
-        let sock = socket2::SockRef::from(&*w);
-        let mut at = 0;
-        while at < frame.len() {
-            match sock.send_with_flags(&frame[at..], libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
-                Ok(n) => at += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                // Would block, or broken: the transmitter writes the rest (and meets the error).
-                Err(_) => break,
-            }
-        }
-        if at == frame.len() {
+        if out.rest.is_empty() {
             if let Some(n) = len {
                 self.s.complete_send(wr, WcStatus::Success, n);
             }
             return true;
         }
-        let rest = TxItem::Rest { bytes: frame.split_off(at), wr: wr.clone(), len };
+        let rest = TxItem::Rest { bytes: out.rest, wr: wr.clone(), len };
         if lock(&self.s.tx).as_ref().is_none_or(|q| q.send(rest).is_err()) {
             // Part of an FPDU went out and the rest cannot follow: the stream is unusable (a
             // read already queued is flushed by the failure).
