@@ -3,8 +3,10 @@
 //! ```text
 //! cargo run --release --example initiator -- COMMAND URL [options]
 //!   URL: iscsi://HOST[:PORT]/TARGET_IQN/LUN   (or iscsi://HOST[:PORT] for discover)
-//!        iser://HOST[:PORT]/TARGET_IQN/LUN    iSER on the software iWARP RNIC (default port 3262)
+//!        iser://HOST[:PORT]/TARGET_IQN/LUN    iSER (default port 3262 on the software iWARP RNIC,
+//!                                             3260 with --rdma-provider rdma-core)
 //!   COMMAND: discover | inquiry | readcap | read | write | verify | bench
+//!   [--rdma-provider soft|rdma-core] [--rdma-keys auto|windows|per-region|fixed-pool]
 //! ```
 
 use bytes::Bytes;
@@ -56,6 +58,14 @@ struct Args {
     /// Pattern seed for write/verify.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// RDMA provider for iser:// URLs: soft (riser's software iWARP RNIC) or rdma-core (the
+    /// RDMA device the route to the target leaves through; needs a build with `rdma-core`).
+    #[arg(long, default_value = "soft", value_name = "soft|rdma-core")]
+    rdma_provider: String,
+    /// rdma-core: how the command buffers are keyed (auto: memory windows where the device binds
+    /// them, else a registration per command; fixed-pool: one key per connection, weaker).
+    #[arg(long, value_name = "MODE")]
+    rdma_keys: Option<String>,
 }
 
 struct Url {
@@ -65,22 +75,20 @@ struct Url {
     lun: u16,
 }
 
-fn parse_url(u: &str) -> Result<Url, String> {
+fn parse_url(u: &str, provider: riser::cli::RdmaProvider) -> Result<Url, String> {
     let (iser, rest) = match (u.strip_prefix("iscsi://"), u.strip_prefix("iser://")) {
         (Some(r), _) => (false, r),
         (_, Some(r)) => (true, r),
         _ => return Err("URL must start with iscsi:// (TCP) or iser:// (iSER)".into()),
     };
     let mut parts = rest.splitn(3, '/');
-    let mut host = parts.next().unwrap_or_default().to_string();
+    let host = parts.next().unwrap_or_default().to_string();
     if host.is_empty() {
         return Err("URL has no host".into());
     }
-    if host.rsplit_once(':').is_none_or(|(_, p)| p.parse::<u16>().is_err()) || host.ends_with(']') {
-        // iSER on the software RNIC listens on its own TCP port (3262 by convention), since
-        // the TCP portal holds 3260 on the same address.
-        host.push_str(if iser { ":3262" } else { ":3260" });
-    }
+    // iSER on the software RNIC listens on its own TCP port (3262 by convention), since the TCP
+    // portal holds 3260 on the same address; on an RDMA device iSER uses 3260 as Linux does.
+    let host = riser::cli::with_default_port(&host, if iser { provider.default_port() } else { 3260 });
     let target = parts.next().filter(|t| !t.is_empty()).map(str::to_string);
     let lun = match parts.next() {
         Some(l) if !l.is_empty() => l.parse().map_err(|_| format!("bad LUN {l:?}"))?,
@@ -144,6 +152,26 @@ where
     Ok(())
 }
 
+/// iSER through the RDMA device the route to `host` leaves through (rdma-core).
+#[cfg(feature = "rdma-core")]
+async fn rdma_core_connector(host: &str, keys: Option<&str>) -> Result<Arc<dyn riser::initiator::Connector>, String> {
+    use riser::verbs::Provider;
+    use riser::verbs::rdma_core::{RdmaCore, RdmaCoreConfig};
+    let addr = tokio::net::lookup_host(host).await.map_err(|e| format!("{host}: {e}"))?.next().ok_or("no address")?;
+    let rc = RdmaCoreConfig { keys: keys.map(riser::cli::parse_key_mode).transpose()?.unwrap_or_default(), ..RdmaCoreConfig::default() };
+    let dev = tokio::task::spawn_blocking(move || RdmaCore::for_destination(addr, rc))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    eprintln!("iSER through {} ({:?} keys)", dev.name(), dev.key_mode());
+    Ok(Arc::new(IserConnector::new(dev, IserConfig::default())))
+}
+
+#[cfg(not(feature = "rdma-core"))]
+async fn rdma_core_connector(_: &str, _: Option<&str>) -> Result<Arc<dyn riser::initiator::Connector>, String> {
+    Err("this initiator was built without rdma-core support: build it with `--features rdma-core`".into())
+}
+
 #[tokio::main]
 async fn main() {
     if let Err(e) = run().await {
@@ -154,14 +182,19 @@ async fn main() {
 
 async fn run() -> Result<(), String> {
     let a = Args::parse();
-    let url = parse_url(&a.url)?;
+    let provider = riser::cli::RdmaProvider::parse(&a.rdma_provider)?;
+    let url = parse_url(&a.url, provider)?;
     let mut cfg = SessionConfig::new(a.initiator_name.clone(), url.target.clone().unwrap_or_default());
     if let Some(c) = &a.chap {
         cfg = cfg.with_chap(creds(c)?, a.mutual_chap.as_deref().map(creds).transpose()?);
     }
     if url.iser {
-        let c = IserConnector::new(SoftRnic::default(), IserConfig::default()).map_err(|e| e.to_string())?;
-        cfg.connector = Arc::new(c);
+        cfg.connector = match provider {
+            riser::cli::RdmaProvider::Soft => Arc::new(IserConnector::new(SoftRnic::default(), IserConfig::default())),
+            riser::cli::RdmaProvider::RdmaCore => rdma_core_connector(&url.host, a.rdma_keys.as_deref()).await?,
+        };
+    } else if a.rdma_keys.is_some() {
+        return Err("--rdma-keys applies to iser:// URLs with --rdma-provider rdma-core".into());
     }
     if a.command == "discover" {
         let addr = tokio::net::lookup_host(&url.host).await.map_err(|e| e.to_string())?.next().ok_or("no address")?;

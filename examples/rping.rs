@@ -1,8 +1,10 @@
-//! rping over riser's software iWARP RNIC: the client and server of rdma-core's `rping`
-//! protocol, on the wire compatible with it (and so with the Linux kernel's siw).
+//! rping over riser's software iWARP RNIC (or, built with `rdma-core`, over an RDMA device): the
+//! client and server of rdma-core's `rping` protocol, on the wire compatible with it (and so with
+//! the Linux kernel's siw and rxe).
 //!
 //! ```text
 //! cargo run --release --example rping -- -s|-c -a ADDR [-p PORT] [-C COUNT] [-S SIZE] [-v] [--crc] [--p2p]
+//!     [--rdma-provider soft|rdma-core] [--rdma-keys auto|windows|per-region|fixed-pool]
 //! ```
 //!
 //! Per ping the client advertises its source buffer (address, rkey, size in one 16-byte Send);
@@ -58,6 +60,12 @@ struct Args {
     /// Client: ask for MPA peer-to-peer mode (RFC 6581) and send the ready-to-receive message.
     #[arg(long)]
     p2p: bool,
+    /// soft (riser's software iWARP RNIC) or rdma-core (the RDMA device owning / routing to ADDR).
+    #[arg(long, default_value = "soft")]
+    rdma_provider: String,
+    /// rdma-core: how the ping buffers are keyed.
+    #[arg(long)]
+    rdma_keys: Option<String>,
     /// Help.
     #[arg(short = 'h', long = "help", action = clap::ArgAction::Help)]
     _help: Option<bool>,
@@ -192,12 +200,13 @@ fn server<P: Provider>(p: &P, a: &Args) -> Result<(), String> {
     let qp = req.create_qp(&pd, &cq, &cq, QpCaps { max_send_wr: 16, max_recv_wr: 2, max_sge: 1 }).map_err(|e| e.to_string())?;
     let reg = |n, acc| pd.register(vec![0u8; n], acc).map_err(|e| e.to_string());
     let conn = Conn::<P>::new(cq, qp, &pd, a.debug)?;
-    let rdma = reg(a.size, Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE)?;
     conn.post_recv()?;
     let (ird, ord) = req.ird_ord();
     // As librdmacm's rdma_accept(id, NULL): IRD/ORD as the request asked.
     req.accept(&ConnParam { private_data: vec![], responder_resources: ord.max(1), initiator_depth: ird.max(1) })
         .map_err(|e| e.to_string())?;
+    // Registered once connected: a memory window is bound by a request on the send queue.
+    let rdma = reg(a.size, Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE)?;
     if let Some(e) = conn.qp.established() {
         eprintln!("rping server: connection from {} ({})", e.peer.map(|p| p.to_string()).unwrap_or_default(), e.description);
     }
@@ -258,16 +267,17 @@ fn client<P: Provider>(p: &P, a: &Args) -> Result<(), String> {
     let addr = resolve(&a.addr, a.port)?;
     let pd = p.alloc_pd().map_err(|e| e.to_string())?;
     let cq = p.create_cq(32).map_err(|e| e.to_string())?;
-    let qp = p.create_qp(&pd, &cq, &cq, QpCaps { max_send_wr: 16, max_recv_wr: 2, max_sge: 1 }).map_err(|e| e.to_string())?;
+    let qp = p.create_qp(addr, &pd, &cq, &cq, QpCaps { max_send_wr: 16, max_recv_wr: 2, max_sge: 1 }).map_err(|e| e.to_string())?;
     let reg = |n, acc| pd.register(vec![0u8; n], acc).map_err(|e| e.to_string());
     let conn = Conn::<P>::new(cq, qp, &pd, a.debug)?;
+    conn.post_recv()?;
+    let est = p
+        .connect(&conn.qp, &ConnParam { private_data: vec![], responder_resources: 1, initiator_depth: 1 })
+        .map_err(|e| format!("connect to {addr}: {e}"))?;
+    // Registered once connected: a memory window is bound by a request on the send queue.
     let all = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
     let start = reg(a.size, all)?;
     let rdma = reg(a.size, all)?;
-    conn.post_recv()?;
-    let est = p
-        .connect(&conn.qp, addr, &ConnParam { private_data: vec![], responder_resources: 1, initiator_depth: 1 })
-        .map_err(|e| format!("connect to {addr}: {e}"))?;
     eprintln!("rping client: connected to {addr} ({})", est.description);
     let mut k = 0u64;
     while a.count == 0 || k < a.count {
@@ -293,6 +303,24 @@ fn client<P: Provider>(p: &P, a: &Args) -> Result<(), String> {
     Ok(())
 }
 
+#[cfg(feature = "rdma-core")]
+fn rdma_core(a: &Args) -> Result<(), String> {
+    use riser::verbs::rdma_core::{RdmaCore, RdmaCoreConfig};
+    let addr = resolve(&a.addr, a.port)?;
+    let cfg = RdmaCoreConfig {
+        keys: a.rdma_keys.as_deref().map(riser::cli::parse_key_mode).transpose()?.unwrap_or_default(),
+        ..Default::default()
+    };
+    let dev =
+        if a.server { RdmaCore::for_address(addr.ip(), cfg) } else { RdmaCore::for_destination(addr, cfg) }.map_err(|e| e.to_string())?;
+    if a.server { server(&dev, a) } else { client(&dev, a) }
+}
+
+#[cfg(not(feature = "rdma-core"))]
+fn rdma_core(_: &Args) -> Result<(), String> {
+    Err("built without rdma-core support: build with `--features rdma-core`".into())
+}
+
 fn main() {
     let a = Args::parse();
     if a.size < 26 {
@@ -303,8 +331,14 @@ fn main() {
         eprintln!("error: one of -s (server) or -c (client)");
         std::process::exit(2);
     }
-    let rnic = SoftRnic::new(RnicConfig { crc: a.crc, p2p: a.p2p, ..RnicConfig::default() });
-    let r = if a.server { server(&rnic, &a) } else { client(&rnic, &a) };
+    let r = match a.rdma_provider.as_str() {
+        "soft" => {
+            let rnic = SoftRnic::new(RnicConfig { crc: a.crc, p2p: a.p2p, ..RnicConfig::default() });
+            if a.server { server(&rnic, &a) } else { client(&rnic, &a) }
+        }
+        "rdma-core" => rdma_core(&a),
+        other => Err(format!("unknown RDMA provider {other:?} (soft, rdma-core)")),
+    };
     if let Err(e) = r {
         eprintln!("rping: {e}");
         std::process::exit(1);

@@ -1,10 +1,16 @@
 //! riser's example iSCSI target: RAM, file or block-device LUNs behind one portal.
 //!
 //! ```text
-//! cargo run --release --example target -- [--portal 127.0.0.1:3260] [--iser-portal 127.0.0.1:3262] [--target-name IQN]
+//! cargo run --release --example target -- [--portal 127.0.0.1:3260 | --portal none] [--iser-portal ADDR[:PORT]]
+//!     [--rdma-provider soft|rdma-core] [--rdma-keys auto|windows|per-region|fixed-pool] [--target-name IQN]
 //!     [--lun ram:1GiB | --lun file:PATH[:SIZE] | --lun blk:DEVICE]... [--chap USER:SECRET]
 //!     [--mutual-chap USER:SECRET] [--acl INITIATOR_IQN]... [--sanitize-rate RATE] [--config target.toml]
 //! ```
+//!
+//! iSER portals run on riser's software iWARP RNIC (`--rdma-provider soft`, the default: no RDMA
+//! device needed, a TCP listen of its own, port 3262 by default) or, in a build with the
+//! `rdma-core` feature, on the RDMA device that owns the portal's address (`--rdma-provider
+//! rdma-core`: an RNIC, soft-RoCE rxe or soft-iWARP siw; port 3260 by default, as Linux).
 
 use clap::Parser;
 use riser::iscsi::chap::ChapCredentials;
@@ -18,13 +24,22 @@ use std::sync::Arc;
 #[derive(Parser, Debug)]
 #[command(about = "riser iSCSI target")]
 struct Args {
-    /// Address to listen on (repeatable; default 127.0.0.1:3260).
+    /// Address to listen on (repeatable; default 127.0.0.1:3260; `none`: no TCP portal).
     #[arg(long)]
     portal: Vec<String>,
-    /// iSER portal on the software iWARP RNIC (repeatable; served in addition to the TCP
-    /// portals; it is a TCP listen of its own, by convention port 3262).
-    #[arg(long, value_name = "ADDR:PORT")]
+    /// iSER portal (repeatable; served in addition to the TCP portals). On the software RNIC it
+    /// is a TCP listen of its own (default port 3262); with rdma-core an RDMA CM listen on the
+    /// device owning the address (default port 3260; on iWARP that is a kernel TCP listen, so
+    /// it must not be a TCP portal's address and port too).
+    #[arg(long, value_name = "ADDR[:PORT]")]
     iser_portal: Vec<String>,
+    /// RDMA provider of the iSER portals: soft (riser's software iWARP RNIC) or rdma-core.
+    #[arg(long, value_name = "soft|rdma-core")]
+    rdma_provider: Option<String>,
+    /// rdma-core: how remotely accessible memory is keyed (auto: memory windows where the device
+    /// binds them, else a registration per command; fixed-pool: one key per connection, weaker).
+    #[arg(long, value_name = "MODE")]
+    rdma_keys: Option<String>,
     /// Target name (default iqn.2026-11.io.riser:target0).
     #[arg(long)]
     target_name: Option<String>,
@@ -61,6 +76,8 @@ struct FileConfig {
     portal: Vec<String>,
     #[serde(default)]
     iser_portal: Vec<String>,
+    rdma_provider: Option<String>,
+    rdma_keys: Option<String>,
     target_name: Option<String>,
     #[serde(default)]
     lun: Vec<String>,
@@ -97,6 +114,8 @@ impl Args {
         if self.iser_portal.is_empty() {
             self.iser_portal = file.iser_portal;
         }
+        self.rdma_provider = self.rdma_provider.or(file.rdma_provider).or(Some("soft".into()));
+        self.rdma_keys = self.rdma_keys.or(file.rdma_keys);
         self.target_name = self.target_name.or(file.target_name).or(Some("iqn.2026-11.io.riser:target0".into()));
         self.chap = self.chap.or(file.chap);
         self.mutual_chap = self.mutual_chap.or(file.mutual_chap);
@@ -125,6 +144,36 @@ fn backend(spec: &str, bs: u32) -> Result<Arc<dyn BlockBackend>, String> {
         "blk" => Arc::new(FileBackend::open(Path::new(rest), None, bs).map_err(|e| format!("{rest}: {e}"))?),
         _ => return Err(format!("unknown LUN kind {kind:?} (ram, file, blk)")),
     })
+}
+
+/// An iSER portal on the RDMA device that owns `addr` (rdma-core).
+#[cfg(feature = "rdma-core")]
+fn rdma_core_portal(
+    target: &Arc<Target>,
+    addr: std::net::SocketAddr,
+    keys: Option<&str>,
+    cfg: riser::iser::IserConfig,
+    target_name: &str,
+) -> Result<tokio::task::JoinHandle<std::io::Result<()>>, String> {
+    use riser::verbs::rdma_core::{RdmaCore, RdmaCoreConfig};
+    use riser::verbs::{Listener, Provider};
+    let rc = RdmaCoreConfig { keys: keys.map(riser::cli::parse_key_mode).transpose()?.unwrap_or_default(), ..RdmaCoreConfig::default() };
+    let dev = RdmaCore::for_address(addr.ip(), rc).map_err(|e| format!("--iser-portal {addr}: {e}"))?;
+    let listener = dev.listen(addr).map_err(|e| format!("cannot listen on {addr} (iSER, {}): {e}", dev.name()))?;
+    let at = listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!("listening on {at} (iSER, {}, {:?} keys) for {target_name}", dev.name(), dev.key_mode());
+    Ok(tokio::spawn(target.clone().serve_iser(dev, listener, cfg)))
+}
+
+#[cfg(not(feature = "rdma-core"))]
+fn rdma_core_portal(
+    _: &Arc<Target>,
+    _: std::net::SocketAddr,
+    _: Option<&str>,
+    _: riser::iser::IserConfig,
+    _: &str,
+) -> Result<tokio::task::JoinHandle<std::io::Result<()>>, String> {
+    Err("this target was built without rdma-core support: build it with `--features rdma-core`".into())
 }
 
 #[tokio::main]
@@ -158,18 +207,32 @@ async fn run() -> Result<(), String> {
     let node = Node { name: target_name.clone(), alias: None, luns, acl: args.acl.clone(), chap, mutual_chap };
     let target = Target::new(TargetConfig { nodes: vec![node], ..TargetConfig::default() });
     let mut servers = Vec::new();
-    for p in &args.portal {
+    for p in args.portal.iter().filter(|p| p.as_str() != "none") {
         let listener = tokio::net::TcpListener::bind(p).await.map_err(|e| format!("cannot listen on {p}: {e}"))?;
         tracing::info!("listening on {} for {target_name}", listener.local_addr().map_err(|e| e.to_string())?);
         servers.push(tokio::spawn(target.clone().serve(listener)));
     }
+    let provider = riser::cli::RdmaProvider::parse(args.rdma_provider.as_deref().unwrap_or("soft"))?;
+    if args.rdma_keys.is_some() && provider != riser::cli::RdmaProvider::RdmaCore {
+        return Err("--rdma-keys applies to --rdma-provider rdma-core".into());
+    }
     for p in &args.iser_portal {
         use riser::verbs::{Listener, Provider};
-        let addr: std::net::SocketAddr = p.parse().map_err(|e| format!("--iser-portal {p}: {e}"))?;
-        let rnic = riser::iwarp::SoftRnic::default();
-        let listener = rnic.listen(addr).map_err(|e| format!("cannot listen on {p} (iSER): {e}"))?;
-        tracing::info!("listening on {} (iSER, software iWARP RNIC) for {target_name}", listener.local_addr().map_err(|e| e.to_string())?);
-        servers.push(tokio::spawn(target.clone().serve_iser(rnic, listener, riser::iser::IserConfig::default())));
+        let spec = riser::cli::with_default_port(p, provider.default_port());
+        let addr: std::net::SocketAddr = spec.parse().map_err(|e| format!("--iser-portal {p}: {e}"))?;
+        let cfg = riser::iser::IserConfig::default();
+        match provider {
+            riser::cli::RdmaProvider::Soft => {
+                let rnic = riser::iwarp::SoftRnic::default();
+                let listener = rnic.listen(addr).map_err(|e| format!("cannot listen on {addr} (iSER): {e}"))?;
+                let at = listener.local_addr().map_err(|e| e.to_string())?;
+                tracing::info!("listening on {at} (iSER, software iWARP RNIC) for {target_name}");
+                servers.push(tokio::spawn(target.clone().serve_iser(rnic, listener, cfg)));
+            }
+            riser::cli::RdmaProvider::RdmaCore => {
+                servers.push(rdma_core_portal(&target, addr, args.rdma_keys.as_deref(), cfg, &target_name)?)
+            }
+        }
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
     tokio::select! {

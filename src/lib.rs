@@ -18,7 +18,9 @@
 //! crates land (see `docs/ARCHITECTURE.md`).
 //!
 //! Features: `std` (default) — standard-library support in the layers (CRC32C digests with
-//! hardware acceleration, `std::error::Error`).
+//! hardware acceleration, `std::error::Error`); `target` and `rdma` (default) — the tokio-based
+//! layers; `rdma-core` — the rdma-core provider in `verbs::rdma_core` (real RDMA devices, rxe,
+//! siw).
 #![cfg_attr(not(feature = "std"), no_std)]
 #![warn(missing_docs)]
 
@@ -59,8 +61,70 @@ pub mod cli {
         n.checked_mul(1 << shift).ok_or_else(|| format!("size {s:?} too large"))
     }
 
+    /// Which RDMA provider iSER runs on (the examples' `--rdma-provider`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum RdmaProvider {
+        /// riser's software iWARP RNIC (user space, over TCP; no RDMA device needed).
+        Soft,
+        /// rdma-core: an RDMA device of the machine (an RNIC, rxe or siw).
+        RdmaCore,
+    }
+
+    impl RdmaProvider {
+        /// Parse `soft` or `rdma-core`.
+        pub fn parse(s: &str) -> Result<Self, String> {
+            match s {
+                "soft" => Ok(Self::Soft),
+                "rdma-core" => Ok(Self::RdmaCore),
+                _ => Err(format!("unknown RDMA provider {s:?} (soft, rdma-core)")),
+            }
+        }
+
+        /// The port an iSER portal uses when none is given: 3260 on an RDMA device (as Linux;
+        /// the connection manager's port space is apart from TCP's, except on iWARP), 3262 on
+        /// the software RNIC (a TCP listen of its own beside the TCP portal's 3260).
+        pub fn default_port(self) -> u16 {
+            match self {
+                Self::Soft => 3262,
+                Self::RdmaCore => 3260,
+            }
+        }
+    }
+
+    /// Parse `--rdma-keys`: `auto`, `windows`, `per-region` or `fixed-pool`.
+    #[cfg(feature = "rdma-core")]
+    pub fn parse_key_mode(s: &str) -> Result<riser_verbs::rdma_core::KeyMode, String> {
+        use riser_verbs::rdma_core::KeyMode;
+        match s {
+            "auto" => Ok(KeyMode::Auto),
+            "windows" => Ok(KeyMode::MemoryWindows),
+            "per-region" => Ok(KeyMode::PerRegion),
+            "fixed-pool" => Ok(KeyMode::FixedPool),
+            _ => Err(format!("unknown key mode {s:?} (auto, windows, per-region, fixed-pool)")),
+        }
+    }
+
+    /// `HOST[:PORT]` with `default_port` when none is given (IPv6 literals in brackets).
+    pub fn with_default_port(host: &str, default_port: u16) -> String {
+        if host.rsplit_once(':').is_some_and(|(h, p)| p.parse::<u16>().is_ok() && (!h.contains(':') || h.ends_with(']'))) {
+            host.to_string()
+        } else {
+            format!("{host}:{default_port}")
+        }
+    }
+
     #[cfg(test)]
     mod tests {
+        #[test]
+        fn default_ports() {
+            assert_eq!(super::with_default_port("10.0.0.1", 3260), "10.0.0.1:3260");
+            assert_eq!(super::with_default_port("10.0.0.1:3262", 3260), "10.0.0.1:3262");
+            assert_eq!(super::with_default_port("[::1]:99", 3260), "[::1]:99");
+            assert_eq!(super::with_default_port("[::1]", 3260), "[::1]:3260");
+            assert_eq!(super::RdmaProvider::parse("rdma-core"), Ok(super::RdmaProvider::RdmaCore));
+            assert!(super::RdmaProvider::parse("ib").is_err());
+        }
+
         #[test]
         fn sizes() {
             assert_eq!(super::parse_size("4KiB"), Ok(4096));

@@ -32,7 +32,7 @@ async fn start() -> SocketAddr {
 
 fn config() -> SessionConfig {
     let mut c = SessionConfig::new(ME, TARGET);
-    c.connector = Arc::new(IserConnector::new(SoftRnic::default(), IserConfig::default()).unwrap());
+    c.connector = Arc::new(IserConnector::new(SoftRnic::default(), IserConfig::default()));
     c
 }
 
@@ -95,7 +95,7 @@ async fn resets_during_transfers_and_teardown_leave_no_registration_behind() {
     let addr = start().await;
     let rnic = SoftRnic::default();
     let mut cfg = SessionConfig::new(ME, TARGET);
-    cfg.connector = Arc::new(IserConnector::new(rnic.clone(), IserConfig::default()).unwrap());
+    cfg.connector = Arc::new(IserConnector::new(rnic.clone(), IserConfig::default()));
     let s = Session::connect(addr, cfg).await.unwrap();
     // Large transfers in flight while the LU is reset: each command either completes with its
     // data intact or fails; none hangs, and the session carries on.
@@ -140,7 +140,7 @@ async fn immediate_unsolicited_and_rdma_read_data_in_one_write() {
     // immediate data, then Data-Out Sends to 64 KiB, then the target RDMA Reads the rest.
     cfg.operational.first_burst_length = 65_536;
     let iser = IserConfig { unsolicited_data_out: true, ..IserConfig::default() };
-    cfg.connector = Arc::new(IserConnector::new(SoftRnic::default(), iser).unwrap());
+    cfg.connector = Arc::new(IserConnector::new(SoftRnic::default(), iser));
     let s = Session::connect(addr, cfg).await.unwrap();
     assert!(!s.params().initial_r2t && s.params().immediate_data);
     assert_eq!(s.params().first_burst_length, 65_536);
@@ -158,8 +158,7 @@ async fn bare_login(addr: SocketAddr) -> (Arc<riser::iser::IserDatamover<SoftRni
     use riser::iscsi::login::{InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent};
     use riser::iscsi::wire::{Header, Isid};
     let rnic = SoftRnic::default();
-    let pd = rnic.alloc_pd().unwrap();
-    let dm = tokio::task::spawn_blocking(move || riser::iser::connect(&rnic, &pd, addr, IserConfig::default())).await.unwrap().unwrap();
+    let dm = tokio::task::spawn_blocking(move || riser::iser::connect(&rnic, addr, IserConfig::default())).await.unwrap().unwrap();
     tokio::spawn(dm.driver());
     let dm = Arc::new(dm);
     let mut cfg = InitiatorLoginConfig::new(ME, Some(TARGET.into()), Isid([0x80, 1, 2, 3, 4, 5]));

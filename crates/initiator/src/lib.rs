@@ -108,23 +108,21 @@ pub trait Connector: Send + Sync + std::fmt::Debug {
 #[derive(Debug)]
 pub struct IserConnector<P: riser_verbs::Provider> {
     provider: P,
-    pd: Arc<P::Pd>,
     config: riser_iser::IserConfig,
 }
 
 impl<P: riser_verbs::Provider + Clone + 'static> IserConnector<P> {
-    /// Connections through `provider` with `config`.
-    pub fn new(provider: P, config: riser_iser::IserConfig) -> Result<Self, riser_verbs::Error> {
-        let pd = provider.alloc_pd()?;
-        Ok(Self { provider, pd, config })
+    /// Connections through `provider` with `config` (each with a protection domain of its own).
+    pub fn new(provider: P, config: riser_iser::IserConfig) -> Self {
+        Self { provider, config }
     }
 }
 
 impl<P: riser_verbs::Provider + Clone + 'static> Connector for IserConnector<P> {
     fn connect(&self, addr: std::net::SocketAddr) -> BoxFuture<'_, Result<SharedDatamover, Error>> {
         Box::pin(async move {
-            let (p, pd, cfg) = (self.provider.clone(), self.pd.clone(), self.config);
-            let dm = tokio::task::spawn_blocking(move || riser_iser::connect(&p, &pd, addr, cfg))
+            let (p, cfg) = (self.provider.clone(), self.config);
+            let dm = tokio::task::spawn_blocking(move || riser_iser::connect(&p, addr, cfg))
                 .await
                 .map_err(|e| Error::Connect(std::io::Error::other(e)))?
                 .map_err(|e| Error::Connect(std::io::Error::other(e)))?;

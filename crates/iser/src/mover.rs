@@ -583,10 +583,10 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
                 return Err(DmError::DataSequence(format!("task {itt:#x}: solicited write data but no write STag advertised")));
             }
             // RDMA Read the rest from (write STag, write VA + (offset − unsolicited)) into the
-            // task buffer itself, registered for local write only. The R2T sequence is only
+            // task buffer itself, registered as a read sink. The R2T sequence is only
             // bookkeeping here: the solicited range goes in reads as large as the provider
             // takes (not MaxBurstLength), all posted at once; the ORD paces them.
-            let mr = s.pd.register(buf, Access::LOCAL_WRITE).map_err(io)?;
+            let mr = s.pd.register(buf, Access::LOCAL_WRITE | Access::READ_SINK).map_err(io)?;
             let (start, end) = r2ts.iter().fold((u32::MAX, 0), |(a, b), r| (a.min(r.offset), b.max(r.offset + r.len)));
             let mut pending = Vec::new();
             {
@@ -779,19 +779,20 @@ fn caps(cfg: &IserConfig) -> QpCaps {
 }
 
 /// Target: accept an iSER connection request (blocking: run it off the async threads). The
-/// returned datamover's [`IserDatamover::driver`] must be spawned.
+/// returned datamover's [`IserDatamover::driver`] must be spawned. Every connection has a
+/// protection domain of its own, so a peer's keys can never reach another connection's memory.
 pub fn accept<P: Provider + 'static>(
     provider: &P,
     mut req: P::Request,
-    pd: &Arc<P::Pd>,
     cfg: IserConfig,
 ) -> Result<(IserDatamover<P>, SocketAddr), riser_verbs::Error> {
     let theirs = CmPrivateData::parse(req.private_data());
     let send_inv = cfg.send_invalidate && !theirs.send_inv_not_supported;
     let peer = req.peer();
+    let pd = provider.alloc_pd()?;
     let cq = provider.create_cq(caps(&cfg).max_send_wr + caps(&cfg).max_recv_wr)?;
-    let qp = req.create_qp(pd, &cq, &cq, caps(&cfg))?;
-    let dm = IserDatamover::new(Role::Target, cfg, pd.clone(), cq, qp)?;
+    let qp = req.create_qp(&pd, &cq, &cq, caps(&cfg))?;
+    let dm = IserDatamover::new(Role::Target, cfg, pd, cq, qp)?;
     dm.s.send_inv.store(send_inv, Ordering::Release);
     let (peer_ird, _peer_ord) = req.ird_ord();
     let ours = CmPrivateData { zbva_not_supported: true, send_inv_not_supported: !send_inv };
@@ -800,25 +801,22 @@ pub fn accept<P: Provider + 'static>(
     Ok((dm, peer))
 }
 
-/// Initiator: connect to an iSER target (blocking). Spawn the returned datamover's driver.
-pub fn connect<P: Provider + 'static>(
-    provider: &P,
-    pd: &Arc<P::Pd>,
-    addr: SocketAddr,
-    cfg: IserConfig,
-) -> Result<IserDatamover<P>, riser_verbs::Error> {
+/// Initiator: connect to an iSER target (blocking). Spawn the returned datamover's driver. The
+/// connection has a protection domain of its own.
+pub fn connect<P: Provider + 'static>(provider: &P, addr: SocketAddr, cfg: IserConfig) -> Result<IserDatamover<P>, riser_verbs::Error> {
+    let pd = provider.alloc_pd()?;
     let cq = provider.create_cq(caps(&cfg).max_send_wr + caps(&cfg).max_recv_wr)?;
-    let qp = provider.create_qp(pd, &cq, &cq, caps(&cfg))?;
-    let dm = IserDatamover::new(Role::Initiator, cfg, pd.clone(), cq, qp)?;
-    let ours = CmPrivateData { zbva_not_supported: true, send_inv_not_supported: !cfg.send_invalidate };
-    let est = provider.connect(
-        &dm.s.qp,
-        addr,
-        &ConnParam { private_data: ours.emit().to_vec(), responder_resources: cfg.ird, initiator_depth: cfg.ord },
-    )?;
+    let qp = provider.create_qp(addr, &pd, &cq, &cq, caps(&cfg))?;
+    let dm = IserDatamover::new(Role::Initiator, cfg, pd, cq, qp)?;
+    // Offer remote invalidation only where the provider's keys can be invalidated by the peer
+    // (not with plain registrations on rxe, nor with a fixed-key pool).
+    let offer_inv = cfg.send_invalidate && provider.remote_invalidation();
+    let ours = CmPrivateData { zbva_not_supported: true, send_inv_not_supported: !offer_inv };
+    let est = provider
+        .connect(&dm.s.qp, &ConnParam { private_data: ours.emit().to_vec(), responder_resources: cfg.ird, initiator_depth: cfg.ord })?;
     // As Linux: remote invalidation is on iff the reply's 0x40 bit is clear (and we offered it).
     let theirs = CmPrivateData::parse(&est.private_data);
-    dm.s.send_inv.store(cfg.send_invalidate && !est.private_data.is_empty() && !theirs.send_inv_not_supported, Ordering::Release);
+    dm.s.send_inv.store(offer_inv && !est.private_data.is_empty() && !theirs.send_inv_not_supported, Ordering::Release);
     debug!(%addr, transport = %est.description, "iSER connection established");
     Ok(dm)
 }

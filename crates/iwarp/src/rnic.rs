@@ -320,11 +320,14 @@ impl ProtectionDomain for SoftPd {
 
     fn register(&self, buf: Vec<u8>, access: Access) -> Result<Arc<SoftMr>> {
         let addr = buf.as_ptr() as u64;
+        // Read Responses are placed by this RNIC's own read bookkeeping (the sink's STag is
+        // checked for local write), so a read sink needs no remote rights here.
+        let access = if access.contains(Access::READ_SINK) { (access - Access::READ_SINK) | Access::LOCAL_WRITE } else { access };
         self.insert(Storage::Owned(buf), addr, access)
     }
 
     fn register_shared(&self, buf: bytes::Bytes, access: Access) -> Result<Arc<SoftMr>> {
-        if access.intersects(Access::LOCAL_WRITE | Access::REMOTE_WRITE) {
+        if access.intersects(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::READ_SINK) {
             return Err(Error::Registration("shared (read-only) memory cannot be registered for writing".into()));
         }
         let addr = buf.as_ptr() as u64;
@@ -504,6 +507,8 @@ struct QpShared {
     terminate_received: Mutex<Option<Term>>,
     terminate_sent: Mutex<Option<Term>>,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// Active side: where [`Provider::connect`] connects to.
+    dest: Mutex<Option<SocketAddr>>,
 }
 
 /// A queue pair of the software RNIC.
@@ -556,6 +561,7 @@ impl SoftQp {
                 terminate_received: Mutex::new(None),
                 terminate_sent: Mutex::new(None),
                 threads: Mutex::new(Vec::new()),
+                dest: Mutex::new(None),
             }),
         }))
     }
@@ -1767,11 +1773,21 @@ impl Provider for SoftRnic {
         Ok(SoftListener { rnic: self.shared.clone(), listener: TcpListener::bind(addr)? })
     }
 
-    fn create_qp(&self, pd: &Arc<SoftPd>, send_cq: &Arc<SoftCq>, recv_cq: &Arc<SoftCq>, caps: QpCaps) -> Result<Arc<SoftQp>> {
-        SoftQp::new(&self.shared, pd, send_cq, recv_cq, caps)
+    fn create_qp(
+        &self,
+        dest: SocketAddr,
+        pd: &Arc<SoftPd>,
+        send_cq: &Arc<SoftCq>,
+        recv_cq: &Arc<SoftCq>,
+        caps: QpCaps,
+    ) -> Result<Arc<SoftQp>> {
+        let qp = SoftQp::new(&self.shared, pd, send_cq, recv_cq, caps)?;
+        *lock(&qp.s.dest) = Some(dest);
+        Ok(qp)
     }
 
-    fn connect(&self, qp: &Arc<SoftQp>, addr: SocketAddr, param: &ConnParam) -> Result<Established> {
+    fn connect(&self, qp: &Arc<SoftQp>, param: &ConnParam) -> Result<Established> {
+        let addr = lock(&qp.s.dest).ok_or_else(|| Error::Invalid("queue pair not created for an active connection".into()))?;
         if param.private_data.len() > MAX_PRIVATE_DATA {
             return Err(Error::Invalid(format!("{} bytes of private data (at most {MAX_PRIVATE_DATA})", param.private_data.len())));
         }

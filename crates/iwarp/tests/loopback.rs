@@ -91,8 +91,8 @@ fn pair_with(client_cfg: RnicConfig, server_cfg: RnicConfig, server_setup: impl 
         e
     });
     let (crnic, cpd, ccq, crcq) = end(SoftRnic::new(client_cfg));
-    let qp = crnic.create_qp(&cpd, &ccq, &crcq, QpCaps::default()).unwrap();
-    let est = crnic.connect(&qp, addr, &ConnParam { private_data: b"hello".to_vec(), responder_resources: 4, initiator_depth: 4 }).unwrap();
+    let qp = crnic.create_qp(addr, &cpd, &ccq, &crcq, QpCaps::default()).unwrap();
+    let est = crnic.connect(&qp, &ConnParam { private_data: b"hello".to_vec(), responder_resources: 4, initiator_depth: 4 }).unwrap();
     assert_eq!(est.private_data, b"welcome");
     assert_eq!((est.ird, est.ord), (4, 4));
     let client = End { rnic: crnic, pd: cpd, cq: ccq, rcq: crcq, qp };
@@ -394,8 +394,8 @@ fn reject_carries_private_data() {
     let addr = listener.local_addr().unwrap();
     let t = std::thread::spawn(move || listener.get_request().unwrap().reject(b"go away"));
     let (crnic, pd, cq, rcq) = end(SoftRnic::default());
-    let qp = crnic.create_qp(&pd, &cq, &rcq, QpCaps::default()).unwrap();
-    match crnic.connect(&qp, addr, &ConnParam::default()) {
+    let qp = crnic.create_qp(addr, &pd, &cq, &rcq, QpCaps::default()).unwrap();
+    match crnic.connect(&qp, &ConnParam::default()) {
         Err(Error::Rejected { private_data }) => assert_eq!(private_data, b"go away"),
         other => panic!("expected a reject, got {other:?}"),
     }

@@ -133,7 +133,6 @@ impl Target {
         use riser_verbs::Listener as _;
         cfg.recv_depth = cfg.recv_depth.max(self.config.queue_depth + 16);
         let portal = listener.local_addr().map_err(std::io::Error::other)?;
-        let pd = provider.alloc_pd().map_err(std::io::Error::other)?;
         // The provider's listener blocks: it runs on a thread of its own (not the blocking pool,
         // which a runtime waits for at shutdown) and hands requests over; it stops at the next
         // request after this future is dropped.
@@ -154,9 +153,9 @@ impl Target {
                     continue;
                 }
             };
-            let (p, pd2, me) = (provider.clone(), pd.clone(), self.clone());
+            let (p, me) = (provider.clone(), self.clone());
             tokio::spawn(async move {
-                match tokio::task::spawn_blocking(move || riser_iser::accept(&p, req, &pd2, cfg)).await {
+                match tokio::task::spawn_blocking(move || riser_iser::accept(&p, req, cfg)).await {
                     Ok(Ok((dm, peer))) => {
                         tokio::spawn(dm.driver());
                         me.connection(Arc::new(dm), Transport::Iser, peer, portal).await;

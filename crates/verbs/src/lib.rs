@@ -19,6 +19,10 @@
 //!   data; [`QueuePair::disconnect`] flushes outstanding work with [`WcStatus::WrFlushErr`].
 
 #![warn(missing_docs)]
+#![cfg_attr(not(feature = "rdma-core"), forbid(unsafe_code))]
+
+#[cfg(feature = "rdma-core")]
+pub mod rdma_core;
 
 use std::fmt;
 use std::future::Future;
@@ -37,6 +41,11 @@ bitflags::bitflags! {
         const REMOTE_WRITE = 2;
         /// Peers may RDMA Read from the region.
         const REMOTE_READ = 4;
+        /// The region is the sink of this side's RDMA Reads. On iWARP the responder places Read
+        /// Responses as tagged writes to the sink's STag (RFC 5040 §4.3), so a provider adds
+        /// whatever rights its transport requires there (remote write on iWARP devices, local
+        /// write everywhere) and gives the region a key of its own, revoked when it is dropped.
+        const READ_SINK = 8;
     }
 }
 
@@ -369,8 +378,25 @@ pub trait Provider: Send + Sync + fmt::Debug {
     fn create_cq(&self, depth: u32) -> Result<Arc<Self::Cq>>;
     /// Listen on `addr`.
     fn listen(&self, addr: SocketAddr) -> Result<Self::Listener>;
-    /// Create an active-side queue pair.
-    fn create_qp(&self, pd: &Arc<Self::Pd>, send_cq: &Arc<Self::Cq>, recv_cq: &Arc<Self::Cq>, caps: QpCaps) -> Result<Arc<Self::Qp>>;
-    /// Connect `qp` to `addr` (blocking until established, rejected or timed out).
-    fn connect(&self, qp: &Arc<Self::Qp>, addr: SocketAddr, param: &ConnParam) -> Result<Established>;
+    /// Create an active-side queue pair for a connection to `dest` (the RDMA connection
+    /// manager resolves the address and route here, so that the queue pair lives on the device
+    /// the route leaves through; receives may be posted on it before [`Provider::connect`]).
+    fn create_qp(
+        &self,
+        dest: SocketAddr,
+        pd: &Arc<Self::Pd>,
+        send_cq: &Arc<Self::Cq>,
+        recv_cq: &Arc<Self::Cq>,
+        caps: QpCaps,
+    ) -> Result<Arc<Self::Qp>>;
+    /// Connect `qp` to the address it was created for (blocking until established, rejected or
+    /// timed out).
+    fn connect(&self, qp: &Arc<Self::Qp>, param: &ConnParam) -> Result<Established>;
+    /// Whether the peer may invalidate this provider's remotely accessible regions with Send
+    /// with Invalidate. When it may not (keys that are plain registrations on devices that
+    /// cannot invalidate them, or a pool with fixed keys), an iSER initiator says so in its
+    /// connection private data and revokes its keys itself.
+    fn remote_invalidation(&self) -> bool {
+        true
+    }
 }
