@@ -480,3 +480,71 @@ async fn commands_aborted_by_a_lun_reset_end_at_once() {
     assert!(t0.elapsed() < std::time::Duration::from_secs(10));
     s.test_unit_ready(0).await.unwrap();
 }
+
+/// One connection of a target that numbers its Login Responses as tgt's iSER login does
+/// (usr/iscsi/iser_text.c: ExpCmdSN = the login's CmdSN + 1, MaxCmdSN = the login's CmdSN), then
+/// opens its window with a NOP-In (ExpCmdSN = the login's CmdSN) and, as tgt, executes commands
+/// strictly in CmdSN order from the login's CmdSN: a command with a later CmdSN waits for the
+/// missing one forever. Every command ends GOOD; a Logout is answered.
+async fn tgt_iser_like_connection(mut sock: tokio::net::TcpStream) {
+    use riser::iscsi::login::{TargetLogin, TargetLoginConfig, TargetLoginEvent, TargetLoginParams, TargetNode};
+    use riser::iscsi::wire::{LogoutResponse, NopIn, ScsiResponse};
+    async fn send(sock: &mut tokio::net::TcpStream, h: Header, data: &[u8]) {
+        let mut bytes = Vec::new();
+        Pdu::new(h, &[][..], data).encode(&mut bytes);
+        sock.write_all(&bytes).await.unwrap();
+    }
+    let cfg = TargetLoginConfig { targets: vec![TargetNode::open(TARGET)], ..TargetLoginConfig::default() };
+    let mut login = TargetLogin::new(cfg, TargetLoginParams { new_tsih: 7, initial_stat_sn: 1, cmd_window: 32, entropy: [9; 32] });
+    let (mut exp_cmd_sn, mut stat_sn) = loop {
+        let Some((h, d)) = read_pdu(&mut sock).await else { return };
+        let Header::LoginRequest(req) = h else { return };
+        login.handle_pdu(std::time::Duration::ZERO, &h, &d);
+        while let Some(mut p) = login.poll_transmit() {
+            (p.header.exp_cmd_sn, p.header.max_cmd_sn) = (req.cmd_sn.wrapping_add(1), req.cmd_sn);
+            send(&mut sock, Header::LoginResponse(p.header), &p.data).await;
+        }
+        match login.poll_event() {
+            Some(TargetLoginEvent::Complete(o)) => break (req.cmd_sn, o.stat_sn),
+            Some(_) => return,
+            None => {}
+        }
+    };
+    let nop = NopIn { itt: u32::MAX, ttt: u32::MAX, stat_sn, exp_cmd_sn, max_cmd_sn: exp_cmd_sn + 31, ..NopIn::default() };
+    send(&mut sock, Header::NopIn(nop), &[]).await;
+    while let Some((h, _)) = read_pdu(&mut sock).await {
+        match h {
+            Header::ScsiCommand(c) if c.cmd_sn == exp_cmd_sn => {
+                exp_cmd_sn += 1;
+                let r = ScsiResponse { itt: c.itt, stat_sn, exp_cmd_sn, max_cmd_sn: exp_cmd_sn + 31, ..ScsiResponse::default() };
+                stat_sn += 1;
+                send(&mut sock, Header::ScsiResponse(r), &[]).await;
+            }
+            Header::LogoutRequest(l) => {
+                let r = LogoutResponse { itt: l.itt, stat_sn, exp_cmd_sn, max_cmd_sn: exp_cmd_sn + 31, ..LogoutResponse::default() };
+                send(&mut sock, Header::LogoutResponse(r), &[]).await;
+                return;
+            }
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_reach_a_target_whose_login_responses_overstate_expcmdsn() {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = l.accept().await {
+            tokio::spawn(tgt_iser_like_connection(sock));
+        }
+    });
+    let mut cfg = SessionConfig::new(ME, TARGET);
+    cfg.timeout = std::time::Duration::from_secs(3);
+    let s = Session::connect(addr, cfg).await.unwrap();
+    // The first command carries the login's CmdSN (RFC 7143 §11.12.8), then the sequence goes on.
+    for _ in 0..3 {
+        s.test_unit_ready(0).await.unwrap();
+    }
+    s.logout().await.unwrap();
+}

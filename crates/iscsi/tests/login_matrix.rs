@@ -730,3 +730,37 @@ fn c46_chap_response_requests_transit_as_tgt_requires() {
     assert!(saw_chap_r);
     assert!(matches!(ini.poll_event(), Some(InitiatorLoginEvent::Complete(_))));
 }
+
+#[test]
+fn c47_first_command_carries_the_login_cmdsn_whatever_the_final_response_says() {
+    // tgt's iSER login (usr/iscsi/iser_text.c, 1.0.85 to 1.0.97) answers every Login Request
+    // with ExpCmdSN = CmdSN + 1 and MaxCmdSN = CmdSN, while its session expects the login's
+    // CmdSN on the first command (as RFC 7143 §11.12.8 says: the first non-immediate command
+    // carries the leading login's CmdSN). Taking the response's ExpCmdSN, a command is sent
+    // with CmdSN + 1, which tgt queues forever waiting for CmdSN.
+    let now = Duration::ZERO;
+    let mut icfg = initiator_cfg();
+    icfg.cmd_sn = 77;
+    let mut ini = InitiatorLogin::new(icfg, now, [1; 32]);
+    let mut tgt = TargetLogin::new(target_cfg(), params());
+    let mut events = Vec::new();
+    for _ in 0..10 {
+        let mut cmd_sn = None;
+        while let Some(p) = ini.poll_transmit() {
+            cmd_sn = Some(p.header.cmd_sn);
+            let (h, d) = wire(Header::LoginRequest(p.header), &p.data);
+            tgt.handle_pdu(now, &h, &d);
+        }
+        while let Some(mut p) = tgt.poll_transmit() {
+            let sn = cmd_sn.expect("a response answers a request");
+            (p.header.exp_cmd_sn, p.header.max_cmd_sn) = (sn.wrapping_add(1), sn);
+            let (h, d) = wire(Header::LoginResponse(p.header), &p.data);
+            ini.handle_pdu(now, &h, &d);
+        }
+        events.extend(std::iter::from_fn(|| ini.poll_event()));
+    }
+    match events.as_slice() {
+        [InitiatorLoginEvent::Complete(o)] => assert_eq!((o.exp_cmd_sn, o.max_cmd_sn), (77, 77)),
+        other => panic!("login did not complete: {other:?}"),
+    }
+}

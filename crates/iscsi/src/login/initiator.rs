@@ -374,7 +374,12 @@ impl InitiatorLogin {
                     tsih: rsp.tsih,
                     cid: self.config.cid,
                     stat_sn: self.exp_stat_sn,
-                    exp_cmd_sn: rsp.exp_cmd_sn,
+                    // Login PDUs consume no CmdSN: the first command carries the login's own
+                    // (RFC 7143 §11.12.8), whatever ExpCmdSN the response reports. tgt's iSER
+                    // login reports CmdSN + 1 (with MaxCmdSN = CmdSN) but its session expects
+                    // CmdSN, and holds a command numbered CmdSN + 1 forever. (Linux ignores
+                    // these fields too: it restarts its window from its own CmdSN.)
+                    exp_cmd_sn: self.config.cmd_sn,
                     max_cmd_sn: rsp.max_cmd_sn,
                 };
                 if self.config.transport == Transport::Iser

@@ -123,7 +123,9 @@ pub struct LoginOutcome {
     pub cid: u16,
     /// Target: the next StatSN to send. Initiator: the next StatSN expected (ExpStatSN).
     pub stat_sn: u32,
-    /// ExpCmdSN after login (the login's CmdSN: login PDUs do not advance it).
+    /// ExpCmdSN after login: the login's CmdSN (login PDUs do not advance it), which the first
+    /// command carries. On the initiator it is taken from the login itself, not from the
+    /// target's final response (tgt's iSER login overstates it by one).
     pub exp_cmd_sn: u32,
     /// MaxCmdSN announced in the final response.
     pub max_cmd_sn: u32,
