@@ -181,6 +181,12 @@ async fn main() {
 }
 
 async fn run() -> Result<(), String> {
+    // Diagnostics (RUST_LOG=debug or trace) go to stderr; only warnings by default.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_target(false)
+        .with_writer(std::io::stderr)
+        .init();
     let a = Args::parse();
     let provider = riser::cli::RdmaProvider::parse(&a.rdma_provider)?;
     let url = parse_url(&a.url, provider)?;
