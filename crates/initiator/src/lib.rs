@@ -313,6 +313,7 @@ async fn login(
     let mut l = InitiatorLogin::new(cfg, Duration::ZERO, entropy());
     loop {
         while let Some(p) = l.poll_transmit() {
+            tracing::debug!(csg = p.header.csg.0, transit = p.header.transit, nsg = p.header.nsg.0, keys = %login_keys(&p.data), "Login Request");
             dm.send_control(ControlPdu::new(Header::LoginRequest(p.header), p.data.into())).await.map_err(|_| Error::ConnectionLost)?;
         }
         match l.poll_event() {
@@ -333,7 +334,12 @@ async fn login(
         }
         let left = timeout.saturating_sub(start.elapsed());
         match tokio::time::timeout(left, dm.next_event()).await {
-            Ok(DmEvent::Control(p)) => l.handle_pdu(start.elapsed(), &p.header, &p.data),
+            Ok(DmEvent::Control(p)) => {
+                if let Header::LoginResponse(r) = &p.header {
+                    tracing::debug!(csg = r.csg.0, transit = r.transit, nsg = r.nsg.0, status = r.status_class, keys = %login_keys(&p.data), "Login Response");
+                }
+                l.handle_pdu(start.elapsed(), &p.header, &p.data)
+            }
             Ok(_) => {
                 return Err(Error::ConnectionLost);
             }
@@ -343,6 +349,21 @@ async fn login(
             }
         }
     }
+}
+
+/// Login text for the log: `key=value` pairs, CHAP values left out.
+fn login_keys(data: &[u8]) -> String {
+    data.split(|&b| b == 0)
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let kv = String::from_utf8_lossy(kv);
+            match kv.split_once('=') {
+                Some((k, _)) if k.starts_with("CHAP_") => format!("{k}=..."),
+                _ => kv.into_owned(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 async fn resolve(addr: impl ToSocketAddrs) -> Result<std::net::SocketAddr, Error> {

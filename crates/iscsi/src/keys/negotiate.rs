@@ -78,6 +78,9 @@ pub struct Negotiator {
     local_decl: BTreeMap<&'static str, String>,
     peer_decl: BTreeMap<&'static str, String>,
     offered: BTreeMap<&'static str, String>,
+    /// Offers whose outcome they decide alone (Yes for an OR key, No for an AND key): the
+    /// answer is optional (RFC 7143 §6.2.2; LIO omits it on iSER connections).
+    offered_optional: BTreeMap<&'static str, String>,
     seen: BTreeSet<String>,
 }
 
@@ -166,6 +169,7 @@ impl Negotiator {
             local_decl: BTreeMap::new(),
             peer_decl: BTreeMap::new(),
             offered: BTreeMap::new(),
+            offered_optional: BTreeMap::new(),
             seen: BTreeSet::new(),
         }
     }
@@ -222,7 +226,7 @@ impl Negotiator {
                 }
                 continue;
             };
-            if let Some(ours) = self.offered.remove(def.name) {
+            if let Some(ours) = self.offered.remove(def.name).or_else(|| self.offered_optional.remove(def.name)) {
                 let result = check_answer(def, &ours, value)
                     .ok_or_else(|| NegotiationError::BadResponse { key: key.into(), value: value.into() })?;
                 self.results.insert(def.name, result);
@@ -282,7 +286,17 @@ impl Negotiator {
     /// Offer `key=value` and expect an answer.
     pub fn offer(&mut self, key: &'static str, value: String, out: &mut TextBuilder) {
         out.push(key, &value);
-        self.offered.insert(key, value);
+        let decides_alone = lookup(key).is_some_and(|d| match d.kind {
+            Kind::BoolOr => value == "Yes",
+            Kind::BoolAnd => value == "No",
+            _ => false,
+        });
+        if decides_alone {
+            self.results.insert(key, value.clone());
+            self.offered_optional.insert(key, value);
+        } else {
+            self.offered.insert(key, value);
+        }
     }
 
     /// Declare `key=value` (no answer expected).
@@ -323,6 +337,13 @@ impl Negotiator {
         }
         if let Some(k) = self.recv_length_key() {
             self.declare(k, self.config.max_recv_data_segment_length.to_string(), out);
+        }
+        if self.transport == Transport::Iser && self.session_type == SessionType::Normal {
+            // As open-iscsi: the initiator declares TargetRecvDataSegmentLength too (the RFC
+            // 7145 default, what it assumes of the target until the target declares its own).
+            // LIO proposes the key itself and holds the login in the operational stage (T=0,
+            // forever) until the initiator has sent it.
+            self.declare("TargetRecvDataSegmentLength", "8192".into(), out);
         }
     }
 
@@ -468,6 +489,48 @@ mod tests {
         let mut o = TextBuilder::new();
         i2.offer("MaxBurstLength", "8192".into(), &mut o);
         assert!(matches!(answer(&mut i2, &[("MaxBurstLength", "9000")]), Err(NegotiationError::BadResponse { .. })));
+    }
+
+    #[test]
+    fn offers_deciding_their_outcome_alone_need_no_answer() {
+        let mut i = Negotiator::new(Role::Initiator, Transport::Iser, OperationalConfig::default(), true);
+        let mut out = TextBuilder::new();
+        i.offer("DataPDUInOrder", "Yes".into(), &mut out);
+        i.offer("DataSequenceInOrder", "Yes".into(), &mut out);
+        i.offer("ImmediateData", "No".into(), &mut out);
+        i.offer("InitialR2T", "No".into(), &mut out);
+        // LIO on iSER answers neither in-order key (OR, offered Yes), nor ImmediateData=No (AND).
+        assert!(answer(&mut i, &[("InitialR2T", "Yes")]).unwrap().is_empty());
+        assert!(!i.pending(), "the omitted answers are optional");
+        let p = i.params();
+        assert!(p.data_pdu_in_order && p.data_sequence_in_order && !p.immediate_data && p.initial_r2t);
+        // An answer given anyway is checked and taken, not answered back.
+        let mut i = Negotiator::new(Role::Initiator, Transport::Tcp, OperationalConfig::default(), true);
+        let mut out = TextBuilder::new();
+        i.offer("DataPDUInOrder", "Yes".into(), &mut out);
+        assert!(answer(&mut i, &[("DataPDUInOrder", "Yes")]).unwrap().is_empty());
+        assert!(answer(&mut i, &[("DataPDUInOrder", "No")]).is_err(), "a second answer");
+    }
+
+    #[test]
+    fn iser_initiator_declares_both_receive_lengths_as_open_iscsi() {
+        let mut i = Negotiator::new(Role::Initiator, Transport::Iser, OperationalConfig::default(), true);
+        let mut out = TextBuilder::new();
+        i.initiator_offers(&mut out);
+        let bytes = out.into_bytes();
+        let offers = parse_pairs(&bytes).unwrap();
+        assert!(offers.contains(&("InitiatorRecvDataSegmentLength", "262144")), "{offers:?}");
+        assert!(offers.contains(&("TargetRecvDataSegmentLength", "8192")), "LIO waits for it: {offers:?}");
+        // The target's own declaration wins over the initiator's assumption.
+        let mut t = Negotiator::new(Role::Target, Transport::Iser, OperationalConfig::default(), true);
+        let a = answer(&mut t, &offers).unwrap();
+        let mut d = TextBuilder::new();
+        t.target_declarations(&mut d);
+        let db = d.into_bytes();
+        let mut reply = pairs(&a);
+        reply.extend(parse_pairs(&db).unwrap());
+        answer(&mut i, &reply).unwrap();
+        assert_eq!(i.params().target_recv_data_segment_length, 262_144);
     }
 
     #[test]

@@ -344,22 +344,28 @@ impl CmConn {
 
     /// End the connection on a provider-detected error (the queue pair is in error already).
     pub(super) fn fail(&self, why: &str) {
-        self.disconnect();
-        self.set(State::Ended(why.to_string()));
+        self.end(why);
     }
 
     pub(super) fn disconnect(&self) {
+        self.end("disconnected locally");
+    }
+
+    /// The connection is over, for `why` (kept if it ended before): say so, then disconnect.
+    fn end(&self, why: &str) {
+        let mut st = lock(&self.state);
+        if !matches!(*st, State::Ended(_) | State::Rejected(_)) {
+            *st = State::Ended(why.to_string());
+            drop(st);
+            self.changed.notify_all();
+            self.ended.notify_waiters();
+        } else {
+            drop(st);
+        }
         if !self.disconnect_called.swap(true, Ordering::AcqRel) {
             // SAFETY: a valid id; on InfiniBand/RoCE this moves the QP to the error state, so
             // outstanding work is flushed; on iWARP it starts the close.
             unsafe { sys::rdma_disconnect(self.id.id.0) };
-        }
-        let mut st = lock(&self.state);
-        if !matches!(*st, State::Ended(_) | State::Rejected(_)) {
-            *st = State::Ended("disconnected locally".into());
-            drop(st);
-            self.changed.notify_all();
-            self.ended.notify_waiters();
         }
     }
 
@@ -430,15 +436,11 @@ impl CmConn {
             }
             t::RDMA_CM_EVENT_REJECTED => self.set(State::Rejected(pd)),
             t::RDMA_CM_EVENT_UNREACHABLE | t::RDMA_CM_EVENT_CONNECT_ERROR | t::RDMA_CM_EVENT_DEVICE_REMOVAL => {
-                self.disconnect();
-                self.set(State::Ended(format!("{} (status {status})", event_name(kind))));
+                self.end(&format!("{} (status {status})", event_name(kind)));
             }
-            t::RDMA_CM_EVENT_DISCONNECTED => {
-                // Our half too: on InfiniBand/RoCE this moves the QP to error, so everything
-                // outstanding is flushed to the consumer.
-                self.disconnect();
-                self.set(State::Ended("disconnected by the peer".into()));
-            }
+            // Our half too: on InfiniBand/RoCE this moves the QP to error, so everything
+            // outstanding is flushed to the consumer.
+            t::RDMA_CM_EVENT_DISCONNECTED => self.end("disconnected by the peer"),
             _ => {}
         }
     }
@@ -457,8 +459,9 @@ impl CmConn {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 drop(st);
-                self.disconnect();
-                return Err(Error::Unreachable(format!("connection not established within {timeout:?}")));
+                let why = format!("connection not established within {timeout:?}");
+                self.end(&why);
+                return Err(Error::Unreachable(why));
             }
             st = self.changed.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
         }

@@ -388,8 +388,10 @@ pub(super) struct Window {
 enum Backing {
     /// Registered where it lies; `mr` is null once revoked.
     InPlace { mem: Mutex<Option<Storage>>, ptr: Ptr<u8>, mr: Mutex<Ptr<sys::ibv_mr>>, ibv_access: i32 },
-    /// Copied into a pool chunk; with a memory window for remote access in window mode.
-    Pooled { chunk: Mutex<Option<Chunk>>, window: Mutex<Option<Window>>, addr: u64 },
+    /// Copied into a pool chunk; with a memory window for remote access in window mode. The
+    /// chunk is shared with a retiring window until its invalidation completed; `io` serialises
+    /// the region's own reads and writes.
+    Pooled { chunk: Arc<Chunk>, window: Mutex<Option<Window>>, addr: u64, io: Mutex<()> },
 }
 
 /// A memory region of the rdma-core provider.
@@ -461,7 +463,7 @@ impl RcMr {
         }
         Ok(Arc::new(Self {
             pd: pd.clone(),
-            backing: Backing::Pooled { chunk: Mutex::new(Some(chunk)), window: Mutex::new(window), addr },
+            backing: Backing::Pooled { chunk: Arc::new(chunk), window: Mutex::new(window), addr, io: Mutex::new(()) },
             len: mem.len(),
             access,
             lkey: AtomicU32::new(lkey),
@@ -485,9 +487,9 @@ impl RcMr {
             Backing::Pooled { chunk, window, .. } => {
                 if let Some(w) = lock(window).take() {
                     // The chunk stays reserved until the window is known dead: after the local
-                    // invalidation completes (or the queue pair is gone), never before.
-                    let chunk = lock(chunk).take();
-                    w.qp.clone().retire_window(w, chunk);
+                    // invalidation completes (or the queue pair is gone), never before, even if
+                    // this region is dropped sooner.
+                    w.qp.clone().retire_window(w, Some(chunk.clone()));
                 }
             }
         }
@@ -526,10 +528,9 @@ impl MemoryRegion for RcMr {
                     f(m.as_slice());
                 }
             }
-            Backing::Pooled { chunk, .. } => {
-                if let Some(c) = lock(chunk).as_ref() {
-                    f(c.bytes());
-                }
+            Backing::Pooled { chunk, io, .. } => {
+                let _io = lock(io);
+                f(chunk.bytes());
             }
         }
     }
@@ -540,10 +541,9 @@ impl MemoryRegion for RcMr {
                     f(v);
                 }
             }
-            Backing::Pooled { chunk, .. } => {
-                if let Some(c) = lock(chunk).as_ref() {
-                    f(c.bytes_mut());
-                }
+            Backing::Pooled { chunk, io, .. } => {
+                let _io = lock(io);
+                f(chunk.bytes_mut());
             }
         }
     }
@@ -566,7 +566,7 @@ impl MemoryRegion for RcMr {
                 self.lkey.store(lkey, Ordering::Release);
                 self.rkey.store(rkey, Ordering::Release);
             }
-            Backing::Pooled { chunk, window, addr } => {
+            Backing::Pooled { chunk, window, addr, .. } => {
                 let mut w = lock(window);
                 let Some(old) = w.take() else {
                     // A fixed-key or local chunk: its key is the pool's and cannot change.
@@ -577,10 +577,8 @@ impl MemoryRegion for RcMr {
                 };
                 let qp = old.qp.clone();
                 // Invalidate the old key (the chunk stays ours), then bind a fresh window.
-                let c = lock(chunk);
-                let Some(c) = c.as_ref() else { return Err(Error::Invalid("region has no memory".into())) };
-                let (mr, len) = (c.mr, self.len);
-                qp.clone().retire_window(old, None);
+                let (mr, len) = (chunk.mr, self.len);
+                qp.clone().retire_window(old, Some(chunk.clone()));
                 let mw = self.pd.window()?;
                 let k = qp.bind_window(mw, mr, *addr, len, self.access)?;
                 *w = Some(Window { mw, rkey: k, qp });
@@ -604,11 +602,9 @@ impl MemoryRegion for RcMr {
                 }
             }
             Backing::Pooled { .. } => {
-                // Copied out before the revocation (which hands a window's chunk to the queue
-                // pair until the invalidation completes).
+                me.revoke();
                 let mut out = None;
                 me.read(&mut |b| out = Some(b.to_vec()));
-                me.revoke();
                 out
             }
         }

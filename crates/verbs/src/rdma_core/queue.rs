@@ -269,7 +269,7 @@ enum SqKind {
 /// A window being invalidated: its chunk stays reserved until the invalidation completed.
 struct Retiring {
     mw: Ptr<sys::ibv_mw>,
-    _chunk: Option<Chunk>,
+    _chunk: Option<Arc<Chunk>>,
 }
 
 /// A reliable-connected queue pair, with its connection.
@@ -521,7 +521,7 @@ impl RcQp {
 
     /// A window's region is done with it: invalidate it (unless the peer already did) and keep
     /// `chunk` reserved until that has completed.
-    pub(super) fn retire_window(self: Arc<Self>, w: Window, chunk: Option<Chunk>) {
+    pub(super) fn retire_window(self: Arc<Self>, w: Window, chunk: Option<Arc<Chunk>>) {
         if lock(&self.bound).remove(&w.rkey).is_none() || self.conn.ended() {
             // Invalidated by the peer, or no connection left to use it: free now.
             self.pd.spare_window(w.mw);
