@@ -5,7 +5,8 @@
 //!   URL: iscsi://HOST[:PORT]/TARGET_IQN/LUN   (or iscsi://HOST[:PORT] for discover)
 //!        iser://HOST[:PORT]/TARGET_IQN/LUN    iSER (default port 3262 on the software iWARP RNIC,
 //!                                             3260 with --rdma-provider rdma-core)
-//!   COMMAND: discover | inquiry | readcap | read | write | verify | bench
+//!   COMMAND: discover | inquiry | readcap | read | write | verify | bench | soak
+//!   (soak: --seconds of write/read-back/compare rounds that ride out connection losses)
 //!   [--rdma-provider soft|rdma-core] [--rdma-keys auto|windows|per-region|fixed-pool]
 //! ```
 
@@ -21,7 +22,7 @@ use std::time::{Duration, Instant};
 #[derive(Parser, Debug)]
 #[command(about = "riser iSCSI initiator")]
 struct Args {
-    /// discover, inquiry, readcap, read, write, verify or bench.
+    /// discover, inquiry, readcap, read, write, verify, bench or soak.
     command: String,
     /// iscsi://HOST[:PORT]/TARGET_IQN/LUN, or iser://HOST[:PORT]/TARGET_IQN/LUN
     url: String,
@@ -37,7 +38,7 @@ struct Args {
     /// Byte offset on the LUN.
     #[arg(long, default_value = "0")]
     offset: String,
-    /// Seconds per bench measurement.
+    /// Seconds per bench measurement, or of a soak.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
     /// Our initiator name.
@@ -355,8 +356,104 @@ async fn run() -> Result<(), String> {
                 println!("{row}");
             }
         }
+        "soak" => soak(&s, lun, bs, offset, size.max(io), io, &a).await?,
         other => return Err(format!("unknown command {other:?}")),
     }
     s.logout().await.map_err(fmt_err)?;
+    Ok(())
+}
+
+/// `soak`: for `--seconds`, each of `--queue-depth` workers writes a fresh pattern to its next
+/// block, reads it back and compares. Failures (a target gone, a connection lost) are reported
+/// once when they start, with their cause, and once when the session works again; the session
+/// reconnects by itself. Exits non-zero on any data mismatch, or if the last round failed.
+async fn soak(s: &Session, lun: u16, bs: u32, offset: u64, span: u64, io: u64, a: &Args) -> Result<(), String> {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    #[derive(Default)]
+    struct Log {
+        failing_since: Option<Instant>,
+        failed: u64,
+        outages: u64,
+        mismatches: u64,
+        last_ok: bool,
+    }
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(a.seconds);
+    let log = Arc::new(std::sync::Mutex::new(Log::default()));
+    let ok = Arc::new(AtomicU64::new(0));
+    let blocks = (span / io).max(1);
+    let mut workers = Vec::new();
+    for w in 0..a.queue_depth.max(1) as u64 {
+        let (s, log, ok, seed) = (s.clone(), log.clone(), ok.clone(), a.seed);
+        workers.push(tokio::spawn(async move {
+            let mut round = 0u64;
+            while Instant::now() < deadline {
+                let at = offset + ((w + round * 8) % blocks) * io;
+                let data = pattern(seed ^ (round << 8 | w), at, io as usize);
+                round += 1;
+                let r = async {
+                    s.write(lun, at / u64::from(bs), data.clone(), bs).await?;
+                    s.read(lun, at / u64::from(bs), (io / u64::from(bs)) as u32, bs).await
+                }
+                .await;
+                let now = start.elapsed().as_secs_f64();
+                let pause = {
+                    let mut l = log.lock().unwrap_or_else(|e| e.into_inner());
+                    match r {
+                        Ok(back) if back == data => {
+                            ok.fetch_add(1, Relaxed);
+                            l.last_ok = true;
+                            if let Some(since) = l.failing_since.take() {
+                                println!(
+                                    "t={now:.1}s: the session works again ({} rounds failed over {:.1} s)",
+                                    l.failed,
+                                    since.elapsed().as_secs_f64()
+                                );
+                                l.failed = 0;
+                            }
+                            s.recycle(back);
+                            false
+                        }
+                        Ok(_) => {
+                            l.mismatches += 1;
+                            println!("t={now:.1}s: DATA MISMATCH in the {io} bytes at offset {at}");
+                            false
+                        }
+                        Err(e) => {
+                            l.failed += 1;
+                            l.last_ok = false;
+                            if l.failing_since.is_none() {
+                                l.failing_since = Some(Instant::now());
+                                l.outages += 1;
+                                println!("t={now:.1}s: I/O failing: {e}");
+                            }
+                            true
+                        }
+                    }
+                };
+                if pause {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }));
+    }
+    for w in workers {
+        w.await.map_err(|e| e.to_string())?;
+    }
+    let l = log.lock().unwrap_or_else(|e| e.into_inner());
+    println!(
+        "soak: {} rounds verified in {:.1} s, {} outage(s), {} mismatch(es){}",
+        ok.load(Relaxed),
+        start.elapsed().as_secs_f64(),
+        l.outages,
+        l.mismatches,
+        if l.failing_since.is_some() { ", still failing at the end" } else { "" }
+    );
+    if l.mismatches > 0 {
+        return Err("data mismatch".into());
+    }
+    if !l.last_ok {
+        return Err("the last round failed".into());
+    }
     Ok(())
 }

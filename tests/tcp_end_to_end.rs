@@ -548,3 +548,62 @@ async fn commands_reach_a_target_whose_login_responses_overstate_expcmdsn() {
     }
     s.logout().await.unwrap();
 }
+
+/// A discovery session ends with a Logout acknowledging every status it got (ExpStatSN = the
+/// last StatSN + 1, RFC 7143 §11.14), and waits for the Logout Response before it closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_logout_acknowledges_the_last_status() {
+    use riser::iscsi::login::{TargetLogin, TargetLoginConfig, TargetLoginEvent, TargetLoginParams, TargetNode};
+    use riser::iscsi::wire::{LogoutResponse, TextResponse};
+    async fn send(sock: &mut tokio::net::TcpStream, h: Header, data: &[u8]) {
+        let mut bytes = Vec::new();
+        Pdu::new(h, &[][..], data).encode(&mut bytes);
+        sock.write_all(&bytes).await.unwrap();
+    }
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut sock, _) = l.accept().await.unwrap();
+        let cfg = TargetLoginConfig { targets: vec![TargetNode::open(TARGET)], ..TargetLoginConfig::default() };
+        let mut login = TargetLogin::new(cfg, TargetLoginParams { new_tsih: 3, initial_stat_sn: 100, cmd_window: 8, entropy: [1; 32] });
+        let stat_sn = loop {
+            let (h, d) = read_pdu(&mut sock).await.unwrap();
+            login.handle_pdu(std::time::Duration::ZERO, &h, &d);
+            while let Some(p) = login.poll_transmit() {
+                send(&mut sock, Header::LoginResponse(p.header), &p.data).await;
+            }
+            if let Some(TargetLoginEvent::Complete(o)) = login.poll_event() {
+                break o.stat_sn;
+            }
+        };
+        let (h, _) = read_pdu(&mut sock).await.unwrap();
+        let Header::TextRequest(t) = h else { panic!("expected SendTargets, got {h:?}") };
+        let text = format!("TargetName={TARGET}\0TargetAddress=127.0.0.1:3260,1\0");
+        let r = TextResponse {
+            final_: true,
+            itt: t.itt,
+            ttt: u32::MAX,
+            stat_sn,
+            exp_cmd_sn: t.cmd_sn,
+            max_cmd_sn: t.cmd_sn + 8,
+            ..TextResponse::default()
+        };
+        send(&mut sock, Header::TextResponse(r), text.as_bytes()).await;
+        let (h, _) = read_pdu(&mut sock).await.unwrap();
+        let Header::LogoutRequest(lo) = h else { panic!("expected a Logout, got {h:?}") };
+        let r = LogoutResponse {
+            itt: lo.itt,
+            stat_sn: stat_sn + 1,
+            exp_cmd_sn: lo.cmd_sn,
+            max_cmd_sn: lo.cmd_sn + 8,
+            ..LogoutResponse::default()
+        };
+        send(&mut sock, Header::LogoutResponse(r), &[]).await;
+        let _ = tx.send((lo.exp_stat_sn, stat_sn));
+    });
+    let found = discover(addr, ME, InitiatorAuth::None).await.unwrap();
+    assert_eq!(found[0].0, TARGET);
+    let (acked, last) = rx.await.unwrap();
+    assert_eq!(acked, last.wrapping_add(1), "the Logout's ExpStatSN");
+}

@@ -399,12 +399,14 @@ pub async fn discover_via(
     };
     dm.send_control(ControlPdu::new(Header::TextRequest(req), text.into_bytes().into())).await.map_err(|_| Error::ConnectionLost)?;
     let mut all = Vec::new();
+    let mut exp_stat_sn;
     loop {
         let ev = tokio::time::timeout(timeout, dm.next_event()).await.map_err(|_| Error::Timeout)?;
         let DmEvent::Control(p) = ev else { return Err(Error::ConnectionLost) };
         match p.header {
             Header::TextResponse(r) => {
                 all.extend_from_slice(&p.data);
+                exp_stat_sn = r.stat_sn.wrapping_add(1);
                 if !r.cont {
                     break;
                 }
@@ -423,9 +425,25 @@ pub async fn discover_via(
             _ => {}
         }
     }
-    let logout =
-        LogoutRequest { immediate: true, reason: LogoutReason::CLOSE_SESSION, itt: 2, cmd_sn: o.exp_cmd_sn, ..LogoutRequest::default() };
-    let _ = dm.send_control(ControlPdu::new(Header::LogoutRequest(logout), Bytes::new())).await;
+    let logout = LogoutRequest {
+        immediate: true,
+        reason: LogoutReason::CLOSE_SESSION,
+        itt: 2,
+        cmd_sn: o.exp_cmd_sn,
+        exp_stat_sn,
+        ..LogoutRequest::default()
+    };
+    if dm.send_control(ControlPdu::new(Header::LogoutRequest(logout), Bytes::new())).await.is_ok() {
+        // The target answers before it closes; a short wait, the list is ours anyway.
+        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+            while let DmEvent::Control(p) = dm.next_event().await {
+                if matches!(p.header, Header::LogoutResponse(_)) {
+                    break;
+                }
+            }
+        })
+        .await;
+    }
     dm.terminate();
     let pairs = parse_pairs(&all).map_err(|e| Error::Protocol(e.to_string()))?;
     let mut out: Vec<(String, Vec<String>)> = Vec::new();
