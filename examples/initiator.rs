@@ -372,6 +372,7 @@ async fn soak(s: &Session, lun: u16, bs: u32, offset: u64, span: u64, io: u64, a
     #[derive(Default)]
     struct Log {
         failing_since: Option<Instant>,
+        last_error: String,
         failed: u64,
         outages: u64,
         mismatches: u64,
@@ -422,11 +423,15 @@ async fn soak(s: &Session, lun: u16, bs: u32, offset: u64, span: u64, io: u64, a
                         Err(e) => {
                             l.failed += 1;
                             l.last_ok = false;
+                            let e = e.to_string();
                             if l.failing_since.is_none() {
                                 l.failing_since = Some(Instant::now());
                                 l.outages += 1;
                                 println!("t={now:.1}s: I/O failing: {e}");
+                            } else if e != l.last_error {
+                                println!("t={now:.1}s: now failing with: {e}");
                             }
+                            l.last_error = e;
                             true
                         }
                     }

@@ -310,7 +310,7 @@ impl<P: Provider + 'static> Shared<P> {
                     let n = wc.byte_len as usize;
                     let mut handled = Ok(());
                     mr.read(&mut |b| handled = self.on_message(&b[..n.min(b.len())], wc.invalidated_rkey));
-                    if !self.closed.load(Ordering::Acquire) && self.post_recv(Some(mr)).is_err() {
+                    if !self.closed.load(Ordering::Acquire) && self.qp.is_connected() && self.post_recv(Some(mr)).is_err() {
                         self.fail("cannot repost a receive");
                     }
                     if let Err(why) = handled {

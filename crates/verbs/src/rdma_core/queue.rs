@@ -266,6 +266,14 @@ enum SqKind {
     LocalInv,
 }
 
+/// A posted send-queue request, until it completes (or a later one shows it has).
+#[derive(Clone, Copy, Debug)]
+struct SqEntry {
+    id: u64,
+    kind: SqKind,
+    signaled: bool,
+}
+
 /// A window being invalidated: its chunk stays reserved until the invalidation completed.
 struct Retiring {
     mw: Ptr<sys::ibv_mw>,
@@ -283,9 +291,10 @@ pub struct RcQp {
     num: u32,
     max_send_sge: u32,
     max_recv_sge: u32,
-    /// Send-queue entries in posting order (a send queue completes in order; error completions
-    /// carry no valid opcode, so the kind is remembered here).
-    sq: Mutex<VecDeque<(u64, SqKind)>>,
+    /// Send-queue entries in posting order (error completions carry no valid opcode, so the kind
+    /// is remembered here). Not strictly completed in order: siw completes an RDMA Read when its
+    /// response arrives, after Sends posted later have completed.
+    sq: Mutex<VecDeque<SqEntry>>,
     /// Posted receives, in order.
     rq: Mutex<VecDeque<u64>>,
     /// Windows bound and valid, by key (a remote invalidation removes its key).
@@ -440,17 +449,42 @@ impl RcQp {
                 solicited: false,
             });
         }
-        let mut kind = None;
-        {
+        let kind = {
             let mut sq = lock(&self.sq);
-            while let Some((id, k)) = sq.pop_front() {
-                if id == raw.wr_id {
-                    kind = Some(k);
-                    break;
+            match sq.iter().position(|e| e.id == raw.wr_id) {
+                Some(at) => {
+                    let e = sq.remove(at).map(|e| e.kind);
+                    // Unsignaled requests posted before it have been carried out (they report
+                    // only errors, and an error would have ended the queue pair); signaled ones
+                    // (an RDMA Read still waiting for its response) stay until they complete.
+                    let mut i = 0;
+                    let mut before = at;
+                    while i < before {
+                        if sq[i].signaled {
+                            i += 1;
+                        } else {
+                            sq.remove(i);
+                            before -= 1;
+                        }
+                    }
+                    e
                 }
+                None => None,
             }
-        }
-        match kind? {
+        };
+        let Some(kind) = kind else {
+            // Not ours to place (an unsignaled request already counted as done): pass errors on
+            // so the consumer sees the queue pair fail.
+            return (st != WcStatus::Success).then_some(Wc {
+                wr_id: raw.wr_id,
+                status: st,
+                opcode: WcOpcode::Send,
+                byte_len: 0,
+                invalidated_rkey: None,
+                solicited: false,
+            });
+        };
+        match kind {
             SqKind::Op(opcode) => {
                 Some(Wc { wr_id: raw.wr_id, status: st, opcode, byte_len: raw.byte_len, invalidated_rkey: None, solicited: false })
             }
@@ -492,7 +526,8 @@ impl RcQp {
         if rc != 0 {
             return Err(ret_err("ibv_post_send", rc));
         }
-        sq.push_back((wr.wr_id, kind));
+        let signaled = wr.send_flags & sys::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
+        sq.push_back(SqEntry { id: wr.wr_id, kind, signaled });
         Ok(())
     }
 
@@ -549,10 +584,37 @@ impl Drop for RcQp {
         self.conn.disconnect();
         self.send_cq.remove_qp(self.num);
         self.recv_cq.remove_qp(self.num);
-        // SAFETY: no region of this QP is left (bound windows hold an Arc of it); destroying
-        // the QP before its id, CQs and PD is the order verbs requires.
+        // Destroying a connection's id can block for a long time (InfiniBand CM: a peer that
+        // vanished leaves a disconnect request retrying for tens of seconds), and queue pairs are
+        // dropped on async threads: the teardown runs on a thread of its own, in the order verbs
+        // requires (QP, then windows, then the id and its channel, then CQs and PD when last).
+        let teardown = Teardown {
+            conn: self.conn.clone(),
+            retiring: std::mem::take(self.retiring.get_mut().unwrap_or_else(|e| e.into_inner())),
+            pd: self.pd.clone(),
+            _cqs: [self.send_cq.clone(), self.recv_cq.clone()],
+        };
+        // (Should no thread be had, the closure is dropped here and the teardown runs inline.)
+        let _ = std::thread::Builder::new().name("rdma-teardown".into()).spawn(move || drop(teardown));
+    }
+}
+
+/// What a dropped queue pair leaves to destroy; destroyed when this is dropped.
+struct Teardown {
+    conn: Arc<CmConn>,
+    retiring: HashMap<u64, Retiring>,
+    pd: Arc<PdInner>,
+    /// Held until the queue pair is destroyed (a CQ must outlive its queue pairs).
+    _cqs: [Arc<RcCq>; 2],
+}
+
+impl Drop for Teardown {
+    fn drop(&mut self) {
+        // SAFETY: the queue pair's last handle is gone (bound windows hold one), so no request
+        // can be posted on it; it is destroyed before its id (dropped with `conn`), CQs and PD
+        // (the fields, dropped after this).
         unsafe { sys::rdma_destroy_qp(self.conn.id()) };
-        for (_, r) in self.retiring.get_mut().unwrap_or_else(|e| e.into_inner()).drain() {
+        for (_, r) in self.retiring.drain() {
             self.pd.spare_window(r.mw);
         }
         self.conn.stop();
