@@ -246,3 +246,25 @@ fn siw_memlock_limit_error_names_ulimit() {
         other => panic!("8 MiB under a 256 KiB memlock limit on siw must fail clearly, got {other:?}"),
     }
 }
+
+/// siw completes an RDMA Read when its response has arrived, after Sends posted later have
+/// completed: both completions must reach the consumer, each with its own id and kind (riser
+/// once assumed send-queue order and dropped the Read's, which hung an iSER write).
+#[test]
+#[ignore = "needs an RDMA device: run in the lab VM (cargo xtask lab)"]
+fn siw_read_completing_after_a_later_send_is_not_lost() {
+    let (server, client, ..) = pair(siw(), KeyMode::Auto, &[], &[]);
+    let src = client.pd.register((0..(4u32 << 20)).map(|i| (i % 251) as u8).collect(), Access::REMOTE_READ).unwrap();
+    let sink = server.pd.register(vec![0; 4 << 20], Access::LOCAL_WRITE | Access::READ_SINK).unwrap();
+    let msg = server.pd.register(vec![7; 64], Access::empty()).unwrap();
+    let read = SendOp::RdmaRead { remote_addr: src.addr(), rkey: src.rkey() };
+    server.qp.post_send(SendWr { wr_id: 41, op: read, sg_list: vec![sge(&sink)], signaled: true }).unwrap();
+    server.qp.post_send(SendWr { wr_id: 42, op: SendOp::Send, sg_list: vec![sge(&msg)], signaled: true }).unwrap();
+    let (a, b) = (server.next(), server.next());
+    eprintln!("completion order: {} then {}", a.wr_id, b.wr_id);
+    let mut got = [(a.wr_id, a.opcode, a.status), (b.wr_id, b.opcode, b.status)];
+    got.sort_by_key(|g| g.0);
+    assert_eq!(got, [(41, WcOpcode::RdmaRead, WcStatus::Success), (42, WcOpcode::Send, WcStatus::Success)]);
+    sink.read(&mut |d| assert!(d.iter().enumerate().all(|(i, &x)| x == (i % 251) as u8)));
+    assert_eq!(client.next().opcode, WcOpcode::Recv);
+}
