@@ -19,10 +19,15 @@ const TARGET: &str = "iqn.2026-11.io.riser:iser-e2e";
 const ME: &str = "iqn.2026-11.io.riser:iser-tester";
 
 async fn start() -> SocketAddr {
+    start_with(|_| {}).await
+}
+
+async fn start_with(f: impl FnOnce(&mut TargetConfig)) -> SocketAddr {
     let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_test_writer().try_init();
     let lu = Arc::new(LogicalUnit::new(Arc::new(RamBackend::new(64 << 20, 512)), Lun::ZERO, 9));
     let n = Node { name: TARGET.into(), alias: None, luns: vec![lu], acl: vec![], chap: None, mutual_chap: None };
-    let c = TargetConfig { nodes: vec![n], queue_depth: 64, ..TargetConfig::default() };
+    let mut c = TargetConfig { nodes: vec![n], queue_depth: 64, ..TargetConfig::default() };
+    f(&mut c);
     let rnic = SoftRnic::default();
     let l = rnic.listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = riser::verbs::Listener::local_addr(&l).unwrap();
@@ -134,7 +139,7 @@ async fn resets_during_transfers_and_teardown_leave_no_registration_behind() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn immediate_unsolicited_and_rdma_read_data_in_one_write() {
-    let addr = start().await;
+    let addr = start_with(|c| c.iser_unsolicited_data = true).await;
     let mut cfg = SessionConfig::new(ME, TARGET);
     // As the Linux initiator: InitialR2T=No, so up to FirstBurstLength goes unsolicited: 8 KiB of
     // immediate data, then Data-Out Sends to 64 KiB, then the target RDMA Reads the rest.
@@ -215,5 +220,33 @@ async fn a_buffer_smaller_than_the_command_says_is_protected_by_the_rnic() {
     // The target is unharmed: a well-behaved session works.
     let s = Session::connect(addr, config()).await.unwrap();
     s.test_unit_ready(0).await.unwrap();
+    s.logout().await.unwrap();
+}
+
+/// The Linux initiator offers InitialR2T=No with a 256 KiB FirstBurstLength and sends the
+/// unsolicited part as 8 KiB Data-Out Sends, each needing a receive the target posted. By
+/// default the target answers InitialR2T=Yes over iSER (as LIO), so a full window of writes
+/// never outruns its receives; it used to accept, and ran out (Terminate: Send with no receive
+/// posted) under a window of concurrent writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_of_writes_from_a_linux_like_initiator_never_outruns_the_targets_receives() {
+    let addr = start().await;
+    let mut cfg = SessionConfig::new(ME, TARGET);
+    cfg.operational.first_burst_length = 262_144;
+    cfg.connector = Arc::new(IserConnector::new(SoftRnic::default(), IserConfig { unsolicited_data_out: true, ..IserConfig::default() }));
+    let s = Session::connect(addr, cfg).await.unwrap();
+    assert!(s.params().initial_r2t, "the target answers InitialR2T=Yes over iSER");
+    let mut tasks = Vec::new();
+    for i in 0..64u64 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            let data = pattern(i as u8, 512 << 10);
+            s.write(0, i * 1024, data.clone(), 512).await.unwrap();
+            assert_eq!(s.read(0, i * 1024, 1024, 512).await.unwrap(), data);
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
     s.logout().await.unwrap();
 }

@@ -56,6 +56,14 @@ pub struct TargetConfig {
     pub nop_interval: Option<Duration>,
     /// A ping unanswered for this long drops the connection.
     pub nop_timeout: Duration,
+    /// iSER: accept unsolicited Data-Out (InitialR2T=No as negotiated by `operational`). Every
+    /// Send needs a receive posted in advance, and an initiator may send FirstBurstLength of
+    /// unsolicited data per command in receive-sized pieces (Linux: 256 KiB in 8 KiB Sends, 33
+    /// receives per command), so allowing it costs `queue_depth × (1 + FirstBurstLength /
+    /// receive size)` receives per connection. Off by default: iSER connections answer
+    /// InitialR2T=Yes, as LIO does, and the target RDMA Reads everything beyond the immediate
+    /// data (one receive per command).
+    pub iser_unsolicited_data: bool,
 }
 
 impl Default for TargetConfig {
@@ -68,6 +76,7 @@ impl Default for TargetConfig {
             nop_interval: Some(Duration::from_secs(10)),
             nop_timeout: Duration::from_secs(15),
             login_timeout: Duration::from_secs(15),
+            iser_unsolicited_data: false,
         }
     }
 }
@@ -131,7 +140,14 @@ impl Target {
         mut cfg: riser_iser::IserConfig,
     ) -> std::io::Result<()> {
         use riser_verbs::Listener as _;
-        cfg.recv_depth = cfg.recv_depth.max(self.config.queue_depth + 16);
+        // A receive per command in the window, and per unsolicited Data-Out Send when those are
+        // allowed, plus room for immediate PDUs (NOP-Out, task management, text, logout).
+        let per_command = if self.config.iser_unsolicited_data {
+            1 + self.config.operational.first_burst_length.div_ceil(cfg.recv_dsl.max(8192))
+        } else {
+            1
+        };
+        cfg.recv_depth = cfg.recv_depth.max(self.config.queue_depth.saturating_mul(per_command).saturating_add(16));
         let portal = listener.local_addr().map_err(std::io::Error::other)?;
         // The provider's listener blocks: it runs on a thread of its own (not the blocking pool,
         // which a runtime waits for at shutdown) and hands requests over; it stops at the next
@@ -169,6 +185,11 @@ impl Target {
     }
 
     fn login_config(&self, transport: Transport) -> TargetLoginConfig {
+        let mut operational = self.config.operational.clone();
+        if transport == Transport::Iser && !self.config.iser_unsolicited_data {
+            // No unsolicited Data-Out over iSER (see `TargetConfig::iser_unsolicited_data`).
+            operational.initial_r2t = true;
+        }
         TargetLoginConfig {
             targets: self
                 .config
@@ -183,7 +204,7 @@ impl Target {
                 })
                 .collect(),
             portal_group_tag: self.config.portal_group_tag,
-            operational: self.config.operational.clone(),
+            operational,
             transport,
             login_timeout: self.config.login_timeout,
             ..TargetLoginConfig::default()
