@@ -1,0 +1,316 @@
+#!/usr/bin/env bash
+# matrix.sh - the kernel's iSCSI stack against riser, inside the lab VM (../shared/lab/rdma-lab.sh).
+#
+#   cd <worktree> && bash ../shared/lab/rdma-lab.sh run --links "rxe siw" --timeout 1800 \
+#       -e CELLS="4 6 fault lio-selftest" --script xtask/lab/matrix.sh
+#
+# Cells (CELLS, in the order given; default "4 6 fault lio-selftest"):
+#   2             open-iscsi + ib_iser -> riser target on an rdma-core provider, once per link in
+#                 LINKS (rxe: 10.233.0.1, siw: 10.233.1.1). The target command comes from
+#                 CELL2_TARGET_CMD, with {addr} replaced by the link's address, e.g.
+#                 '{target} --rdma-provider rdma-core --iser-portal {addr}:3260 --lun ram:256MiB'
+#                 ({target} = $RISER_TARGET). Skipped while unset.
+#   3             riser initiator (CELL3_INITIATOR + CELL3_ARGS, default $RISER_INITIATOR) -> LIO +
+#                 ib_isert on rxe (10.233.0.1:3260): `verify iser://...` of 64 MiB.
+#   4             open-iscsi + ib_iser over siw -> riser target on its software iWARP RNIC
+#                 (CELL4_TARGET_CMD, default '{target} --iser-portal 10.233.1.1:3260 --lun ram:256MiB').
+#   6 (6a, 6b)   6a open-iscsi + iscsi_tcp -> riser target over TCP (CELL6_TARGET_CMD, default
+#                 '{target} --portal {addr}:3260 --lun ram:256MiB'); 6b riser initiator over TCP
+#                 -> LIO over TCP (`verify iscsi://...` of 64 MiB). {addr} = TCP_IP.
+#   fault         open-iscsi + ib_iser over siw against the riser target (FAULT_TARGET_CMD, default
+#                 cell 4's), killed mid-transfer: iscsid SIGKILLed, then the initiator's connection
+#                 aborted with `ss -K` (RST) while O_DIRECT writes are in flight; then a fresh
+#                 iscsid, the stale session logged out, a fresh login and a 16 MiB verify, and the
+#                 target's connections and the guest's RDMA resources back to the baseline.
+#   fault-tcp     the same over iscsi_tcp against the riser target's TCP portal (CELL6_TARGET_CMD).
+#   lio-selftest  self-test of the LIO iSER setup used by cell 3: open-iscsi + ib_iser -> LIO +
+#                 ib_isert on rxe, the full block-device test. Not cell 3.
+#   lio-selftest-tcp  the same over TCP (the LIO setup of 6b).
+#
+# Kernel-initiator cells: discovery (SendTargets, over iSER itself with -I iser), login, sdX from
+# sysfs, DD_MIB (64) MiB O_DIRECT write + read + compare, mkfs.ext4 + files + e2fsck -fn + remount
+# check, logout, then no session, no sdX, and `rdma res` qp/mr/cm_id (whole guest and the target's
+# pid) and the target's socket count as before the login.
+#
+# Environment: RISER_TARGET, RISER_INITIATOR (paths; default target/release/examples/...),
+# CELLS, LINKS (cell 2; default "rxe siw"), TCP_IP (default siw's 10.233.1.1, else rxe's),
+# RISER_IQN (the riser target's name), LIO_IQN, DD_MIB, TARGET_RUST_LOG (RUST_LOG of the riser
+# target), ISCSID_CONF_EXTRA (more iscsid.conf lines), PCAP=1 (tcpdump per cell), LAB_LOGS
+# (default /lab/logs = the run dir on the host; one directory per cell).
+set -u
+# rdma-lab.sh --script copies this file into the run dir and starts it in the shared worktree.
+LIB=$(dirname "$0")/lib.sh
+[ -f "$LIB" ] || LIB=$PWD/xtask/lab/lib.sh
+# shellcheck source=lib.sh
+. "$LIB" || exit 2
+
+RISER_TARGET=${RISER_TARGET:-$PWD/target/release/examples/target}
+RISER_INITIATOR=${RISER_INITIATOR:-$PWD/target/release/examples/initiator}
+CELLS=${CELLS:-4 6 fault lio-selftest}
+LINKS=${LINKS:-rxe siw}
+RXE_IP=10.233.0.1
+SIW_IP=10.233.1.1
+RISER_IQN=${RISER_IQN:-iqn.2026-11.io.riser:target0}
+LIO_IQN=${LIO_IQN:-iqn.2003-01.org.linux-iscsi.lab:lio}
+CELL4_TARGET_CMD=${CELL4_TARGET_CMD:-{target\} --iser-portal $SIW_IP:3260 --lun ram:256MiB}
+CELL6_TARGET_CMD=${CELL6_TARGET_CMD:-{target\} --portal {addr\}:3260 --lun ram:256MiB}
+FAULT_TARGET_CMD=${FAULT_TARGET_CMD:-$CELL4_TARGET_CMD}
+CELL3_INITIATOR=${CELL3_INITIATOR:-$RISER_INITIATOR}
+CELL3_ARGS=${CELL3_ARGS:-}
+
+has_ip() { ip -4 -o addr show 2>/dev/null | grep -q " $1/"; }
+has_dev() { [ -e "/sys/class/infiniband/$1" ]; }
+link_ip() { case $1 in rxe) echo $RXE_IP ;; siw) echo $SIW_IP ;; esac; }
+if [ -z "${TCP_IP:-}" ]; then
+  if has_ip $SIW_IP; then TCP_IP=$SIW_IP; elif has_ip $RXE_IP; then TCP_IP=$RXE_IP; else TCP_IP=127.0.0.1; fi
+fi
+
+# target_argv CMD ADDR: the target command line as an array TARGET_ARGV ({target}, {addr} replaced).
+target_argv() {
+  local c=${1//\{target\}/$RISER_TARGET}
+  c=${c//\{addr\}/$2}
+  read -ra TARGET_ARGV <<< "$c"
+}
+
+# kinit_vs_riser IFACE ADDR:PORT CMD: starts the riser target, the block-device test, stops it.
+kinit_vs_riser() {
+  local iface=$1 portal=$2
+  target_argv "$3" "${portal%:*}"
+  if ! riser_target_start target "$portal" "${TARGET_ARGV[@]}"; then
+    cell_fail "target start" "$TARGET_ERR"
+    return
+  fi
+  kinit_blocktest "$portal" "$iface" "$RISER_IQN" "$TARGET_PID"
+  riser_target_stop
+}
+
+cell_2() {
+  local l cmd
+  for l in $LINKS; do
+    cell_begin "2 open-iscsi ib_iser/$l -> riser target (rdma-core)"
+    if [ -z "${CELL2_TARGET_CMD:-}" ]; then cell_skip "CELL2_TARGET_CMD not set (riser's rdma-core provider does not exist yet)"; continue; fi
+    has_dev "${l}0" || { cell_skip "no ${l}0 in this guest (--links)"; continue; }
+    cmd=$CELL2_TARGET_CMD
+    kinit_vs_riser iser "$(link_ip "$l"):3260" "$cmd"
+  done
+}
+
+cell_4() {
+  cell_begin "4 open-iscsi ib_iser/siw -> riser target (software iWARP RNIC)"
+  has_dev siw0 || { cell_skip "no siw0 in this guest"; return; }
+  kinit_vs_riser iser "$SIW_IP:3260" "$CELL4_TARGET_CMD"
+}
+
+# rinit_vs_lio MODE ADDR:PORT URL_SCHEME CMD...: LIO with one portal, riser's initiator: discover
+# (TCP only: the software RNIC speaks no RoCE), verify 64 MiB, then LIO has no session left.
+rinit_vs_lio() {
+  local mode=$1 np=$2 scheme=$3 base disc
+  shift 3
+  base=$(res_snapshot)
+  if ! lio_setup "$LIO_IQN" "$np" "$mode"; then lio_teardown; cell_fail "LIO setup" "$LIO_ERR"; return; fi
+  if [ "$scheme" = iscsi ]; then
+    if ! timeout 120 "$@" discover "iscsi://$np" > "$CELL_LOG/rinit-discover.txt" 2>&1 || ! grep -qx "$LIO_IQN" "$CELL_LOG/rinit-discover.txt"; then
+      lio_teardown
+      cell_fail discovery "$LIO_IQN not discovered: $(tail_log "$CELL_LOG/rinit-discover.txt")"
+      return
+    fi
+    disc="discovery ok ($(grep -c . "$CELL_LOG/rinit-discover.txt") lines), "
+  fi
+  if ! rinit_verify "$scheme://$np/$LIO_IQN/0" "${DD_MIB}MiB" "$@"; then
+    lio_teardown
+    cell_fail verify "$RINIT_ERR"
+    return
+  fi
+  if ! wait_for "$WAIT_GONE" _lio_idle "$LIO_IQN"; then
+    local s
+    s=$(lio_sessions "$LIO_IQN")
+    lio_teardown
+    cell_fail leftovers "LIO still has a session after the initiator exited: $s"
+    return
+  fi
+  if ! lio_teardown; then cell_fail "LIO teardown" "configfs entries left"; return; fi
+  if ! wait_for "$WAIT_GONE" _res_is "$base"; then cell_fail leftovers "rdma resources before [$base] after [$(res_snapshot)]"; return; fi
+  cell_pass "${disc:-}$RINIT_DETAIL; LIO session gone after logout, LIO torn down, $(res_snapshot) as before"
+}
+
+cell_3() {
+  cell_begin "3 riser initiator iSER -> LIO ib_isert/rxe"
+  has_dev rxe0 || { cell_skip "no rxe0 in this guest"; return; }
+  local argv
+  read -ra argv <<< "$CELL3_INITIATOR"
+  # shellcheck disable=SC2206  # CELL3_ARGS: extra options, split on blanks
+  argv+=($CELL3_ARGS)
+  T_RINIT=${CELL3_TIMEOUT:-300} rinit_vs_lio iser "$RXE_IP:3260" iser "${argv[@]}"
+}
+
+cell_6() { cell_6a; cell_6b; }
+cell_6a() {
+  cell_begin "6a open-iscsi iscsi_tcp -> riser target TCP"
+  kinit_vs_riser default "$TCP_IP:3260" "$CELL6_TARGET_CMD"
+}
+cell_6b() {
+  cell_begin "6b riser initiator TCP -> LIO TCP"
+  rinit_vs_lio tcp "$TCP_IP:3260" iscsi "$RISER_INITIATOR"
+}
+
+cell_lio-selftest() {
+  cell_begin "lio-selftest (NOT cell 3) open-iscsi ib_iser/rxe -> LIO ib_isert/rxe"
+  has_dev rxe0 || { cell_skip "no rxe0 in this guest"; return; }
+  local base
+  base=$(res_snapshot)
+  if ! lio_setup "$LIO_IQN" "$RXE_IP:3260" iser; then lio_teardown; cell_fail "LIO setup" "$LIO_ERR"; return; fi
+  kinit_blocktest "$RXE_IP:3260" iser "$LIO_IQN" || { lio_teardown; return; }
+  lio_teardown || note "LIO teardown left configfs entries"
+  wait_for "$WAIT_GONE" _res_is "$base" || note "after LIO teardown: rdma resources before [$base] after [$(res_snapshot)]"
+}
+
+cell_lio-selftest-tcp() {
+  cell_begin "lio-selftest-tcp open-iscsi iscsi_tcp -> LIO TCP"
+  if ! lio_setup "$LIO_IQN" "$TCP_IP:3260" tcp; then lio_teardown; cell_fail "LIO setup" "$LIO_ERR"; return; fi
+  kinit_blocktest "$TCP_IP:3260" default "$LIO_IQN"
+  lio_teardown || note "LIO teardown left configfs entries"
+}
+
+# ------------------------------------------------------------------------------ fault
+# Why this way: an initiator that dies sends no Logout and answers nothing. SIGKILL to iscsid takes
+# away the control plane (no logout, no reconnect can follow), `ss -K` then aborts the
+# initiator's end of the connection exactly as a dying host's stack would: the target gets a RST
+# in the middle of O_DIRECT writes (for iSER over siw the connection is siw's kernel TCP socket,
+# so the RDMA connection dies mid-RDMA-Read). The kernel (5.14+) stops the failed connection by
+# itself without iscsid. `iscsiadm -m session -u` alone would be a clean logout; deleting the
+# SCSI device in sysfs would leave the session up. Afterwards a new iscsid (the initiator coming
+# back) takes the stale session over and it is logged out; then a fresh login must work.
+cell_fault() { fault_cell iser "${FAULT_PORTAL:-$SIW_IP:3260}" "$FAULT_TARGET_CMD"; }
+cell_fault-tcp() { fault_cell default "$TCP_IP:3260" "$CELL6_TARGET_CMD"; }
+
+# kill_load PID: the load loop and its dd (a dd blocked in the failed session dies once it fails).
+kill_load() {
+  kill -KILL "$1" $(pgrep -P "$1") 2>/dev/null
+  wait "$1" 2>/dev/null
+}
+
+# fault_cell IFACE ADDR:PORT TARGET_CMD
+fault_cell() {
+  local iface=$1 portal=$2 base dev st0 st1 mib_before killed load t0 detail
+  cell_begin "fault open-iscsi $(if [ "$iface" = iser ]; then echo ib_iser; else echo iscsi_tcp; fi) killed mid-transfer -> riser target ($portal)"
+  [ "$iface" != iser ] || has_dev siw0 || { cell_skip "no siw0 in this guest"; return; }
+  target_argv "$3" "${portal%:*}"
+  if ! riser_target_start target "$portal" "${TARGET_ARGV[@]}"; then cell_fail "target start" "$TARGET_ERR"; return; fi
+  base=$(res_snapshot "$TARGET_PID")
+  note "baseline: $base"
+  if ! kinit_discover "$portal" "$iface" "$RISER_IQN" || ! kinit_login "$portal" "$iface" "$RISER_IQN" || ! wait_for "$WAIT_DEV" _has_dev "$RISER_IQN"; then
+    kinit_cleanup "$RISER_IQN" "$portal" "$iface"
+    riser_target_stop
+    cell_fail "first login" "$(_oneline "$DISC_OUT") $(tail_log "$CELL_LOG/login.txt")"
+    return
+  fi
+  dev=$(kinit_dev "$RISER_IQN")
+  # The load: O_DIRECT writes over the whole LUN, again and again.
+  (while dd if=/dev/zero of="/dev/$dev" bs=1M oflag=direct status=none 2>> "$CELL_LOG/load.err"; do :; done) &
+  load=$!
+  st0=$(awk '{print $7}' "/sys/block/$dev/stat")
+  sleep "${FAULT_AFTER:-6}"
+  st1=$(awk '{print $7}' "/sys/block/$dev/stat")
+  mib_before=$(((st1 - st0) / 2048))
+  if [ "$mib_before" -lt 1 ] || ! kill -0 $load 2>/dev/null; then
+    kill_load $load
+    kinit_cleanup "$RISER_IQN" "$portal" "$iface"
+    riser_target_stop
+    cell_fail "load" "no writes in flight before the fault ($mib_before MiB in ${FAULT_AFTER:-6} s)"
+    return
+  fi
+  local inflight
+  inflight=$(awk '{print $1 + $2}' "/sys/block/$dev/inflight")
+  if ! conn_errors_none; then
+    kill_load $load
+    kinit_cleanup "$RISER_IQN" "$portal" "$iface"
+    riser_target_stop
+    cell_fail "load" "the connection failed before the fault was injected: $CONN_ERR"
+    return
+  fi
+  note "load running: $mib_before MiB written, $inflight requests in flight; killing the initiator"
+  t0=$(now)
+  kill -KILL "$ISCSID_PID"
+  wait "$ISCSID_PID" 2>/dev/null
+  ISCSID_PID=""
+  ss -Htn state established "dst ${portal%:*} and dport = :${portal##*:}" > "$CELL_LOG/conns-before.txt" 2>&1
+  ss -K -Htn state established "dst ${portal%:*} and dport = :${portal##*:}" > "$CELL_LOG/ss-K.txt" 2>&1
+  killed=$(grep -c . "$CELL_LOG/ss-K.txt")
+  note "ss -K aborted $killed connection(s): $(tr '\n' ' ' < "$CELL_LOG/ss-K.txt")"
+  detail="killed after $mib_before MiB of O_DIRECT writes, $inflight requests in flight (iscsid SIGKILL + ss -K aborted $killed conn)"
+  if [ "$killed" -lt 1 ]; then
+    kill_load $load
+    iscsid_start
+    kinit_cleanup "$RISER_IQN" "$portal" "$iface"
+    riser_target_stop
+    cell_fail "fault" "ss -K found no connection to abort: $(tail_log "$CELL_LOG/conns-before.txt")"
+    return
+  fi
+  # The target must notice on its own: its sockets back to the listening ones.
+  local tsock=${base##*sockets(pid $TARGET_PID) }
+  if ! wait_for "$WAIT_GONE" eval '[ "$(sock_count "$TARGET_PID")" = "$tsock" ]'; then
+    note "target still has $(sock_count "$TARGET_PID") sockets (baseline $tsock) $(secs "$t0") s after the abort"
+    detail="$detail, target kept the connection >${WAIT_GONE} s"
+    local target_slow=1
+  else
+    detail="$detail, target dropped it in $(secs "$t0") s"
+  fi
+    if ! kill -0 "$TARGET_PID" 2>/dev/null; then
+    wait "$TARGET_PID"
+    cell_fail "fault" "the target died (rc $?): $(tail_log "$TARGET_LOG")"
+    TARGET_PID=""
+    kill_load $load
+    iscsid_start
+    kinit_cleanup "$RISER_IQN" "$portal" "$iface"
+    return
+  fi
+  # The initiator comes back: a fresh iscsid takes the stale session over (it recovers it: a
+  # reinstating login), and it is logged out.
+  kill_load $load
+  iscsid_start
+  sleep 2
+  kinit_logout "$portal" "$iface" "$RISER_IQN" || timeout 120 iscsiadm -m session -u >> "$CELL_LOG/logout.txt" 2>&1
+  if ! wait_for "$WAIT_GONE" _no_sessions; then
+    kinit_cleanup "$RISER_IQN" "$portal" "$iface"
+    riser_target_stop
+    cell_fail "stale session" "not gone after logout: $(tail_log "$CELL_LOG/logout.txt")"
+    return
+  fi
+  grep -q "operational after recovery" "$LAB_LOGS/iscsid.$ISCSID_N.log" && detail="$detail, the new iscsid recovered the stale session (relogin)"
+  detail="$detail, logged out $(secs "$t0") s after the fault"
+  # A fresh login and a short verify.
+  if ! kinit_login "$portal" "$iface" "$RISER_IQN" || ! wait_for "$WAIT_DEV" _has_dev "$RISER_IQN"; then
+    kinit_cleanup "$RISER_IQN" "$portal" "$iface"
+    riser_target_stop
+    cell_fail "fresh login" "$(tail_log "$CELL_LOG/login.txt") | target: $(tail_log "$TARGET_LOG" 2)"
+    return
+  fi
+  dev=$(kinit_dev "$RISER_IQN")
+  if ! DD_MIB=16 dd_roundtrip "$dev" 16; then
+    kinit_cleanup "$RISER_IQN" "$portal" "$iface"
+    riser_target_stop
+    cell_fail "verify after the fault" "$IO_ERR"
+    return
+  fi
+  detail="$detail; fresh login: $IO_DETAIL"
+  kinit_logout "$portal" "$iface" "$RISER_IQN"
+  iscsiadm -m node -o delete -T "$RISER_IQN" > /dev/null 2>&1
+  iscsiadm -m discoverydb -t st -p "$portal" -I "$iface" -o delete > /dev/null 2>&1
+  if ! kinit_leftovers "$base" "$TARGET_PID" "$dev"; then
+    riser_target_stop
+    cell_fail leftovers "$LEFT_ERR"
+    return
+  fi
+  riser_target_stop
+  if [ -n "${target_slow:-}" ]; then cell_fail "fault" "$detail"; return; fi
+  cell_pass "$detail; no session/sdX left, $(res_snapshot) and the target's sockets as before; kernel: $(dmesg | grep -c 'detected conn error') conn error(s) (the injected one), target: $(grep -c WARN "$TARGET_LOG") warnings"
+}
+
+lab_init
+iscsid_start || { echo "FAIL setup (iscsid): cannot start iscsid"; echo "0 passed, 1 failed"; exit 1; }
+note "cells: $CELLS; links: $(ls /sys/class/infiniband 2>/dev/null | tr '\n' ' '); TCP_IP $TCP_IP"
+for c in $CELLS; do
+  if declare -F "cell_$c" > /dev/null; then "cell_$c"; else cell_begin "$c"; cell_fail "selection" "no such cell (2 3 4 6 6a 6b fault fault-tcp lio-selftest lio-selftest-tcp)"; fi
+done
+iscsid_stop
+lab_summary
