@@ -132,14 +132,16 @@ wait_for() {
 
 # ------------------------------------------------------------------------------ resources
 
-# rdma_counts [PID]: "qp=N mr=N cm_id=N" from `rdma res show`, all of the guest's, or only PID's.
+# rdma_counts [PID]: "qp=N mr=N cm_id=N" from `rdma res show`, all of the guest's, or only PID's
+# (qp and cm_id lines start with "link", mr lines with "dev"; user-space resources carry
+# "pid N", the kernel's "comm [module]").
 rdma_counts() {
   local r n out=""
   for r in qp mr cm_id; do
     if [ -n "${1:-}" ]; then
       n=$(rdma res show "$r" 2>/dev/null | grep -c " pid $1 ")
     else
-      n=$(rdma res show "$r" 2>/dev/null | grep -c '^link ')
+      n=$(rdma res show "$r" 2>/dev/null | grep -cE '^(link|dev) ')
     fi
     out="$out $r=$n"
   done
@@ -401,11 +403,21 @@ kinit_leftovers() { # BASELINE PID DEV
 # log). Else CONN_ERR: the count, the kernel's lines about it and the target's warnings.
 conn_errors_none() {
   local n
+  CONN_ERR=""
   n=$(dmesg | grep -c 'detected conn error')
   [ "$n" = 0 ] && return 0
   CONN_ERR="$n connection error(s) during the cell (the initiator recovered the session): $(dmesg | grep -E 'conn error|TERMINATE|iser_err|iser: |siw: ' | head -n 6 | sed 's/^\[ *[0-9.]*\] //' | tr '\n' ';')"
   [ -n "${TARGET_LOG:-}" ] && [ -s "$TARGET_LOG" ] && CONN_ERR="$CONN_ERR target: $(grep -c WARN "$TARGET_LOG") warnings, first: $(sed 's/\x1b\[[0-9;]*m//g' "$TARGET_LOG" | grep -m1 WARN | cut -c29-)"
   return 1
+}
+
+# conn_context: for a FAIL detail, what the kernel saw of the connection ("" when nothing).
+conn_context() {
+  local io
+  io=$(dmesg | grep -c 'I/O error, dev')
+  conn_errors_none && [ "$io" = 0 ] && return 0
+  conn_errors_none
+  printf ' | kernel: %s I/O error(s). %s' "$io" "${CONN_ERR:-}"
 }
 
 # ------------------------------------------------------------------------------ block-device test
@@ -439,32 +451,34 @@ kinit_blocktest() {
   dev=$(kinit_dev "$iqn")
   iscsiadm -m session -P3 > "$CELL_LOG/session-P3.txt" 2>&1
   size=$(($(cat "/sys/block/$dev/size") / 2048))
+  local during
+  during=$(res_snapshot "$tpid")
   note "/dev/$dev ($size MiB) after $(secs "$t0") s"
   step_t login
   detail="$detail, login+/dev/$dev ${size} MiB in $(secs "$t0") s"
   if ! dd_roundtrip "$dev" "$DD_MIB"; then
     kinit_cleanup "$iqn" "$portal" "$iface"
-    cell_fail "O_DIRECT I/O" "$IO_ERR"
+    cell_fail "O_DIRECT I/O" "$IO_ERR$(conn_context)"
     return 1
   fi
   note "$IO_DETAIL"
   step_t dd
   if ! fs_test "$dev"; then
     kinit_cleanup "$iqn" "$portal" "$iface"
-    cell_fail filesystem "$FS_ERR"
+    cell_fail filesystem "$FS_ERR$(conn_context)"
     return 1
   fi
   t0=$(now)
   if ! kinit_logout "$portal" "$iface" "$iqn"; then
     kinit_cleanup "$iqn" "$portal" "$iface"
-    cell_fail logout "$(tail_log "$CELL_LOG/logout.txt")"
+    cell_fail logout "$(tail_log "$CELL_LOG/logout.txt")$(conn_context)"
     return 1
   fi
   step_t logout
   iscsiadm -m node -o delete -T "$iqn" > /dev/null 2>&1
   iscsiadm -m discoverydb -t st -p "$portal" -I "$iface" -o delete > /dev/null 2>&1
   if ! kinit_leftovers "$base" "$tpid" "$dev"; then
-    cell_fail leftovers "$LEFT_ERR"
+    cell_fail leftovers "$LEFT_ERR$(conn_context)"
     return 1
   fi
   step_t leftovers
@@ -473,7 +487,7 @@ kinit_blocktest() {
     cell_fail "connection" "$CONN_ERR"
     return 1
   fi
-  cell_pass "$IO_DETAIL; $FS_DETAIL; $detail; logout+cleanup $(secs "$t0") s, no session/sdX left, $(res_snapshot "$tpid") as before, no connection error"
+  cell_pass "$IO_DETAIL; $FS_DETAIL; $detail; logout+cleanup $(secs "$t0") s, no session/sdX left, $(res_snapshot "$tpid") as before (logged in: $during), no connection error"
 }
 
 # ------------------------------------------------------------------------------ LIO (configfs)

@@ -9,7 +9,8 @@
 #                 LINKS (rxe: 10.233.0.1, siw: 10.233.1.1). The target command comes from
 #                 CELL2_TARGET_CMD, with {addr} replaced by the link's address, e.g.
 #                 '{target} --rdma-provider rdma-core --iser-portal {addr}:3260 --lun ram:256MiB'
-#                 ({target} = $RISER_TARGET). Skipped while unset.
+#                 ({target} = $RISER_TARGET). Skipped while unset. CELL2_LABEL names the
+#                 target in the cell's name (default "rdma-core provider").
 #   3             riser initiator (CELL3_INITIATOR + CELL3_ARGS, default $RISER_INITIATOR) -> LIO +
 #                 ib_isert on rxe (10.233.0.1:3260): `verify iser://...` of 64 MiB.
 #   4             open-iscsi + ib_iser over siw -> riser target on its software iWARP RNIC
@@ -87,7 +88,7 @@ kinit_vs_riser() {
 cell_2() {
   local l cmd
   for l in $LINKS; do
-    cell_begin "2 open-iscsi ib_iser/$l -> riser target (rdma-core)"
+    cell_begin "2 open-iscsi ib_iser/$l -> riser target (${CELL2_LABEL:-rdma-core provider})"
     if [ -z "${CELL2_TARGET_CMD:-}" ]; then cell_skip "CELL2_TARGET_CMD not set (riser's rdma-core provider does not exist yet)"; continue; fi
     has_dev "${l}0" || { cell_skip "no ${l}0 in this guest (--links)"; continue; }
     cmd=$CELL2_TARGET_CMD
@@ -205,6 +206,8 @@ fault_cell() {
     return
   fi
   dev=$(kinit_dev "$RISER_IQN")
+  local during
+  during=$(res_snapshot "$TARGET_PID")
   # The load: O_DIRECT writes over the whole LUN, again and again.
   (while dd if=/dev/zero of="/dev/$dev" bs=1M oflag=direct status=none 2>> "$CELL_LOG/load.err"; do :; done) &
   load=$!
@@ -303,7 +306,7 @@ fault_cell() {
   fi
   riser_target_stop
   if [ -n "${target_slow:-}" ]; then cell_fail "fault" "$detail"; return; fi
-  cell_pass "$detail; no session/sdX left, $(res_snapshot) and the target's sockets as before; kernel: $(dmesg | grep -c 'detected conn error') conn error(s) (the injected one), target: $(grep -c WARN "$TARGET_LOG") warnings"
+  cell_pass "$detail; no session/sdX left, $(res_snapshot "$TARGET_PID") as before (logged in: $during); kernel: $(dmesg | grep -c 'detected conn error') conn error(s) (the injected one), target: $(grep -c WARN "$TARGET_LOG") warnings"
 }
 
 lab_init
