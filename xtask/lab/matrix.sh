@@ -23,6 +23,9 @@
 #                 aborted with `ss -K` (RST) while O_DIRECT writes are in flight; then a fresh
 #                 iscsid, the stale session logged out, a fresh login and a 16 MiB verify, and the
 #                 target's connections and the guest's RDMA resources back to the baseline.
+#                 ss -K sees TCP and iWARP (siw) connections only: on RoCE (rxe) give
+#                 FAULT_ABORT_CMD, a command ({addr}, {port} replaced) that aborts the initiator's
+#                 connection and prints one line per connection aborted.
 #   fault-tcp     the same over iscsi_tcp against the riser target's TCP portal (CELL6_TARGET_CMD).
 #   lio-selftest  self-test of the LIO iSER setup used by cell 3: open-iscsi + ib_iser -> LIO +
 #                 ib_isert on rxe, the full block-device test. Not cell 3.
@@ -237,10 +240,15 @@ fault_cell() {
   wait "$ISCSID_PID" 2>/dev/null
   ISCSID_PID=""
   ss -Htn state established "dst ${portal%:*} and dport = :${portal##*:}" > "$CELL_LOG/conns-before.txt" 2>&1
-  ss -K -Htn state established "dst ${portal%:*} and dport = :${portal##*:}" > "$CELL_LOG/ss-K.txt" 2>&1
+  if [ -n "${FAULT_ABORT_CMD:-}" ]; then
+    local abort=${FAULT_ABORT_CMD//\{addr\}/${portal%:*}}
+    bash -c "${abort//\{port\}/${portal##*:}}" > "$CELL_LOG/ss-K.txt" 2>&1
+  else
+    ss -K -Htn state established "dst ${portal%:*} and dport = :${portal##*:}" > "$CELL_LOG/ss-K.txt" 2>&1
+  fi
   killed=$(grep -c . "$CELL_LOG/ss-K.txt")
-  note "ss -K aborted $killed connection(s): $(tr '\n' ' ' < "$CELL_LOG/ss-K.txt")"
-  detail="killed after $mib_before MiB of O_DIRECT writes, $inflight requests in flight (iscsid SIGKILL + ss -K aborted $killed conn)"
+  note "aborted $killed connection(s): $(tr '\n' ' ' < "$CELL_LOG/ss-K.txt")"
+  detail="killed after $mib_before MiB of O_DIRECT writes, $inflight requests in flight (iscsid SIGKILL + ${FAULT_ABORT_CMD:+FAULT_ABORT_CMD}${FAULT_ABORT_CMD:-ss -K} aborted $killed conn)"
   if [ "$killed" -lt 1 ]; then
     kill_load $load
     iscsid_start

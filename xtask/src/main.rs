@@ -493,7 +493,7 @@ fn lab() -> Result<(), String> {
 }
 
 /// Variables `lab-kernel` hands on to xtask/lab/matrix.sh when they are set (see its header).
-const LAB_KERNEL_ENV: [&str; 17] = [
+const LAB_KERNEL_ENV: [&str; 18] = [
     "CELL2_TARGET_CMD",
     "CELL2_LABEL",
     "CELL3_INITIATOR",
@@ -503,6 +503,7 @@ const LAB_KERNEL_ENV: [&str; 17] = [
     "CELL6_TARGET_CMD",
     "FAULT_TARGET_CMD",
     "FAULT_PORTAL",
+    "FAULT_ABORT_CMD",
     "LINKS",
     "TCP_IP",
     "DD_MIB",
