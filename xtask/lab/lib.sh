@@ -20,8 +20,10 @@
 
 LAB_LOGS=${LAB_LOGS:-/lab/logs}
 KINIT_IQN=${KINIT_IQN:-iqn.2026-11.io.riser.lab:kernel-initiator}
-# Bytes the block-device test writes and reads back with O_DIRECT.
+# MiB the block-device test writes and reads back with O_DIRECT, in DD_BS requests (1M; 4M puts
+# several commands in flight at once).
 DD_MIB=${DD_MIB:-64}
+DD_BS=${DD_BS:-1M}
 # How long to wait for a block device, a listen, a teardown (seconds; TCG emulation is slow).
 WAIT_DEV=${WAIT_DEV:-60}
 WAIT_GONE=${WAIT_GONE:-60}
@@ -331,10 +333,10 @@ dd_roundtrip() {
   local dev=/dev/$1 mib=$2 t0 t1 t2 sha
   pattern_file "$mib"
   t0=$(now)
-  timeout "$T_IO" dd if=$PATTERN of="$dev" bs=1M count="$mib" oflag=direct status=none 2> "$CELL_LOG/dd-write.err" \
+  timeout "$T_IO" dd if=$PATTERN of="$dev" bs="$DD_BS" count="${mib}M" iflag=count_bytes oflag=direct status=none 2> "$CELL_LOG/dd-write.err" \
     || { IO_ERR="dd write: $(tail_log "$CELL_LOG/dd-write.err")"; return 1; }
   t1=$(now)
-  timeout "$T_IO" dd if="$dev" of=/tmp/lab-readback.bin bs=1M count="$mib" iflag=direct status=none 2> "$CELL_LOG/dd-read.err" \
+  timeout "$T_IO" dd if="$dev" of=/tmp/lab-readback.bin bs="$DD_BS" count="${mib}M" iflag=direct,count_bytes status=none 2> "$CELL_LOG/dd-read.err" \
     || { IO_ERR="dd read: $(tail_log "$CELL_LOG/dd-read.err")"; return 1; }
   t2=$(now)
   if ! cmp -n $((mib << 20)) $PATTERN /tmp/lab-readback.bin > "$CELL_LOG/cmp.txt" 2>&1; then
@@ -343,7 +345,7 @@ dd_roundtrip() {
   fi
   sha=$(head -c $((mib << 20)) /tmp/lab-readback.bin | sha256sum | cut -c1-12)
   rm -f /tmp/lab-readback.bin
-  IO_DETAIL="$mib MiB O_DIRECT write $(mibps "$mib" "$t0" "$t1") MiB/s, read $(mibps "$mib" "$t1" "$t2") MiB/s, identical (sha256 $sha)"
+  IO_DETAIL="$mib MiB O_DIRECT (bs $DD_BS) write $(mibps "$mib" "$t0" "$t1") MiB/s, read $(mibps "$mib" "$t1" "$t2") MiB/s, identical (sha256 $sha)"
 }
 
 # step_t LABEL: appends "LABEL <seconds since the last step_t>" to $CELL_LOG/steps.txt.

@@ -38,7 +38,7 @@
 #
 # Environment: RISER_TARGET, RISER_INITIATOR (paths; default target/release/examples/...),
 # CELLS, LINKS (cell 2; default "rxe siw"), TCP_IP (default siw's 10.233.1.1, else rxe's),
-# RISER_IQN (the riser target's name), LIO_IQN, DD_MIB, TARGET_RUST_LOG (RUST_LOG of the riser
+# RISER_IQN (the riser target's name), LIO_IQN, DD_MIB, DD_BS, FAULT_LOAD_BS, TARGET_RUST_LOG (RUST_LOG of the riser
 # target), ISCSID_CONF_EXTRA (more iscsid.conf lines), PCAP=1 (tcpdump per cell), LAB_LOGS
 # (default /lab/logs = the run dir on the host; one directory per cell).
 set -u
@@ -212,7 +212,8 @@ fault_cell() {
   local during
   during=$(res_snapshot "$TARGET_PID")
   # The load: O_DIRECT writes over the whole LUN, again and again.
-  (while dd if=/dev/zero of="/dev/$dev" bs=1M oflag=direct status=none 2>> "$CELL_LOG/load.err"; do :; done) &
+  # (1 MiB: bs=4M over ib_iser runs into the riser target's receive shortage, see DD_BS in lib.sh.)
+  (while dd if=/dev/zero of="/dev/$dev" bs="${FAULT_LOAD_BS:-1M}" oflag=direct status=none 2>> "$CELL_LOG/load.err"; do :; done) &
   load=$!
   st0=$(awk '{print $7}' "/sys/block/$dev/stat")
   sleep "${FAULT_AFTER:-6}"
@@ -226,6 +227,7 @@ fault_cell() {
     return
   fi
   local inflight
+  wait_for 10 eval '[ "$(awk "{print \$1 + \$2}" "/sys/block/$dev/inflight")" -gt 0 ]'
   inflight=$(awk '{print $1 + $2}' "/sys/block/$dev/inflight")
   if ! conn_errors_none; then
     kill_load $load
@@ -314,6 +316,9 @@ fault_cell() {
   fi
   riser_target_stop
   if [ -n "${target_slow:-}" ]; then cell_fail "fault" "$detail"; return; fi
+  local cut
+  cut=$(grep -c 'write data not received' "$TARGET_LOG")
+  [ "$cut" -gt 0 ] && detail="$detail; target: $cut writes cut off by the abort (its warnings)"
   cell_pass "$detail; no session/sdX left, $(res_snapshot "$TARGET_PID") as before (logged in: $during); kernel: $(dmesg | grep -c 'detected conn error') conn error(s) (the injected one), target: $(grep -c WARN "$TARGET_LOG") warnings"
 }
 

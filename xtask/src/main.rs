@@ -493,7 +493,7 @@ fn lab() -> Result<(), String> {
 }
 
 /// Variables `lab-kernel` hands on to xtask/lab/matrix.sh when they are set (see its header).
-const LAB_KERNEL_ENV: [&str; 18] = [
+const LAB_KERNEL_ENV: [&str; 20] = [
     "CELL2_TARGET_CMD",
     "CELL2_LABEL",
     "CELL3_INITIATOR",
@@ -507,6 +507,8 @@ const LAB_KERNEL_ENV: [&str; 18] = [
     "LINKS",
     "TCP_IP",
     "DD_MIB",
+    "DD_BS",
+    "FAULT_LOAD_BS",
     "TARGET_RUST_LOG",
     "ISCSID_CONF_EXTRA",
     "PCAP",
