@@ -226,9 +226,6 @@ fault_cell() {
     cell_fail "load" "no writes in flight before the fault ($mib_before MiB in ${FAULT_AFTER:-6} s)"
     return
   fi
-  local inflight
-  wait_for 10 eval '[ "$(awk "{print \$1 + \$2}" "/sys/block/$dev/inflight")" -gt 0 ]'
-  inflight=$(awk '{print $1 + $2}' "/sys/block/$dev/inflight")
   if ! conn_errors_none; then
     kill_load $load
     kinit_cleanup "$RISER_IQN" "$portal" "$iface"
@@ -236,12 +233,15 @@ fault_cell() {
     cell_fail "load" "the connection failed before the fault was injected: $CONN_ERR"
     return
   fi
-  note "load running: $mib_before MiB written, $inflight requests in flight; killing the initiator"
+  ss -Htn state established "dst ${portal%:*} and dport = :${portal##*:}" > "$CELL_LOG/conns-before.txt" 2>&1
+  local inflight=0 r w i
+  # Strike while requests are in flight: a busy poll of the queue, then at once.
+  for ((i = 0; i < 200000 && inflight == 0; i++)); do
+    read -r r w < "/sys/block/$dev/inflight"
+    inflight=$((r + w))
+  done
   t0=$(now)
   kill -KILL "$ISCSID_PID"
-  wait "$ISCSID_PID" 2>/dev/null
-  ISCSID_PID=""
-  ss -Htn state established "dst ${portal%:*} and dport = :${portal##*:}" > "$CELL_LOG/conns-before.txt" 2>&1
   if [ -n "${FAULT_ABORT_CMD:-}" ]; then
     local abort=${FAULT_ABORT_CMD//\{addr\}/${portal%:*}}
     bash -c "${abort//\{port\}/${portal##*:}}" > "$CELL_LOG/ss-K.txt" 2>&1
@@ -249,6 +249,9 @@ fault_cell() {
     ss -K -Htn state established "dst ${portal%:*} and dport = :${portal##*:}" > "$CELL_LOG/ss-K.txt" 2>&1
   fi
   killed=$(grep -c . "$CELL_LOG/ss-K.txt")
+  wait "$ISCSID_PID" 2>/dev/null
+  ISCSID_PID=""
+  note "load was running: $mib_before MiB written, $inflight requests in flight when iscsid was killed"
   note "aborted $killed connection(s): $(tr '\n' ' ' < "$CELL_LOG/ss-K.txt")"
   detail="killed after $mib_before MiB of O_DIRECT writes, $inflight requests in flight (iscsid SIGKILL + ${FAULT_ABORT_CMD:+FAULT_ABORT_CMD}${FAULT_ABORT_CMD:-ss -K} aborted $killed conn)"
   if [ "$killed" -lt 1 ]; then
