@@ -134,17 +134,14 @@ wait_for() {
 
 # ------------------------------------------------------------------------------ resources
 
-# rdma_counts [PID]: "qp=N mr=N cm_id=N" from `rdma res show`, all of the guest's, or only PID's
-# (qp and cm_id lines start with "link", mr lines with "dev"; user-space resources carry
-# "pid N", the kernel's "comm [module]").
+# rdma_counts: "qp=N mr=N cm_id=N" from `rdma res show`, all of the guest's (qp and cm_id lines
+# start with "link", mr lines with "dev"). Per process there is no reliable count: `rdma res`
+# names the *thread* that created an object (a tokio worker, since gone), not its process. The
+# guest runs nothing else with RDMA objects, so the guest's totals are the measure.
 rdma_counts() {
   local r n out=""
   for r in qp mr cm_id; do
-    if [ -n "${1:-}" ]; then
-      n=$(rdma res show "$r" 2>/dev/null | grep -c " pid $1 ")
-    else
-      n=$(rdma res show "$r" 2>/dev/null | grep -cE '^(link|dev) ')
-    fi
+    n=$(rdma res show "$r" 2>/dev/null | grep -cE '^(link|dev) ')
     out="$out $r=$n"
   done
   echo "${out# }"
@@ -158,7 +155,7 @@ sock_count() { find "/proc/$1/fd" -lname 'socket:*' 2>/dev/null | wc -l; }
 res_snapshot() {
   local s
   s="rdma(all) $(rdma_counts)"
-  if [ -n "${1:-}" ]; then s="$s | rdma(pid $1) $(rdma_counts "$1") | sockets(pid $1) $(sock_count "$1")"; fi
+  if [ -n "${1:-}" ]; then s="$s | sockets(pid $1) $(sock_count "$1")"; fi
   echo "$s"
 }
 
@@ -172,7 +169,9 @@ TARGET_LOG=""
 _listening() {
   local pid=$1 ap=$2
   ss -Hltnp "sport = :${ap##*:}" 2>/dev/null | grep -F "${ap%:*}:${ap##*:}" | grep -q "pid=$pid," && return 0
-  rdma res show cm_id 2>/dev/null | grep " pid $pid " | grep -q "LISTEN.*src-addr ${ap%:*}:${ap##*:}\b"
+  # (rdma res names the creating thread, not the process: the listen is matched by address, and
+  # the process must be alive.)
+  kill -0 "$pid" 2>/dev/null && rdma res show cm_id 2>/dev/null | grep -q "LISTEN.*src-addr ${ap%:*}:${ap##*:}\b"
 }
 
 # riser_target_start NAME ADDR:PORT CMD...: starts a target in the background (log in

@@ -4,22 +4,34 @@
 #   cd <worktree> && bash ../shared/lab/rdma-lab.sh run --links "rxe siw" --timeout 1800 \
 #       -e CELLS="4 6 fault lio-selftest" --script xtask/lab/matrix.sh
 #
-# Cells (CELLS, in the order given; default "4 6 fault lio-selftest"):
-#   2             open-iscsi + ib_iser -> riser target on an rdma-core provider, once per link in
-#                 LINKS (rxe: 10.233.0.1, siw: 10.233.1.1). The target command comes from
-#                 CELL2_TARGET_CMD, with {addr} replaced by the link's address, e.g.
-#                 '{target} --rdma-provider rdma-core --iser-portal {addr}:3260 --lun ram:256MiB'
-#                 ({target} = $RISER_TARGET). Skipped while unset. CELL2_LABEL names the
-#                 target in the cell's name (default "rdma-core provider").
-#   3             riser initiator (CELL3_INITIATOR + CELL3_ARGS, default $RISER_INITIATOR) -> LIO +
-#                 ib_isert on rxe (10.233.0.1:3260): `verify iser://...` of 64 MiB.
+# Cells (CELLS, in the order given; default: every cell below but the self-tests):
+#   traps         the rdma-core provider's driver-trap tests (RDMA_LAB_TESTS: the test binary of
+#                 crates/verbs/tests/rdma_core_lab.rs), one line per test.
+#   1             riser initiator -> riser target, both on rdma-core, once per link in LINKS:
+#                 discovery over iSER, `verify` of DD_MIB MiB, the target's RDMA resources back.
+#   2             open-iscsi + ib_iser -> riser target on rdma-core, once per link in LINKS
+#                 (rxe: 10.233.0.1, siw: 10.233.1.1). The target command comes from
+#                 CELL2_TARGET_CMD (default $RDMA_TARGET_CMD), {addr} replaced by the link's address
+#                 ({target} = $RISER_TARGET). CELL2_LABEL names the target in the cell's name.
+#   3             riser initiator (CELL3_INITIATOR + CELL3_ARGS, default $RISER_INITIATOR
+#                 --rdma-provider rdma-core) -> LIO + ib_isert on rxe (10.233.0.1:3260):
+#                 discovery over iSER and `verify` of 64 MiB.
+#   3b            riser initiator on rdma-core -> tgt's iSER target on siw (TGTD_IN_GUEST).
+#   5             riser initiator on its software iWARP RNIC -> tgt's iSER target on siw.
+#   7             riser's rping (software RNIC) against the kernel's siw rping, both ways
+#                 (xtask/lab/iwarp-rping.sh; RPING: the rping example).
+#   fault-rinit   riser initiator (rdma-core) killed mid-transfer against the riser target
+#                 (rdma-core), per link: the target's RDMA resources back, a fresh verify passes.
+#   fault-target  riser target (rdma-core, file LUN) killed mid-soak and restarted, per link: the
+#                 initiator's I/O fails with its cause, works again within FAULT_RECOVER_S (15)
+#                 seconds of the target's return, and no data mismatch.
 #   4             open-iscsi + ib_iser over siw -> riser target on its software iWARP RNIC
 #                 (CELL4_TARGET_CMD, default '{target} --iser-portal 10.233.1.1:3260 --lun ram:256MiB').
 #   6 (6a, 6b)   6a open-iscsi + iscsi_tcp -> riser target over TCP (CELL6_TARGET_CMD, default
 #                 '{target} --portal {addr}:3260 --lun ram:256MiB'); 6b riser initiator over TCP
 #                 -> LIO over TCP (`verify iscsi://...` of 64 MiB). {addr} = TCP_IP.
 #   fault         open-iscsi + ib_iser over siw against the riser target (FAULT_TARGET_CMD, default
-#                 cell 4's), killed mid-transfer: iscsid SIGKILLed, then the initiator's connection
+#                 the rdma-core target on siw), killed mid-transfer: iscsid SIGKILLed, then the initiator's connection
 #                 aborted with `ss -K` (RST) while O_DIRECT writes are in flight; then a fresh
 #                 iscsid, the stale session logged out, a fresh login and a 16 MiB verify, and the
 #                 target's connections and the guest's RDMA resources back to the baseline.
@@ -50,17 +62,23 @@ LIB=$(dirname "$0")/lib.sh
 
 RISER_TARGET=${RISER_TARGET:-$PWD/target/release/examples/target}
 RISER_INITIATOR=${RISER_INITIATOR:-$PWD/target/release/examples/initiator}
-CELLS=${CELLS:-4 6 fault lio-selftest}
+CELLS=${CELLS:-traps 1 2 3 3b 4 5 6 7 fault fault-tcp fault-rinit fault-target}
 LINKS=${LINKS:-rxe siw}
 RXE_IP=10.233.0.1
 SIW_IP=10.233.1.1
 RISER_IQN=${RISER_IQN:-iqn.2026-11.io.riser:target0}
 LIO_IQN=${LIO_IQN:-iqn.2003-01.org.linux-iscsi.lab:lio}
+RDMA_TARGET_CMD=${RDMA_TARGET_CMD:-{target\} --portal none --rdma-provider rdma-core --iser-portal {addr\}:3260 --lun ram:256MiB}
+CELL2_TARGET_CMD=${CELL2_TARGET_CMD:-$RDMA_TARGET_CMD}
 CELL4_TARGET_CMD=${CELL4_TARGET_CMD:-{target\} --iser-portal $SIW_IP:3260 --lun ram:256MiB}
 CELL6_TARGET_CMD=${CELL6_TARGET_CMD:-{target\} --portal {addr\}:3260 --lun ram:256MiB}
-FAULT_TARGET_CMD=${FAULT_TARGET_CMD:-$CELL4_TARGET_CMD}
+FAULT_TARGET_CMD=${FAULT_TARGET_CMD:-$RDMA_TARGET_CMD}
 CELL3_INITIATOR=${CELL3_INITIATOR:-$RISER_INITIATOR}
-CELL3_ARGS=${CELL3_ARGS:-}
+CELL3_ARGS=${CELL3_ARGS:---rdma-provider rdma-core}
+RINIT_IQN=iqn.2026-11.io.riser:initiator
+TGT_IQN=iqn.2001-04.org.example.lab:tgtd-iser
+TGTD_IN_GUEST=${TGTD_IN_GUEST:-/work/shared/lab/tgtd-in-guest.sh}
+RPING=${RPING:-$(dirname "$RISER_TARGET")/rping}
 
 has_ip() { ip -4 -o addr show 2>/dev/null | grep -q " $1/"; }
 has_dev() { [ -e "/sys/class/infiniband/$1" ]; }
@@ -92,7 +110,6 @@ cell_2() {
   local l cmd
   for l in $LINKS; do
     cell_begin "2 open-iscsi ib_iser/$l -> riser target (${CELL2_LABEL:-rdma-core provider})"
-    if [ -z "${CELL2_TARGET_CMD:-}" ]; then cell_skip "CELL2_TARGET_CMD not set (riser's rdma-core provider does not exist yet)"; continue; fi
     has_dev "${l}0" || { cell_skip "no ${l}0 in this guest (--links)"; continue; }
     cmd=$CELL2_TARGET_CMD
     kinit_vs_riser iser "$(link_ip "$l"):3260" "$cmd"
@@ -112,14 +129,12 @@ rinit_vs_lio() {
   shift 3
   base=$(res_snapshot)
   if ! lio_setup "$LIO_IQN" "$np" "$mode"; then lio_teardown; cell_fail "LIO setup" "$LIO_ERR"; return; fi
-  if [ "$scheme" = iscsi ]; then
-    if ! timeout 120 "$@" discover "iscsi://$np" > "$CELL_LOG/rinit-discover.txt" 2>&1 || ! grep -qx "$LIO_IQN" "$CELL_LOG/rinit-discover.txt"; then
-      lio_teardown
-      cell_fail discovery "$LIO_IQN not discovered: $(tail_log "$CELL_LOG/rinit-discover.txt")"
-      return
-    fi
-    disc="discovery ok ($(grep -c . "$CELL_LOG/rinit-discover.txt") lines), "
+  if ! timeout 120 "$@" discover "$scheme://$np" > "$CELL_LOG/rinit-discover.txt" 2>&1 || ! grep -qx "$LIO_IQN" "$CELL_LOG/rinit-discover.txt"; then
+    lio_teardown
+    cell_fail discovery "$LIO_IQN not discovered: $(tail_log "$CELL_LOG/rinit-discover.txt")"
+    return
   fi
+  disc="discovery over $scheme ok, "
   if ! rinit_verify "$scheme://$np/$LIO_IQN/0" "${DD_MIB}MiB" "$@"; then
     lio_teardown
     cell_fail verify "$RINIT_ERR"
@@ -138,7 +153,7 @@ rinit_vs_lio() {
 }
 
 cell_3() {
-  cell_begin "3 riser initiator iSER -> LIO ib_isert/rxe"
+  cell_begin "3 riser initiator (rdma-core) -> LIO ib_isert/rxe"
   has_dev rxe0 || { cell_skip "no rxe0 in this guest"; return; }
   local argv
   read -ra argv <<< "$CELL3_INITIATOR"
@@ -173,6 +188,253 @@ cell_lio-selftest-tcp() {
   if ! lio_setup "$LIO_IQN" "$TCP_IP:3260" tcp; then lio_teardown; cell_fail "LIO setup" "$LIO_ERR"; return; fi
   kinit_blocktest "$TCP_IP:3260" default "$LIO_IQN"
   lio_teardown || note "LIO teardown left configfs entries"
+}
+
+
+# ------------------------------------------------------------------------------ riser <-> riser, tgt, rping, traps
+
+# rinit_discover URL CMD...: CMD discover URL lists IQN (the riser initiator, any provider).
+rinit_discover() { # IQN URL CMD...
+  local iqn=$1 url=$2
+  shift 2
+  timeout 120 "$@" discover "$url" > "$CELL_LOG/rinit-discover.txt" 2>&1 && grep -qx "$iqn" "$CELL_LOG/rinit-discover.txt"
+}
+
+cell_1() {
+  local l ip base pid
+  for l in $LINKS; do
+    cell_begin "1 riser initiator (rdma-core) -> riser target (rdma-core), $l"
+    has_dev "${l}0" || { cell_skip "no ${l}0 in this guest"; continue; }
+    ip=$(link_ip "$l")
+    target_argv "$RDMA_TARGET_CMD" "$ip"
+    if ! riser_target_start target "$ip:3260" "${TARGET_ARGV[@]}"; then cell_fail "target start" "$TARGET_ERR"; continue; fi
+    pid=$TARGET_PID
+    base=$(res_snapshot "$pid")
+    if ! rinit_discover "$RISER_IQN" "iser://$ip:3260" "$RISER_INITIATOR" --rdma-provider rdma-core; then
+      riser_target_stop
+      cell_fail discovery "$(tail_log "$CELL_LOG/rinit-discover.txt")"
+      continue
+    fi
+    if ! rinit_verify "iser://$ip:3260/$RISER_IQN/0" "${DD_MIB}MiB" "$RISER_INITIATOR" --rdma-provider rdma-core; then
+      riser_target_stop
+      cell_fail verify "$RINIT_ERR | target: $(tail_log "$TARGET_LOG" 2)"
+      continue
+    fi
+    if ! wait_for "$WAIT_GONE" _res_is "$base" "$pid"; then
+      local now_
+      now_=$(res_snapshot "$pid")
+      riser_target_stop
+      cell_fail leftovers "before [$base] after [$now_]"
+      continue
+    fi
+    local keys
+    keys=$(grep -ho 'iSER through [^ ]* ([A-Za-z]* keys)' "$CELL_LOG/rinit-verify.txt" | head -1)
+    riser_target_stop
+    cell_pass "discovery over iSER ok, ${keys:+$keys, }$RINIT_DETAIL, logged out; target $base as before"
+  done
+}
+
+TGT_PID=""
+# tgt_start: tgt's iSER target (LUN 1) on siw, bound to the riser initiator's name.
+tgt_start() {
+  TGT_LOG=$CELL_LOG/tgtd.log
+  [ -f "$TGTD_IN_GUEST" ] || { TGT_ERR="$TGTD_IN_GUEST not found (share ../shared with -v)"; return 1; }
+  TGTD_INITIATOR_NAME=$RINIT_IQN bash "$TGTD_IN_GUEST" "$SIW_IP" 3260 iser 128 > "$TGT_LOG" 2>&1 &
+  TGT_PID=$!
+  if ! wait_for 60 grep -q 'tgtd-in-guest: ready' "$TGT_LOG"; then
+    TGT_ERR="tgt did not come up: $(tail_log "$TGT_LOG")"
+    tgt_stop
+    return 1
+  fi
+}
+tgt_stop() {
+  [ -n "$TGT_PID" ] || return 0
+  kill -TERM "$TGT_PID" 2>/dev/null
+  wait_for 20 _gone "$TGT_PID" || kill -KILL "$TGT_PID" 2>/dev/null
+  wait "$TGT_PID" 2>/dev/null
+  TGT_PID=""
+}
+
+# rinit_vs_tgt CMD...: the riser initiator CMD against tgt's iSER target on siw.
+rinit_vs_tgt() {
+  has_dev siw0 || { cell_skip "no siw0 in this guest"; return; }
+  local base
+  base=$(res_snapshot)
+  if ! tgt_start; then cell_fail "tgt start" "$TGT_ERR"; return; fi
+  if ! rinit_discover "$TGT_IQN" "iser://$SIW_IP:3260" "$@"; then
+    tgt_stop
+    cell_fail discovery "$(tail_log "$CELL_LOG/rinit-discover.txt")"
+    return
+  fi
+  if ! rinit_verify "iser://$SIW_IP:3260/$TGT_IQN/1" "${DD_MIB}MiB" "$@"; then
+    tgt_stop
+    cell_fail verify "$RINIT_ERR"
+    return
+  fi
+  tgt_stop
+  if ! wait_for "$WAIT_GONE" _res_is "$base"; then cell_fail leftovers "rdma resources before [$base] after [$(res_snapshot)]"; return; fi
+  cell_pass "discovery over iSER ok, $RINIT_DETAIL; $(res_snapshot) as before"
+}
+
+cell_3b() {
+  cell_begin "3b riser initiator (rdma-core) -> tgt iSER/siw"
+  rinit_vs_tgt "$RISER_INITIATOR" --rdma-provider rdma-core
+}
+
+cell_5() {
+  cell_begin "5 riser initiator (software iWARP RNIC) -> tgt iSER/siw"
+  rinit_vs_tgt "$RISER_INITIATOR"
+}
+
+# report_sub LABEL FILE: the PASS/FAIL lines of a sub-script, counted as cells of this run.
+report_sub() {
+  local line
+  while IFS= read -r line; do
+    case $line in
+      "PASS "*) echo "PASS $1 ${line#PASS }"; LAB_PASS=$((LAB_PASS + 1)) ;;
+      "FAIL "*) echo "FAIL $1 ${line#FAIL }"; LAB_FAIL=$((LAB_FAIL + 1)) ;;
+    esac
+  done < "$2"
+}
+
+cell_7() {
+  CELL=7
+  CELL_LOG=$LAB_LOGS/7
+  mkdir -p "$CELL_LOG"
+  has_dev siw0 || { echo "SKIP 7: no siw0 in this guest"; LAB_SKIP=$((LAB_SKIP + 1)); return; }
+  RPING=$RPING bash "$(dirname "$LIB")/iwarp-rping.sh" > "$CELL_LOG/rping.txt" 2> "$CELL_LOG/rping.err"
+  grep -q '^PASS \|^FAIL ' "$CELL_LOG/rping.txt" || { echo "FAIL 7 rping: no result: $(tail_log "$CELL_LOG/rping.err")"; LAB_FAIL=$((LAB_FAIL + 1)); return; }
+  report_sub 7 "$CELL_LOG/rping.txt"
+  CELL=""
+}
+
+cell_traps() {
+  CELL=traps
+  CELL_LOG=$LAB_LOGS/traps
+  mkdir -p "$CELL_LOG"
+  if [ ! -x "${RDMA_LAB_TESTS:-}" ]; then echo "FAIL traps: RDMA_LAB_TESTS (the rdma_core_lab test binary) not given"; LAB_FAIL=$((LAB_FAIL + 1)); return; fi
+  timeout 600 "$RDMA_LAB_TESTS" --ignored --test-threads 1 > "$CELL_LOG/tests.txt" 2>&1
+  local line n=0
+  # (A file, not a process substitution: the guest has no /dev/fd.)
+  sed -n 's/^\(test [a-z_0-9]* \.\.\. \(ok\|FAILED\)\)$/\1/p' "$CELL_LOG/tests.txt" > "$CELL_LOG/results.txt"
+  while IFS= read -r line; do
+    case $line in
+      "test "*" ... ok") line=${line#test }; echo "PASS traps ${line% ... ok}"; LAB_PASS=$((LAB_PASS + 1)); n=$((n + 1)) ;;
+      "test "*" ... FAILED") echo "FAIL traps ${line#test }: $(grep -A3 "^---- ${line#test } stdout" "$CELL_LOG/tests.txt" | grep -m1 panicked | cut -c1-300)"; LAB_FAIL=$((LAB_FAIL + 1)); n=$((n + 1)) ;;
+    esac
+  done < "$CELL_LOG/results.txt"
+  [ $n -gt 0 ] || { echo "FAIL traps: the tests ran none: $(tail_log "$CELL_LOG/tests.txt")"; LAB_FAIL=$((LAB_FAIL + 1)); }
+  CELL=""
+}
+
+# ------------------------------------------------------------------------------ riser-side faults
+
+# cell fault-rinit: the riser initiator SIGKILLed in the middle of a verify; the target notices,
+# its queue pairs and registrations go, and it serves the next login.
+cell_fault-rinit() {
+  local l ip base pid t0 during
+  for l in $LINKS; do
+    cell_begin "fault-rinit riser initiator (rdma-core) killed mid-transfer -> riser target (rdma-core), $l"
+    has_dev "${l}0" || { cell_skip "no ${l}0 in this guest"; continue; }
+    ip=$(link_ip "$l")
+    target_argv "$RDMA_TARGET_CMD" "$ip"
+    if ! riser_target_start target "$ip:3260" "${TARGET_ARGV[@]}"; then cell_fail "target start" "$TARGET_ERR"; continue; fi
+    pid=$TARGET_PID
+    base=$(res_snapshot "$pid")
+    # (Started directly, not under timeout(1): the SIGKILL must reach the initiator itself.)
+    "$RISER_INITIATOR" --rdma-provider rdma-core verify "iser://$ip:3260/$RISER_IQN/0" --size 256MiB > "$CELL_LOG/victim.txt" 2>&1 &
+    local victim=$!
+    # Strike once the session's registrations exist (commands in flight), a little into it.
+    local mr0
+    mr0=$(rdma res show mr 2>/dev/null | grep -c '^dev ')
+    if ! wait_for 60 eval '[ "$(rdma res show mr 2>/dev/null | grep -c "^dev ")" -gt '"$mr0"' ]'; then
+      kill -KILL "$victim" 2>/dev/null
+      riser_target_stop
+      cell_fail load "no registrations appeared: $(tail_log "$CELL_LOG/victim.txt")"
+      continue
+    fi
+    sleep 2
+    rdma res show qp > "$CELL_LOG/res-qp-during.txt" 2>&1
+    rdma res show mr > "$CELL_LOG/res-mr-during.txt" 2>&1
+    during=$(res_snapshot "$pid")
+    if ! kill -0 "$victim" 2>/dev/null; then
+      riser_target_stop
+      cell_fail load "the initiator ended before it could be killed: $(tail_log "$CELL_LOG/victim.txt")"
+      continue
+    fi
+    t0=$(now)
+    kill -KILL "$victim"
+    wait "$victim" 2>/dev/null
+    if ! wait_for "$WAIT_GONE" _res_is "$base" "$pid"; then
+      local now_
+      now_=$(res_snapshot "$pid")
+      riser_target_stop
+      cell_fail leftovers "initiator killed with [$during]; $WAIT_GONE s later [$now_], baseline [$base]"
+      continue
+    fi
+    local gone
+    gone=$(secs "$t0")
+    if ! kill -0 "$pid" 2>/dev/null; then cell_fail target "died: $(tail_log "$TARGET_LOG")"; TARGET_PID=""; continue; fi
+    local cut
+    cut=$(grep -c 'write data not received' "$TARGET_LOG")
+    if ! rinit_verify "iser://$ip:3260/$RISER_IQN/0" 16MiB "$RISER_INITIATOR" --rdma-provider rdma-core; then
+      riser_target_stop
+      cell_fail "next login" "$RINIT_ERR"
+      continue
+    fi
+    wait_for "$WAIT_GONE" _res_is "$base" "$pid"
+    local after
+    after=$(res_snapshot "$pid")
+    riser_target_stop
+    cell_pass "killed with [$during]; target back to [$base] ${gone} s later (${cut} writes cut off, its warnings); next session: $RINIT_DETAIL; after it [$after]"
+  done
+}
+
+# cell fault-target: the riser target SIGKILLed under a running soak, then started again.
+cell_fault-target() {
+  local l ip
+  for l in $LINKS; do
+    cell_begin "fault-target riser target (rdma-core) killed mid-transfer -> riser initiator (rdma-core), $l"
+    has_dev "${l}0" || { cell_skip "no ${l}0 in this guest"; continue; }
+    ip=$(link_ip "$l")
+    rm -f /tmp/fault-lun.img
+    local cmd="{target} --portal none --rdma-provider rdma-core --iser-portal {addr}:3260 --lun file:/tmp/fault-lun.img:128MiB"
+    target_argv "$cmd" "$ip"
+    if ! riser_target_start target "$ip:3260" "${TARGET_ARGV[@]}"; then cell_fail "target start" "$TARGET_ERR"; continue; fi
+    local secs_=${FAULT_SOAK_S:-40}
+    timeout $((secs_ + 120)) "$RISER_INITIATOR" --rdma-provider rdma-core soak "iser://$ip:3260/$RISER_IQN/0" \
+      --seconds "$secs_" --size 32MiB --block-size 256KiB --queue-depth 4 > "$CELL_LOG/soak.txt" 2>&1 &
+    local soak=$!
+    sleep 8
+    local t_kill t_back
+    t_kill=$(now)
+    kill -KILL "$TARGET_PID"
+    wait "$TARGET_PID" 2>/dev/null
+    TARGET_PID=""
+    sleep "${FAULT_DOWN_S:-8}"
+    t_back=$(now)
+    if ! riser_target_start target2 "$ip:3260" "${TARGET_ARGV[@]}"; then kill "$soak"; cell_fail "target restart" "$TARGET_ERR"; continue; fi
+    wait "$soak"
+    local rc=$? failing works
+    riser_target_stop
+    failing=$(grep -m1 'I/O failing' "$CELL_LOG/soak.txt")
+    works=$(grep -m1 'works again' "$CELL_LOG/soak.txt")
+    if [ $rc != 0 ] || [ -z "$failing" ] || [ -z "$works" ]; then
+      cell_fail soak "rc=$rc: $(tail_log "$CELL_LOG/soak.txt" 6)"
+      continue
+    fi
+    # How long after the target was started again the session worked (the soak's clock starts
+    # with its session, a little before the kill; this includes the target's own start-up).
+    local t_fail t_ok lag
+    t_fail=$(echo "$failing" | sed -n 's/^t=\([0-9.]*\)s.*/\1/p')
+    t_ok=$(echo "$works" | sed -n 's/^t=\([0-9.]*\)s.*/\1/p')
+    lag=$(awk -v f="$t_fail" -v o="$t_ok" -v k="$t_kill" -v b="$t_back" 'BEGIN { printf "%.1f", (o - f) - (b - k) }')
+    if awk -v l="$lag" -v m="${FAULT_RECOVER_S:-15}" 'BEGIN { exit !(l > m) }'; then
+      cell_fail recovery "the session worked again only ${lag} s after the target was back: $(tail_log "$CELL_LOG/soak.txt" 4)"
+      continue
+    fi
+    cell_pass "target killed, restarted $(secs "$t_kill" "$t_back") s later; initiator: '${failing#t=*: }', works again ${lag} s after the restart; $(tail -1 "$CELL_LOG/soak.txt")"
+  done
 }
 
 # ------------------------------------------------------------------------------ fault
@@ -329,7 +591,7 @@ lab_init
 iscsid_start || { echo "FAIL setup (iscsid): cannot start iscsid"; echo "0 passed, 1 failed"; exit 1; }
 note "cells: $CELLS; links: $(ls /sys/class/infiniband 2>/dev/null | tr '\n' ' '); TCP_IP $TCP_IP"
 for c in $CELLS; do
-  if declare -F "cell_$c" > /dev/null; then "cell_$c"; else cell_begin "$c"; cell_fail "selection" "no such cell (2 3 4 6 6a 6b fault fault-tcp lio-selftest lio-selftest-tcp)"; fi
+  if declare -F "cell_$c" > /dev/null; then "cell_$c"; else cell_begin "$c"; cell_fail "selection" "no such cell (traps 1 2 3 3b 4 5 6 6a 6b 7 fault fault-tcp fault-rinit fault-target lio-selftest lio-selftest-tcp)"; fi
 done
 iscsid_stop
 lab_summary

@@ -10,13 +10,12 @@
 //!   iWARP RNIC against raw TCP for 4 KiB–4 MiB messages (`--rdma-only`: just that part); then
 //!   riser iSER against riser TCP, same target and initiator, 4 KiB–16 MiB, with CPU seconds per
 //!   GiB of each process (`--iser-only`: just that part).
-//! * `lab` — boot the RDMA lab VM (../shared/lab/rdma-lab.sh, soft-iWARP siw and soft-RoCE rxe)
-//!   and run the interop matrix inside it: riser's rping (software iWARP RNIC) against the
-//!   kernel's siw rping, both ways.
-//! * `lab-kernel [CELL...]` — the same VM, the kernel's iSCSI stack against riser
-//!   (xtask/lab/matrix.sh): open-iscsi with ib_iser and iscsi_tcp against the riser target, the
-//!   riser initiator against LIO, the kernel initiator killed mid-transfer; cells as in the
-//!   script's header (default "4 6 fault lio-selftest"), its settings from the environment.
+//! * `lab [--quick] [CELL...]` — build with the rdma-core provider, check it fails cleanly on this
+//!   host (no RDMA), boot the RDMA lab VM once (../shared/lab/rdma-lab.sh: soft-RoCE rxe and
+//!   soft-iWARP siw) and run the interop matrix of xtask/lab/matrix.sh inside it: riser on
+//!   rdma-core and on its software RNIC against itself, the Linux kernel's initiators (open-iscsi
+//!   with ib_iser and iscsi_tcp), LIO with ib_isert and tgt, the driver-trap tests, rping, and
+//!   the fault cells. One line per cell, then `N passed, N failed`. `--quick`: the CI subset.
 //! * `fuzz-seeds` — regenerate `fuzz/seeds/<target>/` from the captured PDUs in
 //!   `testdata/captures/`.
 //! * `fuzz-smoke [--seconds N]` — run every fuzz target for N seconds (default 10) on its seeds.
@@ -48,6 +47,8 @@ const FUZZ_TARGETS: [&str; 12] = [
     "iser_rx",
 ];
 
+mod lab;
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
@@ -62,8 +63,7 @@ fn main() -> ExitCode {
             fuzz_smoke(secs)
         }
         Some("interop") => interop(),
-        Some("lab") => lab(),
-        Some("lab-kernel") => lab_kernel(&args[1..]),
+        Some("lab") => lab::run(&args[1..]),
         Some("bench") => bench(&args[1..]),
         Some("fuzz-list") => {
             FUZZ_TARGETS.iter().for_each(|t| println!("{t}"));
@@ -71,7 +71,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo | interop | lab | lab-kernel [CELL...] | bench [--full] [--reps N] [--runtime S] [--rdma-only | --iser-only] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>"
+                "usage: cargo xtask <demo | interop | lab [--quick] [CELL...] | bench [--full] [--reps N] [--runtime S] [--rdma-only | --iser-only] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>"
             );
             return ExitCode::from(2);
         }
@@ -481,109 +481,6 @@ fn interop() -> Result<(), String> {
     }
     if ifailed > 0 {
         return Err("the riser initiator failed against tgtd".into());
-    }
-    Ok(())
-}
-
-fn lab() -> Result<(), String> {
-    lab_setup()?;
-    build_examples()?;
-    let rping = root().join("target/release/examples/rping");
-    run_lab_script("siw", 900, &[format!("RPING={}", rping.display())], "xtask/lab/iwarp-rping.sh")
-}
-
-/// Variables `lab-kernel` hands on to xtask/lab/matrix.sh when they are set (see its header).
-const LAB_KERNEL_ENV: [&str; 20] = [
-    "CELL2_TARGET_CMD",
-    "CELL2_LABEL",
-    "CELL3_INITIATOR",
-    "CELL3_ARGS",
-    "CELL3_TIMEOUT",
-    "CELL4_TARGET_CMD",
-    "CELL6_TARGET_CMD",
-    "FAULT_TARGET_CMD",
-    "FAULT_PORTAL",
-    "FAULT_ABORT_CMD",
-    "LINKS",
-    "TCP_IP",
-    "DD_MIB",
-    "DD_BS",
-    "FAULT_LOAD_BS",
-    "TARGET_RUST_LOG",
-    "ISCSID_CONF_EXTRA",
-    "PCAP",
-    "RISER_IQN",
-    "LIO_IQN",
-];
-
-/// `lab-kernel [CELL...]`: the kernel's iSCSI stack (open-iscsi, LIO) against riser in the lab
-/// VM (xtask/lab/matrix.sh; default cells "4 6 fault lio-selftest").
-fn lab_kernel(cells: &[String]) -> Result<(), String> {
-    ensure_packages(&[("iscsiadm", "open-iscsi"), ("mkfs.ext4", "e2fsprogs"), ("tcpdump", "tcpdump")])?;
-    lab_setup()?;
-    let st = Command::new("cargo")
-        .current_dir(root())
-        .args(["build", "--quiet", "--release", "--example", "target", "--example", "initiator"])
-        .status()
-        .map_err(|e| e.to_string())?;
-    if !st.success() {
-        return Err("building the example target and initiator failed".into());
-    }
-    let examples = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), PathBuf::from).join("release/examples");
-    let mut env = vec![
-        format!("RISER_TARGET={}", examples.join("target").display()),
-        format!("RISER_INITIATOR={}", examples.join("initiator").display()),
-    ];
-    if !cells.is_empty() {
-        env.push(format!("CELLS={}", cells.join(" ")));
-    }
-    env.extend(LAB_KERNEL_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| format!("{k}={v}"))));
-    run_lab_script("rxe siw", 3600, &env, "xtask/lab/matrix.sh")
-}
-
-fn lab_setup() -> Result<(), String> {
-    let script = shared().join("lab/rdma-lab.sh");
-    if !script.exists() {
-        return Err(format!("{} not found (set RISER_SHARED)", script.display()));
-    }
-    let st = Command::new("bash").arg(&script).arg("setup").status().map_err(|e| e.to_string())?;
-    if st.success() { Ok(()) } else { Err("rdma-lab.sh setup failed".into()) }
-}
-
-/// Boot the lab VM with `links`, run `script` (relative to the workspace) in it with `env`;
-/// print its PASS/FAIL lines and the tally.
-fn run_lab_script(links: &str, timeout: u32, env: &[String], script: &str) -> Result<(), String> {
-    let mut cmd = Command::new("bash");
-    cmd.current_dir(root()).arg(shared().join("lab/rdma-lab.sh")).args(["run", "--links", links, "--timeout", &timeout.to_string()]);
-    for e in env {
-        cmd.arg("-e").arg(e);
-    }
-    // The guest's output streams to stderr while it runs (a run takes minutes); the cells'
-    // lines are repeated on stdout at the end.
-    let mut child = cmd
-        .args(["--script", script])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    let mut lines = Vec::new();
-    if let Some(out) = child.stdout.take() {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-            eprintln!("{line}");
-            lines.push(line);
-        }
-    }
-    let status = child.wait().map_err(|e| e.to_string())?;
-    let cells: Vec<&String> = lines.iter().filter(|l| l.starts_with("PASS ") || l.starts_with("FAIL ")).collect();
-    lines.iter().filter(|l| l.starts_with("SKIP ")).chain(cells.iter().copied()).for_each(|l| println!("{l}"));
-    let failed = cells.iter().filter(|l| l.starts_with("FAIL")).count();
-    println!("{} passed, {failed} failed", cells.len() - failed);
-    if cells.is_empty() {
-        return Err(format!("the lab run produced no results (exit {:?})", status.code()));
-    }
-    if failed > 0 || !status.success() {
-        return Err("lab cells failed".into());
     }
     Ok(())
 }

@@ -599,20 +599,22 @@ impl Drop for RcQp {
     }
 }
 
-/// What a dropped queue pair leaves to destroy; destroyed when this is dropped.
+/// What a dropped queue pair leaves to destroy; destroyed when this is dropped. The fields go
+/// in this order after the queue pair: CQs and PD (with its registrations) first, the id last
+/// (its destruction is what can block).
 struct Teardown {
-    conn: Arc<CmConn>,
-    retiring: HashMap<u64, Retiring>,
-    pd: Arc<PdInner>,
     /// Held until the queue pair is destroyed (a CQ must outlive its queue pairs).
     _cqs: [Arc<RcCq>; 2],
+    pd: Arc<PdInner>,
+    retiring: HashMap<u64, Retiring>,
+    conn: Arc<CmConn>,
 }
 
 impl Drop for Teardown {
     fn drop(&mut self) {
         // SAFETY: the queue pair's last handle is gone (bound windows hold one), so no request
-        // can be posted on it; it is destroyed before its id (dropped with `conn`), CQs and PD
-        // (the fields, dropped after this).
+        // can be posted on it; it is destroyed before its CQs, PD and id (the fields, dropped
+        // after this).
         unsafe { sys::rdma_destroy_qp(self.conn.id()) };
         for (_, r) in self.retiring.drain() {
             self.pd.spare_window(r.mw);
