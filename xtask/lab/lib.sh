@@ -261,11 +261,16 @@ EOF
 }
 
 iscsid_stop() {
-  [ -n "$ISCSID_PID" ] || return 0
-  kill -TERM "$ISCSID_PID" 2>/dev/null
-  wait_for 10 _gone "$ISCSID_PID" || kill -KILL "$ISCSID_PID" 2>/dev/null
-  wait "$ISCSID_PID" 2>/dev/null
+  stop_pid "$ISCSID_PID" 10
   ISCSID_PID=""
+}
+
+# stop_pid PID SECONDS: SIGTERM, SIGKILL after SECONDS, reaped (nothing when PID is empty).
+stop_pid() {
+  [ -n "$1" ] || return 0
+  kill -TERM "$1" 2>/dev/null
+  wait_for "$2" _gone "$1" || kill -KILL "$1" 2>/dev/null
+  wait "$1" 2>/dev/null
 }
 
 # kinit_discover ADDR:PORT IFACE IQN: SendTargets; succeeds when IQN is offered. Sets DISC_OUT.

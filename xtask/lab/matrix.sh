@@ -200,16 +200,23 @@ rinit_discover() { # IQN URL CMD...
   timeout 120 "$@" discover "$url" > "$CELL_LOG/rinit-discover.txt" 2>&1 && grep -qx "$iqn" "$CELL_LOG/rinit-discover.txt"
 }
 
+# rdma_cell_start LINK: for a cell per link against the riser target on rdma-core: skips the cell
+# without the link's device, else starts the target on the link's address. Sets ip, pid, base
+# (the resources before anything connected); false when the cell is over.
+rdma_cell_start() {
+  has_dev "${1}0" || { cell_skip "no ${1}0 in this guest"; return 1; }
+  ip=$(link_ip "$1")
+  target_argv "$RDMA_TARGET_CMD" "$ip"
+  if ! riser_target_start target "$ip:3260" "${TARGET_ARGV[@]}"; then cell_fail "target start" "$TARGET_ERR"; return 1; fi
+  pid=$TARGET_PID
+  base=$(res_snapshot "$pid")
+}
+
 cell_1() {
   local l ip base pid
   for l in $LINKS; do
     cell_begin "1 riser initiator (rdma-core) -> riser target (rdma-core), $l"
-    has_dev "${l}0" || { cell_skip "no ${l}0 in this guest"; continue; }
-    ip=$(link_ip "$l")
-    target_argv "$RDMA_TARGET_CMD" "$ip"
-    if ! riser_target_start target "$ip:3260" "${TARGET_ARGV[@]}"; then cell_fail "target start" "$TARGET_ERR"; continue; fi
-    pid=$TARGET_PID
-    base=$(res_snapshot "$pid")
+    rdma_cell_start "$l" || continue
     if ! rinit_discover "$RISER_IQN" "iser://$ip:3260" "$RISER_INITIATOR" --rdma-provider rdma-core; then
       riser_target_stop
       cell_fail discovery "$(tail_log "$CELL_LOG/rinit-discover.txt")"
@@ -248,10 +255,7 @@ tgt_start() {
   fi
 }
 tgt_stop() {
-  [ -n "$TGT_PID" ] || return 0
-  kill -TERM "$TGT_PID" 2>/dev/null
-  wait_for 20 _gone "$TGT_PID" || kill -KILL "$TGT_PID" 2>/dev/null
-  wait "$TGT_PID" 2>/dev/null
+  stop_pid "$TGT_PID" 20
   TGT_PID=""
 }
 
@@ -335,12 +339,7 @@ cell_fault-rinit() {
   local l ip base pid t0 during
   for l in $LINKS; do
     cell_begin "fault-rinit riser initiator (rdma-core) killed mid-transfer -> riser target (rdma-core), $l"
-    has_dev "${l}0" || { cell_skip "no ${l}0 in this guest"; continue; }
-    ip=$(link_ip "$l")
-    target_argv "$RDMA_TARGET_CMD" "$ip"
-    if ! riser_target_start target "$ip:3260" "${TARGET_ARGV[@]}"; then cell_fail "target start" "$TARGET_ERR"; continue; fi
-    pid=$TARGET_PID
-    base=$(res_snapshot "$pid")
+    rdma_cell_start "$l" || continue
     # (Started directly, not under timeout(1): the SIGKILL must reach the initiator itself.)
     "$RISER_INITIATOR" --rdma-provider rdma-core verify "iser://$ip:3260/$RISER_IQN/0" --size 256MiB > "$CELL_LOG/victim.txt" 2>&1 &
     local victim=$!
