@@ -4,15 +4,16 @@
 
 use crate::link::{LinkParams, LinkRx, LinkTx};
 use crate::{
-    BoxFuture, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent, PutDataDone, R2tDesc, TaskBuffer, Terminated,
+    BoxFuture, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent, PutDataDone, R2tPlan, TaskBuffer, Terminated,
 };
 use bytes::{Bytes, BytesMut};
 use riser_iscsi::keys::{NegotiatedParams, Role};
 use riser_iscsi::wire::{DataIn, DataOut, Header, R2t, RESERVED_TAG, ScsiCommand};
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
 use tokio::sync::{Mutex, Notify, mpsc, oneshot};
 
 /// Largest write buffer the datamover allocates for one command (EDTL above this is refused
@@ -98,7 +99,14 @@ struct Shared {
     enabled: AtomicBool,
     awaiting_login_step: AtomicBool,
     login_gate: Notify,
+    /// Once a PDU's header is in, its AHS and data segment must follow within this long
+    /// (milliseconds): a peer that announces a segment and stalls cannot hold the connection.
+    segment_timeout_ms: AtomicU64,
 }
+
+/// Default of [`PduDatamover::set_segment_timeout`]: a whole data segment (at most 16 MiB) in
+/// 30 s is 0.5 MiB/s, slow enough for any live peer.
+pub const DEFAULT_SEGMENT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A datamover moving data as iSCSI PDUs over a link.
 #[derive(Clone)]
@@ -137,6 +145,7 @@ impl PduDatamover {
             enabled: AtomicBool::new(false),
             awaiting_login_step: AtomicBool::new(false),
             login_gate: Notify::new(),
+            segment_timeout_ms: AtomicU64::new(DEFAULT_SEGMENT_TIMEOUT.as_millis() as u64),
         });
         let me = Self { shared: shared.clone() };
         let r2t_server = me.clone().serve_r2ts(r2t_rx);
@@ -156,6 +165,12 @@ impl PduDatamover {
         Arc::ptr_eq(&self.shared, &other.shared)
     }
 
+    /// How long a PDU's AHS and data segment may take to arrive once its header has (default
+    /// [`DEFAULT_SEGMENT_TIMEOUT`]); past it the connection ends.
+    pub fn set_segment_timeout(&self, t: Duration) {
+        self.shared.segment_timeout_ms.store(t.as_millis().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
+    }
+
     async fn drive(shared: Arc<Shared>, mut rx: Box<dyn LinkRx>, mut close: oneshot::Receiver<()>) {
         let why = loop {
             // New framing (digests, limits) applies from the next PDU: the receiver never reads
@@ -172,8 +187,17 @@ impl PduDatamover {
                 Ok(None) => break Terminated::PeerClosed,
                 Err(e) => break Terminated::Error(e.to_string()),
             };
-            if let Err(e) = Self::receive(&shared, rx.as_mut(), h).await {
-                break Terminated::Error(e.to_string());
+            // The rest of the PDU, bounded in time and still ending at a local close: a peer
+            // that announces a data segment and stalls must not keep the connection.
+            let limit = Duration::from_millis(shared.segment_timeout_ms.load(Ordering::Relaxed));
+            let (op, dsl) = (h.header.opcode(), h.data_len);
+            tokio::select! {
+                r = tokio::time::timeout(limit, Self::receive(&shared, rx.as_mut(), h)) => match r {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => break Terminated::Error(e.to_string()),
+                    Err(_) => break Terminated::Error(format!("{op:?} PDU: {dsl} bytes of data not received within {limit:?}")),
+                },
+                _ = &mut close => break Terminated::Local,
             }
         };
         // Fail every waiting Get_Data.
@@ -314,24 +338,28 @@ impl PduDatamover {
         let edtl = cmd.expected_data_len;
         let limits = *lock(&shared.limits);
         if edtl > MAX_TASK_BUFFER || data_len > edtl as usize {
-            // The core answers with CHECK CONDITION; the immediate data goes nowhere.
+            // No task: the core answers with CHECK CONDITION (it sees `immediate` beyond the
+            // command's length, or a length beyond MAX_TASK_BUFFER); the data goes nowhere.
             let mut scratch = vec![0u8; data_len];
             rx.read_data(&mut scratch).await?;
             let _ = shared.events_tx.send(DmEvent::Control(ControlPdu {
                 header: Header::ScsiCommand(cmd),
                 ahs,
                 data: Bytes::new(),
-                immediate: 0,
+                immediate: data_len as u32,
             }));
             return Ok(());
         }
         if !limits.immediate_data && data_len > 0 {
             return Err(DmError::Protocol("immediate data sent with ImmediateData=No".into()));
         }
-        // Every byte is written before use: Data-Out is checked to arrive in order, once.
-        let mut buf = shared.pool.take_dirty(edtl as usize);
-        rx.read_data(&mut buf[..data_len]).await?;
+        // Every byte is written before use: Data-Out is checked to arrive in order, once. Only
+        // the unsolicited part is taken now (at most FirstBurstLength); Get_Data takes the
+        // rest once the core decides to collect it (within its per-session memory budget).
         let unsol_allowed = !limits.initial_r2t && !cmd.final_;
+        let first = if unsol_allowed { limits.first_burst.min(edtl).max(data_len as u32) } else { data_len as u32 };
+        let mut buf = shared.pool.take_dirty(first as usize);
+        rx.read_data(&mut buf[..data_len]).await?;
         let task = WriteTask {
             buf,
             unsolicited: data_len as u32,
@@ -339,7 +367,9 @@ impl PduDatamover {
             next_unsol_data_sn: 0,
             r2ts: Vec::new(),
             notify: None,
-            failed: None,
+            // F=0 announces unsolicited Data-Out, which InitialR2T=Yes forbids (RFC 7143
+            // §11.2.1.6): the task fails rather than guess where the data starts.
+            failed: (limits.initial_r2t && !cmd.final_).then_some("unsolicited Data-Out announced (F=0) with InitialR2T=Yes"),
         };
         if lock(&shared.writes).insert(cmd.itt, task).is_some() {
             return Err(DmError::Protocol(format!("ITT {:#x} reused while its write is outstanding", cmd.itt)));
@@ -402,6 +432,7 @@ impl PduDatamover {
             Err(msg) => {
                 // The PDU itself is well framed: drain it and end just this task (CHECK
                 // CONDITION) rather than the connection, so other commands are unaffected.
+                // (A Data-Out may also fail the task after its data is read: see below.)
                 let mut scratch = vec![0u8; len];
                 rx.read_data(&mut scratch).await?;
                 task.failed = Some(msg);
@@ -420,8 +451,19 @@ impl PduDatamover {
                 task.next_unsol_data_sn += 1;
                 if d.final_ {
                     task.unsolicited_done = true;
+                    // The unsolicited burst is FirstBurstLength or the whole transfer, never
+                    // less (as LIO): the target solicits only what lies beyond it, so a burst
+                    // ended early would leave bytes of the buffer nobody sent.
+                    let expected = first_burst.min(task.buf.len() as u32);
+                    let notice = if task.unsolicited == expected {
+                        Notice::UnsolicitedDone
+                    } else {
+                        let msg = "unsolicited Data-Out ended before FirstBurstLength";
+                        task.failed = Some(msg);
+                        Notice::Failed(msg)
+                    };
                     if let Some(n) = &task.notify {
-                        let _ = n.send(Notice::UnsolicitedDone);
+                        let _ = n.send(notice);
                     }
                 }
             }
@@ -433,6 +475,7 @@ impl PduDatamover {
                     if !d.final_ {
                         return Err(DmError::Protocol("last Data-Out of an R2T without the F bit".into()));
                     }
+                    task.r2ts.swap_remove(i);
                     if let Some(n) = &task.notify {
                         let _ = n.send(Notice::R2tDone);
                     }
@@ -533,21 +576,36 @@ impl Datamover for PduDatamover {
         })
     }
 
-    fn get_data(&self, itt: u32, total_len: u32, unsolicited_len: u32, r2ts: Vec<R2tDesc>) -> BoxFuture<'_, Result<TaskBuffer, DmError>> {
+    fn get_data(&self, plan: R2tPlan) -> BoxFuture<'_, Result<TaskBuffer, DmError>> {
         Box::pin(async move {
+            let itt = plan.itt;
+            let (total_len, unsolicited_len) = (plan.end, plan.start);
             let (tx, mut rx) = mpsc::unbounded_channel();
-            let max_outstanding = 1usize;
             {
                 let mut writes = lock(&self.shared.writes);
                 let task = writes.get_mut(&itt).ok_or(DmError::NoTask(itt))?;
+                if unsolicited_len > total_len || task.unsolicited > total_len {
+                    writes.remove(&itt);
+                    return Err(DmError::DataSequence(format!("unsolicited data beyond the {total_len} bytes to collect")));
+                }
+                // The buffer holds the unsolicited part so far; the whole transfer's memory is
+                // taken only now, when the core has decided to collect it.
                 if task.buf.len() != total_len as usize {
-                    return Err(DmError::Protocol("Get_Data length differs from the command's".into()));
+                    let mut whole = self.shared.pool.take_dirty(total_len as usize);
+                    let have = task.unsolicited as usize;
+                    whole[..have].copy_from_slice(&task.buf[..have]);
+                    let old = std::mem::replace(&mut task.buf, whole);
+                    self.shared.pool.give(old);
                 }
                 if task.unsolicited >= unsolicited_len {
                     task.unsolicited_done = true;
                 }
-                task.r2ts =
-                    r2ts.iter().map(|r| Solicited { ttt: r.ttt, offset: r.offset, len: r.len, received: 0, next_data_sn: 0 }).collect();
+                // Every byte is covered exactly once — the unsolicited part, then the solicited
+                // range — and the buffer is reused, not cleared: unsolicited data that ended
+                // short of what the core counts on fails the task (a gap would be written).
+                if task.unsolicited_done && task.unsolicited != unsolicited_len && task.failed.is_none() {
+                    task.failed = Some("unsolicited data ended short of the expected burst");
+                }
                 if let Some(msg) = task.failed {
                     writes.remove(&itt);
                     return Err(DmError::DataSequence(msg.into()));
@@ -558,12 +616,16 @@ impl Datamover for PduDatamover {
                 let writes = lock(&self.shared.writes);
                 writes.get(&itt).is_some_and(|t| !t.unsolicited_done)
             };
-            let mut next = 0usize;
-            let mut outstanding = 0usize;
-            let mut finished = 0usize;
-            while finished < r2ts.len() || unsolicited_pending {
-                while outstanding < max_outstanding && next < r2ts.len() {
-                    let r = r2ts[next];
+            // One R2T at a time (MaxOutstandingR2T=1), each made when it is sent.
+            let count = plan.count();
+            let (mut next, mut outstanding, mut finished) = (0u32, false, 0u32);
+            while finished < count || unsolicited_pending {
+                if !outstanding && let Some(r) = plan.nth(next) {
+                    {
+                        let mut writes = lock(&self.shared.writes);
+                        let Some(task) = writes.get_mut(&itt) else { return Err(DmError::NoTask(itt)) };
+                        task.r2ts.push(Solicited { ttt: r.ttt, offset: r.offset, len: r.len, received: 0, next_data_sn: 0 });
+                    }
                     let h = R2t {
                         lun: r.lun,
                         itt,
@@ -577,12 +639,12 @@ impl Datamover for PduDatamover {
                     };
                     self.send(Header::R2t(h), &[], &[]).await?;
                     next += 1;
-                    outstanding += 1;
+                    outstanding = true;
                 }
                 match rx.recv().await {
                     Some(Notice::UnsolicitedDone) => unsolicited_pending = false,
                     Some(Notice::R2tDone) => {
-                        outstanding -= 1;
+                        outstanding = false;
                         finished += 1;
                     }
                     Some(Notice::Failed(msg)) => {

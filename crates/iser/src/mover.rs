@@ -3,7 +3,7 @@
 use crate::header::{CmPrivateData, ISER_HDR_LEN, ISER_HEADERS_LEN, IserHeader, IserOpcode, RFC5046_HDR_LEN, RemoteBuf};
 use bytes::{Bytes, BytesMut};
 use riser_datamover::{
-    BoxFuture, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent, PutDataDone, R2tDesc, TaskBuffer, Terminated,
+    BoxFuture, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent, PutDataDone, R2tPlan, TaskBuffer, Terminated,
 };
 use riser_iscsi::keys::{NegotiatedParams, Role};
 use riser_iscsi::wire::{DataOut, Header, Pdu, RESERVED_TAG, ScsiCommand};
@@ -73,6 +73,10 @@ struct Remote {
 struct WriteTask {
     buf: Vec<u8>,
     received: u32,
+    /// The unsolicited burst is over (its last Data-Out had the F bit, or none was announced).
+    burst_done: bool,
+    /// The task's data broke the rules: Get_Data fails it (CHECK CONDITION), the connection stays.
+    failed: Option<&'static str>,
 }
 
 /// The initiator's registrations for one command.
@@ -379,32 +383,62 @@ impl<P: Provider + 'static> Shared<P> {
                 lock(&self.remote).insert(c.itt, Remote { write: ih.write, read: ih.read });
                 if c.write && c.expected_data_len > 0 {
                     let edtl = c.expected_data_len as usize;
-                    let imm = pdu.data.len().min(edtl);
-                    if edtl > crate::MAX_TASK_BUFFER {
-                        return Err(format!("expected data transfer length {edtl} beyond {}", crate::MAX_TASK_BUFFER));
+                    let imm = pdu.data.len();
+                    if edtl > crate::MAX_TASK_BUFFER || imm > edtl {
+                        // No task: the core answers CHECK CONDITION (as over TCP), seeing the
+                        // immediate data beyond the command's length or a length beyond
+                        // MAX_TASK_BUFFER; the connection goes on.
+                        let _ =
+                            self.events_tx.send(DmEvent::Control(ControlPdu { header, ahs, data: Bytes::new(), immediate: imm as u32 }));
+                        return Ok(());
                     }
+                    let l = *lock(&self.limits);
                     // Every byte is written before use: immediate data here, unsolicited
-                    // Data-Out in order after it, RDMA Reads for the rest.
-                    let mut buf = self.pool.take_dirty_vec(edtl);
+                    // Data-Out in order after it, RDMA Reads for the rest. Only the unsolicited
+                    // part is taken now; Get_Data takes the rest within the core's budget.
+                    let first = if !l.initial_r2t && !c.final_ { (l.first_burst as usize).min(edtl).max(imm) } else { imm };
+                    let mut buf = self.pool.take_dirty_vec(first);
                     buf[..imm].copy_from_slice(&pdu.data[..imm]);
-                    lock(&self.writes).insert(c.itt, WriteTask { buf, received: imm as u32 });
+                    let task = WriteTask {
+                        buf,
+                        received: imm as u32,
+                        burst_done: c.final_,
+                        // F=0 announces unsolicited Data-Out, which InitialR2T=Yes forbids.
+                        failed: (l.initial_r2t && !c.final_).then_some("unsolicited Data-Out announced (F=0) with InitialR2T=Yes"),
+                    };
+                    lock(&self.writes).insert(c.itt, task);
                     let _ = self.events_tx.send(DmEvent::Control(ControlPdu { header, ahs, data: Bytes::new(), immediate: imm as u32 }));
                     return Ok(());
                 }
             }
             (Role::Target, Header::DataOut(d)) => {
                 // Unsolicited Data-Out (InitialR2T=No): a Send, placed by its buffer offset.
+                let first_burst = lock(&self.limits).first_burst;
                 let mut w = lock(&self.writes);
-                if let Some(t) = w.get_mut(&d.itt) {
+                if let Some(t) = w.get_mut(&d.itt).filter(|t| t.failed.is_none()) {
                     // In order (DataPDUInOrder=Yes), so `received` is the covered prefix.
                     if d.buffer_offset != t.received {
                         return Err(format!("unsolicited Data-Out at offset {} where {} was due", d.buffer_offset, t.received));
                     }
                     let at = d.buffer_offset as usize;
-                    let end =
-                        at.checked_add(pdu.data.len()).filter(|&e| e <= t.buf.len()).ok_or("Data-Out beyond the expected data length")?;
-                    t.buf[at..end].copy_from_slice(pdu.data);
-                    t.received += pdu.data.len() as u32;
+                    let end = at.checked_add(pdu.data.len()).filter(|&e| e <= t.buf.len());
+                    if t.burst_done {
+                        t.failed = Some("unsolicited Data-Out after the unsolicited burst ended");
+                    } else if end.is_none() {
+                        t.failed = Some("unsolicited Data-Out beyond FirstBurstLength");
+                    } else {
+                        let end = end.unwrap_or(at);
+                        t.buf[at..end].copy_from_slice(pdu.data);
+                        t.received += pdu.data.len() as u32;
+                        if d.final_ {
+                            t.burst_done = true;
+                            // The burst is FirstBurstLength or the whole transfer, never less (as
+                            // LIO): only what lies beyond it is read from the initiator.
+                            if t.received != first_burst.min(t.buf.len() as u32) {
+                                t.failed = Some("unsolicited Data-Out ended before FirstBurstLength");
+                            }
+                        }
+                    }
                 }
                 drop(w);
                 self.writes_changed.notify_waiters();
@@ -558,16 +592,35 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
         })
     }
 
-    fn get_data(&self, itt: u32, total_len: u32, unsolicited_len: u32, r2ts: Vec<R2tDesc>) -> BoxFuture<'_, Result<TaskBuffer, DmError>> {
+    fn get_data(&self, plan: R2tPlan) -> BoxFuture<'_, Result<TaskBuffer, DmError>> {
         Box::pin(async move {
             let s = &self.s;
-            // Unsolicited Data-Out arrives as Sends: wait for all of it.
+            let (itt, total_len, unsolicited_len) = (plan.itt, plan.end, plan.start);
+            if unsolicited_len > total_len {
+                lock(&s.writes).remove(&itt);
+                return Err(DmError::DataSequence(format!("unsolicited data beyond the {total_len} bytes to collect")));
+            }
+            // Every byte is covered exactly once: the unsolicited part (checked complete below),
+            // then the solicited range to the end (the buffer is reused, not cleared).
+            // Unsolicited Data-Out arrives as Sends: wait for all of it (the caller bounds the
+            // wait; the burst's end is known from its F bit).
             loop {
                 let mut n = std::pin::pin!(s.writes_changed.notified());
                 n.as_mut().enable();
-                let got = lock(&s.writes).get(&itt).map_or(0, |t| t.received);
-                if got >= unsolicited_len {
-                    break;
+                let state = lock(&s.writes).get(&itt).map(|t| (t.received, t.burst_done, t.failed));
+                match state {
+                    Some((_, _, Some(why))) => {
+                        lock(&s.writes).remove(&itt);
+                        return Err(DmError::DataSequence(why.into()));
+                    }
+                    Some((got, _, None)) if got == unsolicited_len => break,
+                    Some((got, done, None)) if got > unsolicited_len || done => {
+                        lock(&s.writes).remove(&itt);
+                        return Err(DmError::DataSequence(format!("{got} bytes of unsolicited data where {unsolicited_len} were due")));
+                    }
+                    None if unsolicited_len > 0 => return Err(DmError::NoTask(itt)),
+                    _ if unsolicited_len == 0 => break,
+                    _ => {}
                 }
                 if s.closed.load(Ordering::Acquire) {
                     return Err(DmError::Closed);
@@ -575,8 +628,16 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
                 n.await;
             }
             let task = lock(&s.writes).remove(&itt);
-            let buf = task.map_or_else(|| s.pool.take_vec(total_len as usize), |t| t.buf);
-            if r2ts.is_empty() {
+            let mut buf = task.map_or_else(|| s.pool.take_vec(total_len as usize), |t| t.buf);
+            if buf.len() != total_len as usize {
+                // The buffer held the unsolicited part; the whole transfer's memory is taken
+                // only now that the core collects it.
+                let mut whole = s.pool.take_dirty_vec(total_len as usize);
+                let have = (unsolicited_len as usize).min(buf.len());
+                whole[..have].copy_from_slice(&buf[..have]);
+                s.pool.give_vec(std::mem::replace(&mut buf, whole));
+            }
+            if plan.count() == 0 {
                 return Ok(TaskBuffer { data: riser_datamover::into_bytes_mut(buf) });
             }
             if lock(&s.remote).get(&itt).is_none_or(|r| r.write.is_none()) {
@@ -587,7 +648,7 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
             // bookkeeping here: the solicited range goes in reads as large as the provider
             // takes (not MaxBurstLength), all posted at once; the ORD paces them.
             let mr = s.pd.register(buf, Access::LOCAL_WRITE | Access::READ_SINK).map_err(io)?;
-            let (start, end) = r2ts.iter().fold((u32::MAX, 0), |(a, b), r| (a.min(r.offset), b.max(r.offset + r.len)));
+            let (start, end) = (plan.start, plan.end);
             let mut pending = Vec::new();
             {
                 // Posted under the lock task management takes to end the task (see put_data).
@@ -764,14 +825,18 @@ async fn completion(done: oneshot::Receiver<WcStatus>) -> Result<(), DmError> {
     }
 }
 
-/// A region's bytes: its buffer back (no copy) when this is the last handle, else a copy.
-fn copy_out<M: MemoryRegion + ?Sized>(mr: Arc<M>) -> BytesMut {
-    if Arc::strong_count(&mr) > 1 {
-        let mut copy = BytesMut::new();
-        mr.read(&mut |b| copy.extend_from_slice(b));
-        return copy;
+/// A region's bytes: its buffer back (no copy) when this is the last handle, else a copy —
+/// never nothing (a count checked before an unwrap could race with a handle taken or dropped
+/// in between, and an empty buffer would have been written as the command's data).
+fn copy_out<M: MemoryRegion>(mr: Arc<M>) -> BytesMut {
+    match mr.into_buffer() {
+        Ok(whole) => riser_datamover::into_bytes_mut(whole),
+        Err(shared) => {
+            let mut copy = BytesMut::new();
+            shared.read(&mut |b| copy.extend_from_slice(b));
+            copy
+        }
     }
-    mr.into_buffer().map(riser_datamover::into_bytes_mut).unwrap_or_default()
 }
 
 fn caps(cfg: &IserConfig) -> QpCaps {

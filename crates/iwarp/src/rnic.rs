@@ -221,12 +221,11 @@ impl SoftMr {
     }
 
     /// The buffer back (deregistering).
-    pub fn into_inner(self: Arc<Self>) -> Option<Vec<u8>> {
-        Arc::try_unwrap(self).ok().and_then(|mut m| {
-            match std::mem::replace(m.mem.get_mut().unwrap_or_else(|e| e.into_inner()), Storage::Owned(Vec::new())) {
-                Storage::Owned(v) => Some(v),
-                Storage::Shared(_) => None,
-            }
+    pub fn into_inner(self: Arc<Self>) -> std::result::Result<Vec<u8>, Arc<Self>> {
+        let mut m = Arc::try_unwrap(self)?;
+        Ok(match std::mem::replace(m.mem.get_mut().unwrap_or_else(|e| e.into_inner()), Storage::Owned(Vec::new())) {
+            Storage::Owned(v) => v,
+            Storage::Shared(b) => b.to_vec(),
         })
     }
 
@@ -303,7 +302,7 @@ impl MemoryRegion for SoftMr {
     fn is_valid(&self) -> bool {
         self.valid.load(Ordering::Acquire)
     }
-    fn into_buffer(self: Arc<Self>) -> Option<Vec<u8>> {
+    fn into_buffer(self: Arc<Self>) -> std::result::Result<Vec<u8>, Arc<Self>> {
         self.into_inner()
     }
 }

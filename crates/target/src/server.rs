@@ -3,7 +3,7 @@
 
 use crate::lu::{LogicalUnit, Outcome, Plan};
 use bytes::Bytes;
-use riser_datamover::{ControlPdu, DmEvent, R2tDesc, SharedDatamover};
+use riser_datamover::{ControlPdu, DmEvent, SharedDatamover};
 use riser_iscsi::chap::ChapCredentials;
 use riser_iscsi::keys::{NegotiatedParams, OperationalConfig, Role, SessionType, Transport};
 use riser_iscsi::login::{LoginOutcome, TargetLogin, TargetLoginConfig, TargetLoginEvent, TargetLoginParams, TargetNode};
@@ -56,6 +56,22 @@ pub struct TargetConfig {
     pub nop_interval: Option<Duration>,
     /// A ping unanswered for this long drops the connection.
     pub nop_timeout: Duration,
+    /// Connections (and so sessions: one connection each) the target serves at once, over all
+    /// portals. Past it a new connection is closed at once (TCP) or refused (iSER).
+    pub max_connections: usize,
+    /// Immediate SCSI commands (outside the CmdSN window) a session may have in flight; past it
+    /// they get a Reject (Immediate Command Reject, RFC 7143 §11.17.1).
+    pub max_immediate_commands: u32,
+    /// Bytes of command data (write data collected, read data produced) a session may hold at
+    /// once; further commands wait for room before their memory is taken.
+    pub max_session_bytes: u64,
+    /// A response or data the transport has not taken within this long (a peer that stopped
+    /// reading) ends the connection.
+    pub send_timeout: Duration,
+    /// Write data the target asked for (or the initiator announced) must arrive within this long,
+    /// or the command ends with CHECK CONDITION; a PDU's data segment must arrive within it once
+    /// its header has, or the connection ends.
+    pub data_timeout: Duration,
     /// iSER: accept unsolicited Data-Out (InitialR2T=No as negotiated by `operational`). Every
     /// Send needs a receive posted in advance, and an initiator may send FirstBurstLength of
     /// unsolicited data per command in receive-sized pieces (Linux: 256 KiB in 8 KiB Sends, 33
@@ -76,19 +92,66 @@ impl Default for TargetConfig {
             nop_interval: Some(Duration::from_secs(10)),
             nop_timeout: Duration::from_secs(15),
             login_timeout: Duration::from_secs(15),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_immediate_commands: 16,
+            max_session_bytes: 256 << 20,
+            send_timeout: Duration::from_secs(30),
+            data_timeout: Duration::from_secs(30),
             iser_unsolicited_data: false,
         }
     }
 }
 
+/// Default of [`TargetConfig::max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+
 type SessionKey = (String, Isid, String);
+
+/// A registered session: its connection, and what tells when its commands' backend I/O is over.
+#[derive(Clone)]
+struct Registered {
+    dm: SharedDatamover,
+    quiet: Arc<Quiesce>,
+}
+
+impl std::fmt::Debug for Registered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registered").finish_non_exhaustive()
+    }
+}
+
+/// Set once a session has ended and no I/O of its commands runs any more.
+#[derive(Debug, Default)]
+struct Quiesce {
+    done: std::sync::atomic::AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Quiesce {
+    fn set(&self) {
+        self.done.store(true, Ordering::Release);
+        self.notify.notify_waiters();
+    }
+    async fn wait(&self) {
+        loop {
+            let n = self.notify.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            if self.done.load(Ordering::Acquire) {
+                return;
+            }
+            n.await;
+        }
+    }
+}
 
 /// A running target.
 #[derive(Debug)]
 pub struct Target {
     config: TargetConfig,
     next_tsih: AtomicU16,
-    sessions: Mutex<HashMap<SessionKey, SharedDatamover>>,
+    sessions: Mutex<HashMap<SessionKey, Registered>>,
+    connections: Arc<tokio::sync::Semaphore>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -112,19 +175,47 @@ fn entropy() -> [u8; 32] {
 impl Target {
     /// A target with this configuration.
     pub fn new(config: TargetConfig) -> Arc<Self> {
-        Arc::new(Self { config, next_tsih: AtomicU16::new(1), sessions: Mutex::new(HashMap::new()) })
+        let connections = Arc::new(tokio::sync::Semaphore::new(config.max_connections.max(1)));
+        Arc::new(Self { config, next_tsih: AtomicU16::new(1), sessions: Mutex::new(HashMap::new()), connections })
     }
 
-    /// Accept connections on `listener` until the task is dropped.
+    /// A place for one more connection, if the target has room (else it says why once in a
+    /// while).
+    fn admit(&self, peer: SocketAddr) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let p = self.connections.clone().try_acquire_owned().ok();
+        if p.is_none() {
+            warn!(%peer, limit = self.config.max_connections, "connection refused: the target serves its maximum of connections");
+        }
+        p
+    }
+
+    /// Accept connections on `listener` until the task is dropped. Accept errors (out of file
+    /// descriptors, a connection reset before it was accepted) are logged and retried after a
+    /// pause that grows to a second; they never end the portal.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) -> std::io::Result<()> {
+        let mut pause = Duration::from_millis(10);
         loop {
-            let (stream, peer) = listener.accept().await?;
+            let (stream, peer) = match listener.accept().await {
+                Ok(c) => {
+                    pause = Duration::from_millis(10);
+                    c
+                }
+                Err(e) => {
+                    warn!(error = %e, retry_in = ?pause, "accept failed");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+            };
+            let Some(permit) = self.admit(peer) else { continue };
             let portal = stream.local_addr().unwrap_or(peer);
             let me = self.clone();
             tokio::spawn(async move {
                 let (dm, driver) = riser_tcp::datamover(stream, Role::Target);
+                dm.set_segment_timeout(me.config.data_timeout);
                 tokio::spawn(driver);
                 me.connection(Arc::new(dm), Transport::Tcp, peer, portal).await;
+                drop(permit);
             });
         }
     }
@@ -169,12 +260,18 @@ impl Target {
                     continue;
                 }
             };
+            use riser_verbs::ConnectionRequest as _;
+            let Some(permit) = self.admit(req.peer()) else {
+                req.reject(&[]);
+                continue;
+            };
             let (p, me) = (provider.clone(), self.clone());
             tokio::spawn(async move {
                 match tokio::task::spawn_blocking(move || riser_iser::accept(&p, req, cfg)).await {
                     Ok(Ok((dm, peer))) => {
                         tokio::spawn(dm.driver());
                         me.connection(Arc::new(dm), Transport::Iser, peer, portal).await;
+                        drop(permit);
                     }
                     Ok(Err(e)) => warn!("iSER accept failed: {e}"),
                     Err(e) => warn!("iSER accept failed: {e}"),
@@ -246,7 +343,12 @@ impl Target {
                 }
             }
             while let Some(p) = login.poll_transmit() {
-                if dm.send_control(ControlPdu::new(Header::LoginResponse(p.header), p.data.into())).await.is_err() {
+                let sent = tokio::time::timeout(
+                    self.config.send_timeout,
+                    dm.send_control(ControlPdu::new(Header::LoginResponse(p.header), p.data.into())),
+                );
+                if !matches!(sent.await, Ok(Ok(()))) {
+                    dm.terminate();
                     return;
                 }
             }
@@ -265,20 +367,29 @@ impl Target {
         dm.enable();
         info!(%peer, initiator = %p.initiator_name, target = %p.target_name, session = ?p.session_type, "login complete");
         let key = (p.initiator_name.to_ascii_lowercase(), outcome.isid, p.target_name.to_ascii_lowercase());
-        if p.session_type == SessionType::Normal
-            && let Some(old) = lock(&self.sessions).insert(key.clone(), dm.clone())
-        {
-            // Session reinstatement (ERL 0): the old session ends now.
-            info!(%peer, "reinstating session: closing the previous connection");
-            old.terminate();
+        let quiet = Arc::new(Quiesce::default());
+        if p.session_type == SessionType::Normal {
+            let old = lock(&self.sessions).insert(key.clone(), Registered { dm: dm.clone(), quiet: quiet.clone() });
+            if let Some(old) = old {
+                // Session reinstatement (ERL 0): the old session ends now, and nothing of the new
+                // one runs before the old one's backend I/O is over (a write it had in flight
+                // must not land after the new session's writes to the same blocks).
+                info!(%peer, "reinstating session: closing the previous connection");
+                old.dm.terminate();
+                let waited = Instant::now();
+                while tokio::time::timeout(Duration::from_secs(10), old.quiet.wait()).await.is_err() {
+                    warn!(%peer, waited = ?waited.elapsed(), "reinstatement waits for the previous session's backend I/O");
+                }
+            }
         }
         let node = self.config.nodes.iter().find(|n| n.name.eq_ignore_ascii_case(&p.target_name)).cloned();
-        let session =
-            Arc::new(Session::new(dm.clone(), outcome, node, self.config.queue_depth, (self.config.nop_interval, self.config.nop_timeout)));
+        let session = Arc::new(Session::new(dm.clone(), outcome, node, &self.config));
         session.run(&self, portal).await;
+        session.quiesce().await;
+        quiet.set();
         // Unregister, unless a reinstatement already replaced this connection.
         let mut sessions = lock(&self.sessions);
-        if sessions.get(&key).is_some_and(|cur| Arc::ptr_eq(cur, &dm)) {
+        if sessions.get(&key).is_some_and(|cur| Arc::ptr_eq(&cur.dm, &dm)) {
             sessions.remove(&key);
         }
     }
@@ -289,7 +400,98 @@ impl Target {
 struct Seq {
     stat_sn: u32,
     exp_cmd_sn: SerialNumber,
+    /// The window's upper end. It moves up by one as a command *ends* (not when it arrives), so
+    /// `queue_depth` bounds the commands the session holds at once.
+    max_cmd_sn: SerialNumber,
     ahead: BTreeSet<u32>,
+}
+
+/// Whether a task's backend I/O runs (on the blocking pool, where aborting the task's future
+/// does not stop it).
+#[derive(Debug, Default)]
+struct IoGate {
+    busy: std::sync::atomic::AtomicBool,
+    idle: tokio::sync::Notify,
+}
+
+impl IoGate {
+    async fn wait_idle(&self) {
+        loop {
+            let n = self.idle.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            if !self.busy.load(Ordering::Acquire) {
+                return;
+            }
+            n.await;
+        }
+    }
+}
+
+/// A running command: its LUN, the handle to abort it, and its backend I/O's gate.
+type Task = (Lun, AbortHandle, Arc<IoGate>);
+
+/// Backend I/O operations of a session running on the blocking pool.
+#[derive(Debug, Default)]
+struct IoCount {
+    running: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+impl IoCount {
+    fn enter(&self) {
+        self.running.fetch_add(1, Ordering::AcqRel);
+    }
+    fn leave(&self) {
+        if self.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.idle.notify_waiters();
+        }
+    }
+    async fn wait_idle(&self) {
+        loop {
+            let n = self.idle.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            if self.running.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            n.await;
+        }
+    }
+}
+
+/// A command's place in the session: a slot of the CmdSN window (or of the immediate
+/// commands' allowance), given back when the command ends — before its response goes out, or
+/// when its task is dropped (aborted, connection lost).
+struct Slot {
+    session: Arc<Session>,
+    immediate: bool,
+    held: std::sync::atomic::AtomicBool,
+}
+
+impl Slot {
+    fn release(&self) {
+        if self.held.swap(false, Ordering::AcqRel) {
+            if self.immediate {
+                self.session.immediate.fetch_sub(1, Ordering::AcqRel);
+            } else {
+                let mut s = lock(&self.session.seq);
+                s.max_cmd_sn = s.max_cmd_sn.add(1);
+            }
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// Sense for write data that broke its sequence or did not come.
+fn data_phase_error(lu: &LogicalUnit) -> Outcome {
+    let s = Sense::new(SenseKey::ABORTED_COMMAND, AscAscq::DATA_PHASE_ERROR);
+    Outcome { status: Status::CHECK_CONDITION, sense: Some(lu.encode_sense(&s)), data: Bytes::new() }
 }
 
 struct Session {
@@ -297,11 +499,22 @@ struct Session {
     params: NegotiatedParams,
     node: Option<Node>,
     nexus: String,
-    depth: u32,
     seq: Mutex<Seq>,
     /// Serialises StatSN assignment with sending, so StatSNs go out in order.
     tx: tokio::sync::Mutex<()>,
-    tasks: Mutex<HashMap<u32, (Lun, AbortHandle)>>,
+    tasks: Mutex<HashMap<u32, Task>>,
+    /// Immediate SCSI commands in flight, and their limit.
+    immediate: AtomicU32,
+    max_immediate: u32,
+    /// The session's memory budget for command data, in [`BUDGET_UNIT`]s.
+    budget: Arc<tokio::sync::Semaphore>,
+    budget_units: u32,
+    /// Backend I/O of this session's commands running on the blocking pool.
+    io: Arc<IoCount>,
+    send_timeout: Duration,
+    data_timeout: Duration,
+    /// A send timed out: the connection is being dropped.
+    dead: std::sync::atomic::AtomicBool,
     next_ttt: AtomicU32,
     keepalive: (Option<Duration>, Duration),
     /// The TTT and send time of our outstanding ping.
@@ -310,20 +523,38 @@ struct Session {
     text_rest: Mutex<Option<(u32, Vec<u8>)>>,
 }
 
+/// Granularity of the session memory budget.
+const BUDGET_UNIT: u64 = 64 << 10;
+
 impl Session {
-    fn new(dm: SharedDatamover, o: LoginOutcome, node: Option<Node>, depth: u32, keepalive: (Option<Duration>, Duration)) -> Self {
+    fn new(dm: SharedDatamover, o: LoginOutcome, node: Option<Node>, c: &TargetConfig) -> Self {
         let nexus = format!("{},i,0x{}", o.params.initiator_name, o.isid.0.iter().map(|b| format!("{b:02x}")).collect::<String>());
+        let exp = SerialNumber(o.exp_cmd_sn);
+        let budget_units = (c.max_session_bytes / BUDGET_UNIT).clamp(1, u64::from(u32::MAX >> 4)) as u32;
         Self {
             dm,
             nexus,
-            depth,
             node,
-            seq: Mutex::new(Seq { stat_sn: o.stat_sn, exp_cmd_sn: SerialNumber(o.exp_cmd_sn), ahead: BTreeSet::new() }),
+            // The login announced MaxCmdSN = ExpCmdSN + queue_depth − 1.
+            seq: Mutex::new(Seq {
+                stat_sn: o.stat_sn,
+                exp_cmd_sn: exp,
+                max_cmd_sn: exp.add(c.queue_depth.max(1) - 1),
+                ahead: BTreeSet::new(),
+            }),
             params: o.params,
             tx: tokio::sync::Mutex::new(()),
             tasks: Mutex::new(HashMap::new()),
+            immediate: AtomicU32::new(0),
+            max_immediate: c.max_immediate_commands,
+            budget: Arc::new(tokio::sync::Semaphore::new(budget_units as usize)),
+            budget_units,
+            io: Arc::new(IoCount::default()),
+            send_timeout: c.send_timeout,
+            data_timeout: c.data_timeout,
+            dead: std::sync::atomic::AtomicBool::new(false),
             next_ttt: AtomicU32::new(1),
-            keepalive,
+            keepalive: (c.nop_interval, c.nop_timeout),
             ping: Mutex::new(None),
             text_rest: Mutex::new(None),
         }
@@ -331,14 +562,28 @@ impl Session {
 
     fn window(&self) -> (u32, u32) {
         let s = lock(&self.seq);
-        (s.exp_cmd_sn.0, s.exp_cmd_sn.0.wrapping_add(self.depth - 1))
+        (s.exp_cmd_sn.0, s.max_cmd_sn.0)
+    }
+
+    /// Wait until no backend I/O of the session's commands runs any more.
+    async fn quiesce(&self) {
+        self.io.wait_idle().await;
+    }
+
+    /// A response or data could not be handed to the transport in time: the initiator stopped
+    /// reading. The connection is dropped (everything it waits for is ended with it).
+    fn send_failed(&self, what: &str) {
+        if !self.dead.swap(true, Ordering::AcqRel) {
+            warn!(nexus = %self.nexus, what, timeout = ?self.send_timeout, "the initiator takes nothing: dropping the connection");
+            self.dm.terminate();
+        }
     }
 
     /// Check and account a non-immediate command's CmdSN (RFC 7143 §4.2.2.1): outside the
     /// window it is silently ignored.
     fn accept_cmd_sn(&self, cmd_sn: u32) -> bool {
         let mut s = lock(&self.seq);
-        let max = s.exp_cmd_sn.add(self.depth - 1);
+        let max = s.max_cmd_sn;
         let sn = SerialNumber(cmd_sn);
         if !sn.in_window(s.exp_cmd_sn, max) || s.ahead.contains(&cmd_sn) {
             return false;
@@ -360,12 +605,18 @@ impl Session {
 
     fn not_yet_received(&self, cmd_sn: u32) -> bool {
         let s = lock(&self.seq);
-        let max = s.exp_cmd_sn.add(self.depth - 1);
-        SerialNumber(cmd_sn).in_window(s.exp_cmd_sn, max) && !s.ahead.contains(&cmd_sn)
+        SerialNumber(cmd_sn).in_window(s.exp_cmd_sn, s.max_cmd_sn) && !s.ahead.contains(&cmd_sn)
     }
 
     /// Send a response PDU, stamping StatSN (advanced when `advance`), ExpCmdSN and MaxCmdSN.
-    async fn respond(&self, mut header: Header, data: Bytes, advance: bool) {
+    /// A transport that takes nothing for `send_timeout` ends the connection.
+    async fn respond(&self, header: Header, data: Bytes, advance: bool) {
+        if tokio::time::timeout(self.send_timeout, self.respond_now(header, data, advance)).await.is_err() {
+            self.send_failed("response");
+        }
+    }
+
+    async fn respond_now(&self, mut header: Header, data: Bytes, advance: bool) {
         let _order = self.tx.lock().await;
         let (exp, max) = self.window();
         let stat_sn = {
@@ -438,19 +689,31 @@ impl Session {
             let discovery = self.params.session_type == SessionType::Discovery;
             match pdu.header {
                 Header::ScsiCommand(c) if !discovery => {
-                    if !c.immediate && !self.accept_cmd_sn(c.cmd_sn) {
+                    if c.immediate {
+                        // Immediate commands stand outside the window: their own allowance.
+                        if self.immediate.fetch_add(1, Ordering::AcqRel) >= self.max_immediate {
+                            self.immediate.fetch_sub(1, Ordering::AcqRel);
+                            self.dm.deallocate_task_resources(c.itt);
+                            self.reject(RejectReason::IMMEDIATE_COMMAND_REJECTED, &pdu.header).await;
+                            continue;
+                        }
+                    } else if !self.accept_cmd_sn(c.cmd_sn) {
                         debug!(cmd_sn = c.cmd_sn, "command outside the CmdSN window ignored");
                         self.dm.deallocate_task_resources(c.itt);
                         continue;
                     }
+                    let slot = Slot { session: self.clone(), immediate: c.immediate, held: std::sync::atomic::AtomicBool::new(true) };
                     let me = self.clone();
                     let full_cdb = Pdu::new(pdu.header, pdu.ahs.clone(), Bytes::new()).full_cdb().unwrap_or_default();
                     let imm = pdu.immediate;
+                    let gate = Arc::new(IoGate::default());
+                    let g = gate.clone();
                     let handle = tokio::spawn(async move {
-                        me.command(c, full_cdb, imm).await;
+                        me.command(c, full_cdb, imm, &slot, &g).await;
+                        drop(slot);
                         lock(&me.tasks).remove(&c.itt);
                     });
-                    lock(&self.tasks).insert(c.itt, (c.lun, handle.abort_handle()));
+                    lock(&self.tasks).insert(c.itt, (c.lun, handle.abort_handle(), gate));
                 }
                 Header::NopOut(n) => {
                     if !n.immediate && !self.accept_cmd_sn(n.cmd_sn) {
@@ -488,6 +751,8 @@ impl Session {
                         time2retain: 0,
                         ..LogoutResponse::default()
                     });
+                    // The logout is answered once no write of the session can still land.
+                    self.quiesce().await;
                     self.respond(h, Bytes::new(), true).await;
                     self.dm.terminate();
                     break;
@@ -533,25 +798,32 @@ impl Session {
         self.node.as_ref()?.luns.iter().find(|l| l.lun().number() == Some(n)).cloned()
     }
 
-    fn abort_all(&self, lun: Option<Lun>) -> usize {
+    /// Abort the tasks of `lun` (all with `None`); returns their I/O gates: task management
+    /// answers only once those are idle (a write on the blocking pool cannot be stopped, and
+    /// must not land after the abort is answered).
+    fn abort_all(&self, lun: Option<Lun>) -> Vec<Arc<IoGate>> {
         let mut tasks = lock(&self.tasks);
-        let victims: Vec<u32> = tasks.iter().filter(|(_, (l, _))| lun.is_none_or(|x| *l == x)).map(|(i, _)| *i).collect();
+        let victims: Vec<u32> = tasks.iter().filter(|(_, (l, _, _))| lun.is_none_or(|x| *l == x)).map(|(i, _)| *i).collect();
+        let mut gates = Vec::new();
         for itt in &victims {
-            if let Some((_, h)) = tasks.remove(itt) {
+            if let Some((_, h, g)) = tasks.remove(itt) {
                 h.abort();
+                gates.push(g);
             }
             self.dm.deallocate_task_resources(*itt);
         }
-        victims.len()
+        gates
     }
 
     async fn task_management(&self, t: TaskMgmtRequest) {
+        let mut gates = Vec::new();
         let response = match t.function {
             TmfFunction::ABORT_TASK => {
                 let found = lock(&self.tasks).remove(&t.ref_task_tag);
                 match found {
-                    Some((_, h)) => {
+                    Some((_, h, g)) => {
                         h.abort();
+                        gates.push(g);
                         self.dm.deallocate_task_resources(t.ref_task_tag);
                         TmfResponse::COMPLETE
                     }
@@ -566,20 +838,24 @@ impl Session {
                 if self.lu(t.lun).is_none() {
                     TmfResponse::LUN_DOES_NOT_EXIST
                 } else {
-                    self.abort_all(Some(t.lun));
+                    gates = self.abort_all(Some(t.lun));
                     TmfResponse::COMPLETE
                 }
             }
             TmfFunction::LOGICAL_UNIT_RESET => match self.lu(t.lun) {
                 None => TmfResponse::LUN_DOES_NOT_EXIST,
                 Some(lu) => {
-                    self.abort_all(Some(t.lun));
+                    for g in self.abort_all(Some(t.lun)) {
+                        g.wait_idle().await;
+                    }
                     lu.reset();
                     TmfResponse::COMPLETE
                 }
             },
             TmfFunction::TARGET_WARM_RESET | TmfFunction::TARGET_COLD_RESET => {
-                self.abort_all(None);
+                for g in self.abort_all(None) {
+                    g.wait_idle().await;
+                }
                 if let Some(n) = &self.node {
                     for lu in &n.luns {
                         lu.reset();
@@ -591,6 +867,10 @@ impl Session {
             TmfFunction::CLEAR_ACA => TmfResponse::NOT_SUPPORTED,
             _ => TmfResponse::REJECTED,
         };
+        // No aborted task's backend write may land after this answer.
+        for g in gates {
+            g.wait_idle().await;
+        }
         let h = Header::TaskMgmtResponse(TaskMgmtResponse { response, itt: t.itt, ..TaskMgmtResponse::default() });
         self.respond(h, Bytes::new(), true).await;
         if t.function == TmfFunction::TARGET_COLD_RESET {
@@ -665,7 +945,10 @@ impl Session {
         self.respond(h, piece.into(), true).await;
     }
 
-    async fn scsi_response(&self, c: &ScsiCommand, o: &Outcome, residual: (bool, bool, u32), exp_data_sn: u32) {
+    /// The command's SCSI Response; its window slot is given back first, so the response
+    /// already announces the room it leaves.
+    async fn scsi_response(&self, c: &ScsiCommand, o: &Outcome, residual: (bool, bool, u32), exp_data_sn: u32, slot: &Slot) {
+        slot.release();
         let data = o.sense.as_ref().map(|s| Bytes::from(with_length_prefix(s))).unwrap_or_default();
         let (underflow, overflow, residual) = residual;
         let h = Header::ScsiResponse(ScsiResponse {
@@ -681,52 +964,107 @@ impl Session {
         self.respond(h, data, true).await;
     }
 
-    async fn command(&self, c: ScsiCommand, cdb: Vec<u8>, immediate: u32) {
+    /// CHECK CONDITION with ILLEGAL REQUEST / `asc` for a command refused before it ran (its
+    /// write data, if any, is dropped by the datamover).
+    async fn refuse(&self, c: &ScsiCommand, lu: &LogicalUnit, asc: AscAscq, slot: &Slot) {
+        self.dm.deallocate_task_resources(c.itt);
+        let o = Outcome {
+            status: Status::CHECK_CONDITION,
+            sense: Some(lu.encode_sense(&Sense::new(SenseKey::ILLEGAL_REQUEST, asc))),
+            data: Bytes::new(),
+        };
+        let edtl = c.expected_data_len;
+        self.scsi_response(c, &o, if edtl > 0 { (true, false, edtl) } else { (false, false, 0) }, 0, slot).await;
+    }
+
+    /// Take `bytes` of the session's memory budget (waiting for room), for a command's data.
+    async fn reserve(&self, bytes: u64) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if bytes == 0 {
+            return None;
+        }
+        let units = bytes.div_ceil(BUDGET_UNIT).min(u64::from(self.budget_units)) as u32;
+        self.budget.clone().acquire_many_owned(units).await.ok()
+    }
+
+    async fn command(&self, c: ScsiCommand, cdb: Vec<u8>, immediate: u32, slot: &Slot, gate: &Arc<IoGate>) {
         let edtl = c.expected_data_len;
         let Some(lu) = self.lu(c.lun) else {
             self.dm.deallocate_task_resources(c.itt);
-            return self.no_such_lun(&c, &cdb).await;
+            return self.no_such_lun(&c, &cdb, slot).await;
         };
+        // What no CDB can justify is refused before anything is planned or allocated: more
+        // data than a task buffer holds, immediate data beyond the expected length.
+        if c.write && edtl > crate::MAX_DATA_OUT {
+            return self.refuse(&c, &lu, AscAscq::INVALID_FIELD_IN_CDB, slot).await;
+        }
+        if c.write && immediate > edtl {
+            self.dm.deallocate_task_resources(c.itt);
+            return self.scsi_response(&c, &data_phase_error(&lu), (false, false, 0), 0, slot).await;
+        }
         let plan = match lu.plan(&cdb, &self.nexus) {
             Ok(p) => Plan { edtl, ..p },
             Err(o) => {
                 self.dm.deallocate_task_resources(c.itt);
                 let r = if edtl > 0 { (true, false, edtl) } else { (false, false, 0) };
-                return self.scsi_response(&c, &o, r, 0).await;
+                return self.scsi_response(&c, &o, r, 0, slot).await;
             }
         };
-        let mut data_out = Bytes::new();
-        if c.write && edtl > 0 {
-            match self.fetch_write_data(&c, immediate).await {
-                Ok(b) => data_out = b,
-                Err(riser_datamover::DmError::DataSequence(why)) => {
-                    debug!(itt = c.itt, why, "write data out of sequence");
-                    let s = Sense::new(SenseKey::ABORTED_COMMAND, AscAscq::DATA_PHASE_ERROR);
-                    let o = Outcome { status: Status::CHECK_CONDITION, sense: Some(lu.encode_sense(&s)), data: Bytes::new() };
-                    return self.scsi_response(&c, &o, (false, false, 0), 0).await;
-                }
-                Err(_) => return,
-            }
-        }
         let out_len = plan.data_out;
         if !c.write && out_len > 0 {
             // The CDB wants data the initiator did not announce.
+            self.dm.deallocate_task_resources(c.itt);
             let o = Outcome {
                 status: Status::CHECK_CONDITION,
                 sense: Some(lu.encode_sense(&Sense::new(SenseKey::ILLEGAL_REQUEST, AscAscq::INVALID_FIELD_IN_CDB))),
                 data: Bytes::new(),
             };
-            return self.scsi_response(&c, &o, (false, true, out_len), 0).await;
+            return self.scsi_response(&c, &o, (false, true, out_len), 0, slot).await;
         }
-        let usable = data_out.len().min(out_len as usize);
+        // The command's memory: its write data, or the read data it may produce.
+        let _budget = self.reserve(u64::from(edtl)).await;
+        let mut data_out = Bytes::new();
+        if c.write && edtl > 0 {
+            match tokio::time::timeout(self.data_timeout, self.fetch_write_data(&c, immediate, out_len)).await {
+                Ok(Ok(b)) => data_out = b,
+                Ok(Err(riser_datamover::DmError::Closed | riser_datamover::DmError::Io(_))) => return,
+                Ok(Err(e)) => {
+                    debug!(itt = c.itt, %e, "write data out of sequence");
+                    return self.scsi_response(&c, &data_phase_error(&lu), (false, false, 0), 0, slot).await;
+                }
+                Err(_) => {
+                    warn!(itt = c.itt, timeout = ?self.data_timeout, "write data did not arrive");
+                    self.dm.deallocate_task_resources(c.itt);
+                    return self.scsi_response(&c, &data_phase_error(&lu), (false, false, 0), 0, slot).await;
+                }
+            }
+        }
+        let usable = out_len.min(edtl) as usize;
+        if data_out.len() < usable {
+            // Never write what was not received (a buffer short of the data the CDB uses).
+            warn!(itt = c.itt, got = data_out.len(), usable, "write data incomplete");
+            return self.scsi_response(&c, &data_phase_error(&lu), (false, false, 0), 0, slot).await;
+        }
         let (o, data_out) = if !lu.may_block(&plan) {
             // Memory-speed backends run inline; a thread hand-off would cost more than the I/O.
             (lu.execute(&plan, &data_out[..usable], &self.nexus), data_out)
         } else {
+            // The blocking pool runs the I/O to its end even if this task is aborted meanwhile:
+            // the gate tells task management (and the session's end) when it is over.
             let lu2 = lu.clone();
             let nexus = self.nexus.clone();
             let plan2: Plan = plan.clone();
-            let Ok(r) = tokio::task::spawn_blocking(move || (lu2.execute(&plan2, &data_out[..usable], &nexus), data_out)).await else {
+            gate.busy.store(true, Ordering::Release);
+            self.io.enter();
+            let (g, io) = (gate.clone(), self.io.clone());
+            let Ok(r) = tokio::task::spawn_blocking(move || {
+                let r = (lu2.execute(&plan2, &data_out[..usable], &nexus), data_out);
+                g.busy.store(false, Ordering::Release);
+                g.idle.notify_waiters();
+                io.leave();
+                r
+            })
+            .await
+            else {
                 return;
             };
             r
@@ -754,67 +1092,80 @@ impl Session {
             if send > 0 && c.read && o.status == Status::GOOD && o.sense.is_none() && self.dm.collapses_status() {
                 // Phase collapse (RFC 7143 §11.7.4): GOOD status rides in the last Data-In, which
                 // then takes the next StatSN; the response order lock keeps StatSNs in order.
-                let _order = self.tx.lock().await;
-                let (exp, max) = self.window();
-                let stat_sn = {
-                    let mut s = lock(&self.seq);
-                    let v = s.stat_sn;
-                    s.stat_sn = s.stat_sn.wrapping_add(1);
-                    v
-                };
-                let (underflow, overflow, count) = residual;
-                let collapse = riser_datamover::CollapsedStatus {
-                    status: o.status,
-                    underflow,
-                    overflow,
-                    residual: count,
-                    stat_sn,
-                    exp_cmd_sn: exp,
-                    max_cmd_sn: max,
-                };
-                let desc = riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: Some(collapse) };
-                let sent = self.dm.put_data(desc, o.data.slice(..send as usize)).await;
-                drop(_order);
+                let sent = tokio::time::timeout(self.send_timeout, async {
+                    let _order = self.tx.lock().await;
+                    slot.release();
+                    let (exp, max) = self.window();
+                    let stat_sn = {
+                        let mut s = lock(&self.seq);
+                        let v = s.stat_sn;
+                        s.stat_sn = s.stat_sn.wrapping_add(1);
+                        v
+                    };
+                    let (underflow, overflow, count) = residual;
+                    let collapse = riser_datamover::CollapsedStatus {
+                        status: o.status,
+                        underflow,
+                        overflow,
+                        residual: count,
+                        stat_sn,
+                        exp_cmd_sn: exp,
+                        max_cmd_sn: max,
+                    };
+                    let desc =
+                        riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: Some(collapse) };
+                    self.dm.put_data(desc, o.data.slice(..send as usize)).await
+                })
+                .await;
                 match sent {
-                    Ok(d) if d.status_sent => {
+                    Ok(Ok(d)) if d.status_sent => {
                         lu.recycle(o.data);
                         return;
                     }
-                    Ok(d) => pdus = d.pdus,
-                    Err(_) => return,
+                    Ok(Ok(d)) => pdus = d.pdus,
+                    Ok(Err(_)) => return,
+                    Err(_) => return self.send_failed("Data-In"),
                 }
             } else if send > 0 && c.read {
                 let desc = riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: None };
-                match self.dm.put_data(desc, o.data.slice(..send as usize)).await {
-                    Ok(d) => pdus = d.pdus,
-                    Err(_) => return,
+                match tokio::time::timeout(self.send_timeout, self.dm.put_data(desc, o.data.slice(..send as usize))).await {
+                    Ok(Ok(d)) => pdus = d.pdus,
+                    Ok(Err(_)) => return,
+                    Err(_) => return self.send_failed("Data-In"),
                 }
             } else if send > 0 {
                 residual = (true, false, edtl);
             }
         }
-        self.scsi_response(&c, &o, residual, pdus).await;
+        self.scsi_response(&c, &o, residual, pdus, slot).await;
         lu.recycle(o.data);
     }
 
-    async fn fetch_write_data(&self, c: &ScsiCommand, immediate: u32) -> Result<Bytes, riser_datamover::DmError> {
+    /// Collect a write's data: the unsolicited part the initiator announced (immediate data,
+    /// then Data-Out up to FirstBurstLength unless InitialR2T=Yes or F=1), then solicited up to
+    /// what the CDB uses (`out_len`, at most the expected length) — never more, so the R2Ts a
+    /// command costs are bounded by its CDB, not by its expected length.
+    async fn fetch_write_data(&self, c: &ScsiCommand, immediate: u32, out_len: u32) -> Result<Bytes, riser_datamover::DmError> {
         let edtl = c.expected_data_len;
         let p = &self.params;
-        let unsolicited_end = if c.final_ { immediate } else { p.first_burst_length.min(edtl).max(immediate) };
-        let mut r2ts = Vec::new();
-        let mut at = unsolicited_end;
-        let mut sn = 0;
+        let unsolicited_end = if c.final_ || p.initial_r2t { immediate } else { p.first_burst_length.min(edtl).max(immediate) };
+        let end = out_len.min(edtl).max(unsolicited_end);
         let (exp, max) = self.window();
-        let stat_sn = lock(&self.seq).stat_sn;
-        while at < edtl {
-            let len = (edtl - at).min(p.max_burst_length);
-            let ttt = self.next_ttt.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff;
-            r2ts.push(R2tDesc { itt: c.itt, lun: c.lun, ttt, r2t_sn: sn, offset: at, len, stat_sn, exp_cmd_sn: exp, max_cmd_sn: max });
-            sn += 1;
-            at += len;
-        }
-        match self.dm.get_data(c.itt, edtl, unsolicited_end, r2ts).await {
-            Ok(b) => Ok(b.data.freeze()),
+        let mut plan = riser_datamover::R2tPlan {
+            itt: c.itt,
+            lun: c.lun,
+            start: unsolicited_end,
+            end,
+            max_burst: p.max_burst_length.max(512),
+            first_ttt: 0,
+            stat_sn: lock(&self.seq).stat_sn,
+            exp_cmd_sn: exp,
+            max_cmd_sn: max,
+        };
+        plan.first_ttt = self.next_ttt.fetch_add(plan.count().max(1), Ordering::Relaxed) & 0x7fff_ffff;
+        match self.dm.get_data(plan).await {
+            Ok(b) if b.data.len() == end as usize => Ok(b.data.freeze()),
+            Ok(b) => Err(riser_datamover::DmError::DataSequence(format!("{} bytes of write data where {end} were due", b.data.len()))),
             Err(e) => {
                 warn!(itt = c.itt, %e, "write data not received");
                 Err(e)
@@ -822,7 +1173,7 @@ impl Session {
         }
     }
 
-    async fn no_such_lun(&self, c: &ScsiCommand, cdb: &[u8]) {
+    async fn no_such_lun(&self, c: &ScsiCommand, cdb: &[u8], slot: &Slot) {
         // INQUIRY and REPORT LUNS work on any LUN; everything else: LOGICAL UNIT NOT SUPPORTED.
         let first = self.node.as_ref().and_then(|n| n.luns.first().cloned());
         match (cdb.first(), first) {
@@ -837,7 +1188,7 @@ impl Session {
                 let pdus = if n > 0 { self.dm.put_data(desc, bytes.into()).await.map(|d| d.pdus).unwrap_or(0) } else { 0 };
                 let o = Outcome { status: Status::GOOD, sense: None, data: Bytes::new() };
                 let r = if c.expected_data_len > n { (true, false, c.expected_data_len - n) } else { (false, false, 0) };
-                self.scsi_response(c, &o, r, pdus).await;
+                self.scsi_response(c, &o, r, pdus, slot).await;
             }
             (_, Some(lu)) if cdb.first() == Some(&0xa0) => {
                 let nexus = self.nexus.clone();
@@ -848,14 +1199,20 @@ impl Session {
                     let pdus =
                         if n > 0 { self.dm.put_data(desc, o.data.slice(..n as usize)).await.map(|d| d.pdus).unwrap_or(0) } else { 0 };
                     let r = if c.expected_data_len > n { (true, false, c.expected_data_len - n) } else { (false, false, 0) };
-                    self.scsi_response(c, &o, r, pdus).await;
+                    self.scsi_response(c, &o, r, pdus, slot).await;
                 }
             }
             _ => {
                 let s = Sense::new(SenseKey::ILLEGAL_REQUEST, AscAscq::LOGICAL_UNIT_NOT_SUPPORTED);
                 let o = Outcome { status: Status::CHECK_CONDITION, sense: Some(s.to_fixed().to_vec().into()), data: Bytes::new() };
-                self.scsi_response(c, &o, if c.expected_data_len > 0 { (true, false, c.expected_data_len) } else { (false, false, 0) }, 0)
-                    .await;
+                self.scsi_response(
+                    c,
+                    &o,
+                    if c.expected_data_len > 0 { (true, false, c.expected_data_len) } else { (false, false, 0) },
+                    0,
+                    slot,
+                )
+                .await;
             }
         }
     }

@@ -293,9 +293,10 @@ pub trait MemoryRegion: Send + Sync + fmt::Debug {
     fn rekey(&self) -> Result<u32>;
     /// Whether the STag is currently valid.
     fn is_valid(&self) -> bool;
-    /// Deregister and hand the buffer back, if this is the last handle (work requests that
-    /// used the region have completed and dropped theirs).
-    fn into_buffer(self: Arc<Self>) -> Option<Vec<u8>>;
+    /// Deregister and hand the buffer back (a copy for shared bytes), if this is the last
+    /// handle (work requests that used the region have completed and dropped theirs); else the
+    /// handle itself, untouched, so the caller can still copy the contents.
+    fn into_buffer(self: Arc<Self>) -> std::result::Result<Vec<u8>, Arc<Self>>;
 }
 
 /// A protection domain: regions and queue pairs of one domain only work with each other.

@@ -591,22 +591,20 @@ impl MemoryRegion for RcMr {
     fn is_valid(&self) -> bool {
         self.valid.load(Ordering::Acquire)
     }
-    fn into_buffer(self: Arc<Self>) -> Option<Vec<u8>> {
-        let me = Arc::into_inner(self)?;
+    fn into_buffer(self: Arc<Self>) -> std::result::Result<Vec<u8>, Arc<Self>> {
+        let me = Arc::try_unwrap(self)?;
+        me.revoke();
+        let mut out = Vec::new();
         match &me.backing {
-            Backing::InPlace { mem, .. } => {
-                me.revoke();
-                match lock(mem).take()? {
-                    Storage::Owned(v) => Some(v),
-                    Storage::Shared(b) => Some(b.to_vec()),
-                }
-            }
-            Backing::Pooled { .. } => {
-                me.revoke();
-                let mut out = None;
-                me.read(&mut |b| out = Some(b.to_vec()));
-                out
-            }
+            Backing::InPlace { mem, .. } => match lock(mem).take() {
+                Some(Storage::Owned(v)) => out = v,
+                Some(Storage::Shared(b)) => out = b.to_vec(),
+                None => {}
+            },
+            // A window's chunk stays readable after its key is revoked (the queue pair holds it
+            // until the invalidation completed).
+            Backing::Pooled { .. } => me.read(&mut |b| out = b.to_vec()),
         }
+        Ok(out)
     }
 }
