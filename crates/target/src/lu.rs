@@ -1160,11 +1160,51 @@ mod tests {
     use crate::backend::RamBackend;
     use std::sync::atomic::AtomicBool;
 
-    /// A RAM backend whose writes can be made to fail.
+    /// A RAM backend for fault injection: writes and flushes can be made to fail, flushes are
+    /// counted, and I/O touching one chosen byte can be made to hang like a stuck disk.
     #[derive(Debug)]
     struct Flaky {
         ram: RamBackend,
         fail: AtomicBool,
+        fail_flush: AtomicBool,
+        flushes: AtomicU64,
+        stall: Stall,
+    }
+
+    /// A hung disk on demand: while armed at a byte offset, every read or write covering it
+    /// parks until the stall moves elsewhere or is released.
+    #[derive(Debug, Default)]
+    struct Stall {
+        /// (the armed offset, how many calls have parked so far)
+        state: Mutex<(Option<u64>, usize)>,
+        changed: Condvar,
+    }
+
+    impl Stall {
+        /// Stall I/O covering `offset` (and release what is parked elsewhere).
+        fn arm(&self, offset: u64) {
+            self.state.lock().unwrap().0 = Some(offset);
+            self.changed.notify_all();
+        }
+        fn release(&self) {
+            self.state.lock().unwrap().0 = None;
+            self.changed.notify_all();
+        }
+        /// Wait (up to ten seconds) until `n` calls have parked in all.
+        fn wait_parks(&self, n: usize) {
+            let g = self.state.lock().unwrap();
+            let (g, t) = self.changed.wait_timeout_while(g, Duration::from_secs(10), |s| s.1 < n).unwrap();
+            assert!(!t.timed_out(), "{} calls parked, expected {n}", g.1);
+        }
+        fn gate(&self, offset: u64, len: usize) {
+            let covers = |s: &mut (Option<u64>, usize)| s.0.is_some_and(|at| offset <= at && at < offset + len as u64);
+            let mut g = self.state.lock().unwrap();
+            if covers(&mut g) {
+                g.1 += 1;
+                self.changed.notify_all();
+                drop(self.changed.wait_while(g, covers).unwrap());
+            }
+        }
     }
 
     impl BlockBackend for Flaky {
@@ -1175,13 +1215,16 @@ mod tests {
             self.ram.num_blocks()
         }
         fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+            self.stall.gate(offset, buf.len());
             self.ram.read(offset, buf)
         }
         fn write(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+            self.stall.gate(offset, buf.len());
             if self.fail.load(Ordering::Relaxed) { Err(std::io::Error::other("injected")) } else { self.ram.write(offset, buf) }
         }
         fn flush(&self) -> std::io::Result<()> {
-            Ok(())
+            self.flushes.fetch_add(1, Ordering::Relaxed);
+            if self.fail_flush.load(Ordering::Relaxed) { Err(std::io::Error::other("injected flush")) } else { Ok(()) }
         }
         fn unmap(&self, offset: u64, len: u64) -> std::io::Result<()> {
             self.ram.unmap(offset, len)
@@ -1195,12 +1238,21 @@ mod tests {
         fn in_memory(&self) -> bool {
             true
         }
+        fn atomic_writes(&self) -> bool {
+            self.ram.atomic_writes()
+        }
     }
 
     const N: &str = "iqn.test,i,0x1";
 
     fn lu(size: u64, rate: Option<u64>) -> (Arc<Flaky>, LogicalUnit) {
-        let b = Arc::new(Flaky { ram: RamBackend::new(size, 512), fail: AtomicBool::new(false) });
+        let b = Arc::new(Flaky {
+            ram: RamBackend::new(size, 512),
+            fail: AtomicBool::new(false),
+            fail_flush: AtomicBool::new(false),
+            flushes: AtomicU64::new(0),
+            stall: Stall::default(),
+        });
         (b.clone(), LogicalUnit::new(b, Lun::ZERO, 1).with_sanitize_rate(rate))
     }
 
@@ -1236,9 +1288,10 @@ mod tests {
 
     #[test]
     fn immediate_sanitize_runs_in_the_background_and_fences_the_medium() {
-        // 4 MiB at 8 MiB/s: half a second of sanitize.
-        let (b, lu) = lu(4 << 20, Some(8 << 20));
+        // 4 MiB, written in 1 MiB chunks: the second chunk's write hangs until the stall moves.
+        let (b, lu) = lu(4 << 20, None);
         b.write(0, &[0x55; 512]).unwrap();
+        b.stall.arm(1 << 20);
         let params = overwrite_params(1, false, &[0xa5, 0x5a]);
         let o = run(&lu, &sanitize_cdb(true, params.len() as u16), &params);
         assert_eq!(o.status, Status::GOOD, "IMMED returns once the sanitize has started");
@@ -1251,17 +1304,20 @@ mod tests {
         assert_eq!(s.asc, AscAscq::SANITIZE_IN_PROGRESS, "a second SANITIZE waits its turn");
         assert_eq!(run(&lu, &INQUIRY, &[]).status, Status::GOOD, "INQUIRY stays allowed");
 
-        // REQUEST SENSE reports the progress, which only grows.
+        // REQUEST SENSE reports the progress: a quarter done, then (the stall moved to the last
+        // chunk) three quarters.
         let progress = |o: Outcome| {
             assert_eq!(o.status, Status::GOOD);
             let s = Sense::parse(&o.data).unwrap();
             assert_eq!(s.asc, AscAscq::SANITIZE_IN_PROGRESS);
             u16::from_be_bytes([s.key_specific.unwrap()[1], s.key_specific.unwrap()[2]])
         };
-        let first = progress(run(&lu, &REQUEST_SENSE, &[]));
-        std::thread::sleep(Duration::from_millis(150));
-        let second = progress(run(&lu, &REQUEST_SENSE, &[]));
-        assert!(second > first, "progress {first} then {second}");
+        b.stall.wait_parks(1);
+        assert_eq!(progress(run(&lu, &REQUEST_SENSE, &[])), 0x4000);
+        b.stall.arm(3 << 20);
+        b.stall.wait_parks(2);
+        assert_eq!(progress(run(&lu, &REQUEST_SENSE, &[])), 0xc000);
+        b.stall.release();
 
         let t0 = Instant::now();
         while run(&lu, &TUR, &[]).status != Status::GOOD {
@@ -1302,6 +1358,16 @@ mod tests {
         b.fail.store(false, Ordering::Relaxed);
         assert_eq!(run(&lu, &sanitize_cdb(false, params.len() as u16), &params).status, Status::GOOD);
         assert_eq!(run(&lu, &READ10, &[]).status, Status::GOOD);
+    }
+
+    #[test]
+    fn sanitize_rate_paces_the_overwrite() {
+        // 2 MiB at 8 MiB/s: the second 1 MiB chunk waits until 125 ms, the end until 250 ms.
+        let (_, lu) = lu(2 << 20, Some(8 << 20));
+        let params = overwrite_params(1, false, &[0x3c]);
+        let t0 = Instant::now();
+        assert_eq!(run(&lu, &sanitize_cdb(false, params.len() as u16), &params).status, Status::GOOD);
+        assert!(t0.elapsed() >= Duration::from_millis(240), "paced sanitize took {:?}", t0.elapsed());
     }
 
     #[test]
