@@ -430,6 +430,22 @@ impl LogicalUnit {
         Sense::new(SenseKey::MEDIUM_ERROR, if read { AscAscq::UNRECOVERED_READ_ERROR } else { AscAscq::WRITE_ERROR })
     }
 
+    /// Make everything written so far durable (SYNCHRONIZE CACHE, and [`Self::settle`]).
+    fn flush(&self) -> Result<(), Sense> {
+        self.backend.flush().map_err(|_| self.io_error(false))
+    }
+
+    /// The end of every command that modifies the medium: with FUA, or with the write cache
+    /// disabled (Caching mode page WCE=0), GOOD may only be returned once the data is on the
+    /// medium, so flush first. `fua` is false for commands without the bit (WRITE SAME, UNMAP:
+    /// byte 1 bit 3 of WRITE SAME is UNMAP, not FUA).
+    fn settle(&self, fua: bool) -> Result<Outcome, Sense> {
+        if fua || !self.st().wce {
+            self.flush()?;
+        }
+        Ok(Outcome::good(Bytes::new()))
+    }
+
     fn write_protected(&self) -> Result<(), Sense> {
         if self.st().swp { Err(Sense::new(SenseKey::DATA_PROTECT, AscAscq::WRITE_PROTECTED)) } else { Ok(()) }
     }
@@ -471,7 +487,7 @@ impl LogicalUnit {
             Cdb::Verify(r) => self.verify(r, out),
             Cdb::SynchronizeCache(r) => {
                 self.range(r.lba, u64::from(r.blocks).min(u64::from(MAX_TRANSFER_BLOCKS)))?;
-                self.backend.flush().map_err(|_| self.io_error(false))?;
+                self.flush()?;
                 Ok(Outcome::good(Bytes::new()))
             }
             Cdb::WriteSame(r) => self.write_same(r, out),
@@ -599,10 +615,7 @@ impl LogicalUnit {
         let bs = self.bs() as usize;
         let len = len.min(out.len() / bs * bs);
         self.backend.write(off, &out[..len]).map_err(|_| self.io_error(false))?;
-        if r.fua() || !self.st().wce {
-            self.backend.flush().map_err(|_| self.io_error(false))?;
-        }
-        Ok(Outcome::good(Bytes::new()))
+        self.settle(r.fua())
     }
 
     /// SANITIZE (SBC-4 §5.30): OVERWRITE with an initialization pattern. The overwrite runs on
@@ -669,12 +682,14 @@ impl LogicalUnit {
         self.write_protected()?;
         let bs = self.bs() as usize;
         let len = len.min(out.len() / bs * bs);
-        let _serialise = self.st();
+        let serialise = self.st();
         let mut cur = vec![0u8; len];
         self.backend.read(off, &mut cur).map_err(|_| self.io_error(true))?;
         cur.iter_mut().zip(&out[..len]).for_each(|(c, o)| *c |= o);
         self.backend.write(off, &cur).map_err(|_| self.io_error(false))?;
-        Ok(Outcome::good(Bytes::new()))
+        // settle() takes the state lock itself.
+        drop(serialise);
+        self.settle(r.fua())
     }
 
     fn verify(&self, r: &Rw, out: &[u8]) -> R {
@@ -736,7 +751,7 @@ impl LogicalUnit {
                 b += n;
             }
         }
-        Ok(Outcome::good(Bytes::new()))
+        self.settle(false)
     }
 
     fn unmap(&self, out: &[u8]) -> R {
@@ -754,7 +769,7 @@ impl LogicalUnit {
         for d in &ds {
             self.backend.unmap(d.lba * bs, u64::from(d.blocks) * bs).map_err(|_| self.io_error(false))?;
         }
-        Ok(Outcome::good(Bytes::new()))
+        self.settle(false)
     }
 
     fn compare_and_write(&self, lba: u64, blocks: u8, flags: u8, out: &[u8]) -> R {
@@ -772,7 +787,7 @@ impl LogicalUnit {
             return Err(illegal(AscAscq::PARAMETER_LIST_LENGTH_ERROR));
         }
         self.write_protected()?;
-        let _guard = self.st();
+        let serialise = self.st();
         let mut cur = vec![0u8; len];
         self.backend.read(off, &mut cur).map_err(|_| self.io_error(true))?;
         if let Some(at) = cur.iter().zip(&out[..len]).position(|(a, b)| a != b) {
@@ -781,7 +796,8 @@ impl LogicalUnit {
             return Err(s);
         }
         self.backend.write(off, &out[len..2 * len]).map_err(|_| self.io_error(false))?;
-        Ok(Outcome::good(Bytes::new()))
+        drop(serialise);
+        self.settle(flags & rw_flags::FUA != 0)
     }
 
     fn inquiry(&self, evpd: bool, page: u8) -> Result<Vec<u8>, Sense> {
@@ -1358,6 +1374,113 @@ mod tests {
         b.fail.store(false, Ordering::Relaxed);
         assert_eq!(run(&lu, &sanitize_cdb(false, params.len() as u16), &params).status, Status::GOOD);
         assert_eq!(run(&lu, &READ10, &[]).status, Status::GOOD);
+    }
+
+    /// A 16-byte CDB with the LBA in bytes 2-9 and `len` in bytes 10-13. For COMPARE AND WRITE
+    /// (NUMBER OF LOGICAL BLOCKS in byte 13) and WRITE ATOMIC (TRANSFER LENGTH in bytes 12-13)
+    /// a small `len` lands in the right field too.
+    fn cdb16(opcode: u8, flags: u8, lba: u64, len: u32) -> [u8; 16] {
+        let mut c = [0u8; 16];
+        c[0] = opcode;
+        c[1] = flags;
+        c[2..10].copy_from_slice(&lba.to_be_bytes());
+        c[10..14].copy_from_slice(&len.to_be_bytes());
+        c
+    }
+
+    fn cdb10(opcode: u8, flags: u8, lba: u32, len: u16) -> [u8; 10] {
+        let mut c = [0u8; 10];
+        c[0] = opcode;
+        c[1] = flags;
+        c[2..6].copy_from_slice(&lba.to_be_bytes());
+        c[7..9].copy_from_slice(&len.to_be_bytes());
+        c
+    }
+
+    /// MODE SELECT(10) of a Caching page with WCE as given.
+    fn set_wce(lu: &LogicalUnit, wce: bool) {
+        let params = mode::mode_sense_data(true, &ModeHeader::default(), &[Caching { wce, rcd: false }.to_page()]);
+        let o = run(lu, &cdb10(op::MODE_SELECT_10, 0x10, 0, params.len() as u16), &params);
+        assert_eq!(o.status, Status::GOOD, "{o:?}");
+    }
+
+    const FUA: u8 = rw_flags::FUA;
+
+    /// Every command that modifies the medium, as (name, CDB, data-out), with FUA set where the
+    /// command has the bit. COMPARE AND WRITE compares and writes zeros so it can run again.
+    fn medium_writes(fua: bool) -> Vec<(&'static str, Vec<u8>, Vec<u8>)> {
+        let f = if fua { FUA } else { 0 };
+        let unmap = riser_scsi::unmap::to_bytes(&[riser_scsi::unmap::UnmapDescriptor { lba: 40, blocks: 4 }]);
+        let mut v = vec![
+            ("WRITE(10)", cdb10(op::WRITE_10, f, 1, 1).to_vec(), vec![1; 512]),
+            ("COMPARE AND WRITE", cdb16(op::COMPARE_AND_WRITE, f, 2, 1).to_vec(), vec![0; 1024]),
+            ("ORWRITE", cdb16(op::ORWRITE_16, f, 3, 2).to_vec(), vec![2; 1024]),
+            ("WRITE ATOMIC", cdb16(op::WRITE_ATOMIC_16, f, 5, 1).to_vec(), vec![3; 512]),
+        ];
+        if !fua {
+            // WRITE SAME and UNMAP have no FUA bit (byte 1 bit 3 of WRITE SAME is UNMAP).
+            v.extend([
+                ("WRITE SAME(10)", cdb10(op::WRITE_SAME_10, 0, 8, 8).to_vec(), vec![4; 512]),
+                ("WRITE SAME(16)", cdb16(op::WRITE_SAME_16, 0, 16, 8).to_vec(), vec![5; 512]),
+                ("WRITE SAME(16) UNMAP", cdb16(op::WRITE_SAME_16, rw_flags::UNMAP, 24, 8).to_vec(), vec![0; 512]),
+                ("WRITE SAME(16) NDOB", cdb16(op::WRITE_SAME_16, rw_flags::NDOB, 32, 8).to_vec(), Vec::new()),
+                ("UNMAP", cdb10(op::UNMAP, 0, 0, unmap.len() as u16).to_vec(), unmap),
+            ]);
+        }
+        v
+    }
+
+    /// Run each command; the names of those that did not flush exactly once.
+    fn flushes_missing(b: &Flaky, lu: &LogicalUnit, cmds: Vec<(&'static str, Vec<u8>, Vec<u8>)>) -> Vec<&'static str> {
+        let mut missing = Vec::new();
+        for (name, cdb, out) in cmds {
+            let before = b.flushes.load(Ordering::Relaxed);
+            let o = run(lu, &cdb, &out);
+            assert_eq!(o.status, Status::GOOD, "{name}: {o:?}");
+            if b.flushes.load(Ordering::Relaxed) != before + 1 {
+                missing.push(name);
+            }
+        }
+        missing
+    }
+
+    #[test]
+    fn medium_writes_flush_only_when_asked() {
+        let (b, lu) = lu(1 << 20, None);
+        for (name, cdb, out) in medium_writes(false) {
+            let o = run(&lu, &cdb, &out);
+            assert_eq!(o.status, Status::GOOD, "{name}: {o:?}");
+            assert_eq!(b.flushes.load(Ordering::Relaxed), 0, "{name} with WCE=1 and no FUA flushed");
+        }
+    }
+
+    #[test]
+    fn medium_writes_with_fua_are_durable_before_good() {
+        let (b, lu) = lu(1 << 20, None);
+        let unflushed = flushes_missing(&b, &lu, medium_writes(true));
+        assert!(unflushed.is_empty(), "with FUA, no flush before GOOD: {unflushed:?}");
+    }
+
+    #[test]
+    fn medium_writes_with_the_write_cache_off_are_durable_before_good() {
+        let (b, lu) = lu(1 << 20, None);
+        set_wce(&lu, false);
+        let unflushed = flushes_missing(&b, &lu, medium_writes(false));
+        assert!(unflushed.is_empty(), "with WCE=0, no flush before GOOD: {unflushed:?}");
+        set_wce(&lu, true);
+        let before = b.flushes.load(Ordering::Relaxed);
+        assert_eq!(run(&lu, &cdb16(op::ORWRITE_16, 0, 3, 1), &[1; 512]).status, Status::GOOD);
+        assert_eq!(b.flushes.load(Ordering::Relaxed), before, "WCE=1 again: back to the cache");
+    }
+
+    #[test]
+    fn a_miscompare_writes_and_flushes_nothing() {
+        let (b, lu) = lu(1 << 20, None);
+        let mut out = vec![9u8; 512];
+        out.extend_from_slice(&[7; 512]);
+        let s = sense_of(&run(&lu, &cdb16(op::COMPARE_AND_WRITE, FUA, 2, 1), &out));
+        assert_eq!(s.key, SenseKey::MISCOMPARE);
+        assert_eq!(b.flushes.load(Ordering::Relaxed), 0);
     }
 
     #[test]
