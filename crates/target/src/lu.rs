@@ -77,6 +77,8 @@ struct State {
     stopped: bool,
     sanitize: Option<Arc<SanitizeJob>>,
     sanitize_failed: bool,
+    /// A flush failed since the last reset: every flush fails ([`LogicalUnit::flush`]).
+    flush_failed: bool,
 }
 
 /// A SANITIZE running in the background (SBC-4 §4.11). Until it ends the LU answers NOT READY,
@@ -258,11 +260,15 @@ impl LogicalUnit {
         }
     }
 
-    /// LOGICAL UNIT RESET / target reset: RESERVE(6/10) reservations are released and every
-    /// nexus gets POWER ON, RESET OR BUS DEVICE RESET OCCURRED (persistent reservations stay).
+    /// LOGICAL UNIT RESET / target reset: RESERVE(6/10) reservations are released, a failed
+    /// flush is forgiven, and every nexus gets POWER ON, RESET OR BUS DEVICE RESET OCCURRED
+    /// (persistent reservations stay).
     pub fn reset(&self) {
         let mut s = self.st();
         s.reserved_by = None;
+        // That unit attention tells every initiator that what sat in the write cache may be
+        // gone, which is all a failed flush still had to say: flushes report afresh from here.
+        s.flush_failed = false;
         // Every nexus, the issuer's included (SAM-5 §6.3.3; libiscsi's multipath test checks it).
         s.unit_attention.values_mut().for_each(|v| v.push(AscAscq::POWER_ON_RESET));
     }
@@ -431,8 +437,24 @@ impl LogicalUnit {
     }
 
     /// Make everything written so far durable (SYNCHRONIZE CACHE, and [`Self::settle`]).
+    ///
+    /// A flush error is sticky: once a flush has failed, every later one fails too (MEDIUM
+    /// ERROR, WRITE ERROR) until the LU is reset ([`Self::reset`]: LOGICAL UNIT RESET, target
+    /// warm or cold reset). After a failed `fdatasync` the kernel marks the pages it could not
+    /// write clean (and reports the error once per open file), so the next `fdatasync`
+    /// succeeds although those writes are lost; a GOOD then would tell the initiator that data
+    /// which is gone is on the medium. The backend is still flushed every time, so what is
+    /// written afterwards is as durable as the device allows.
     fn flush(&self) -> Result<(), Sense> {
-        self.backend.flush().map_err(|_| self.io_error(false))
+        let result = self.backend.flush();
+        let mut s = self.st();
+        if let Err(e) = &result
+            && !s.flush_failed
+        {
+            tracing::error!(lun = %self.lun, "flush failed, failing every flush until a LUN reset: {e}");
+            s.flush_failed = true;
+        }
+        if s.flush_failed { Err(self.io_error(false)) } else { Ok(()) }
     }
 
     /// The end of every command that modifies the medium: with FUA, or with the write cache
@@ -1481,6 +1503,68 @@ mod tests {
         let s = sense_of(&run(&lu, &cdb16(op::COMPARE_AND_WRITE, FUA, 2, 1), &out));
         assert_eq!(s.key, SenseKey::MISCOMPARE);
         assert_eq!(b.flushes.load(Ordering::Relaxed), 0);
+    }
+
+    const SYNC_CACHE_10: [u8; 10] = [op::SYNCHRONIZE_CACHE_10, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    const WRITE_ERROR: (SenseKey, AscAscq) = (SenseKey::MEDIUM_ERROR, AscAscq::WRITE_ERROR);
+
+    /// The sense keys and codes of the commands that failed, by name.
+    fn failures(lu: &LogicalUnit, cmds: Vec<(&'static str, Vec<u8>, Vec<u8>)>) -> Vec<(&'static str, Option<(SenseKey, AscAscq)>)> {
+        cmds.into_iter()
+            .map(|(name, cdb, out)| {
+                let o = run(lu, &cdb, &out);
+                (name, (o.status != Status::GOOD).then(|| sense_of(&o)).map(|s| (s.key, s.asc)))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_failed_flush_fails_every_later_flush_until_a_reset() {
+        let (b, lu) = lu(1 << 20, None);
+        lu.nexus_seen(N);
+        b.fail_flush.store(true, Ordering::Relaxed);
+        let s = sense_of(&run(&lu, &SYNC_CACHE_10, &[]));
+        assert_eq!((s.key, s.asc), WRITE_ERROR);
+
+        // The device flushes again, but what the failed flush held is lost: no GOOD for a flush
+        // (SYNCHRONIZE CACHE, FUA, WCE=0) until the reset.
+        b.fail_flush.store(false, Ordering::Relaxed);
+        let s = sense_of(&run(&lu, &SYNC_CACHE_10, &[]));
+        assert_eq!((s.key, s.asc), WRITE_ERROR, "the second SYNCHRONIZE CACHE");
+        for (name, failed) in failures(&lu, medium_writes(true)) {
+            assert_eq!(failed, Some(WRITE_ERROR), "{name} with FUA");
+        }
+        set_wce(&lu, false);
+        for (name, failed) in failures(&lu, medium_writes(false)) {
+            assert_eq!(failed, Some(WRITE_ERROR), "{name} with WCE=0");
+        }
+        set_wce(&lu, true);
+        // Writes into the cache and reads promise nothing about durability: they go on.
+        for (name, failed) in failures(&lu, medium_writes(false)) {
+            assert_eq!(failed, None, "{name} with WCE=1");
+        }
+        assert_eq!(run(&lu, &READ10, &[]).status, Status::GOOD);
+
+        // LOGICAL UNIT RESET (and target resets) reach the LU as reset(): its unit attention
+        // tells every initiator that cached data may be gone, and flushes work again.
+        lu.reset();
+        let s = sense_of(&run(&lu, &TUR, &[]));
+        assert_eq!((s.key, s.asc), (SenseKey::UNIT_ATTENTION, AscAscq::POWER_ON_RESET));
+        assert_eq!(run(&lu, &SYNC_CACHE_10, &[]).status, Status::GOOD);
+        for (name, failed) in failures(&lu, medium_writes(true)) {
+            assert_eq!(failed, None, "{name} with FUA after the reset");
+        }
+    }
+
+    #[test]
+    fn a_fua_write_whose_flush_fails_reports_a_write_error() {
+        let (b, lu) = lu(1 << 20, None);
+        b.fail_flush.store(true, Ordering::Relaxed);
+        let s = sense_of(&run(&lu, &cdb16(op::ORWRITE_16, FUA, 0, 1), &[1; 512]));
+        assert_eq!((s.key, s.asc), WRITE_ERROR);
+        b.fail_flush.store(false, Ordering::Relaxed);
+        let s = sense_of(&run(&lu, &cdb10(op::WRITE_10, FUA, 0, 1), &[1; 512]));
+        assert_eq!((s.key, s.asc), WRITE_ERROR, "sticky after a FUA write's flush failed too");
     }
 
     #[test]
