@@ -12,6 +12,7 @@ use riser_scsi::mode::{self, Caching, Control, InformationalExceptions, ModeHead
 use riser_scsi::report::{CommandDescriptor, all_commands_to_bytes, one_command_to_bytes, report_luns_to_bytes};
 use riser_scsi::sense::{AscAscq, Sense, SenseKey, Status};
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -175,6 +176,46 @@ impl Overwrite {
     }
 }
 
+/// The byte ranges held by the read-modify-write commands (COMPARE AND WRITE, ORWRITE), which
+/// must be atomic against each other where they overlap. Only those commands take a range,
+/// and one waits only while another holds bytes it needs; READ, WRITE and every other command
+/// never look here. A disk that hangs under one of them therefore holds up only the
+/// read-modify-writes of the same blocks, never the LU (its state lock is not held across I/O).
+#[derive(Debug, Default)]
+struct RangeLocks {
+    held: Mutex<Vec<Range<u64>>>,
+    released: Condvar,
+}
+
+impl RangeLocks {
+    /// Wait until no held range overlaps `range`, then hold it until the guard drops.
+    fn lock(&self, range: Range<u64>) -> RangeGuard<'_> {
+        let overlaps = |held: &mut Vec<Range<u64>>| held.iter().any(|h| h.start < range.end && range.start < h.end);
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = self.released.wait_while(held, overlaps).unwrap_or_else(|e| e.into_inner());
+        held.push(range.clone());
+        RangeGuard { locks: self, range }
+    }
+}
+
+/// A range held in [`RangeLocks`].
+struct RangeGuard<'a> {
+    locks: &'a RangeLocks,
+    range: Range<u64>,
+}
+
+impl Drop for RangeGuard<'_> {
+    fn drop(&mut self) {
+        let mut held = self.locks.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = held.iter().position(|h| *h == self.range) {
+            held.swap_remove(i);
+        }
+        drop(held);
+        // Waiters for different ranges share the condvar: wake them all to recheck.
+        self.locks.released.notify_all();
+    }
+}
+
 /// One logical unit.
 #[derive(Debug)]
 pub struct LogicalUnit {
@@ -184,6 +225,7 @@ pub struct LogicalUnit {
     naa: (u64, u64),
     state: Mutex<State>,
     buffers: Mutex<Vec<Vec<u8>>>,
+    read_modify_write: RangeLocks,
     sanitize_rate: Option<u64>,
 }
 
@@ -219,6 +261,7 @@ impl LogicalUnit {
             naa: (id & 0xf_ffff_ffff, 0x5249_5345_5200_0000 | id),
             state: Mutex::new(State { wce: true, ..State::default() }),
             buffers: Mutex::new(Vec::new()),
+            read_modify_write: RangeLocks::default(),
             sanitize_rate: None,
         }
     }
@@ -231,10 +274,13 @@ impl LogicalUnit {
         self
     }
 
-    /// Whether `plan` may block its thread for long (file I/O, or a SANITIZE without IMMED that
-    /// waits for the whole operation); the server runs those off its I/O threads.
+    /// Whether `plan` may block its thread for long (file I/O, a SANITIZE without IMMED that
+    /// waits for the whole operation, or a read-modify-write that may wait for another on the
+    /// same blocks, whose disk may hang); the server runs those off its I/O threads.
     pub fn may_block(&self, plan: &Plan) -> bool {
-        !self.backend.in_memory() || matches!(plan.cdb, Cdb::Sanitize { flags, .. } if flags & 0x80 == 0)
+        !self.backend.in_memory()
+            || matches!(plan.cdb, Cdb::Sanitize { flags, .. } if flags & 0x80 == 0)
+            || matches!(plan.cdb, Cdb::CompareAndWrite { .. } | Cdb::OrWrite(_))
     }
 
     fn st(&self) -> std::sync::MutexGuard<'_, State> {
@@ -704,13 +750,13 @@ impl LogicalUnit {
         self.write_protected()?;
         let bs = self.bs() as usize;
         let len = len.min(out.len() / bs * bs);
-        let serialise = self.st();
+        let held = self.read_modify_write.lock(off..off + len as u64);
         let mut cur = vec![0u8; len];
         self.backend.read(off, &mut cur).map_err(|_| self.io_error(true))?;
         cur.iter_mut().zip(&out[..len]).for_each(|(c, o)| *c |= o);
         self.backend.write(off, &cur).map_err(|_| self.io_error(false))?;
-        // settle() takes the state lock itself.
-        drop(serialise);
+        // The flush needs no atomicity: hand the blocks on first.
+        drop(held);
         self.settle(r.fua())
     }
 
@@ -809,7 +855,7 @@ impl LogicalUnit {
             return Err(illegal(AscAscq::PARAMETER_LIST_LENGTH_ERROR));
         }
         self.write_protected()?;
-        let serialise = self.st();
+        let held = self.read_modify_write.lock(off..off + len as u64);
         let mut cur = vec![0u8; len];
         self.backend.read(off, &mut cur).map_err(|_| self.io_error(true))?;
         if let Some(at) = cur.iter().zip(&out[..len]).position(|(a, b)| a != b) {
@@ -818,7 +864,7 @@ impl LogicalUnit {
             return Err(s);
         }
         self.backend.write(off, &out[len..2 * len]).map_err(|_| self.io_error(false))?;
-        drop(serialise);
+        drop(held);
         self.settle(flags & rw_flags::FUA != 0)
     }
 
@@ -919,13 +965,13 @@ impl LogicalUnit {
         if pages.is_empty() {
             return Err(bad_field(2, Some(5)));
         }
-        let s = self.st();
+        // The capacity comes from the backend: ask it without the state lock held.
+        let swp = self.st().swp;
         let header = ModeHeader {
             medium_type: 0,
-            device_specific: mode::device_specific::DPOFUA | if s.swp { mode::device_specific::WP } else { 0 },
+            device_specific: mode::device_specific::DPOFUA | if swp { mode::device_specific::WP } else { 0 },
             block_descriptor: (!m.dbd).then(|| (self.blocks(), self.bs())),
         };
-        drop(s);
         let data = mode::mode_sense_data(m.ten, &header, &pages);
         Ok(Outcome::good(truncate(data, u32::from(m.alloc_len))))
     }
@@ -1227,6 +1273,9 @@ mod tests {
         fn release(&self) {
             self.state.lock().unwrap().0 = None;
             self.changed.notify_all();
+        }
+        fn parks(&self) -> usize {
+            self.state.lock().unwrap().1
         }
         /// Wait (up to ten seconds) until `n` calls have parked in all.
         fn wait_parks(&self, n: usize) {
@@ -1565,6 +1614,79 @@ mod tests {
         b.fail_flush.store(false, Ordering::Relaxed);
         let s = sense_of(&run(&lu, &cdb10(op::WRITE_10, FUA, 0, 1), &[1; 512]));
         assert_eq!((s.key, s.asc), WRITE_ERROR, "sticky after a FUA write's flush failed too");
+    }
+
+    #[test]
+    fn a_hung_read_modify_write_holds_up_nothing_else() {
+        // COMPARE AND WRITE or ORWRITE of block 8 hangs in the backend (a stuck disk).
+        let stuck: [(&str, Vec<u8>, Vec<u8>); 2] = [
+            ("COMPARE AND WRITE", cdb16(op::COMPARE_AND_WRITE, 0, 8, 1).to_vec(), vec![0; 1024]),
+            ("ORWRITE", cdb16(op::ORWRITE_16, 0, 8, 1).to_vec(), vec![1; 512]),
+        ];
+        for (what, cdb, out) in stuck {
+            let (b, lu) = lu(1 << 20, None);
+            b.stall.arm(8 * 512);
+            let others: Vec<(&str, Vec<u8>, Vec<u8>)> = vec![
+                ("TEST UNIT READY", TUR.to_vec(), Vec::new()),
+                ("READ(10) of block 0", READ10.to_vec(), Vec::new()),
+                ("WRITE(10) of block 1", cdb10(op::WRITE_10, 0, 1, 1).to_vec(), vec![1; 512]),
+                ("COMPARE AND WRITE of block 9", cdb16(op::COMPARE_AND_WRITE, 0, 9, 1).to_vec(), vec![0; 1024]),
+                ("ORWRITE of blocks 6-7", cdb16(op::ORWRITE_16, 0, 6, 2).to_vec(), vec![2; 1024]),
+                ("MODE SENSE(10)", vec![op::MODE_SENSE_10, 0, 0x3f, 0, 0, 0, 0, 0x10, 0, 0], Vec::new()),
+            ];
+            let n = others.len();
+            std::thread::scope(|sc| {
+                let hung = sc.spawn(|| run(&lu, &cdb, &out));
+                b.stall.wait_parks(1);
+                let (tx, rx) = std::sync::mpsc::channel();
+                let lu = &lu;
+                sc.spawn(move || {
+                    for (name, cdb, out) in others {
+                        let _ = tx.send((name, run(lu, &cdb, &out).status));
+                    }
+                });
+                let done: Vec<_> = (0..n).map_while(|_| rx.recv_timeout(Duration::from_secs(5)).ok()).collect();
+                // Unstick the disk before judging, so that every thread can end.
+                b.stall.release();
+                assert_eq!(done.len(), n, "while {what} hung only these completed: {done:?}");
+                assert!(done.iter().all(|(_, s)| *s == Status::GOOD), "{done:?}");
+                assert_eq!(hung.join().unwrap().status, Status::GOOD, "{what}");
+            });
+        }
+    }
+
+    #[test]
+    fn overlapping_read_modify_writes_stay_atomic() {
+        let (b, lu) = lu(1 << 20, None);
+        // They may wait for one another, so the server keeps them off its async workers even
+        // on a memory-speed backend.
+        assert!(lu.may_block(&lu.plan(&cdb16(op::COMPARE_AND_WRITE, 0, 8, 1), N).unwrap()));
+        assert!(lu.may_block(&lu.plan(&cdb16(op::ORWRITE_16, 0, 8, 1), N).unwrap()));
+        assert!(!lu.may_block(&lu.plan(&READ10, N).unwrap()));
+        b.stall.arm(8 * 512);
+        let caw = |write: u8| {
+            let mut out = vec![0u8; 512];
+            out.extend_from_slice(&[write; 512]);
+            out
+        };
+        std::thread::scope(|sc| {
+            let first = sc.spawn(|| run(&lu, &cdb16(op::COMPARE_AND_WRITE, 0, 8, 1), &caw(0x11)));
+            b.stall.wait_parks(1);
+            // Both want block 8 while the first COMPARE AND WRITE holds it.
+            let second = sc.spawn(|| run(&lu, &cdb16(op::COMPARE_AND_WRITE, 0, 8, 1), &caw(0x22)));
+            let third = sc.spawn(|| run(&lu, &cdb16(op::ORWRITE_16, 0, 7, 2), &[0x40; 1024]));
+            std::thread::sleep(Duration::from_millis(200));
+            let parks = b.stall.parks();
+            b.stall.release();
+            assert_eq!(parks, 1, "a command reached block 8 while a COMPARE AND WRITE held it");
+            assert_eq!(first.join().unwrap().status, Status::GOOD);
+            // The second compared against the first one's data, not the zeros it read before.
+            assert_eq!(sense_of(&second.join().unwrap()).key, SenseKey::MISCOMPARE);
+            assert_eq!(third.join().unwrap().status, Status::GOOD);
+        });
+        let mut blocks = [0u8; 1024];
+        b.read(7 * 512, &mut blocks).unwrap();
+        assert!(blocks[..512].iter().all(|&x| x == 0x40) && blocks[512..].iter().all(|&x| x == 0x51), "ORWRITE lost an update");
     }
 
     #[test]
