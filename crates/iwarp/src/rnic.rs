@@ -247,6 +247,26 @@ impl SoftMr {
         }
         Ok((to - self.addr) as usize)
     }
+
+    /// Invalidate at the peer's request (a Send with Invalidate). Only a key the peer can have
+    /// been given qualifies: the full current STag (index and key byte: a stale key of a
+    /// re-keyed region must not revoke the new one) of a region of the stream's protection
+    /// domain registered for remote access (a local-only region's key was never advertised;
+    /// letting the peer revoke it would let it break our own receive and send buffers). A region
+    /// already invalid may be invalidated again, as the verbs allow.
+    fn invalidate_remote(&self, stag: u32, pd: u64) -> std::result::Result<(), Denied> {
+        if stag != self.stag() {
+            return Err(Denied::Stag);
+        }
+        if pd != self.pd {
+            return Err(Denied::Pd);
+        }
+        if !self.access.intersects(Access::REMOTE_READ | Access::REMOTE_WRITE) {
+            return Err(Denied::Access);
+        }
+        self.invalidate();
+        Ok(())
+    }
 }
 
 impl Drop for SoftMr {
@@ -1516,16 +1536,21 @@ impl Rx {
                 self.msn_send = self.msn_send.wrapping_add(1);
                 let mut invalidated = None;
                 if matches!(op, Opcode::SendInvalidate | Opcode::SendSeInvalidate) {
-                    match s.rnic.lookup(inv_stag) {
-                        Some(mr) if mr.pd == s.pd && mr.index == inv_stag >> 8 => {
-                            mr.invalidate();
-                            invalidated = Some(inv_stag);
-                        }
-                        _ => {
-                            s.recv_cq.push(wc(inb.wr.wr_id, WcStatus::RemoteInvalidRequestErr, WcOpcode::Recv, inb.received));
-                            return Err(RxError::Term(Term::RDMAP_CANNOT_INVALIDATE, "Send with Invalidate of an STag not ours"));
-                        }
+                    let refused = match s.rnic.lookup(inv_stag) {
+                        Some(mr) => mr.invalidate_remote(inv_stag, s.pd).err(),
+                        None => Some(Denied::Stag),
+                    };
+                    if let Some(d) = refused {
+                        // The RFC 5040 reaction: the STag stays as it was, the receive completes
+                        // in error and the stream ends with a Terminate.
+                        debug!(inv_stag, ?d, "iwarp: Send with Invalidate refused");
+                        s.recv_cq.push(wc(inb.wr.wr_id, WcStatus::RemoteInvalidRequestErr, WcOpcode::Recv, inb.received));
+                        return Err(RxError::Term(
+                            Term::RDMAP_CANNOT_INVALIDATE,
+                            "Send with Invalidate of an STag the peer may not invalidate",
+                        ));
                     }
+                    invalidated = Some(inv_stag);
                 }
                 s.recv_cq.push(Wc {
                     wr_id: inb.wr.wr_id,

@@ -320,24 +320,69 @@ fn send_without_a_receive_or_larger_than_it() {
 
 static RECV_SMALL: std::sync::Mutex<Vec<Arc<SoftMr>>> = std::sync::Mutex::new(Vec::new());
 
-#[test]
-fn invalidate_of_a_foreign_key_is_refused() {
-    let (c, s) = pair_with(RnicConfig::default(), RnicConfig::default(), |s| {
+/// The client sends a Send with Invalidate of the STag `target` picks on the server: the
+/// server refuses it (the receive completes with an error, a Terminate ends the connection) and
+/// the region stays valid.
+fn invalidate_refused(target: impl FnOnce(&End) -> (Arc<SoftMr>, u32)) {
+    // The receive buffer comes back through a channel (a static shared by tests running in
+    // parallel could be cleared under another test's feet).
+    let (keep, kept) = std::sync::mpsc::channel();
+    let (c, s) = pair_with(RnicConfig::default(), RnicConfig::default(), move |s| {
         let r = s.mr(vec![0u8; 8], Access::LOCAL_WRITE);
         s.recv(1, &r);
-        RECV_FOREIGN.lock().unwrap().push(r);
+        keep.send(r).unwrap();
     });
-    let other = s.rnic.alloc_pd().unwrap().register(vec![0u8; 8], ALL).unwrap();
+    let _recv_buf = kept.recv().unwrap();
+    let (region, stag) = target(&s);
     let msg = c.mr(vec![1u8; 4], Access::empty());
-    c.send(1, SendOp::SendWithInvalidate { rkey: other.rkey() }, vec![sge(&msg, 0, 4)]);
-    assert_eq!(next(&s.rcq).status, WcStatus::RemoteInvalidRequestErr);
+    c.send(1, SendOp::SendWithInvalidate { rkey: stag }, vec![sge(&msg, 0, 4)]);
+    let wc = next(&s.rcq);
+    assert_eq!((wc.status, wc.invalidated_rkey), (WcStatus::RemoteInvalidRequestErr, None));
     wait_until("the Terminate", || c.qp.terminate_received().is_some());
     assert_eq!(c.qp.terminate_received(), Some(Term::RDMAP_CANNOT_INVALIDATE));
-    assert!(other.is_valid(), "a region of another protection domain stays valid");
-    RECV_FOREIGN.lock().unwrap().clear();
+    assert_eq!(s.qp.terminate_sent(), Some(Term::RDMAP_CANNOT_INVALIDATE));
+    assert!(region.is_valid(), "the refused invalidation left the region valid");
+    wait_until("both sides disconnected", || !c.qp.is_connected() && !s.qp.is_connected());
 }
 
-static RECV_FOREIGN: std::sync::Mutex<Vec<Arc<SoftMr>>> = std::sync::Mutex::new(Vec::new());
+#[test]
+fn invalidate_of_a_foreign_key_is_refused() {
+    invalidate_refused(|s| {
+        let other = s.rnic.alloc_pd().unwrap().register(vec![0u8; 8], ALL).unwrap();
+        let stag = other.rkey();
+        (other, stag)
+    });
+}
+
+#[test]
+fn invalidate_with_a_stale_key_is_refused() {
+    // The region was re-keyed after the old key was advertised: same index, other key byte.
+    invalidate_refused(|s| {
+        let r = s.mr(vec![0u8; 8], ALL);
+        let old = r.rkey();
+        let new = r.rekey().unwrap();
+        assert_eq!((old >> 8, old & 0xff != new & 0xff), (new >> 8, true));
+        (r, old)
+    });
+    // Any key byte but the current one.
+    invalidate_refused(|s| {
+        let r = s.mr(vec![0u8; 8], ALL);
+        let wrong = r.rkey() ^ 0x5a;
+        (r, wrong)
+    });
+}
+
+#[test]
+fn invalidate_of_a_local_only_region_is_refused() {
+    // No remote rights: the key was never meant for the peer (a receive or send buffer).
+    for access in [Access::LOCAL_WRITE, Access::empty()] {
+        invalidate_refused(|s| {
+            let r = s.mr(vec![0u8; 8], access);
+            let stag = r.lkey();
+            (r, stag)
+        });
+    }
+}
 
 #[test]
 fn disconnect_flushes_outstanding_work_on_both_sides() {
