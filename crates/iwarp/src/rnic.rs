@@ -469,6 +469,12 @@ impl Write for Unblocked<'_> {
     }
 }
 
+/// How long a Terminate may take to leave before the stream closes without it. It is one small
+/// FPDU, written as soon as the transmitter has finished the FPDU it is in, so it only waits
+/// this long for a peer that reads nothing (which would not read the Terminate either); the
+/// bound keeps such a peer from holding the stream, its threads and its memory open.
+const TERMINATE_LINGER: Duration = Duration::from_secs(2);
+
 /// Largest Send or RDMA Write a poster transmits inline (see `SoftQp::post_inline`).
 const INLINE_MAX: u64 = 16 << 10;
 
@@ -538,7 +544,12 @@ pub struct SoftQp {
 
 impl Drop for SoftQp {
     fn drop(&mut self) {
-        self.s.fail(None);
+        self.s.fail();
+        if self.s.state() == QpState::Terminating {
+            // A Terminate still on its way gets its chance to leave: the engines finish on
+            // their own (at the latest at TERMINATE_LINGER), not on the dropping thread.
+            return;
+        }
         let threads = std::mem::take(&mut *lock(&self.s.threads));
         let me = std::thread::current().id();
         for t in threads {
@@ -622,7 +633,8 @@ impl SoftQp {
         // transmitter's path; nothing was written then. A read is completed by the receiver
         // when its response arrives.
         let mut out = Unblocked { sock: socket2::SockRef::from(&*w), rest: Vec::new() };
-        let len = match tx.work_request(&self.s, &mut out, wr) {
+        // Never stopped half-way: what the socket refused is owed to the stream.
+        let len = match tx.work_request(&self.s, &mut out, wr, &|| false) {
             TxOutcome::Done(n) => Some(n),
             TxOutcome::Pending => None,
             TxOutcome::LocalError(_) | TxOutcome::Io(_) => return false,
@@ -641,7 +653,7 @@ impl SoftQp {
             if len.is_some() {
                 self.s.complete_send(wr, WcStatus::WrFlushErr, 0);
             }
-            self.s.fail(None);
+            self.s.fail();
         }
         true
     }
@@ -684,28 +696,82 @@ impl QpShared {
         *lock(&self.state)
     }
 
-    /// Leave the connected state: optionally send a Terminate first (through the transmitter),
-    /// then close the socket and flush every outstanding request.
-    fn fail(&self, terminate: Option<TerminateMsg>) {
+    /// Leave the connected state without a Terminate: close the socket and flush every
+    /// outstanding request.
+    ///
+    /// Once a Terminate is on its way (`Terminating`) this changes nothing (whether it comes
+    /// from a disconnect, the queue pair dropped, or the receiver or transmitter meeting an
+    /// error): the stream closes right after the Terminate was written, or at
+    /// [`TERMINATE_LINGER`] if it cannot be, never before, so the peer learns why it ended.
+    fn fail(&self) {
+        self.close_when(|st| matches!(st, QpState::Idle | QpState::Connected));
+    }
+
+    /// Leave the connected state with a Terminate: it goes out through the transmitter, which
+    /// then closes the stream (see [`QpShared::fail`]). `failed` completes the request the
+    /// error ended (with its error status) once no disconnect can overtake the Terminate any
+    /// more, and before anything is flushed, so completions stay in order.
+    fn terminate(self: &Arc<Self>, t: TerminateMsg, failed: impl FnOnce()) {
+        let connected = {
+            let mut st = lock(&self.state);
+            let connected = *st == QpState::Connected;
+            if connected {
+                *st = QpState::Terminating;
+                *lock(&self.terminate_sent) = Some(t.term);
+            }
+            connected
+        };
+        failed();
+        if !connected {
+            // Nothing to terminate (never connected, or already ending).
+            self.fail();
+            return;
+        }
+        let queued = lock(&self.tx).as_ref().is_some_and(|tx| tx.send(TxItem::Terminate(t)).is_ok());
+        if !queued {
+            self.close();
+            return;
+        }
+        // Whatever holds the transmitter back must let it reach the Terminate: a responder
+        // still waiting for the first FPDU, or a Read Request waiting for ORD room (woken
+        // under the queue's lock so the waiter cannot miss the state change).
+        self.may_send_release();
+        drop(lock(&self.orq));
+        self.orq_cv.notify_all();
+        // A transmitter stuck in a write to a peer that reads nothing would hold the stream
+        // open for ever: close at the deadline whatever happened to the Terminate.
+        let s = self.clone();
+        let watchdog = std::thread::Builder::new().name("iwarp-term".into()).spawn(move || {
+            let st = lock(&s.state);
+            let (st, _) =
+                s.state_cv.wait_timeout_while(st, TERMINATE_LINGER, |st| *st != QpState::Error).unwrap_or_else(|e| e.into_inner());
+            if *st != QpState::Error {
+                drop(st);
+                debug!("iwarp: the Terminate did not leave within {TERMINATE_LINGER:?}: closing the stream");
+                s.close();
+            }
+        });
+        match watchdog {
+            Ok(t) => lock(&self.threads).push(t),
+            Err(e) => {
+                warn!("iwarp: no thread for the Terminate deadline ({e}): closing the stream");
+                self.close();
+            }
+        }
+    }
+
+    /// Close the stream now, Terminate or not.
+    fn close(&self) {
+        self.close_when(|st| st != QpState::Error);
+    }
+
+    /// Close the stream and flush every outstanding request (the one place that does) if the
+    /// state allows it (checked and changed under one lock).
+    fn close_when(&self, allowed: impl Fn(QpState) -> bool) {
         {
             let mut st = lock(&self.state);
-            match *st {
-                QpState::Error => return,
-                QpState::Terminating if terminate.is_some() => return,
-                _ => {}
-            }
-            if let Some(t) = terminate {
-                if *st == QpState::Connected {
-                    *st = QpState::Terminating;
-                    *lock(&self.terminate_sent) = Some(t.term);
-                    drop(st);
-                    if let Some(tx) = lock(&self.tx).as_ref() {
-                        let _ = tx.send(TxItem::Terminate(t));
-                    }
-                    // The transmitter sends it and calls fail(None).
-                    self.may_send_release();
-                    return;
-                }
+            if !allowed(*st) {
+                return;
             }
             *st = QpState::Error;
         }
@@ -812,7 +878,7 @@ impl QueuePair for SoftQp {
     }
 
     fn disconnect(&self) {
-        self.s.fail(None);
+        self.s.fail();
     }
 
     fn is_connected(&self) -> bool {
@@ -893,9 +959,13 @@ fn transmit_item(s: &Arc<QpShared>, w: &mut TcpStream, tx: &mut Tx, item: TxItem
             let body = t.emit();
             let _ = send_fpdu(w, tx.crc, &hb, &[&body]);
             let _ = w.flush();
-            s.fail(None);
+            // Only now, with the Terminate handed to TCP ahead of the FIN, may the stream close.
+            s.close();
         }
-        TxItem::Wr(_) | TxItem::Rest { .. } if state != QpState::Connected => flush_item(s, item),
+        TxItem::Wr(_) if state != QpState::Connected => flush_item(s, item),
+        // The tail of an FPDU begun inline is written even when a Terminate follows it, or the
+        // Terminate would land inside that FPDU and the peer could not parse it.
+        TxItem::Rest { .. } if state == QpState::Error => flush_item(s, item),
         TxItem::Rest { bytes, wr, len } => match w.write_all(&bytes) {
             Ok(()) => {
                 if let Some(n) = len {
@@ -907,52 +977,56 @@ fn transmit_item(s: &Arc<QpShared>, w: &mut TcpStream, tx: &mut Tx, item: TxItem
                 if len.is_some() {
                     s.complete_send(&wr, WcStatus::WrFlushErr, 0);
                 }
-                s.fail(None);
+                s.fail();
             }
         },
-        TxItem::Wr(wr) => match tx.work_request(s, w, &wr) {
+        TxItem::Wr(wr) => match tx.work_request(s, w, &wr, &|| s.state() != QpState::Connected) {
             TxOutcome::Done(n) => s.complete_send(&wr, WcStatus::Success, n),
             TxOutcome::Pending => {}
             TxOutcome::LocalError(st) => {
-                s.complete_send(&wr, st, 0);
                 // A local protection error moves the queue pair to the error state.
-                s.fail(Some(TerminateMsg {
-                    term: Term::RDMAP_CATASTROPHIC,
-                    segment_len: None,
-                    ddp_header: false,
-                    rdmap_header: false,
-                    attached: vec![],
-                }));
+                s.terminate(terminate_for(Term::RDMAP_CATASTROPHIC), || s.complete_send(&wr, st, 0));
             }
             TxOutcome::Io(e) => {
                 debug!("iwarp transmit: {e}");
                 s.complete_send(&wr, WcStatus::WrFlushErr, 0);
-                s.fail(None);
+                s.fail();
             }
         },
         TxItem::ReadResponse { .. } | TxItem::RtrWrite if state != QpState::Connected => {}
         TxItem::ReadResponse { req, src } => {
             let mut freed = false;
-            let r = tx.read_response(w, &req, src.as_ref(), &mut || {
-                freed = true;
-                s.ird_in_use.fetch_sub(1, Ordering::AcqRel);
-            });
+            let r = tx.read_response(
+                w,
+                &req,
+                src.as_ref(),
+                &mut || {
+                    freed = true;
+                    s.ird_in_use.fetch_sub(1, Ordering::AcqRel);
+                },
+                &|| s.state() != QpState::Connected,
+            );
             if !freed {
                 s.ird_in_use.fetch_sub(1, Ordering::AcqRel);
             }
             if let Err(e) = r {
                 debug!("iwarp transmit: {e}");
-                s.fail(None);
+                s.fail();
             }
         }
         TxItem::RtrWrite => {
             let mut hb = [0u8; 14];
             Header::Tagged { op: Opcode::Write, last: true, stag: 1, to: 0 }.emit(&mut hb);
             if send_fpdu(w, tx.crc, &hb, &[]).is_err() {
-                s.fail(None);
+                s.fail();
             }
         }
     }
+}
+
+/// Why a message was abandoned between FPDUs.
+fn stopped() -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionAborted, "the stream is being terminated")
 }
 
 /// Transmit state: per-queue MSNs.
@@ -1011,7 +1085,9 @@ fn flush_item(s: &QpShared, item: TxItem) {
 }
 
 impl Tx {
-    fn work_request(&mut self, s: &QpShared, w: &mut impl Write, wr: &SendWr) -> TxOutcome {
+    /// Transmit one work request. `stop` is asked between FPDUs: true ends the message there
+    /// (a Terminate is waiting; the transmitter's work is flushed anyway).
+    fn work_request(&mut self, s: &QpShared, w: &mut impl Write, wr: &SendWr, stop: &dyn Fn() -> bool) -> TxOutcome {
         let need = if matches!(wr.op, SendOp::RdmaRead { .. }) { Access::LOCAL_WRITE } else { Access::empty() };
         let mut sources = Vec::with_capacity(wr.sg_list.len());
         for sge in &wr.sg_list {
@@ -1033,7 +1109,7 @@ impl Tx {
             }
             SendOp::RdmaWrite { remote_addr, rkey } => {
                 let header = |off: u64, last| Header::Tagged { op: Opcode::Write, last, stag: rkey, to: remote_addr.wrapping_add(off) };
-                self.stream_out(w, &sources, header, &mut || {})
+                self.stream_out(w, &sources, header, &mut || {}, stop)
             }
             op => {
                 let (op, inv) = match op {
@@ -1049,6 +1125,7 @@ impl Tx {
                     &sources,
                     |off, last| Header::Untagged { op, last, inv_stag: inv, qn: QN_SEND, msn, mo: off as u32 },
                     &mut || {},
+                    stop,
                 )
             }
         };
@@ -1059,13 +1136,14 @@ impl Tx {
     }
 
     /// Send the gathered `sources` as one DDP message, segment by segment; `before_last` runs
-    /// just before the final segment goes out.
+    /// just before the final segment goes out; `stop` true between segments abandons the rest.
     fn stream_out(
         &self,
         w: &mut impl Write,
         sources: &[(Arc<SoftMr>, usize, usize)],
         header: impl Fn(u64, bool) -> Header,
         before_last: &mut dyn FnMut(),
+        stop: &dyn Fn() -> bool,
     ) -> io::Result<()> {
         let total: usize = sources.iter().map(|(_, _, n)| n).sum();
         let mut hb = [0u8; UNTAGGED_HDR];
@@ -1075,11 +1153,14 @@ impl Tx {
             return send_fpdu(w, self.crc, &hb[..n], &[]);
         }
         if let [(mr, off, len)] = sources {
-            return self.stream_region(w, &lock(&mr.mem)[*off..*off + *len], header, before_last);
+            return self.stream_region(w, &lock(&mr.mem)[*off..*off + *len], header, before_last, stop);
         }
         let (mut sent, mut i, mut within) = (0usize, 0usize, 0usize);
         let mut staging = Vec::new();
         while sent < total {
+            if stop() {
+                return Err(stopped());
+            }
             let seg = (total - sent).min(self.max_segment);
             let last = sent + seg == total;
             if last {
@@ -1120,13 +1201,14 @@ impl Tx {
     }
 
     /// Send `data` (one contiguous piece of a region) as one DDP message: up to 16 FPDUs per
-    /// vectored write, payload straight from the region.
+    /// vectored write, payload straight from the region; `stop` is asked before each write.
     fn stream_region(
         &self,
         w: &mut impl Write,
         data: &[u8],
         header: impl Fn(u64, bool) -> Header,
         before_last: &mut dyn FnMut(),
+        stop: &dyn Fn() -> bool,
     ) -> io::Result<()> {
         const BATCH: usize = 16;
         let total = data.len();
@@ -1134,6 +1216,10 @@ impl Tx {
         let mut heads = [[0u8; 2 + UNTAGGED_HDR]; BATCH];
         let mut tails = [[0u8; 7]; BATCH];
         while sent < total {
+            // Between writes the stream is at an FPDU boundary: the only place to stop.
+            if stop() {
+                return Err(stopped());
+            }
             let mut frames = [(0usize, 0usize, 0usize, 0usize); BATCH];
             let mut n = 0;
             let mut at = sent;
@@ -1195,8 +1281,16 @@ impl Tx {
     }
 
     /// Answer a Read Request. The IRD slot frees (`done`) just before the last segment leaves:
-    /// the requester can issue its next read only after receiving it.
-    fn read_response(&self, w: &mut impl Write, req: &ReadRequest, src: Option<&Arc<SoftMr>>, done: &mut dyn FnMut()) -> io::Result<()> {
+    /// the requester can issue its next read only after receiving it. `stop` as for
+    /// [`Tx::work_request`].
+    fn read_response(
+        &self,
+        w: &mut impl Write,
+        req: &ReadRequest,
+        src: Option<&Arc<SoftMr>>,
+        done: &mut dyn FnMut(),
+        stop: &dyn Fn() -> bool,
+    ) -> io::Result<()> {
         let header =
             |off: u64, last| Header::Tagged { op: Opcode::ReadResponse, last, stag: req.sink_stag, to: req.sink_to.wrapping_add(off) };
         match src {
@@ -1208,7 +1302,7 @@ impl Tx {
             }
             Some(mr) => {
                 let off = (req.src_to - mr.addr) as usize;
-                self.stream_out(w, &[(mr.clone(), off, req.size as usize)], header, done)
+                self.stream_out(w, &[(mr.clone(), off, req.size as usize)], header, done, stop)
             }
         }
     }
@@ -1270,6 +1364,9 @@ struct Rx {
     /// A tagged message in progress: (STag, next TO).
     tagged: Option<(u32, u64)>,
     first_seen: bool,
+    /// The completion of a receive a violation ended (when not the one in `send`): pushed once
+    /// the stream is terminating.
+    failed: Option<Wc>,
 }
 
 enum RxError {
@@ -1290,7 +1387,7 @@ fn terminate_for(term: Term) -> TerminateMsg {
 }
 
 fn receive<R: Read>(s: &Arc<QpShared>, mut r: R, crc: bool, tx: &TxQueue) {
-    let mut rx = Rx { crc, msn_send: 1, msn_read: 1, send: None, tagged: None, first_seen: false };
+    let mut rx = Rx { crc, msn_send: 1, msn_read: 1, send: None, tagged: None, first_seen: false, failed: None };
     loop {
         match rx.fpdu(s, &mut r, tx) {
             Ok(()) => {
@@ -1300,20 +1397,25 @@ fn receive<R: Read>(s: &Arc<QpShared>, mut r: R, crc: bool, tx: &TxQueue) {
                 }
             }
             Err(RxError::Closed) => {
-                s.fail(None);
+                s.fail();
                 break;
             }
             Err(RxError::Term(t, why)) => {
                 debug!("iwarp receive: {why}: sending Terminate {t}");
-                if let Some(inb) = rx.send.take() {
-                    s.recv_cq.push(wc(
-                        inb.wr.wr_id,
-                        if t == Term::DDP_UNTAGGED_NO_BUFFER { WcStatus::LocalLengthErr } else { WcStatus::LocalProtErr },
-                        WcOpcode::Recv,
-                        0,
-                    ));
-                }
-                s.fail(Some(terminate_for(t)));
+                // The receive the violation ended completes only once the stream is
+                // terminating: a disconnect in answer to that completion must not close the
+                // stream ahead of the Terminate.
+                let failed = rx.failed.take().or_else(|| {
+                    rx.send.take().map(|inb| {
+                        let status = if t == Term::DDP_UNTAGGED_NO_BUFFER { WcStatus::LocalLengthErr } else { WcStatus::LocalProtErr };
+                        wc(inb.wr.wr_id, status, WcOpcode::Recv, 0)
+                    })
+                });
+                s.terminate(terminate_for(t), || {
+                    if let Some(failed) = failed {
+                        s.recv_cq.push(failed);
+                    }
+                });
                 break;
             }
         }
@@ -1544,7 +1646,7 @@ impl Rx {
                         // The RFC 5040 reaction: the STag stays as it was, the receive completes
                         // in error and the stream ends with a Terminate.
                         debug!(inv_stag, ?d, "iwarp: Send with Invalidate refused");
-                        s.recv_cq.push(wc(inb.wr.wr_id, WcStatus::RemoteInvalidRequestErr, WcOpcode::Recv, inb.received));
+                        self.failed = Some(wc(inb.wr.wr_id, WcStatus::RemoteInvalidRequestErr, WcOpcode::Recv, inb.received));
                         return Err(RxError::Term(
                             Term::RDMAP_CANNOT_INVALIDATE,
                             "Send with Invalidate of an STag the peer may not invalidate",
@@ -1725,7 +1827,7 @@ impl ConnectionRequest for SoftRequest {
         // the transmitter holds back until that FPDU arrived.
         qp.start(self.stream.try_clone()?, crc, true, est, false)?;
         if let Err(e) = self.stream.write_all(&reply.emit()) {
-            qp.s.fail(None);
+            qp.s.fail();
             return Err(Error::Io(e));
         }
         Ok(qp)
@@ -1902,13 +2004,15 @@ pub fn fuzz_receive(bytes: &[u8], crc: bool) {
     let txq = TxQueue { items: items_tx, queued: qp.s.queued.clone() };
     *lock(&qp.s.tx) = Some(txq.clone());
     receive(&qp.s, io::Cursor::new(bytes), crc, &txq);
+    // No transmitter writes a Terminate here: close now rather than at the Terminate deadline.
+    qp.s.close();
     // Run the transmitter over what the receiver queued, into a sink.
     drop(txq);
     let _ = lock(&qp.s.tx).take();
     let tx = Tx { crc, max_segment: 65516, msn_send: 0, msn_read: 0 };
     while let Ok(item) = items.try_recv() {
         if let TxItem::ReadResponse { req, src } = item {
-            let _ = tx.read_response(&mut io::sink(), &req, src.as_ref(), &mut || {});
+            let _ = tx.read_response(&mut io::sink(), &req, src.as_ref(), &mut || {}, &|| false);
         }
     }
 }

@@ -516,6 +516,130 @@ fn expect_terminate(sock: &mut TcpStream, term: Term) {
     panic!("no Terminate in {} bytes", all.len());
 }
 
+/// Read the stream to its end and check it: whole FPDUs one after another, the last of them a
+/// Terminate carrying `term`, then EOF (not a reset). Returns how many FPDUs came before it.
+fn expect_terminate_then_eof(sock: &mut TcpStream, term: Term) -> usize {
+    sock.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut all = Vec::new();
+    if let Err(e) = sock.read_to_end(&mut all) {
+        panic!("the stream did not end with EOF after {} bytes: {e}", all.len());
+    }
+    let mut at = 0;
+    let mut before = 0;
+    loop {
+        assert!(at + 2 <= all.len(), "EOF after {before} FPDUs ({} bytes) without a Terminate", all.len());
+        let len = usize::from(u16::from_be_bytes([all[at], all[at + 1]]));
+        let end = at + 2 + len + wire::fpdu_pad(len) + 4;
+        assert!(end <= all.len(), "EOF inside an FPDU (FPDU {before} ends at {end}, stream at {})", all.len());
+        let h = Header::parse(&all[at + 2..at + 2 + len]).unwrap();
+        if h.op() == Opcode::Terminate {
+            let t = wire::TerminateMsg::parse(&all[at + 2 + wire::UNTAGGED_HDR..at + 2 + len]).unwrap();
+            assert_eq!(t.term, term);
+            assert_eq!(end, all.len(), "nothing after the Terminate");
+            return before;
+        }
+        before += 1;
+        at = end;
+    }
+}
+
+#[test]
+fn terminate_leaves_before_close_when_the_consumer_disconnects_at_once() {
+    // The consumer (as iSER does) disconnects as soon as it sees the failed receive: the
+    // Terminate must still reach the peer before the stream closes.
+    for round in 0..20 {
+        let (keep, kept) = std::sync::mpsc::channel();
+        let (mut sock, server) = raw_peer(false, move |s| {
+            let r = s.mr(vec![0u8; 64], Access::LOCAL_WRITE);
+            s.recv(1, &r);
+            keep.send(r).unwrap();
+        });
+        let s = server.join().unwrap();
+        let _recv_buf = kept.recv().unwrap();
+        let consumer = {
+            let (qp, rcq) = (s.qp.clone(), s.rcq.clone());
+            std::thread::spawn(move || {
+                let wc = next(&rcq);
+                qp.disconnect();
+                wc.status
+            })
+        };
+        // A Send out of MSN sequence: its receive fails, a Terminate follows.
+        sock.write_all(&raw_fpdu(send_hdr(2, 0, true), &[], b"abcd", false)).unwrap();
+        assert_eq!(consumer.join().unwrap(), WcStatus::LocalProtErr, "round {round}");
+        expect_terminate_then_eof(&mut sock, Term::DDP_UNTAGGED_BAD_MSN);
+        assert_eq!(s.qp.terminate_sent(), Some(Term::DDP_UNTAGGED_BAD_MSN));
+    }
+}
+
+#[test]
+fn terminate_leaves_before_close_behind_a_stalled_read_response() {
+    // The transmitter is stuck writing a large Read Response to a peer that reads nothing when
+    // the peer's next FPDU breaks the protocol. The consumer disconnects; then the peer reads:
+    // whole FPDUs, the Terminate, EOF.
+    let (mut sock, server) = raw_peer(false, |_| {});
+    let s = server.join().unwrap();
+    let src = s.mr(vec![5u8; 32 << 20], ALL);
+    let rr = ReadRequest { sink_stag: 0x100, sink_to: 0, size: 32 << 20, src_stag: src.rkey(), src_to: src.addr() };
+    let f = raw_fpdu(Header::Untagged { op: Opcode::ReadRequest, last: true, inv_stag: 0, qn: 1, msn: 1, mo: 0 }, &rr.emit(), &[], false);
+    sock.write_all(&f).unwrap();
+    // Let the response fill the socket buffers.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut bad = raw_fpdu(send_hdr(1, 0, true), &[], b"", false);
+    bad[3] = 0x48;
+    sock.write_all(&bad).unwrap();
+    wait_until("the protocol error", || s.qp.terminate_sent().is_some());
+    assert_eq!(s.qp.terminate_sent(), Some(Term::RDMAP_BAD_OPCODE));
+    s.qp.disconnect();
+    let responses = expect_terminate_then_eof(&mut sock, Term::RDMAP_BAD_OPCODE);
+    assert!(responses < (32 << 20) / 65_000, "the Read Response was cut short at an FPDU boundary ({responses} segments)");
+    wait_until("the queue pair to close", || !s.qp.is_connected());
+}
+
+#[test]
+fn a_terminate_the_peer_never_reads_holds_the_stream_only_until_its_deadline() {
+    // As above, but the peer reads nothing at all: the Terminate cannot leave, and the stream
+    // closes (flushing everything) at the Terminate deadline, not never. The server's socket
+    // has a small fixed send buffer (a server running its own listener), so the transmitter is
+    // stuck in the middle of its first batch of FPDUs whatever the host's TCP tuning.
+    let (srnic, spd, scq, srcq) = end(SoftRnic::default());
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        socket2::SockRef::from(&stream).set_send_buffer_size(64 << 10).unwrap();
+        let mut req = srnic.request_from_stream(stream).unwrap();
+        let qp = req.create_qp(&spd, &scq, &srcq, QpCaps::default()).unwrap();
+        req.accept(&ConnParam { private_data: vec![], responder_resources: 1, initiator_depth: 1 }).unwrap();
+        End { rnic: srnic, pd: spd, cq: scq, rcq: srcq, qp }
+    });
+    let mut sock = TcpStream::connect(addr).unwrap();
+    let request =
+        MpaFrame { reply: false, flags: 0, rev: 2, ird_ord: Some(IrdOrd { ird: 1, ord: 1, ..IrdOrd::default() }), private_data: vec![] };
+    sock.write_all(&request.emit()).unwrap();
+    let mut h = [0u8; 24];
+    sock.read_exact(&mut h).unwrap();
+    assert!(MpaFrame::parse(&h).unwrap().reply);
+    let s = server.join().unwrap();
+    let src = s.mr(vec![5u8; 32 << 20], ALL);
+    let rr = ReadRequest { sink_stag: 0x100, sink_to: 0, size: 32 << 20, src_stag: src.rkey(), src_to: src.addr() };
+    let f = raw_fpdu(Header::Untagged { op: Opcode::ReadRequest, last: true, inv_stag: 0, qn: 1, msn: 1, mo: 0 }, &rr.emit(), &[], false);
+    sock.write_all(&f).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut bad = raw_fpdu(send_hdr(1, 0, true), &[], b"", false);
+    bad[3] = 0x48;
+    sock.write_all(&bad).unwrap();
+    wait_until("the protocol error", || s.qp.terminate_sent().is_some());
+    let t0 = Instant::now();
+    s.qp.disconnect();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), s.qp.disconnected()).await })
+        .expect("the stream closes at the Terminate deadline");
+    let waited = t0.elapsed();
+    assert!(waited >= Duration::from_millis(1500) && waited < Duration::from_secs(5), "closed after {waited:?}");
+    drop(sock);
+}
+
 #[test]
 fn crc_errors_bad_msn_mo_and_qn_get_their_terminates() {
     let keep = |s: &End| {
