@@ -16,7 +16,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 /// A completion without invalidation or solicited flag (all but successful receives).
@@ -45,13 +45,30 @@ pub struct RnicConfig {
     pub p2p: bool,
     /// Payload bytes per FPDU (a multiple of 4, at most 65516).
     pub max_segment: usize,
-    /// Time allowed for TCP connect and the MPA exchange.
+    /// Time allowed for TCP connect and the MPA exchange. A listener allows this (at most
+    /// 5 s) for reading each whole MPA request: one deadline from the accept, not a timeout per
+    /// read that a peer sending a byte at a time could renew for ever.
     pub setup_timeout: Duration,
+    /// MPA handshakes a listener runs at once, counting requests read but not yet taken by
+    /// `get_request`; beyond it new connections wait in the kernel's accept backlog (they are
+    /// not refused) until a handshake ends. Each handshake has a thread of its own and ends at
+    /// its deadline at the latest, so this bounds the threads and sockets idle or trickling
+    /// clients can make a listener hold, while a well-behaved request is read at once: the
+    /// default, 64, lets a host (re)connect dozens of iSER sessions at the same moment (after
+    /// a target restart, say) without queueing, at a cost of at most 64 small threads.
+    pub max_handshakes: usize,
 }
 
 impl Default for RnicConfig {
     fn default() -> Self {
-        Self { crc: false, mpa_rev: 2, p2p: false, max_segment: 65516, setup_timeout: Duration::from_secs(10) }
+        Self { crc: false, mpa_rev: 2, p2p: false, max_segment: 65516, setup_timeout: Duration::from_secs(10), max_handshakes: 64 }
+    }
+}
+
+impl RnicConfig {
+    /// How long a listener waits for a whole MPA request (see [`RnicConfig::setup_timeout`]).
+    fn handshake_time(&self) -> Duration {
+        self.setup_timeout.min(Duration::from_secs(5))
     }
 }
 
@@ -108,9 +125,10 @@ impl SoftRnic {
     }
 
     /// Answer an MPA connection request arriving on an already accepted TCP stream (for
-    /// servers that run their own listener).
+    /// servers that run their own listener). Blocks until the request is read, within
+    /// [`RnicConfig::setup_timeout`] (at most 5 s) in all.
     pub fn request_from_stream(&self, stream: TcpStream) -> Result<SoftRequest> {
-        read_request(&self.shared, stream)
+        read_request(&self.shared, stream, Instant::now() + self.shared.config.handshake_time())
     }
 }
 
@@ -1716,17 +1734,38 @@ fn place<R: Read>(r: &mut R, mr: &SoftMr, off: usize, len: usize, crc: &mut Crc)
 
 fn setup_err(e: io::Error) -> Error {
     match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::Unreachable("no MPA answer in time".into()),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::Unreachable("MPA exchange not complete in time".into()),
         _ => Error::Io(e),
     }
 }
 
-fn read_frame(stream: &mut TcpStream) -> Result<MpaFrame> {
+/// The time left until `deadline`, or a timeout error once it passed.
+fn left(deadline: Instant) -> io::Result<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() { Err(io::ErrorKind::TimedOut.into()) } else { Ok(left) }
+}
+
+/// Fill `buf` by `deadline`: one deadline for the whole exchange, not a timeout per read that
+/// a peer sending a byte at a time could renew for ever.
+fn read_exact_by(stream: &mut TcpStream, mut buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+    while !buf.is_empty() {
+        stream.set_read_timeout(Some(left(deadline)?))?;
+        match stream.read(buf) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => buf = &mut buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn read_frame(stream: &mut TcpStream, deadline: Instant) -> Result<MpaFrame> {
     let mut h = [0u8; MPA_HEADER_LEN];
-    stream.read_exact(&mut h).map_err(setup_err)?;
+    read_exact_by(stream, &mut h, deadline).map_err(setup_err)?;
     let (reply, flags, rev, pd_len) = MpaFrame::parse_header(&h).map_err(|e| Error::Setup(e.to_string()))?;
     let mut pd = vec![0u8; pd_len];
-    stream.read_exact(&mut pd).map_err(setup_err)?;
+    read_exact_by(stream, &mut pd, deadline).map_err(setup_err)?;
     MpaFrame::with_private_data(reply, flags, rev, &pd).map_err(|e| Error::Setup(e.to_string()))
 }
 
@@ -1750,12 +1789,15 @@ pub struct SoftRequest {
     qp: Option<Arc<SoftQp>>,
 }
 
-fn read_request(rnic: &Arc<RnicShared>, mut stream: TcpStream) -> Result<SoftRequest> {
-    stream.set_read_timeout(Some(rnic.config.setup_timeout.min(Duration::from_secs(5))))?;
+/// Read the MPA request of a new connection by `deadline` (refusing what this RNIC cannot
+/// serve).
+fn read_request(rnic: &Arc<RnicShared>, mut stream: TcpStream, deadline: Instant) -> Result<SoftRequest> {
     stream.set_nodelay(true)?;
     let peer = stream.peer_addr()?;
-    let frame = read_frame(&mut stream)?;
+    let frame = read_frame(&mut stream, deadline)?;
     let mut refuse = |why: &str| {
+        // The reject fits any fresh socket's buffer; the timeout only guards the deadline.
+        let _ = left(deadline).and_then(|t| stream.set_write_timeout(Some(t)));
         // A protocol reject: R set, no consumer data.
         let reply = MpaFrame {
             reply: true,
@@ -1846,28 +1888,162 @@ impl ConnectionRequest for SoftRequest {
     }
 }
 
-/// A listening endpoint.
+/// A listening endpoint. A thread of its own accepts connections and hands each to a
+/// handshake thread that reads its MPA request (by one deadline, see
+/// [`RnicConfig::setup_timeout`]); [`Listener::get_request`] takes the requests read, in the
+/// order they completed. So a client that connects and sends nothing, or a byte at a time,
+/// delays nobody else; at most [`RnicConfig::max_handshakes`] are in progress at once.
 #[derive(Debug)]
 pub struct SoftListener {
-    rnic: Arc<RnicShared>,
-    listener: TcpListener,
+    local: SocketAddr,
+    listener: Arc<TcpListener>,
+    handshakes: Arc<Handshakes>,
+    acceptor: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The requests of a listener, read and being read.
+#[derive(Debug, Default)]
+struct Handshakes {
+    state: Mutex<HandshakeState>,
+    /// Signals every change of `state` (a slot freed, a request ready, the end).
+    cv: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct HandshakeState {
+    /// Requests read, waiting for `get_request`.
+    ready: VecDeque<SoftRequest>,
+    /// Handshakes in progress, by number: their connections, to end them with the listener.
+    running: HashMap<u64, TcpStream>,
+    next: u64,
+    /// The listener was dropped.
+    closed: bool,
+    /// The listening socket failed for good: what `get_request` reports.
+    failed: Option<(io::ErrorKind, String)>,
+}
+
+/// Stack of a handshake thread: it reads at most a few hundred bytes.
+const HANDSHAKE_STACK: usize = 256 << 10;
+
+/// Pause after an accept error that may pass (out of descriptors or memory), so the acceptor
+/// does not spin while it lasts.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Accept connections while there is room for their handshakes.
+fn accept_loop(rnic: &Arc<RnicShared>, listener: &TcpListener, hs: &Arc<Handshakes>) {
+    let max = rnic.config.max_handshakes.max(1);
+    loop {
+        {
+            let st = lock(&hs.state);
+            let st = hs.cv.wait_while(st, |st| !st.closed && st.running.len() + st.ready.len() >= max).unwrap_or_else(|e| e.into_inner());
+            if st.closed {
+                return;
+            }
+        }
+        let (stream, peer) = match listener.accept() {
+            Ok(a) => a,
+            Err(_) if lock(&hs.state).closed => return,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EBADF | libc::EINVAL | libc::ENOTSOCK | libc::EOPNOTSUPP)) => {
+                warn!("iwarp: the listening socket failed: {e}");
+                lock(&hs.state).failed = Some((e.kind(), e.to_string()));
+                hs.cv.notify_all();
+                return;
+            }
+            Err(e) => {
+                // A connection that was reset before its accept, or a shortage that may pass.
+                debug!("iwarp: accept: {e}");
+                if e.kind() != io::ErrorKind::ConnectionAborted {
+                    std::thread::sleep(ACCEPT_BACKOFF);
+                }
+                continue;
+            }
+        };
+        let deadline = Instant::now() + rnic.config.handshake_time();
+        let watch = match stream.try_clone() {
+            Ok(w) => w,
+            Err(e) => {
+                debug!(%peer, "iwarp: connection dropped: {e}");
+                continue;
+            }
+        };
+        let id = {
+            let mut st = lock(&hs.state);
+            let id = st.next;
+            st.next += 1;
+            st.running.insert(id, watch);
+            id
+        };
+        let (r, h) = (rnic.clone(), hs.clone());
+        let spawned = std::thread::Builder::new().name("iwarp-mpa".into()).stack_size(HANDSHAKE_STACK).spawn(move || {
+            let result = read_request(&r, stream, deadline);
+            let unclaimed = {
+                let mut st = lock(&h.state);
+                st.running.remove(&id);
+                match result {
+                    Ok(req) if !st.closed => {
+                        st.ready.push_back(req);
+                        None
+                    }
+                    // The listener is gone: dropping the request closes its connection.
+                    Ok(req) => Some(req),
+                    Err(e) => {
+                        debug!(%peer, "iwarp: connection request dropped: {e}");
+                        None
+                    }
+                }
+            };
+            h.cv.notify_all();
+            drop(unclaimed);
+        });
+        if let Err(e) = spawned {
+            // The stream went with the closure: the connection is closed.
+            warn!(%peer, "iwarp: no thread for an MPA handshake ({e}): connection dropped");
+            lock(&hs.state).running.remove(&id);
+            hs.cv.notify_all();
+        }
+    }
 }
 
 impl Listener for SoftListener {
     type Request = SoftRequest;
 
     fn get_request(&self) -> Result<SoftRequest> {
-        loop {
-            let (stream, peer) = self.listener.accept()?;
-            match read_request(&self.rnic, stream) {
-                Ok(r) => return Ok(r),
-                Err(e) => debug!(%peer, "iwarp: connection request dropped: {e}"),
-            }
+        let st = lock(&self.handshakes.state);
+        let mut st = self.handshakes.cv.wait_while(st, |st| st.ready.is_empty() && st.failed.is_none()).unwrap_or_else(|e| e.into_inner());
+        if let Some(req) = st.ready.pop_front() {
+            drop(st);
+            // A slot is free.
+            self.handshakes.cv.notify_all();
+            return Ok(req);
         }
+        let (kind, what) = st.failed.clone().unwrap_or((io::ErrorKind::Other, "listener failed".into()));
+        Err(Error::Io(io::Error::new(kind, what)))
     }
 
     fn local_addr(&self) -> Result<SocketAddr> {
-        Ok(self.listener.local_addr()?)
+        Ok(self.local)
+    }
+}
+
+impl Drop for SoftListener {
+    fn drop(&mut self) {
+        let unclaimed = {
+            let mut st = lock(&self.handshakes.state);
+            st.closed = true;
+            // Handshakes in progress end at once (their reads fail) and find the listener closed.
+            for s in st.running.values() {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+            std::mem::take(&mut st.ready)
+        };
+        self.handshakes.cv.notify_all();
+        // Requests nobody will take: their connections close.
+        drop(unclaimed);
+        // Shutting a listening socket down wakes the acceptor from accept().
+        let _ = socket2::SockRef::from(&*self.listener).shutdown(Shutdown::Both);
+        if let Some(t) = self.acceptor.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -1896,7 +2072,13 @@ impl Provider for SoftRnic {
     }
 
     fn listen(&self, addr: SocketAddr) -> Result<SoftListener> {
-        Ok(SoftListener { rnic: self.shared.clone(), listener: TcpListener::bind(addr)? })
+        let listener = Arc::new(TcpListener::bind(addr)?);
+        let local = listener.local_addr()?;
+        let handshakes = Arc::new(Handshakes::default());
+        let (rnic, l, hs) = (self.shared.clone(), listener.clone(), handshakes.clone());
+        let acceptor =
+            std::thread::Builder::new().name("iwarp-listen".into()).spawn(move || accept_loop(&rnic, &l, &hs)).map_err(Error::Io)?;
+        Ok(SoftListener { local, listener, handshakes, acceptor: Some(acceptor) })
     }
 
     fn create_qp(
@@ -1926,7 +2108,7 @@ impl Provider for SoftRnic {
             _ => Error::Io(e),
         })?;
         stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(cfg.setup_timeout))?;
+        let deadline = Instant::now() + cfg.setup_timeout;
         let enhanced = cfg.mpa_rev >= 2;
         let request = MpaFrame {
             reply: false,
@@ -1942,7 +2124,7 @@ impl Provider for SoftRnic {
             private_data: param.private_data.clone(),
         };
         stream.write_all(&request.emit())?;
-        let reply = read_frame(&mut stream)?;
+        let reply = read_frame(&mut stream, deadline)?;
         if !reply.reply {
             return Err(Error::Setup("the peer answered with an MPA Request".into()));
         }
