@@ -18,6 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TARGET: &str = "iqn.2026-11.io.riser:e2e";
 const ME: &str = "iqn.2026-11.io.riser:tester";
+const OTHER: &str = "iqn.2026-11.io.riser:other-tester";
 
 fn creds(u: &str, s: &str) -> ChapCredentials {
     ChapCredentials::new(u, s.as_bytes().to_vec()).unwrap()
@@ -606,4 +607,90 @@ async fn discovery_logout_acknowledges_the_last_status() {
     assert_eq!(found[0].0, TARGET);
     let (acked, last) = rx.await.unwrap();
     assert_eq!(acked, last.wrapping_add(1), "the Logout's ExpStatSN");
+}
+
+/// A discovery session (the sans-IO machine over a TCP datamover) in the name of `initiator`
+/// with `isid`, that also declares `TargetName=target` in its first request (RFC 7143 requires
+/// TargetName only on normal sessions; nothing forbids it on discovery).
+async fn discovery_session_naming(
+    addr: SocketAddr,
+    initiator: &str,
+    isid: riser::iscsi::wire::Isid,
+    target: &str,
+) -> (riser::datamover::PduDatamover, riser::iscsi::login::LoginOutcome) {
+    use riser::datamover::{ControlPdu, Datamover, DmEvent};
+    use riser::iscsi::login::{InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent};
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (dm, driver) = riser::tcp::datamover(stream, riser::iscsi::keys::Role::Initiator);
+    tokio::spawn(driver);
+    let mut l = InitiatorLogin::new(InitiatorLoginConfig::new(initiator, None, isid), std::time::Duration::ZERO, [5; 32]);
+    let mut first = true;
+    loop {
+        while let Some(mut p) = l.poll_transmit() {
+            if std::mem::take(&mut first) {
+                p.data.extend_from_slice(format!("TargetName={target}\0").as_bytes());
+            }
+            dm.send_control(ControlPdu::new(Header::LoginRequest(p.header), p.data.into())).await.unwrap();
+        }
+        match l.poll_event() {
+            Some(InitiatorLoginEvent::Complete(o)) => {
+                dm.notice_key_values(&o.params);
+                dm.enable();
+                return (dm, o);
+            }
+            Some(e) => panic!("discovery login: {e:?}"),
+            None => {}
+        }
+        let DmEvent::Control(p) = dm.next_event().await else { panic!("connection ended during login") };
+        l.handle_pdu(std::time::Duration::ZERO, &p.header, &p.data);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_in_a_victims_names_leaves_its_reservation_and_session() {
+    use riser::datamover::{ControlPdu, Datamover, DmEvent};
+    use riser::iscsi::wire::{Isid, LogoutReason, LogoutRequest};
+    use riser::scsi::sense::Status;
+    let addr = start(|n| n.acl = vec![ME.into(), OTHER.into()], |_| {}).await;
+    let mut cfg = SessionConfig::new(ME, TARGET);
+    cfg.isid = Isid([0x80, 0x11, 0x22, 0x33, 0x44, 0x55]);
+    let victim = Session::connect(addr, cfg.clone()).await.unwrap();
+    let reserve6 = [0x16, 0, 0, 0, 0, 0];
+    assert_eq!(victim.command(0, &reserve6, None, 0).await.unwrap().status, Status::GOOD);
+    let other = Session::connect(addr, SessionConfig::new(OTHER, TARGET)).await.unwrap();
+    let tur = |s: Session| async move { s.command(0, &[0; 6], None, 0).await.unwrap().status };
+    assert_eq!(tur(other.clone()).await, Status::RESERVATION_CONFLICT);
+
+    // A discovery session with the victim's InitiatorName, ISID and TargetName, ending with a
+    // Logout (the target releases what the nexus holds before it answers)...
+    let (dm, o) = discovery_session_naming(addr, ME, cfg.isid, TARGET).await;
+    let logout = LogoutRequest {
+        immediate: true,
+        reason: LogoutReason::CLOSE_SESSION,
+        itt: 2,
+        cmd_sn: o.exp_cmd_sn,
+        exp_stat_sn: o.stat_sn,
+        ..LogoutRequest::default()
+    };
+    dm.send_control(ControlPdu::new(Header::LogoutRequest(logout), Bytes::new())).await.unwrap();
+    loop {
+        match tokio::time::timeout(std::time::Duration::from_secs(5), dm.next_event()).await.unwrap() {
+            DmEvent::Control(ControlPdu { header: Header::LogoutResponse(_), .. }) => break,
+            DmEvent::Control(_) => continue,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(tur(other.clone()).await, Status::RESERVATION_CONFLICT, "a discovery Logout released the victim's RESERVE(6)");
+
+    // ...and one that just drops its connection.
+    let (dm, _) = discovery_session_naming(addr, ME, cfg.isid, TARGET).await;
+    dm.terminate();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(tur(other.clone()).await, Status::RESERVATION_CONFLICT, "a discovery session's end released the victim's RESERVE(6)");
+
+    // The victim still holds the unit (a reinstatement or a closed session would have ended
+    // its nexus, and the reservation with it) and releases it.
+    assert_eq!(tur(victim.clone()).await, Status::GOOD);
+    assert_eq!(victim.command(0, &[0x17, 0, 0, 0, 0, 0], None, 0).await.unwrap().status, Status::GOOD);
+    assert_eq!(tur(other).await, Status::GOOD, "RELEASE(6) by the victim frees the unit");
 }

@@ -243,6 +243,26 @@ fn c09_discovery_with_chap() {
     assert_eq!(r.sent(false, "AuthMethod"), ["CHAP"]);
 }
 
+#[test]
+fn c09b_discovery_session_declaring_a_target_name_is_bound_to_no_target() {
+    // An initiator may declare TargetName on a discovery session; the outcome must still name no
+    // target, or a server would treat the session as that target's I_T nexus (here one the ACL
+    // does not even admit).
+    let mut t = target_cfg();
+    t.targets[0].allowed_initiators = vec!["iqn.2026-11.io.riser:someone-else".into()];
+    let mut raw = Raw::new(t);
+    let (rsp, _) = raw.send(
+        req(Stage::SECURITY, Stage::OPERATIONAL, true),
+        &[("InitiatorName", INITIATOR), ("SessionType", "Discovery"), ("TargetName", TARGET), ("AuthMethod", "None")],
+    );
+    assert_eq!(status_of(rsp), LoginStatus::SUCCESS);
+    let (rsp, _) = raw.send(req(Stage::OPERATIONAL, Stage::FULL_FEATURE, true), &[]);
+    assert!(rsp.transit && rsp.nsg == Stage::FULL_FEATURE);
+    let Some(TargetLoginEvent::Complete(o)) = raw.tgt.poll_event() else { panic!("discovery login did not complete") };
+    assert_eq!(o.params.session_type, SessionType::Discovery);
+    assert_eq!(o.params.target_name, "");
+}
+
 // ---- CHAP ---------------------------------------------------------------------------------
 
 fn chap_target(secret: &str, mutual: Option<ChapCredentials>) -> TargetLoginConfig {

@@ -368,7 +368,12 @@ impl Target {
         info!(%peer, initiator = %p.initiator_name, target = %p.target_name, session = ?p.session_type, "login complete");
         let key = (p.initiator_name.to_ascii_lowercase(), outcome.isid, p.target_name.to_ascii_lowercase());
         let quiet = Arc::new(Quiesce::default());
-        if p.session_type == SessionType::Normal {
+        // A discovery session belongs to no target, whatever TargetName it declared: it must
+        // neither reinstate a normal session with the same names and ISID nor become that I_T
+        // nexus on a node (its end would release the nexus's RESERVE and unit attentions), so
+        // it gets no node and no entry in the session table.
+        let normal = p.session_type == SessionType::Normal;
+        if normal {
             let old = lock(&self.sessions).insert(key.clone(), Registered { dm: dm.clone(), quiet: quiet.clone() });
             if let Some(old) = old {
                 // Session reinstatement (ERL 0): the old session ends now, and nothing of the new
@@ -382,14 +387,14 @@ impl Target {
                 }
             }
         }
-        let node = self.config.nodes.iter().find(|n| n.name.eq_ignore_ascii_case(&p.target_name)).cloned();
+        let node = if normal { self.config.nodes.iter().find(|n| n.name.eq_ignore_ascii_case(&p.target_name)).cloned() } else { None };
         let session = Arc::new(Session::new(dm.clone(), outcome, node, &self.config));
         session.run(&self, portal).await;
         session.quiesce().await;
         quiet.set();
         // Unregister, unless a reinstatement already replaced this connection.
         let mut sessions = lock(&self.sessions);
-        if sessions.get(&key).is_some_and(|cur| Arc::ptr_eq(&cur.dm, &dm)) {
+        if normal && sessions.get(&key).is_some_and(|cur| Arc::ptr_eq(&cur.dm, &dm)) {
             sessions.remove(&key);
         }
     }

@@ -88,7 +88,8 @@ pub struct TargetLoginParams {
 #[non_exhaustive]
 pub enum TargetLoginEvent {
     /// The final Login Response has been queued; the connection enters full feature phase once
-    /// it is sent (Enable_Datamover).
+    /// it is sent (Enable_Datamover). A discovery session's outcome names no target
+    /// (`params.target_name` is empty), whatever the initiator declared.
     Complete(LoginOutcome),
     /// The login failed; a Login Response with this status has been queued (unless the login
     /// timed out). Close the connection after sending it.
@@ -384,8 +385,15 @@ impl TargetLogin {
     fn complete(&mut self, last: &LoginResponse) {
         self.state = State::Done;
         let first = self.first.unwrap_or_default();
+        let mut params = self.neg.params();
+        if params.session_type == SessionType::Discovery {
+            // A discovery session is bound to no target even when the initiator declared a
+            // TargetName (RFC 7143 §13.4 only requires it on normal sessions): an empty name
+            // keeps a server from attaching the session to that target's I_T nexus.
+            params.target_name.clear();
+        }
         let outcome = LoginOutcome {
-            params: self.neg.params(),
+            params,
             isid: first.isid,
             tsih: last.tsih,
             cid: first.cid,
