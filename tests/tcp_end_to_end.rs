@@ -11,7 +11,7 @@ use riser::scsi::lun::Lun;
 use riser::scsi::sense::{AscAscq, SenseKey};
 use riser::target::backend::RamBackend;
 use riser::target::lu::LogicalUnit;
-use riser::target::server::{Node, Target, TargetConfig};
+use riser::target::server::{DiscoveryScope, Node, Target, TargetConfig};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -693,4 +693,65 @@ async fn discovery_in_a_victims_names_leaves_its_reservation_and_session() {
     assert_eq!(tur(victim.clone()).await, Status::GOOD);
     assert_eq!(victim.command(0, &[0x17, 0, 0, 0, 0, 0], None, 0).await.unwrap().status, Status::GOOD);
     assert_eq!(tur(other).await, Status::GOOD, "RELEASE(6) by the victim frees the unit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sendtargets_lists_only_permitted_targets_unless_told_to_list_all() {
+    const MINE: &str = "iqn.2026-11.io.riser:mine";
+    const THEIRS: &str = "iqn.2026-11.io.riser:theirs";
+    let nodes = |c: &mut TargetConfig| {
+        for (name, acl) in [(MINE, ME), (THEIRS, OTHER)] {
+            c.nodes.push(Node { name: name.into(), alias: None, luns: vec![], acl: vec![acl.into()], chap: None, mutual_chap: None });
+        }
+    };
+    let names = |found: Vec<(String, Vec<String>)>| found.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+    // Default: the open target and those whose ACL names the initiator.
+    let addr = start(|_| {}, nodes).await;
+    assert_eq!(names(discover(addr, ME, InitiatorAuth::None).await.unwrap()), [TARGET, MINE]);
+    assert_eq!(names(discover(addr, OTHER, InitiatorAuth::None).await.unwrap()), [TARGET, THEIRS]);
+    // A normal session to a target the ACL refuses stays refused.
+    let e = Session::connect(addr, SessionConfig::new(ME, THEIRS)).await.unwrap_err();
+    assert!(matches!(e, Error::Login(LoginFailure::Status(LoginStatus::AUTHORIZATION_FAILURE))), "{e}");
+    // Configured to list everything (LIO's demo_mode_discovery=1).
+    let addr = start(
+        |_| {},
+        |c| {
+            nodes(c);
+            c.discovery_scope = DiscoveryScope::All;
+        },
+    )
+    .await;
+    assert_eq!(names(discover(addr, ME, InitiatorAuth::None).await.unwrap()), [TARGET, MINE, THEIRS]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_chap_required_refused_and_mutual() {
+    use riser::iscsi::chap::ChapAlgorithm;
+    let chap = |secret: &str, mutual: Option<ChapCredentials>| InitiatorAuth::Chap {
+        credentials: creds("disc", secret),
+        algorithms: ChapAlgorithm::ALL.to_vec(),
+        mutual,
+    };
+    let addr = start(|_| {}, |c| c.discovery_chap = Some(creds("disc", "discoverysecret"))).await;
+    let e = discover(addr, ME, InitiatorAuth::None).await.unwrap_err();
+    assert!(matches!(e, Error::Login(LoginFailure::Status(LoginStatus::AUTHENTICATION_FAILURE))), "{e}");
+    let e = discover(addr, ME, chap("wrongsecret1234", None)).await.unwrap_err();
+    assert!(matches!(e, Error::Login(LoginFailure::Status(LoginStatus::AUTHENTICATION_FAILURE))), "{e}");
+    assert_eq!(discover(addr, ME, chap("discoverysecret", None)).await.unwrap().len(), 1);
+    // Discovery CHAP is not the targets' CHAP: a normal session to the open node needs none.
+    Session::connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap().test_unit_ready(0).await.unwrap();
+
+    let addr = start(
+        |_| {},
+        |c| {
+            c.discovery_chap = Some(creds("disc", "discoverysecret"));
+            c.discovery_mutual_chap = Some(creds("portal", "portalsecret12"));
+        },
+    )
+    .await;
+    assert_eq!(discover(addr, ME, chap("discoverysecret", Some(creds("portal", "portalsecret12")))).await.unwrap().len(), 1);
+    let e = discover(addr, ME, chap("discoverysecret", Some(creds("portal", "impostorsecret")))).await.unwrap_err();
+    assert!(matches!(e, Error::Login(LoginFailure::Authentication(_))), "{e}");
+    let e = discover(addr, ME, chap("discoverysecret", None)).await.unwrap_err();
+    assert!(matches!(e, Error::Login(LoginFailure::Status(LoginStatus::AUTHENTICATION_FAILURE))), "mutual CHAP required: {e}");
 }

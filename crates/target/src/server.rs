@@ -80,6 +80,29 @@ pub struct TargetConfig {
     /// InitialR2T=Yes, as LIO does, and the target RDMA Reads everything beyond the immediate
     /// data (one receive per command).
     pub iser_unsolicited_data: bool,
+    /// CHAP a discovery session must pass, if any (`None`: discovery is open, the default of LIO
+    /// (`enforce_discovery_auth=0`) and of tgt (no account bound to discovery)). Independent
+    /// of the nodes' CHAP: a normal session authenticates with its target's credentials.
+    pub discovery_chap: Option<ChapCredentials>,
+    /// Credentials the target answers mutual CHAP with on discovery sessions; when set, mutual
+    /// CHAP is required there (needs `discovery_chap`).
+    pub discovery_mutual_chap: Option<ChapCredentials>,
+    /// Which targets SendTargets lists on a discovery session.
+    pub discovery_scope: DiscoveryScope,
+}
+
+/// Which targets a discovery session's SendTargets lists.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DiscoveryScope {
+    /// Only the targets whose ACL admits the initiator's name (as tgt, and LIO with
+    /// `demo_mode_discovery=0`). The name is the one the initiator claims: require discovery
+    /// CHAP where that matters.
+    #[default]
+    Permitted,
+    /// Every target, including those the initiator may not log in to (LIO's default,
+    /// `demo_mode_discovery=1`).
+    All,
 }
 
 impl Default for TargetConfig {
@@ -98,6 +121,9 @@ impl Default for TargetConfig {
             send_timeout: Duration::from_secs(30),
             data_timeout: Duration::from_secs(30),
             iser_unsolicited_data: false,
+            discovery_chap: None,
+            discovery_mutual_chap: None,
+            discovery_scope: DiscoveryScope::Permitted,
         }
     }
 }
@@ -300,6 +326,8 @@ impl Target {
                     mutual_chap: n.mutual_chap.clone(),
                 })
                 .collect(),
+            discovery_chap: self.config.discovery_chap.clone(),
+            discovery_mutual_chap: self.config.discovery_mutual_chap.clone(),
             portal_group_tag: self.config.portal_group_tag,
             operational,
             transport,
@@ -909,8 +937,9 @@ impl Session {
                         n.name.eq_ignore_ascii_case(&self.params.target_name)
                             && (v.is_empty() || v == "All" || n.name.eq_ignore_ascii_case(v))
                     };
-                    let allowed = n.acl.is_empty() || n.acl.iter().any(|a| a.eq_ignore_ascii_case(&self.params.initiator_name));
-                    if wanted && allowed {
+                    let permitted = n.acl.is_empty() || n.acl.iter().any(|a| a.eq_ignore_ascii_case(&self.params.initiator_name));
+                    let listed = permitted || (discovery && target.config.discovery_scope == DiscoveryScope::All);
+                    if wanted && listed {
                         out.push("TargetName", &n.name);
                         let addr = match portal {
                             SocketAddr::V4(a) => format!("{}:{}", a.ip(), a.port()),
