@@ -156,16 +156,12 @@ impl Connector for TcpConnector {
 impl SessionConfig {
     /// Defaults: no authentication, riser's operational offers, a fresh ISID.
     pub fn new(initiator_name: impl Into<String>, target_name: impl Into<String>) -> Self {
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
-        let n = t ^ u64::from(std::process::id()) << 20;
-        let b = n.to_be_bytes();
         Self {
             initiator_name: initiator_name.into(),
             target_name: target_name.into(),
             auth: InitiatorAuth::None,
             operational: OperationalConfig::default(),
-            // Type 10b (random) ISID.
-            isid: Isid([0x80, b[3], b[4], b[5], b[6], b[7]]),
+            isid: random_isid(),
             timeout: Duration::from_secs(30),
             connector: Arc::new(TcpConnector),
         }
@@ -286,15 +282,29 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn entropy() -> [u8; 32] {
-    use std::hash::{BuildHasher, Hasher};
-    let mut out = [0u8; 32];
-    for c in out.chunks_mut(8) {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
-        c.copy_from_slice(&h.finish().to_le_bytes());
+/// A type 10b ISID (RFC 7143 §10.12.5: the B and C fields random, D a qualifier, here random
+/// too) from the OS generator, so sessions of processes started together do not collide.
+/// The ISID is no secret, only needs to be unique: where the OS generator fails, the clock and
+/// the process id stand in rather than a constructor that fails.
+fn random_isid() -> Isid {
+    use rand::TryRngCore as _;
+    let mut b = [0u8; 5];
+    if rand::rngs::OsRng.try_fill_bytes(&mut b).is_err() {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
+        b.copy_from_slice(&(t ^ u64::from(std::process::id()) << 20).to_be_bytes()[3..]);
     }
-    out
+    Isid([0x80, b[0], b[1], b[2], b[3], b[4]])
+}
+
+/// The login's seed for CHAP identifiers and mutual CHAP challenges, from the OS generator.
+/// There is no fallback: a predictable challenge would let a recorded response be replayed.
+fn entropy() -> Result<[u8; 32], Error> {
+    use rand::TryRngCore as _;
+    let mut seed = [0u8; 32];
+    rand::rngs::OsRng
+        .try_fill_bytes(&mut seed)
+        .map_err(|e| Error::Connect(std::io::Error::other(format!("no OS random generator for the login: {e}"))))?;
+    Ok(seed)
 }
 
 /// Log in on a fresh connection; returns the datamover and the outcome.
@@ -305,12 +315,13 @@ async fn login(
     timeout: Duration,
 ) -> Result<(SharedDatamover, riser_iscsi::login::LoginOutcome), Error> {
     cfg.transport = connector.transport();
+    let seed = entropy()?;
     let dm = tokio::time::timeout(timeout, connector.connect(addr)).await.map_err(|_| Error::Timeout)??;
     if let Some(m) = dm.max_recv_data_segment_length() {
         cfg.operational.max_recv_data_segment_length = cfg.operational.max_recv_data_segment_length.min(m);
     }
     let start = Instant::now();
-    let mut l = InitiatorLogin::new(cfg, Duration::ZERO, entropy());
+    let mut l = InitiatorLogin::new(cfg, Duration::ZERO, seed);
     loop {
         while let Some(p) = l.poll_transmit() {
             tracing::debug!(csg = p.header.csg.0, transit = p.header.transit, nsg = p.header.nsg.0, keys = %login_keys(&p.data), "Login Request");
@@ -910,5 +921,30 @@ impl Session {
             Reply::Pdu(Header::LogoutResponse(_)) => Ok(()),
             _ => Err(Error::Protocol("unexpected answer to a Logout".into())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn isids_of_sessions_set_up_together_are_unrelated() {
+        // ISIDs used to be the clock's nanoseconds (xor the process id): configurations made
+        // together shared all but their low bits, and anyone could guess the next one. From the
+        // OS generator, eight in a row sharing their first 16 random bits has odds of 2^-112.
+        let isids: Vec<Isid> = (0..8).map(|_| SessionConfig::new("iqn.2026-11.io.riser:i", "iqn.2026-11.io.riser:t").isid).collect();
+        assert!(isids.iter().all(|i| i.0[0] == 0x80), "type 10b (random) ISIDs");
+        assert!(isids.iter().any(|i| i.0[1..3] != isids[0].0[1..3]), "ISIDs share their high bits: {isids:?}");
+    }
+
+    #[test]
+    fn login_seeds_come_fresh_from_the_os() {
+        // This shows only that seeds differ and are not mostly zero, not that they are
+        // unpredictable: that rests on the OS generator.
+        let a = entropy().unwrap();
+        let b = entropy().unwrap();
+        assert_ne!(a, b);
+        assert!(a.iter().filter(|&&x| x != 0).count() > 16);
     }
 }

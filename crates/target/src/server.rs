@@ -184,25 +184,40 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn entropy() -> [u8; 32] {
-    use std::hash::{BuildHasher, Hasher};
-    let mut out = [0u8; 32];
-    for chunk in out.chunks_mut(8) {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(
-            Instant::now().elapsed().as_nanos()
-                ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos(),
-        );
-        chunk.copy_from_slice(&h.finish().to_le_bytes());
+/// Fresh randomness for one login, from the operating system's generator: the seed of the CHAP
+/// identifiers and challenges, and the initial StatSN drawn apart from it (the StatSN travels in
+/// clear, so it must not be a part of the seed). Without the OS generator there is no login:
+/// a predictable challenge would let a recorded CHAP response be replayed.
+fn login_randomness() -> Result<([u8; 32], u32), rand::rand_core::OsError> {
+    use rand::TryRngCore as _;
+    let mut seed = [0u8; 32];
+    let mut sn = [0u8; 4];
+    rand::rngs::OsRng.try_fill_bytes(&mut seed)?;
+    rand::rngs::OsRng.try_fill_bytes(&mut sn)?;
+    // The 28-bit range the initial StatSN has always had.
+    Ok((seed, u32::from_le_bytes(sn) & 0x0fff_ffff))
+}
+
+/// Where TSIHs start: random, so the TSIHs a target hands out say nothing about how many
+/// sessions it has had (sessions then count up from there, which keeps them unique). The
+/// starting point is not a secret, so without the OS generator it is 1.
+fn first_tsih() -> u16 {
+    use rand::TryRngCore as _;
+    let mut b = [0u8; 2];
+    match rand::rngs::OsRng.try_fill_bytes(&mut b) {
+        Ok(()) => u16::from_le_bytes(b).max(1),
+        Err(e) => {
+            warn!("no OS random generator ({e}): TSIHs start at 1");
+            1
+        }
     }
-    out
 }
 
 impl Target {
     /// A target with this configuration.
     pub fn new(config: TargetConfig) -> Arc<Self> {
         let connections = Arc::new(tokio::sync::Semaphore::new(config.max_connections.max(1)));
-        Arc::new(Self { config, next_tsih: AtomicU16::new(1), sessions: Mutex::new(HashMap::new()), connections })
+        Arc::new(Self { config, next_tsih: AtomicU16::new(first_tsih()), sessions: Mutex::new(HashMap::new()), connections })
     }
 
     /// A place for one more connection, if the target has room (else it says why once in a
@@ -344,15 +359,21 @@ impl Target {
         if tsih == 0 {
             tsih = self.next_tsih.fetch_add(1, Ordering::Relaxed);
         }
-        let e = entropy();
-        let stat_sn = u32::from_le_bytes([e[0], e[1], e[2], e[3]]) & 0x0fff_ffff;
+        let (seed, stat_sn) = match login_randomness() {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(%peer, "login refused: no OS random generator for the CHAP challenge ({e})");
+                dm.terminate();
+                return;
+            }
+        };
         let mut config = self.login_config(transport);
         if let Some(m) = dm.max_recv_data_segment_length() {
             config.operational.max_recv_data_segment_length = config.operational.max_recv_data_segment_length.min(m);
         }
         let mut login = TargetLogin::new(
             config,
-            TargetLoginParams { new_tsih: tsih, initial_stat_sn: stat_sn, cmd_window: self.config.queue_depth, entropy: e },
+            TargetLoginParams { new_tsih: tsih, initial_stat_sn: stat_sn, cmd_window: self.config.queue_depth, entropy: seed },
         );
         let outcome = loop {
             let deadline = login.poll_timeout().map(|d| d.saturating_sub(start.elapsed())).unwrap_or(self.config.login_timeout);
@@ -1249,5 +1270,33 @@ impl Session {
                 .await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn initial_stat_sn_is_drawn_apart_from_the_chap_seed() {
+        // The initial StatSN used to be the first 28 bits of the CHAP seed, disclosed in every
+        // Login Response. Drawn apart, the two coincide by chance only (2^-28 per login). This
+        // shows the StatSN no longer carries seed bits; the seeds' unpredictability rests on the
+        // OS generator, which no test here can show.
+        let mut seeds = std::collections::HashSet::new();
+        for _ in 0..16 {
+            let (seed, stat_sn) = login_randomness().unwrap();
+            assert_ne!(u32::from_le_bytes([seed[0], seed[1], seed[2], seed[3]]) & 0x0fff_ffff, stat_sn);
+            assert!(seeds.insert(seed), "a seed repeated");
+        }
+    }
+
+    #[test]
+    fn tsihs_start_somewhere_random() {
+        // Every target used to start at TSIH 1. Four targets all starting at the same point
+        // now has odds of 2^-48.
+        let starts: Vec<u16> = (0..4).map(|_| Target::new(TargetConfig::default()).next_tsih.load(Ordering::Relaxed)).collect();
+        assert!(starts.iter().all(|&t| t != 0));
+        assert!(starts.iter().any(|&t| t != starts[0]), "TSIHs start at {starts:?}");
     }
 }

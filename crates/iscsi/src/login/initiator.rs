@@ -162,6 +162,8 @@ fn auth_failed(msg: &str) -> LoginFailure {
 
 impl InitiatorLogin {
     /// Start a login at time `now`; the first Login Request is ready in `poll_transmit`.
+    /// `entropy` seeds the mutual CHAP identifier and challenge: 32 bytes fresh from a
+    /// cryptographic generator (the OS's) for every login.
     pub fn new(config: InitiatorLoginConfig, now: Duration, entropy: [u8; 32]) -> Self {
         let mut neg = Negotiator::new(Role::Initiator, config.transport, config.operational.clone(), config.tsih == 0);
         let session_type = if config.target_name.is_some() { SessionType::Normal } else { SessionType::Discovery };

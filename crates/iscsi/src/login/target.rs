@@ -79,7 +79,10 @@ pub struct TargetLoginParams {
     pub initial_stat_sn: u32,
     /// Command window to open: MaxCmdSN = ExpCmdSN + window - 1.
     pub cmd_window: u32,
-    /// Randomness for CHAP identifiers and challenges.
+    /// Randomness for CHAP identifiers and challenges: 32 bytes fresh from a cryptographic
+    /// generator (the OS's) for every login, used for nothing else — in particular not for
+    /// `initial_stat_sn`, which travels in clear. A guessable seed makes challenges guessable,
+    /// and a recorded CHAP response replayable.
     pub entropy: [u8; 32],
 }
 
