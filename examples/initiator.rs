@@ -8,18 +8,26 @@
 //!   COMMAND: discover | inquiry | readcap | read | write | verify | bench | soak
 //!   (soak: --seconds of write/read-back/compare rounds that ride out connection losses)
 //!   [--rdma-provider soft|rdma-core] [--rdma-keys auto|windows|per-region|fixed-pool]
+//!   [--chap-file PATH] [--mutual-chap-file PATH]
 //! ```
+//!
+//! CHAP: the credentials come from `--chap-file` (a file only its owner may access, `chmod
+//! 600`, as ssh requires of a private key), else from `RISER_CHAP`; the target's expected
+//! credentials for mutual CHAP from `--mutual-chap-file`, else `RISER_MUTUAL_CHAP`. Either holds
+//! `USER:SECRET` on one line, or the user and the secret on two lines (for a user name with a
+//! `:`); empty lines and lines starting with `#` are skipped. `--chap USER:SECRET` and
+//! `--mutual-chap` still work but warn: any user of the machine can read a command line.
 
 use bytes::Bytes;
 use clap::Parser;
 use riser::initiator::{Error, IserConnector, Session, SessionConfig, discover_via};
-use riser::iscsi::chap::ChapCredentials;
 use riser::iser::IserConfig;
 use riser::iwarp::SoftRnic;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[derive(Parser, Debug)]
+/// No `Debug`: it may hold secrets.
+#[derive(Parser)]
 #[command(about = "riser iSCSI initiator")]
 struct Args {
     /// discover, inquiry, readcap, read, write, verify, bench or soak.
@@ -44,12 +52,19 @@ struct Args {
     /// Our initiator name.
     #[arg(long, default_value = "iqn.2026-11.io.riser:initiator")]
     initiator_name: String,
-    /// CHAP credentials.
+    /// CHAP credentials. Visible to every user of the machine: prefer --chap-file or RISER_CHAP.
     #[arg(long, value_name = "USER:SECRET")]
     chap: Option<String>,
-    /// Credentials expected from the target (mutual CHAP).
+    /// A file (mode 600) with the CHAP credentials: USER:SECRET, or USER and SECRET on two lines.
+    #[arg(long, value_name = "PATH")]
+    chap_file: Option<std::path::PathBuf>,
+    /// Credentials expected from the target (mutual CHAP). Visible to every user of the
+    /// machine: prefer --mutual-chap-file or RISER_MUTUAL_CHAP.
     #[arg(long, value_name = "USER:SECRET")]
     mutual_chap: Option<String>,
+    /// A file (mode 600) with the credentials expected from the target (mutual CHAP).
+    #[arg(long, value_name = "PATH")]
+    mutual_chap_file: Option<std::path::PathBuf>,
     /// read: write the data to this file (default: only report).
     #[arg(long)]
     output: Option<std::path::PathBuf>,
@@ -96,11 +111,6 @@ fn parse_url(u: &str, provider: riser::cli::RdmaProvider) -> Result<Url, String>
         _ => 0,
     };
     Ok(Url { iser, host, target, lun })
-}
-
-fn creds(s: &str) -> Result<ChapCredentials, String> {
-    let (u, p) = s.split_once(':').ok_or("expected USER:SECRET")?;
-    ChapCredentials::new(u, p.as_bytes().to_vec()).map_err(|e| e.to_string())
 }
 
 /// A seeded pattern for `len` bytes at byte `offset` of the LUN (xorshift per 8 bytes), so any
@@ -192,8 +202,13 @@ async fn run() -> Result<(), String> {
     let provider = riser::cli::RdmaProvider::parse(&a.rdma_provider)?;
     let url = parse_url(&a.url, provider)?;
     let mut cfg = SessionConfig::new(a.initiator_name.clone(), url.target.clone().unwrap_or_default());
-    if let Some(c) = &a.chap {
-        cfg = cfg.with_chap(creds(c)?, a.mutual_chap.as_deref().map(creds).transpose()?);
+    let chap = riser::cli::chap_credentials("--chap", a.chap.as_deref(), a.chap_file.as_deref(), "RISER_CHAP")?;
+    let mutual =
+        riser::cli::chap_credentials("--mutual-chap", a.mutual_chap.as_deref(), a.mutual_chap_file.as_deref(), "RISER_MUTUAL_CHAP")?;
+    match chap {
+        Some(c) => cfg = cfg.with_chap(c, mutual),
+        None if mutual.is_some() => return Err("mutual CHAP needs CHAP (--chap-file or RISER_CHAP)".into()),
+        None => {}
     }
     if url.iser {
         cfg.connector = match provider {

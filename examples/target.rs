@@ -3,9 +3,19 @@
 //! ```text
 //! cargo run --release --example target -- [--portal 127.0.0.1:3260 | --portal none] [--iser-portal ADDR[:PORT]]
 //!     [--rdma-provider soft|rdma-core] [--rdma-keys auto|windows|per-region|fixed-pool] [--target-name IQN]
-//!     [--lun ram:1GiB | --lun file:PATH[:SIZE] | --lun blk:DEVICE]... [--chap USER:SECRET]
-//!     [--mutual-chap USER:SECRET] [--acl INITIATOR_IQN]... [--sanitize-rate RATE] [--config target.toml]
+//!     [--lun ram:1GiB | --lun file:PATH[:SIZE] | --lun blk:DEVICE]... [--chap-file PATH]
+//!     [--mutual-chap-file PATH] [--discovery-chap-file PATH] [--discovery-mutual-chap-file PATH]
+//!     [--discovery-scope permitted|all] [--acl INITIATOR_IQN]... [--sanitize-rate RATE] [--config target.toml]
 //! ```
+//!
+//! CHAP secrets: each credential comes from its `--…-file` option (a file only its owner may
+//! access, as ssh requires of a private key: `chmod 600`), else from its environment variable
+//! (`RISER_CHAP`, `RISER_MUTUAL_CHAP`, `RISER_DISCOVERY_CHAP`, `RISER_DISCOVERY_MUTUAL_CHAP`),
+//! else from the `--config` file (`chap`, `chap_file`, …; a config file holding a secret must be
+//! private too). A credentials file or variable holds `USER:SECRET` on one line, or the user
+//! and the secret on two lines (for a user name with a `:`, such as an iSCSI name); empty lines
+//! and lines starting with `#` are skipped. `--chap USER:SECRET` and `--mutual-chap` still work
+//! but warn: any user of the machine can read a command line.
 //!
 //! iSER portals run on riser's software iWARP RNIC (`--rdma-provider soft`, the default: no RDMA
 //! device needed, a TCP listen of its own, port 3262 by default) or, in a build with the
@@ -17,11 +27,12 @@ use riser::iscsi::chap::ChapCredentials;
 use riser::scsi::lun::Lun;
 use riser::target::backend::{BlockBackend, FileBackend, RamBackend};
 use riser::target::lu::LogicalUnit;
-use riser::target::server::{Node, Target, TargetConfig};
-use std::path::Path;
+use riser::target::server::{DiscoveryScope, Node, Target, TargetConfig};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-#[derive(Parser, Debug)]
+/// No `Debug`: it may hold secrets.
+#[derive(Parser)]
 #[command(about = "riser iSCSI target")]
 struct Args {
     /// Address to listen on (repeatable; default 127.0.0.1:3260; `none`: no TCP portal).
@@ -46,12 +57,33 @@ struct Args {
     /// LUNs in order: ram:SIZE, file:PATH[:SIZE], blk:DEVICE (default: one 1 GiB RAM LUN).
     #[arg(long)]
     lun: Vec<String>,
-    /// CHAP credentials initiators must present.
+    /// CHAP credentials initiators must present. Visible to every user of the machine: prefer
+    /// --chap-file or RISER_CHAP.
     #[arg(long, value_name = "USER:SECRET")]
     chap: Option<String>,
-    /// Credentials the target answers mutual CHAP with (requires --chap).
+    /// A file (mode 600) with the CHAP credentials initiators must present: USER:SECRET, or
+    /// USER and SECRET on two lines.
+    #[arg(long, value_name = "PATH")]
+    chap_file: Option<PathBuf>,
+    /// Credentials the target answers mutual CHAP with (requires CHAP). Visible to every user
+    /// of the machine: prefer --mutual-chap-file or RISER_MUTUAL_CHAP.
     #[arg(long, value_name = "USER:SECRET")]
     mutual_chap: Option<String>,
+    /// A file (mode 600) with the credentials the target answers mutual CHAP with.
+    #[arg(long, value_name = "PATH")]
+    mutual_chap_file: Option<PathBuf>,
+    /// A file (mode 600) with the CHAP credentials a discovery session must present (default,
+    /// also without RISER_DISCOVERY_CHAP: discovery needs no authentication).
+    #[arg(long, value_name = "PATH")]
+    discovery_chap_file: Option<PathBuf>,
+    /// A file (mode 600) with the credentials the target answers mutual CHAP with on discovery
+    /// sessions (requires discovery CHAP).
+    #[arg(long, value_name = "PATH")]
+    discovery_mutual_chap_file: Option<PathBuf>,
+    /// Which targets SendTargets lists on a discovery session: permitted (default: those whose
+    /// ACL admits the initiator, as tgt) or all (as LIO's default).
+    #[arg(long, value_name = "permitted|all")]
+    discovery_scope: Option<String>,
     /// Initiator names allowed to log in (default: all).
     #[arg(long)]
     acl: Vec<String>,
@@ -63,13 +95,15 @@ struct Args {
     #[arg(long, value_name = "RATE")]
     sanitize_rate: Option<String>,
     /// A TOML file with the same settings (keys as the long options, `-` written `_`; lists for
-    /// portal, lun and acl). Command-line options override it.
+    /// portal, lun and acl; also discovery_chap and discovery_mutual_chap). Command-line
+    /// options and environment variables override it. If it holds a secret it must be private
+    /// (mode 600).
     #[arg(long)]
-    config: Option<std::path::PathBuf>,
+    config: Option<PathBuf>,
 }
 
-/// The `--config` file.
-#[derive(serde::Deserialize, Debug, Default)]
+/// The `--config` file. No `Debug`: it may hold secrets.
+#[derive(serde::Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     #[serde(default)]
@@ -82,20 +116,115 @@ struct FileConfig {
     #[serde(default)]
     lun: Vec<String>,
     chap: Option<String>,
+    chap_file: Option<PathBuf>,
     mutual_chap: Option<String>,
+    mutual_chap_file: Option<PathBuf>,
+    discovery_chap: Option<String>,
+    discovery_chap_file: Option<PathBuf>,
+    discovery_mutual_chap: Option<String>,
+    discovery_mutual_chap_file: Option<PathBuf>,
+    discovery_scope: Option<String>,
     #[serde(default)]
     acl: Vec<String>,
     block_size: Option<u32>,
     sanitize_rate: Option<String>,
 }
 
+/// The CHAP settings, wherever they came from.
+struct Credentials {
+    chap: Option<ChapCredentials>,
+    mutual_chap: Option<ChapCredentials>,
+    discovery_chap: Option<ChapCredentials>,
+    discovery_mutual_chap: Option<ChapCredentials>,
+}
+
+/// Read the `--config` file. A parse error quotes no line of it (the line may hold a secret);
+/// a file holding a secret must be private.
+fn read_config(path: &Path) -> Result<FileConfig, String> {
+    use std::io::Read as _;
+    let mut f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let meta = f.metadata().map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut text = String::new();
+    f.read_to_string(&mut text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let file: FileConfig = toml::from_str(&text).map_err(|e| {
+        let line = e.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+        format!("{}{}: {}", path.display(), line.map(|l| format!(", line {l}")).unwrap_or_default(), e.message())
+    })?;
+    if file.chap.is_some() || file.mutual_chap.is_some() || file.discovery_chap.is_some() || file.discovery_mutual_chap.is_some() {
+        riser::cli::check_private(path, &meta)?;
+    }
+    Ok(file)
+}
+
+/// One credential: from the command line or the environment (see `riser::cli::chap_credentials`),
+/// else from the config file, inline or in a file of its own (a relative path is taken from the
+/// config file's directory).
+fn credential(
+    option: &str,
+    value: Option<&str>,
+    file: Option<&Path>,
+    env: &str,
+    config: (Option<&str>, Option<&Path>),
+    config_path: Option<&Path>,
+) -> Result<Option<ChapCredentials>, String> {
+    if let Some(c) = riser::cli::chap_credentials(option, value, file, env)? {
+        return Ok(Some(c));
+    }
+    let key = option.trim_start_matches("--").replace('-', "_");
+    let name = config_path.map(|p| p.display().to_string()).unwrap_or_default();
+    match config {
+        (Some(_), Some(_)) => Err(format!("{name}: {key} and {key}_file exclude each other")),
+        (Some(text), None) => riser::cli::parse_credentials(&format!("{name}: {key}"), text).map(Some),
+        (None, Some(f)) => {
+            let f = config_path.and_then(Path::parent).map_or_else(|| f.to_path_buf(), |dir| dir.join(f));
+            riser::cli::parse_credentials(&f.display().to_string(), &riser::cli::read_secret_file(&f)?).map(Some)
+        }
+        (None, None) => Ok(None),
+    }
+}
+
 impl Args {
-    /// Fill what the command line left out from the config file, then the defaults.
-    fn merged(mut self) -> Result<Self, String> {
+    /// Fill what the command line left out from the config file, then the defaults; resolve
+    /// the CHAP credentials.
+    fn merged(mut self) -> Result<(Self, Credentials), String> {
         let file = match &self.config {
-            Some(p) => toml::from_str::<FileConfig>(&std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?)
-                .map_err(|e| format!("{}: {e}", p.display()))?,
+            Some(p) => read_config(p)?,
             None => FileConfig::default(),
+        };
+        let cfg = self.config.as_deref();
+        let creds = Credentials {
+            chap: credential(
+                "--chap",
+                self.chap.as_deref(),
+                self.chap_file.as_deref(),
+                "RISER_CHAP",
+                (file.chap.as_deref(), file.chap_file.as_deref()),
+                cfg,
+            )?,
+            mutual_chap: credential(
+                "--mutual-chap",
+                self.mutual_chap.as_deref(),
+                self.mutual_chap_file.as_deref(),
+                "RISER_MUTUAL_CHAP",
+                (file.mutual_chap.as_deref(), file.mutual_chap_file.as_deref()),
+                cfg,
+            )?,
+            discovery_chap: credential(
+                "--discovery-chap",
+                None,
+                self.discovery_chap_file.as_deref(),
+                "RISER_DISCOVERY_CHAP",
+                (file.discovery_chap.as_deref(), file.discovery_chap_file.as_deref()),
+                cfg,
+            )?,
+            discovery_mutual_chap: credential(
+                "--discovery-mutual-chap",
+                None,
+                self.discovery_mutual_chap_file.as_deref(),
+                "RISER_DISCOVERY_MUTUAL_CHAP",
+                (file.discovery_mutual_chap.as_deref(), file.discovery_mutual_chap_file.as_deref()),
+                cfg,
+            )?,
         };
         let or = |cli: Vec<String>, file: Vec<String>, default: &str| {
             if !cli.is_empty() {
@@ -117,17 +246,19 @@ impl Args {
         self.rdma_provider = self.rdma_provider.or(file.rdma_provider).or(Some("soft".into()));
         self.rdma_keys = self.rdma_keys.or(file.rdma_keys);
         self.target_name = self.target_name.or(file.target_name).or(Some("iqn.2026-11.io.riser:target0".into()));
-        self.chap = self.chap.or(file.chap);
-        self.mutual_chap = self.mutual_chap.or(file.mutual_chap);
         self.block_size = self.block_size.or(file.block_size).or(Some(512));
         self.sanitize_rate = self.sanitize_rate.or(file.sanitize_rate);
-        Ok(self)
+        self.discovery_scope = self.discovery_scope.or(file.discovery_scope);
+        Ok((self, creds))
     }
 }
 
-fn creds(s: &str) -> Result<ChapCredentials, String> {
-    let (u, p) = s.split_once(':').ok_or("expected USER:SECRET")?;
-    ChapCredentials::new(u, p.as_bytes().to_vec()).map_err(|e| e.to_string())
+fn discovery_scope(s: Option<&str>) -> Result<DiscoveryScope, String> {
+    match s {
+        None | Some("permitted") => Ok(DiscoveryScope::Permitted),
+        Some("all") => Ok(DiscoveryScope::All),
+        Some(other) => Err(format!("unknown discovery scope {other:?} (permitted, all)")),
+    }
 }
 
 fn backend(spec: &str, bs: u32) -> Result<Arc<dyn BlockBackend>, String> {
@@ -189,7 +320,7 @@ async fn run() -> Result<(), String> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_target(false)
         .init();
-    let args = Args::parse().merged()?;
+    let (args, creds) = Args::parse().merged()?;
     let target_name = args.target_name.clone().unwrap_or_default();
     let block_size = args.block_size.unwrap_or(512);
     let sanitize_rate = args.sanitize_rate.as_deref().map(riser::cli::parse_size).transpose()?;
@@ -199,13 +330,21 @@ async fn run() -> Result<(), String> {
         let lun = Lun::from_number(i as u16).ok_or("too many LUNs")?;
         luns.push(Arc::new(LogicalUnit::new(b, lun, i as u64 + 1).with_sanitize_rate(sanitize_rate)));
     }
-    let chap = args.chap.as_deref().map(creds).transpose()?;
-    let mutual_chap = args.mutual_chap.as_deref().map(creds).transpose()?;
+    let Credentials { chap, mutual_chap, discovery_chap, discovery_mutual_chap } = creds;
     if mutual_chap.is_some() && chap.is_none() {
-        return Err("--mutual-chap needs --chap".into());
+        return Err("mutual CHAP needs CHAP (--chap-file, RISER_CHAP or chap in the config)".into());
+    }
+    if discovery_mutual_chap.is_some() && discovery_chap.is_none() {
+        return Err("discovery mutual CHAP needs discovery CHAP (--discovery-chap-file, RISER_DISCOVERY_CHAP or discovery_chap)".into());
     }
     let node = Node { name: target_name.clone(), alias: None, luns, acl: args.acl.clone(), chap, mutual_chap };
-    let target = Target::new(TargetConfig { nodes: vec![node], ..TargetConfig::default() });
+    let target = Target::new(TargetConfig {
+        nodes: vec![node],
+        discovery_chap,
+        discovery_mutual_chap,
+        discovery_scope: discovery_scope(args.discovery_scope.as_deref())?,
+        ..TargetConfig::default()
+    });
     let mut servers = Vec::new();
     for p in args.portal.iter().filter(|p| p.as_str() != "none") {
         let listener = tokio::net::TcpListener::bind(p).await.map_err(|e| format!("cannot listen on {p}: {e}"))?;

@@ -113,8 +113,120 @@ pub mod cli {
         }
     }
 
+    /// Read a file that holds a secret, refusing it (as ssh refuses a private key) when its
+    /// group or other users have any access: then the secret is not secret on this machine. The
+    /// check is on the opened file, so the path cannot be swapped between check and read.
+    #[cfg(feature = "std")]
+    pub fn read_secret_file(path: &std::path::Path) -> Result<String, String> {
+        use std::io::Read as _;
+        let mut f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        check_private(path, &f.metadata().map_err(|e| format!("{}: {e}", path.display()))?)?;
+        let mut text = String::new();
+        f.read_to_string(&mut text).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(text)
+    }
+
+    /// Refuse a secret-holding file that its group or other users may access (mode & 077).
+    #[cfg(feature = "std")]
+    pub fn check_private(path: &std::path::Path, meta: &std::fs::Metadata) -> Result<(), String> {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            let mode = meta.permissions().mode() & 0o7777;
+            if mode & 0o077 != 0 {
+                return Err(format!(
+                    "{p}: permissions {mode:04o} are too open: a file holding a CHAP secret must not be accessible by \
+                     group or other users (chmod 600 {p})",
+                    p = path.display()
+                ));
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = (path, meta);
+        Ok(())
+    }
+
+    /// Parse CHAP credentials text (the format of [`riser_iscsi::chap::ChapCredentials::parse`]),
+    /// naming `source` in the error, never the text.
+    #[cfg(feature = "std")]
+    pub fn parse_credentials(source: &str, text: &str) -> Result<riser_iscsi::chap::ChapCredentials, String> {
+        riser_iscsi::chap::ChapCredentials::parse(text).map_err(|e| format!("{source}: {e}"))
+    }
+
+    /// One CHAP credential of an example program, from the first place it is given:
+    ///
+    /// 1. `option` (`--chap USER:SECRET`): accepted, with a warning on stderr, since every user
+    ///    of the machine can read a command line (`ps`, `/proc/PID/cmdline`);
+    /// 2. the file of `option`-file (`--chap-file PATH`, see [`read_secret_file`]);
+    /// 3. the environment variable `env` (readable only by the process's user and root).
+    ///
+    /// `None` when none of them is given. Giving both 1 and 2 is an error.
+    #[cfg(feature = "std")]
+    pub fn chap_credentials(
+        option: &str,
+        value: Option<&str>,
+        file: Option<&std::path::Path>,
+        env: &str,
+    ) -> Result<Option<riser_iscsi::chap::ChapCredentials>, String> {
+        match (value, file) {
+            (Some(_), Some(_)) => Err(format!("{option} and {option}-file exclude each other")),
+            (Some(v), None) => {
+                eprintln!(
+                    "warning: {option} puts the CHAP secret on the command line, where every user of this machine can read it \
+                     (ps, /proc/PID/cmdline); use {option}-file or {env} instead"
+                );
+                parse_credentials(option, v).map(Some)
+            }
+            (None, Some(f)) => parse_credentials(&f.display().to_string(), &read_secret_file(f)?).map(Some),
+            (None, None) => match std::env::var(env) {
+                Ok(v) => parse_credentials(env, &v).map(Some),
+                Err(std::env::VarError::NotPresent) => Ok(None),
+                Err(std::env::VarError::NotUnicode(_)) => Err(format!("{env} is not valid UTF-8")),
+            },
+        }
+    }
+
     #[cfg(test)]
     mod tests {
+        #[cfg(unix)]
+        #[test]
+        fn secret_files_must_be_private() {
+            use std::os::unix::fs::PermissionsExt as _;
+            let dir = std::env::temp_dir().join(format!("riser-cli-test-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join("chap");
+            std::fs::write(&path, "# initiator CHAP\niqn.2026-11.io.riser:alice\nalicesecret12\n").unwrap();
+            for mode in [0o644, 0o640, 0o604, 0o660, 0o606, 0o610] {
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+                let e = super::read_secret_file(&path).unwrap_err();
+                assert!(e.contains("too open") && e.contains(&format!("{mode:04o}")) && e.contains("chmod 600"), "{e}");
+                assert!(!e.contains("alicesecret12"), "{e}");
+                let e = super::chap_credentials("--chap", None, Some(&path), "RISER_TEST_UNSET_VARIABLE").unwrap_err();
+                assert!(e.contains("too open"), "{e}");
+            }
+            for mode in [0o600, 0o400] {
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+                let c = super::chap_credentials("--chap", None, Some(&path), "RISER_TEST_UNSET_VARIABLE").unwrap().unwrap();
+                assert_eq!(c.user, "iqn.2026-11.io.riser:alice");
+                assert_eq!(c.secret, riser_iscsi::chap::Secret::new(*b"alicesecret12"));
+            }
+            // A malformed file: the error names the file, not its content.
+            std::fs::write(&path, "alicesecret12\n").unwrap();
+            let e = super::chap_credentials("--chap", None, Some(&path), "RISER_TEST_UNSET_VARIABLE").unwrap_err();
+            assert!(e.contains(&path.display().to_string()) && !e.contains("alicesecret12"), "{e}");
+            assert!(super::read_secret_file(&dir.join("missing")).is_err());
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+
+        #[test]
+        fn credentials_from_the_option_and_nowhere() {
+            let c = super::chap_credentials("--chap", Some("bob:bobsecret1234"), None, "RISER_TEST_UNSET_VARIABLE").unwrap().unwrap();
+            assert_eq!(c.user, "bob");
+            assert_eq!(super::chap_credentials("--chap", None, None, "RISER_TEST_UNSET_VARIABLE"), Ok(None));
+            let both = super::chap_credentials("--chap", Some("bob:bobsecret1234"), Some("/nonexistent".as_ref()), "X");
+            assert!(both.unwrap_err().contains("exclude"));
+        }
+
         #[test]
         fn default_ports() {
             assert_eq!(super::with_default_port("10.0.0.1", 3260), "10.0.0.1:3260");

@@ -134,6 +134,10 @@ pub enum CredentialsError {
     /// Empty user name or one that cannot travel in a text value.
     #[error("invalid CHAP user name")]
     BadUser,
+    /// Credentials text not in the form [`ChapCredentials::parse`] reads (the message never
+    /// quotes the text: it may hold the secret).
+    #[error("malformed CHAP credentials: {0}")]
+    Malformed(&'static str),
 }
 
 impl ChapCredentials {
@@ -148,6 +152,30 @@ impl ChapCredentials {
             return Err(CredentialsError::SecretLength(secret.len()));
         }
         Ok(Self { user, secret })
+    }
+
+    /// Credentials from text, as a credentials file or an environment variable holds them:
+    ///
+    /// * lines end with `\n` or `\r\n`; empty lines and lines starting with `#` are ignored;
+    /// * one line `USER:SECRET` (split at the first `:`), or
+    /// * two lines, `USER` then `SECRET`, for a user or secret with a `:` in it (a user name is
+    ///   often an iSCSI name, `iqn.…:…`).
+    ///
+    /// Nothing else is trimmed: spaces belong to the user name or secret.
+    pub fn parse(text: &str) -> Result<Self, CredentialsError> {
+        let mut lines = text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l)).filter(|l| !l.is_empty() && !l.starts_with('#'));
+        let (first, second) = (lines.next(), lines.next());
+        if lines.next().is_some() {
+            return Err(CredentialsError::Malformed("more than two lines (expected USER:SECRET, or USER and SECRET on two lines)"));
+        }
+        match (first, second) {
+            (Some(user), Some(secret)) => Self::new(user, secret.as_bytes()),
+            (Some(line), None) => match line.split_once(':') {
+                Some((user, secret)) => Self::new(user, secret.as_bytes()),
+                None => Err(CredentialsError::Malformed("no ':' between user and secret (expected USER:SECRET)")),
+            },
+            _ => Err(CredentialsError::Malformed("empty (expected USER:SECRET)")),
+        }
     }
 }
 
@@ -178,5 +206,38 @@ mod tests {
         assert_eq!(ChapCredentials::new("u", *b"short").unwrap_err(), CredentialsError::SecretLength(5));
         assert_eq!(ChapCredentials::new("", *b"averysecretvalue").unwrap_err(), CredentialsError::BadUser);
         assert_eq!(parse_algorithms("8,7,99,5,x"), [ChapAlgorithm::Sha3_256, ChapAlgorithm::Sha256, ChapAlgorithm::Md5]);
+    }
+
+    #[test]
+    fn debug_of_credentials_and_secrets_shows_no_secret_byte() {
+        let c = ChapCredentials::new("iqn.2026-11.io.riser:alice", *b"s3cr3t-v4lue-xyz").unwrap();
+        for dbg in [format!("{c:?}"), format!("{c:#?}"), format!("{:?}", c.secret), format!("{:?}", Some(&c))] {
+            assert!(!dbg.contains("s3cr3t") && !dbg.contains("xyz"), "{dbg}");
+            // Nor as bytes, as a derived Debug of a Vec<u8> would print them.
+            assert!(!dbg.contains("115, 51"), "{dbg}");
+            assert!(dbg.contains("16 bytes redacted"), "{dbg}");
+        }
+        assert!(format!("{c:?}").contains("iqn.2026-11.io.riser:alice"), "the user name is no secret");
+    }
+
+    #[test]
+    fn credentials_text_one_line_or_two() {
+        let c = ChapCredentials::parse("alice:averysecretvalue\n").unwrap();
+        assert_eq!((c.user.as_str(), &c.secret), ("alice", &Secret::new(*b"averysecretvalue")));
+        // A ':' in the secret stays in the secret.
+        let c = ChapCredentials::parse("alice:a:very:secret:value").unwrap();
+        assert_eq!(c.secret, Secret::new(*b"a:very:secret:value"));
+        // Two lines (CRLF too), comments and blank lines: the user may contain ':'.
+        let c = ChapCredentials::parse("# riser CHAP\r\n\r\niqn.2026-11.io.riser:alice\r\nsecret with spaces \r\n").unwrap();
+        assert_eq!((c.user.as_str(), &c.secret), ("iqn.2026-11.io.riser:alice", &Secret::new(*b"secret with spaces ")));
+        let bad = ["", "# only a comment\n", "alicesecretvalue\n", "a\nb\nc\n"];
+        for t in bad {
+            assert!(matches!(ChapCredentials::parse(t), Err(CredentialsError::Malformed(_))), "{t:?}");
+        }
+        assert_eq!(ChapCredentials::parse("alice:short").unwrap_err(), CredentialsError::SecretLength(5));
+        assert_eq!(ChapCredentials::parse(":averysecretvalue").unwrap_err(), CredentialsError::BadUser);
+        // Errors never quote the text.
+        let e = ChapCredentials::parse("averysecretvalue").unwrap_err().to_string();
+        assert!(!e.contains("averysecretvalue"), "{e}");
     }
 }
