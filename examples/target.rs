@@ -21,6 +21,24 @@
 //! device needed, a TCP listen of its own, port 3262 by default) or, in a build with the
 //! `rdma-core` feature, on the RDMA device that owns the portal's address (`--rdma-provider
 //! rdma-core`: an RNIC, soft-RoCE rxe or soft-iWARP siw; port 3260 by default, as Linux).
+//!
+//! Resource limits come from the `--config` file's `[limits]` table (no command-line options):
+//! `max_connections` (and so sessions), `queue_depth` (commands per session),
+//! `max_immediate_commands`, `max_session_bytes` (a size such as `"256MiB"`, or bytes), the
+//! timeouts `login_timeout`, `data_timeout`, `send_timeout`, `nop_interval` (`0` or `"off"`: no
+//! keepalive pings) and `nop_timeout` in seconds (`15`, `0.5`), `iser_unsolicited_data` and
+//! `max_mpa_handshakes` (iSER on the software RNIC). Every key is optional; a value out of range
+//! is an error naming its key. The defaults, and why they are what they are, are in the README
+//! ("Limits").
+//!
+//! ```toml
+//! [limits]
+//! max_connections = 64
+//! queue_depth = 64
+//! max_session_bytes = "128MiB"
+//! login_timeout = 10
+//! nop_interval = "off"
+//! ```
 
 use clap::Parser;
 use riser::iscsi::chap::ChapCredentials;
@@ -30,6 +48,7 @@ use riser::target::lu::LogicalUnit;
 use riser::target::server::{DiscoveryScope, Node, Target, TargetConfig};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// No `Debug`: it may hold secrets.
 #[derive(Parser)]
@@ -95,9 +114,10 @@ struct Args {
     #[arg(long, value_name = "RATE")]
     sanitize_rate: Option<String>,
     /// A TOML file with the same settings (keys as the long options, `-` written `_`; lists for
-    /// portal, lun and acl; also discovery_chap and discovery_mutual_chap). Command-line
-    /// options and environment variables override it. If it holds a secret it must be private
-    /// (mode 600).
+    /// portal, lun and acl; also discovery_chap and discovery_mutual_chap), and a `[limits]`
+    /// table with the target's resource limits (connections, commands and bytes per session,
+    /// timeouts; see the README). Command-line options and environment variables override it.
+    /// If it holds a secret it must be private (mode 600).
     #[arg(long)]
     config: Option<PathBuf>,
 }
@@ -128,6 +148,143 @@ struct FileConfig {
     acl: Vec<String>,
     block_size: Option<u32>,
     sanitize_rate: Option<String>,
+    #[serde(default)]
+    limits: Limits,
+}
+
+/// The `[limits]` table of the `--config` file: what initiators can make the target hold. Every
+/// key is optional (default: [`TargetConfig::default`]'s, and the software RNIC's). The values
+/// stay TOML until [`Limits::resolve`] checks them, so that every error names its key.
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Limits {
+    /// Connections served at once over all portals, and so sessions (one connection each).
+    max_connections: Option<toml::Value>,
+    /// Commands a session holds at once (its CmdSN window).
+    queue_depth: Option<toml::Value>,
+    /// Immediate SCSI commands (outside the window) a session may have in flight; 0: none.
+    max_immediate_commands: Option<toml::Value>,
+    /// Bytes of command data a session may hold at once: a size (`"256MiB"`) or bytes.
+    max_session_bytes: Option<toml::Value>,
+    /// Seconds a connection has to complete its login.
+    login_timeout: Option<toml::Value>,
+    /// Seconds write data may take to arrive (over TCP also a PDU's data segment).
+    data_timeout: Option<toml::Value>,
+    /// Seconds a response or Data-In may wait for the transport to take it.
+    send_timeout: Option<toml::Value>,
+    /// Seconds without a PDU from the initiator before a NOP-In ping; `0` or `"off"`: no pings.
+    nop_interval: Option<toml::Value>,
+    /// Seconds a ping may go unanswered before the connection is dropped.
+    nop_timeout: Option<toml::Value>,
+    /// iSER: accept unsolicited Data-Out (true or false).
+    iser_unsolicited_data: Option<toml::Value>,
+    /// Software iWARP RNIC: MPA handshakes an iSER portal runs at once.
+    max_mpa_handshakes: Option<toml::Value>,
+}
+
+/// What the `[limits]` table sets: the target's configuration (before its nodes and discovery
+/// settings are filled in), and the software RNIC's if the table names one of its keys.
+struct Tuning {
+    target: TargetConfig,
+    rnic: Option<riser::iwarp::RnicConfig>,
+}
+
+/// The largest `max_connections`: Linux's ceiling on a process's open files (`fs.nr_open`,
+/// 1048576 by default); each connection holds one.
+const MAX_CONNECTIONS: u64 = 1 << 20;
+
+/// The largest `queue_depth`: far beyond what initiators use (open-iscsi allows `cmds_max` up to
+/// 2048), and small enough that the iSER queue sizes derived from it fit in 32 bits.
+const MAX_QUEUE_DEPTH: u64 = 1 << 16;
+
+/// The largest `max_mpa_handshakes`: each handshake in progress is a thread of its own.
+const MAX_MPA_HANDSHAKES: u64 = 1024;
+
+/// The smallest `max_session_bytes`: the unit the target keeps a session's budget in.
+const MIN_SESSION_BYTES: u64 = 64 << 10;
+
+/// The longest timeout, in seconds: a day (longer is no timeout at all).
+const MAX_SECONDS: f64 = 86_400.0;
+
+impl Limits {
+    /// Check the table and apply it to the defaults.
+    fn resolve(&self) -> Result<Tuning, String> {
+        let mut t = TargetConfig::default();
+        if let Some(v) = &self.max_connections {
+            t.max_connections = integer("max_connections", v, 1, MAX_CONNECTIONS)? as usize;
+        }
+        if let Some(v) = &self.queue_depth {
+            t.queue_depth = integer("queue_depth", v, 1, MAX_QUEUE_DEPTH)? as u32;
+        }
+        if let Some(v) = &self.max_immediate_commands {
+            t.max_immediate_commands = integer("max_immediate_commands", v, 0, u64::from(u32::MAX))? as u32;
+        }
+        if let Some(v) = &self.max_session_bytes {
+            t.max_session_bytes = session_bytes(v)?;
+        }
+        if let Some(v) = &self.login_timeout {
+            t.login_timeout = seconds("login_timeout", v)?;
+        }
+        if let Some(v) = &self.data_timeout {
+            t.data_timeout = seconds("data_timeout", v)?;
+        }
+        if let Some(v) = &self.send_timeout {
+            t.send_timeout = seconds("send_timeout", v)?;
+        }
+        if let Some(v) = &self.nop_interval {
+            let off = v.as_str() == Some("off") || v.as_integer() == Some(0) || v.as_float() == Some(0.0);
+            t.nop_interval = if off { None } else { Some(seconds("nop_interval", v).map_err(|e| format!("{e}; 0 or \"off\": no pings"))?) };
+        }
+        if let Some(v) = &self.nop_timeout {
+            t.nop_timeout = seconds("nop_timeout", v)?;
+        }
+        if let Some(v) = &self.iser_unsolicited_data {
+            t.iser_unsolicited_data = v.as_bool().ok_or_else(|| format!("limits.iser_unsolicited_data = {v}: expected true or false"))?;
+        }
+        let rnic = match &self.max_mpa_handshakes {
+            Some(v) => {
+                let max_handshakes = integer("max_mpa_handshakes", v, 1, MAX_MPA_HANDSHAKES)? as usize;
+                Some(riser::iwarp::RnicConfig { max_handshakes, ..riser::iwarp::RnicConfig::default() })
+            }
+            None => None,
+        };
+        Ok(Tuning { target: t, rnic })
+    }
+}
+
+/// A `[limits]` integer from `min` to `max`.
+fn integer(key: &str, v: &toml::Value, min: u64, max: u64) -> Result<u64, String> {
+    match v.as_integer().and_then(|n| u64::try_from(n).ok()) {
+        Some(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(format!("limits.{key} = {v}: expected an integer from {min} to {max}")),
+    }
+}
+
+/// A `[limits]` duration: seconds, an integer or a float, from 1 ms to a day.
+fn seconds(key: &str, v: &toml::Value) -> Result<Duration, String> {
+    let s = match v {
+        toml::Value::Integer(n) => *n as f64,
+        toml::Value::Float(f) => *f,
+        _ => f64::NAN,
+    };
+    if (0.001..=MAX_SECONDS).contains(&s) {
+        Ok(Duration::from_secs_f64(s))
+    } else {
+        Err(format!("limits.{key} = {v}: expected seconds from 0.001 to {MAX_SECONDS} (such as 15 or 0.5)"))
+    }
+}
+
+/// `max_session_bytes`: a size (`"256MiB"`, as `--lun ram:SIZE`) or a number of bytes.
+fn session_bytes(v: &toml::Value) -> Result<u64, String> {
+    let n = match v {
+        toml::Value::String(s) => riser::cli::parse_size(s).map_err(|e| format!("limits.max_session_bytes: {e}"))?,
+        toml::Value::Integer(n) if *n >= 0 => *n as u64,
+        _ => return Err(format!("limits.max_session_bytes = {v}: expected a size such as \"256MiB\" or a number of bytes")),
+    };
+    if n < MIN_SESSION_BYTES {
+        return Err(format!("limits.max_session_bytes = {v}: must be at least 64KiB (the unit of a session's budget)"));
+    }
+    Ok(n)
 }
 
 /// The CHAP settings, wherever they came from.
@@ -146,14 +303,19 @@ fn read_config(path: &Path) -> Result<FileConfig, String> {
     let meta = f.metadata().map_err(|e| format!("{}: {e}", path.display()))?;
     let mut text = String::new();
     f.read_to_string(&mut text).map_err(|e| format!("{}: {e}", path.display()))?;
-    let file: FileConfig = toml::from_str(&text).map_err(|e| {
-        let line = e.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
-        format!("{}{}: {}", path.display(), line.map(|l| format!(", line {l}")).unwrap_or_default(), e.message())
-    })?;
+    let file = parse_config(&text, &path.display().to_string())?;
     if file.chap.is_some() || file.mutual_chap.is_some() || file.discovery_chap.is_some() || file.discovery_mutual_chap.is_some() {
         riser::cli::check_private(path, &meta)?;
     }
     Ok(file)
+}
+
+/// Parse the text of the `--config` file `name`.
+fn parse_config(text: &str, name: &str) -> Result<FileConfig, String> {
+    toml::from_str(text).map_err(|e| {
+        let line = e.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+        format!("{name}{}: {}", line.map(|l| format!(", line {l}")).unwrap_or_default(), e.message())
+    })
 }
 
 /// One credential: from the command line or the environment (see `riser::cli::chap_credentials`),
@@ -185,13 +347,14 @@ fn credential(
 
 impl Args {
     /// Fill what the command line left out from the config file, then the defaults; resolve
-    /// the CHAP credentials.
-    fn merged(mut self) -> Result<(Self, Credentials), String> {
+    /// the CHAP credentials and the limits.
+    fn merged(mut self) -> Result<(Self, Credentials, Tuning), String> {
         let file = match &self.config {
             Some(p) => read_config(p)?,
             None => FileConfig::default(),
         };
         let cfg = self.config.as_deref();
+        let tuning = file.limits.resolve().map_err(|e| format!("{}: {e}", cfg.map(|p| p.display().to_string()).unwrap_or_default()))?;
         let creds = Credentials {
             chap: credential(
                 "--chap",
@@ -249,7 +412,7 @@ impl Args {
         self.block_size = self.block_size.or(file.block_size).or(Some(512));
         self.sanitize_rate = self.sanitize_rate.or(file.sanitize_rate);
         self.discovery_scope = self.discovery_scope.or(file.discovery_scope);
-        Ok((self, creds))
+        Ok((self, creds, tuning))
     }
 }
 
@@ -320,7 +483,7 @@ async fn run() -> Result<(), String> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_target(false)
         .init();
-    let (args, creds) = Args::parse().merged()?;
+    let (args, creds, tuning) = Args::parse().merged()?;
     let target_name = args.target_name.clone().unwrap_or_default();
     let block_size = args.block_size.unwrap_or(512);
     let sanitize_rate = args.sanitize_rate.as_deref().map(riser::cli::parse_size).transpose()?;
@@ -343,7 +506,7 @@ async fn run() -> Result<(), String> {
         discovery_chap,
         discovery_mutual_chap,
         discovery_scope: discovery_scope(args.discovery_scope.as_deref())?,
-        ..TargetConfig::default()
+        ..tuning.target
     });
     let mut servers = Vec::new();
     for p in args.portal.iter().filter(|p| p.as_str() != "none") {
@@ -355,6 +518,9 @@ async fn run() -> Result<(), String> {
     if args.rdma_keys.is_some() && provider != riser::cli::RdmaProvider::RdmaCore {
         return Err("--rdma-keys applies to --rdma-provider rdma-core".into());
     }
+    if tuning.rnic.is_some() && provider != riser::cli::RdmaProvider::Soft {
+        return Err("limits.max_mpa_handshakes applies to --rdma-provider soft".into());
+    }
     for p in &args.iser_portal {
         use riser::verbs::{Listener, Provider};
         let spec = riser::cli::with_default_port(p, provider.default_port());
@@ -362,7 +528,7 @@ async fn run() -> Result<(), String> {
         let cfg = riser::iser::IserConfig::default();
         match provider {
             riser::cli::RdmaProvider::Soft => {
-                let rnic = riser::iwarp::SoftRnic::default();
+                let rnic = riser::iwarp::SoftRnic::new(tuning.rnic.clone().unwrap_or_default());
                 let listener = rnic.listen(addr).map_err(|e| format!("cannot listen on {addr} (iSER): {e}"))?;
                 let at = listener.local_addr().map_err(|e| e.to_string())?;
                 tracing::info!("listening on {at} (iSER, software iWARP RNIC) for {target_name}");
@@ -383,4 +549,123 @@ async fn run() -> Result<(), String> {
         s.abort();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The limits a config file's text sets.
+    fn limits(text: &str) -> Result<Tuning, String> {
+        parse_config(text, "target.toml")?.limits.resolve()
+    }
+
+    fn error(text: &str) -> String {
+        match limits(text) {
+            Ok(_) => panic!("accepted: {text}"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn limits_table_sets_the_target_config() {
+        let t = limits(
+            r#"
+            lun = ["ram:1MiB"]
+            [limits]
+            max_connections = 8
+            queue_depth = 32
+            max_immediate_commands = 0
+            max_session_bytes = "64MiB"
+            login_timeout = 5
+            data_timeout = 2.5
+            send_timeout = 60
+            nop_interval = 3
+            nop_timeout = 7
+            iser_unsolicited_data = true
+            max_mpa_handshakes = 4
+            "#,
+        )
+        .unwrap();
+        let c = &t.target;
+        assert_eq!(c.max_connections, 8);
+        assert_eq!(c.queue_depth, 32);
+        assert_eq!(c.max_immediate_commands, 0);
+        assert_eq!(c.max_session_bytes, 64 << 20);
+        assert_eq!(c.login_timeout, Duration::from_secs(5));
+        assert_eq!(c.data_timeout, Duration::from_millis(2500));
+        assert_eq!(c.send_timeout, Duration::from_secs(60));
+        assert_eq!(c.nop_interval, Some(Duration::from_secs(3)));
+        assert_eq!(c.nop_timeout, Duration::from_secs(7));
+        assert!(c.iser_unsolicited_data);
+        assert_eq!(t.rnic.map(|r| r.max_handshakes), Some(4));
+    }
+
+    #[test]
+    fn absent_keys_keep_the_defaults() {
+        let d = TargetConfig::default();
+        for text in ["", "[limits]\n"] {
+            let t = limits(text).unwrap();
+            let c = &t.target;
+            assert_eq!(c.max_connections, d.max_connections);
+            assert_eq!(c.queue_depth, d.queue_depth);
+            assert_eq!(c.max_immediate_commands, d.max_immediate_commands);
+            assert_eq!(c.max_session_bytes, d.max_session_bytes);
+            assert_eq!(c.login_timeout, d.login_timeout);
+            assert_eq!(c.data_timeout, d.data_timeout);
+            assert_eq!(c.send_timeout, d.send_timeout);
+            assert_eq!(c.nop_interval, d.nop_interval);
+            assert_eq!(c.nop_timeout, d.nop_timeout);
+            assert_eq!(c.iser_unsolicited_data, d.iser_unsolicited_data);
+            assert!(t.rnic.is_none());
+        }
+    }
+
+    #[test]
+    fn sizes_as_bytes_and_pings_off() {
+        let t = limits("[limits]\nmax_session_bytes = 1048576\nnop_interval = 0\n").unwrap();
+        assert_eq!(t.target.max_session_bytes, 1 << 20);
+        assert_eq!(t.target.nop_interval, None);
+        assert_eq!(limits("[limits]\nnop_interval = \"off\"\n").unwrap().target.nop_interval, None);
+        assert_eq!(limits("[limits]\nnop_interval = 0.0\n").unwrap().target.nop_interval, None);
+        let t = limits("[limits]\nnop_interval = 0.25\nmax_session_bytes = \"64KiB\"\n").unwrap();
+        assert_eq!(t.target.nop_interval, Some(Duration::from_millis(250)));
+        assert_eq!(t.target.max_session_bytes, 64 << 10);
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        for (line, key) in [
+            ("queue_depth = 0", "limits.queue_depth = 0"),
+            ("queue_depth = 65537", "limits.queue_depth"),
+            ("queue_depth = -1", "limits.queue_depth"),
+            ("queue_depth = \"many\"", "limits.queue_depth"),
+            ("max_connections = 0", "limits.max_connections = 0"),
+            ("max_immediate_commands = 1.5", "limits.max_immediate_commands"),
+            ("max_session_bytes = 0", "limits.max_session_bytes = 0"),
+            ("max_session_bytes = \"32KiB\"", "limits.max_session_bytes"),
+            ("max_session_bytes = \"1XB\"", "limits.max_session_bytes"),
+            ("login_timeout = 0", "limits.login_timeout = 0"),
+            ("data_timeout = -1", "limits.data_timeout"),
+            ("send_timeout = \"30s\"", "limits.send_timeout"),
+            ("send_timeout = 1e9", "limits.send_timeout"),
+            ("send_timeout = nan", "limits.send_timeout"),
+            ("nop_interval = \"never\"", "limits.nop_interval"),
+            ("nop_timeout = 0", "limits.nop_timeout = 0"),
+            ("iser_unsolicited_data = 1", "limits.iser_unsolicited_data"),
+            ("max_mpa_handshakes = 0", "limits.max_mpa_handshakes = 0"),
+            ("max_mpa_handshakes = 1025", "limits.max_mpa_handshakes"),
+        ] {
+            let e = error(&format!("[limits]\n{line}\n"));
+            assert!(e.contains(key), "{line}: {e}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let e = error("portal = [\"127.0.0.1:3260\"]\n[limits]\nqueue_dept = 4\n");
+        assert!(e.contains("queue_dept") && e.contains("target.toml, line 3"), "{e}");
+        let e = error("[limit]\nqueue_depth = 4\n");
+        assert!(e.contains("limit"), "{e}");
+    }
 }

@@ -74,6 +74,36 @@ async fn discovery_login_and_every_transfer_size() {
     s.logout().await.unwrap();
 }
 
+/// A connection the initiator ends itself (as after a fault it detected) ends its commands in
+/// flight and the session logs in again: over iSER the local end was never reported, so the
+/// session waited for its commands until they timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_dropped_by_the_initiator_is_replaced() {
+    let addr = start().await;
+    let mut c = config();
+    c.timeout = std::time::Duration::from_secs(5);
+    let s = Session::connect(addr, c).await.unwrap();
+    let data = pattern(7, 1 << 20);
+    s.write(0, 0, data.clone(), 512).await.unwrap();
+    let reads: Vec<_> = (0..8)
+        .map(|_| {
+            let s = s.clone();
+            tokio::spawn(async move { s.read(0, 0, 2048, 512).await })
+        })
+        .collect();
+    s.drop_connection();
+    for r in reads {
+        // Done before the drop, retried on the new connection, or failed with the connection:
+        // never waiting out the timeout.
+        match r.await.unwrap() {
+            Ok(back) => assert_eq!(back, data),
+            Err(e) => assert!(matches!(e, riser::initiator::Error::ConnectionLost), "{e}"),
+        }
+    }
+    assert_eq!(s.read(0, 0, 2048, 512).await.unwrap(), data);
+    s.logout().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_commands_in_flight() {
     let addr = start().await;

@@ -16,6 +16,14 @@
 //!   rdma-core and on its software RNIC against itself, the Linux kernel's initiators (open-iscsi
 //!   with ib_iser and iscsi_tcp), LIO with ib_isert and tgt, the driver-trap tests, rping, and
 //!   the fault cells. One line per cell, then `N passed, N failed`. `--quick`: the CI subset.
+//! * `soak [--minutes N | --seconds N] [--sessions N] [--queue-depth N]` — the soak of
+//!   `tests/reliability.rs` in release: sessions over TCP and iSER (default 64 × QD 32, 60 s) on
+//!   a file LUN of a target process, data verified, ABORT TASK SET and connection drops at
+//!   random, the target's RSS and descriptors sampled and bounded.
+//! * `faults [--cuts N] [--kills N]` — the long forms of the fault tests of
+//!   `tests/reliability.rs` in release: connections cut at random points under QD 16 writes on a
+//!   file LUN (default 1000 cuts), and the target killed with SIGKILL mid-write and restarted
+//!   (default 10 kills); every acknowledged (resp. durable) write is checked.
 //! * `fuzz-seeds` — regenerate `fuzz/seeds/<target>/` from the captured PDUs in
 //!   `testdata/captures/`.
 //! * `fuzz-smoke [--seconds N]` — run every fuzz target for N seconds (default 10) on its seeds.
@@ -65,13 +73,15 @@ fn main() -> ExitCode {
         Some("interop") => interop(),
         Some("lab") => lab::run(&args[1..]),
         Some("bench") => bench(&args[1..]),
+        Some("soak") => soak(&args[1..]),
+        Some("faults") => faults(&args[1..]),
         Some("fuzz-list") => {
             FUZZ_TARGETS.iter().for_each(|t| println!("{t}"));
             Ok(())
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo | interop | lab [--quick] [CELL...] | bench [--full] [--reps N] [--runtime S] [--rdma-only | --iser-only] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>"
+                "usage: cargo xtask <demo | interop | lab [--quick] [CELL...] | soak [--minutes N | --seconds N] [--sessions N] [--queue-depth N] | faults [--cuts N] [--kills N] | bench [--full] [--reps N] [--runtime S] [--rdma-only | --iser-only] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>"
             );
             return ExitCode::from(2);
         }
@@ -577,6 +587,44 @@ fn initiator_vs_tgtd() -> Result<(u32, u32), String> {
     }
     drop(tgtd);
     Ok((passed, failed))
+}
+
+/// `cargo test --release --test reliability` with `env`, the test filter and its arguments.
+fn reliability(filter: &str, ignored: bool, env: &[(&str, String)]) -> Result<(), String> {
+    let mut c = Command::new(env!("CARGO"));
+    c.current_dir(root()).args(["test", "--release", "--test", "reliability", filter, "--", "--nocapture", "--test-threads", "1"]);
+    if ignored {
+        c.arg("--ignored");
+    }
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let st = c.status().map_err(|e| format!("cargo test: {e}"))?;
+    if st.success() { Ok(()) } else { Err(format!("reliability test {filter} failed ({st})")) }
+}
+
+fn number(args: &[String], name: &str, default: u64) -> Result<u64, String> {
+    arg_value(args, name).map_or(Ok(default), |v| v.parse().map_err(|_| format!("{name} {v}: not a number")))
+}
+
+/// `cargo xtask soak`.
+fn soak(args: &[String]) -> Result<(), String> {
+    let secs = match arg_value(args, "--minutes") {
+        Some(_) => number(args, "--minutes", 1)? * 60,
+        None => number(args, "--seconds", 60)?,
+    };
+    let env = [
+        ("RISER_SOAK_SECS", secs.to_string()),
+        ("RISER_SOAK_SESSIONS", number(args, "--sessions", 64)?.to_string()),
+        ("RISER_SOAK_QD", number(args, "--queue-depth", 32)?.to_string()),
+    ];
+    reliability("soak", true, &env)
+}
+
+/// `cargo xtask faults`.
+fn faults(args: &[String]) -> Result<(), String> {
+    reliability("connection_cuts", false, &[("RISER_CUTS", number(args, "--cuts", 1000)?.to_string())])?;
+    reliability("sigkill", false, &[("RISER_KILLS", number(args, "--kills", 10)?.to_string())])
 }
 
 fn arg_value<'a>(args: &'a [String], name: &str) -> Option<&'a str> {

@@ -522,6 +522,13 @@ impl Session {
         self.reconnect().await
     }
 
+    /// End the current connection abruptly, as a network failure would (for fault testing and
+    /// soak runs): the commands in flight fail with [`Error::ConnectionLost`] (or are retried
+    /// once, see [`Session::command`]) and the session logs in again at its next command.
+    pub fn drop_connection(&self) {
+        self.inner.dm().terminate();
+    }
+
     /// Log in again after a connection loss: a leading login with the same ISID and TSIH 0,
     /// which makes the target reinstate the session (ERL 0). Commands that were in flight have
     /// failed with [`Error::ConnectionLost`].

@@ -712,7 +712,11 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
     }
 
     fn terminate(&self) {
-        self.s.closed.store(true, Ordering::Release);
+        // The user of this datamover learns of the end as of any other (the event is what
+        // ends an initiator's receiver and so fails its commands in flight).
+        if !self.s.closed.swap(true, Ordering::AcqRel) {
+            let _ = self.s.events_tx.send(DmEvent::Terminated(Terminated::Local));
+        }
         self.s.writes_changed.notify_waiters();
         // Sends return once queued: let the signaled ones (a Logout Response, a Reject, a
         // failed Login Response) and with them all posted before leave, then disconnect.
