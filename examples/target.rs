@@ -24,7 +24,8 @@
 //!
 //! Resource limits come from the `--config` file's `[limits]` table (no command-line options):
 //! `max_connections` (and so sessions), `queue_depth` (commands per session),
-//! `max_immediate_commands`, `max_session_bytes` (a size such as `"256MiB"`, or bytes), the
+//! `max_immediate_commands`, `max_session_bytes` and `max_target_bytes` (sizes such as
+//! `"256MiB"`, or bytes), the
 //! timeouts `login_timeout`, `data_timeout`, `send_timeout`, `nop_interval` (`0` or `"off"`: no
 //! keepalive pings) and `nop_timeout` in seconds (`15`, `0.5`), `iser_unsolicited_data` and
 //! `max_mpa_handshakes` (iSER on the software RNIC). Every key is optional; a value out of range
@@ -166,6 +167,7 @@ struct Limits {
     max_immediate_commands: Option<toml::Value>,
     /// Bytes of command data a session may hold at once: a size (`"256MiB"`) or bytes.
     max_session_bytes: Option<toml::Value>,
+    max_target_bytes: Option<toml::Value>,
     /// Seconds a connection has to complete its login.
     login_timeout: Option<toml::Value>,
     /// Seconds write data may take to arrive (over TCP also a PDU's data segment).
@@ -220,7 +222,10 @@ impl Limits {
             t.max_immediate_commands = integer("max_immediate_commands", v, 0, u64::from(u32::MAX))? as u32;
         }
         if let Some(v) = &self.max_session_bytes {
-            t.max_session_bytes = session_bytes(v)?;
+            t.max_session_bytes = session_bytes("max_session_bytes", v)?;
+        }
+        if let Some(v) = &self.max_target_bytes {
+            t.max_target_bytes = session_bytes("max_target_bytes", v)?;
         }
         if let Some(v) = &self.login_timeout {
             t.login_timeout = seconds("login_timeout", v)?;
@@ -274,15 +279,16 @@ fn seconds(key: &str, v: &toml::Value) -> Result<Duration, String> {
     }
 }
 
-/// `max_session_bytes`: a size (`"256MiB"`, as `--lun ram:SIZE`) or a number of bytes.
-fn session_bytes(v: &toml::Value) -> Result<u64, String> {
+/// `max_session_bytes`, `max_target_bytes`: a size (`"256MiB"`, as `--lun ram:SIZE`) or a
+/// number of bytes.
+fn session_bytes(key: &str, v: &toml::Value) -> Result<u64, String> {
     let n = match v {
-        toml::Value::String(s) => riser::cli::parse_size(s).map_err(|e| format!("limits.max_session_bytes: {e}"))?,
+        toml::Value::String(s) => riser::cli::parse_size(s).map_err(|e| format!("limits.{key}: {e}"))?,
         toml::Value::Integer(n) if *n >= 0 => *n as u64,
-        _ => return Err(format!("limits.max_session_bytes = {v}: expected a size such as \"256MiB\" or a number of bytes")),
+        _ => return Err(format!("limits.{key} = {v}: expected a size such as \"256MiB\" or a number of bytes")),
     };
     if n < MIN_SESSION_BYTES {
-        return Err(format!("limits.max_session_bytes = {v}: must be at least 64KiB (the unit of a session's budget)"));
+        return Err(format!("limits.{key} = {v}: must be at least 64KiB (the unit of the memory budgets)"));
     }
     Ok(n)
 }
@@ -577,6 +583,7 @@ mod tests {
             queue_depth = 32
             max_immediate_commands = 0
             max_session_bytes = "64MiB"
+            max_target_bytes = "1GiB"
             login_timeout = 5
             data_timeout = 2.5
             send_timeout = 60
@@ -592,6 +599,7 @@ mod tests {
         assert_eq!(c.queue_depth, 32);
         assert_eq!(c.max_immediate_commands, 0);
         assert_eq!(c.max_session_bytes, 64 << 20);
+        assert_eq!(c.max_target_bytes, 1 << 30);
         assert_eq!(c.login_timeout, Duration::from_secs(5));
         assert_eq!(c.data_timeout, Duration::from_millis(2500));
         assert_eq!(c.send_timeout, Duration::from_secs(60));
@@ -644,6 +652,7 @@ mod tests {
             ("max_immediate_commands = 1.5", "limits.max_immediate_commands"),
             ("max_session_bytes = 0", "limits.max_session_bytes = 0"),
             ("max_session_bytes = \"32KiB\"", "limits.max_session_bytes"),
+            ("max_target_bytes = \"1KiB\"", "limits.max_target_bytes"),
             ("max_session_bytes = \"1XB\"", "limits.max_session_bytes"),
             ("login_timeout = 0", "limits.login_timeout = 0"),
             ("data_timeout = -1", "limits.data_timeout"),

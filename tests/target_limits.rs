@@ -333,6 +333,28 @@ async fn the_session_memory_budget_holds_reads_back() {
     assert_eq!(gated.reads_max.load(Ordering::SeqCst), 1, "four 1 MiB reads under a 1 MiB budget ran one at a time");
 }
 
+/// The target-wide budget holds across sessions: two sessions, each within its own budget,
+/// together wait for the target's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_target_memory_budget_holds_reads_of_all_sessions_back() {
+    let gated = Gated::new();
+    let addr = start_with(gated.clone(), |c| c.max_target_bytes = 1 << 20).await;
+    let mut a = Raw::login(addr, OperationalConfig::default(), [0x80, 0, 0, 0, 0, 0x31]).await;
+    let mut b = Raw::login(addr, OperationalConfig::default(), [0x80, 0, 0, 0, 0, 0x32]).await;
+    for (i, r) in [&mut a, &mut b].into_iter().enumerate() {
+        for j in 0..2u32 {
+            let n = i as u32 * 2 + j;
+            let h = r.command(0x600 + n, &read10(n * 2048, 2048), 1 << 20, false, true, false);
+            r.send(h, &[]).await;
+        }
+    }
+    for j in 0..2u32 {
+        assert_eq!(a.response(0x600 + j, |_| {}).await.0.status, Status::GOOD);
+        assert_eq!(b.response(0x602 + j, |_| {}).await.0.status, Status::GOOD);
+    }
+    assert_eq!(gated.reads_max.load(Ordering::SeqCst), 1, "four 1 MiB reads of two sessions under a 1 MiB target budget ran one at a time");
+}
+
 /// An initiator that stops reading cannot hold the target: a response the transport has not
 /// taken within `send_timeout` ends the connection (the keepalive could not even ping it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

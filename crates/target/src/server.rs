@@ -65,6 +65,10 @@ pub struct TargetConfig {
     /// Bytes of command data (write data collected, read data produced) a session may hold at
     /// once; further commands wait for room before their memory is taken.
     pub max_session_bytes: u64,
+    /// Bytes of command data all sessions together may hold at once; a command waits for room
+    /// in its session's budget, then in this one. Bounds the memory of the whole target where
+    /// `max_connections × max_session_bytes` would not.
+    pub max_target_bytes: u64,
     /// A response or data the transport has not taken within this long (a peer that stopped
     /// reading) ends the connection.
     pub send_timeout: Duration,
@@ -118,6 +122,7 @@ impl Default for TargetConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_immediate_commands: 16,
             max_session_bytes: 256 << 20,
+            max_target_bytes: 2 << 30,
             send_timeout: Duration::from_secs(30),
             data_timeout: Duration::from_secs(30),
             iser_unsolicited_data: false,
@@ -178,6 +183,8 @@ pub struct Target {
     next_tsih: AtomicU16,
     sessions: Mutex<HashMap<SessionKey, Registered>>,
     connections: Arc<tokio::sync::Semaphore>,
+    /// The target-wide memory budget for command data, in [`BUDGET_UNIT`]s.
+    budget: Arc<tokio::sync::Semaphore>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -217,7 +224,8 @@ impl Target {
     /// A target with this configuration.
     pub fn new(config: TargetConfig) -> Arc<Self> {
         let connections = Arc::new(tokio::sync::Semaphore::new(config.max_connections.max(1)));
-        Arc::new(Self { config, next_tsih: AtomicU16::new(first_tsih()), sessions: Mutex::new(HashMap::new()), connections })
+        let budget = Arc::new(tokio::sync::Semaphore::new(units_of(config.max_target_bytes) as usize));
+        Arc::new(Self { config, next_tsih: AtomicU16::new(first_tsih()), sessions: Mutex::new(HashMap::new()), connections, budget })
     }
 
     /// A place for one more connection, if the target has room (else it says why once in a
@@ -437,7 +445,7 @@ impl Target {
             }
         }
         let node = if normal { self.config.nodes.iter().find(|n| n.name.eq_ignore_ascii_case(&p.target_name)).cloned() } else { None };
-        let session = Arc::new(Session::new(dm.clone(), outcome, node, &self.config));
+        let session = Arc::new(Session::new(dm.clone(), outcome, node, &self.config, self.budget.clone()));
         session.run(&self, portal).await;
         session.quiesce().await;
         quiet.set();
@@ -563,6 +571,9 @@ struct Session {
     /// The session's memory budget for command data, in [`BUDGET_UNIT`]s.
     budget: Arc<tokio::sync::Semaphore>,
     budget_units: u32,
+    /// The target's budget (shared by all sessions), and its size.
+    target_budget: Arc<tokio::sync::Semaphore>,
+    target_budget_units: u32,
     /// Backend I/O of this session's commands running on the blocking pool.
     io: Arc<IoCount>,
     send_timeout: Duration,
@@ -577,14 +588,19 @@ struct Session {
     text_rest: Mutex<Option<(u32, Vec<u8>)>>,
 }
 
-/// Granularity of the session memory budget.
+/// Granularity of the memory budgets.
 const BUDGET_UNIT: u64 = 64 << 10;
 
+/// A memory budget of `bytes`, in [`BUDGET_UNIT`]s (at least one).
+fn units_of(bytes: u64) -> u32 {
+    (bytes / BUDGET_UNIT).clamp(1, u64::from(u32::MAX >> 4)) as u32
+}
+
 impl Session {
-    fn new(dm: SharedDatamover, o: LoginOutcome, node: Option<Node>, c: &TargetConfig) -> Self {
+    fn new(dm: SharedDatamover, o: LoginOutcome, node: Option<Node>, c: &TargetConfig, target_budget: Arc<tokio::sync::Semaphore>) -> Self {
         let nexus = format!("{},i,0x{}", o.params.initiator_name, o.isid.0.iter().map(|b| format!("{b:02x}")).collect::<String>());
         let exp = SerialNumber(o.exp_cmd_sn);
-        let budget_units = (c.max_session_bytes / BUDGET_UNIT).clamp(1, u64::from(u32::MAX >> 4)) as u32;
+        let budget_units = units_of(c.max_session_bytes);
         Self {
             dm,
             nexus,
@@ -603,6 +619,8 @@ impl Session {
             max_immediate: c.max_immediate_commands,
             budget: Arc::new(tokio::sync::Semaphore::new(budget_units as usize)),
             budget_units,
+            target_budget,
+            target_budget_units: units_of(c.max_target_bytes),
             io: Arc::new(IoCount::default()),
             send_timeout: c.send_timeout,
             data_timeout: c.data_timeout,
@@ -1032,13 +1050,16 @@ impl Session {
         self.scsi_response(c, &o, if edtl > 0 { (true, false, edtl) } else { (false, false, 0) }, 0, slot).await;
     }
 
-    /// Take `bytes` of the session's memory budget (waiting for room), for a command's data.
-    async fn reserve(&self, bytes: u64) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    /// Take `bytes` of the session's memory budget, then of the target's (waiting for room in
+    /// each, always in that order), for a command's data.
+    async fn reserve(&self, bytes: u64) -> Option<(tokio::sync::OwnedSemaphorePermit, tokio::sync::OwnedSemaphorePermit)> {
         if bytes == 0 {
             return None;
         }
-        let units = bytes.div_ceil(BUDGET_UNIT).min(u64::from(self.budget_units)) as u32;
-        self.budget.clone().acquire_many_owned(units).await.ok()
+        let units = bytes.div_ceil(BUDGET_UNIT);
+        let mine = self.budget.clone().acquire_many_owned(units.min(u64::from(self.budget_units)) as u32).await.ok()?;
+        let all = self.target_budget.clone().acquire_many_owned(units.min(u64::from(self.target_budget_units)) as u32).await.ok()?;
+        Some((mine, all))
     }
 
     async fn command(&self, c: ScsiCommand, cdb: Vec<u8>, immediate: u32, slot: &Slot, gate: &Arc<IoGate>) {
