@@ -504,21 +504,23 @@ async fn reinstatement_waits_for_the_old_sessions_write() {
     while gated.writes_waiting.load(Ordering::SeqCst) == 0 && t0.elapsed() < WAIT {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    // Same initiator, same ISID: the old session is reinstated.
+    // Same initiator, same ISID: the old session is reinstated. The held write is let go after
+    // 600 ms; the new session's first answer must come after that.
+    let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let release = {
-        let g = gated.clone();
+        let (g, released) = (gated.clone(), released.clone());
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(600)).await;
-            let done = g.writes_done.load(Ordering::SeqCst);
+            released.store(true, Ordering::SeqCst);
             g.hold(false);
-            done
         })
     };
     let mut new = Raw::login(addr, op, isid).await;
     let h = new.command(0x801, &[0; 6], 0, false, true, false);
     new.send(h, &[]).await;
     let _ = new.response(0x801, |_| {}).await;
-    assert_eq!(release.await.unwrap(), 0, "the new session answered while the old write was still held");
+    assert!(released.load(Ordering::SeqCst), "the new session answered while the old session's write was still held");
+    release.await.unwrap();
     assert_eq!(gated.writes_done.load(Ordering::SeqCst), 1);
 }
 
