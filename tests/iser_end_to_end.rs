@@ -280,3 +280,83 @@ async fn a_window_of_writes_from_a_linux_like_initiator_never_outruns_the_target
     }
     s.logout().await.unwrap();
 }
+
+/// Over iSER, commands whose lengths contradict each other get the same CHECK CONDITION as over
+/// TCP, and the connection goes on (the iSER datamover used to drop it, or hand the core a task
+/// for immediate data beyond the command's length). Driven below the initiator library: its
+/// commands are always consistent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contradictory_lengths_get_check_condition_and_the_connection_stays() {
+    use riser::datamover::{ControlPdu, DmEvent};
+    use riser::initiator::Connector;
+    use riser::iscsi::login::{InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent};
+    use riser::iscsi::wire::{Header, Isid, ScsiCommand};
+    use riser::scsi::sense::{AscAscq, Sense, SenseKey, Status};
+    let addr = start().await;
+    let connector = IserConnector::new(SoftRnic::default(), IserConfig::default());
+    let dm = connector.connect(addr).await.unwrap();
+    let mut cfg = InitiatorLoginConfig::new(ME, Some(TARGET.into()), Isid([0x80, 0, 0, 0, 0, 0x21]));
+    cfg.transport = connector.transport();
+    let mut l = InitiatorLogin::new(cfg, std::time::Duration::ZERO, [7; 32]);
+    let o = loop {
+        while let Some(p) = l.poll_transmit() {
+            dm.send_control(ControlPdu::new(Header::LoginRequest(p.header), p.data.into())).await.unwrap();
+        }
+        match l.poll_event() {
+            Some(InitiatorLoginEvent::Complete(o)) => break o,
+            Some(InitiatorLoginEvent::Failed(f)) => panic!("login failed: {f:?}"),
+            _ => {}
+        }
+        match dm.next_event().await {
+            DmEvent::Control(p) => l.handle_pdu(std::time::Duration::ZERO, &p.header, &p.data),
+            _ => panic!("connection lost in login"),
+        }
+    };
+    dm.notice_key_values(&o.params);
+    dm.enable();
+    assert!(o.params.immediate_data && o.params.initial_r2t, "the target's iSER defaults");
+    let mut cmd_sn = o.exp_cmd_sn;
+    let mut run = async |itt: u32, edtl: u32, data: Vec<u8>| {
+        let mut cdb = [0u8; 16];
+        cdb[..10].copy_from_slice(&[0x2a, 0, 0, 0, 0, 8, 0, 0, 1, 0]); // WRITE(10), LBA 8, 1 block
+        let cmd = ScsiCommand {
+            final_: true,
+            write: true,
+            attr: 1,
+            itt,
+            expected_data_len: edtl,
+            cmd_sn,
+            exp_stat_sn: o.stat_sn,
+            cdb,
+            ..ScsiCommand::default()
+        };
+        cmd_sn = cmd_sn.wrapping_add(1);
+        dm.send_command(cmd, Bytes::new(), 0, Some(data.into())).await.unwrap();
+        loop {
+            match tokio::time::timeout(std::time::Duration::from_secs(10), dm.next_event()).await.expect("an answer") {
+                DmEvent::Control(p) => {
+                    if let Header::ScsiResponse(r) = p.header
+                        && r.itt == itt
+                    {
+                        let sense = (p.data.len() > 2).then(|| Sense::parse(&p.data[2..]).unwrap());
+                        return (r.status, sense);
+                    }
+                }
+                DmEvent::Terminated(t) => panic!("the connection ended: {t:?}"),
+                _ => {}
+            }
+        }
+    };
+    // 1 KiB of immediate data for a 512-byte command.
+    let (status, sense) = run(1, 512, vec![1; 1024]).await;
+    assert_eq!(status, Status::CHECK_CONDITION);
+    let s = sense.unwrap();
+    assert_eq!((s.key, s.asc), (SenseKey::ABORTED_COMMAND, AscAscq::DATA_PHASE_ERROR));
+    // An expected length of 1 GiB, beyond any task buffer.
+    let (status, sense) = run(2, 1 << 30, vec![2; 512]).await;
+    assert_eq!(status, Status::CHECK_CONDITION);
+    assert_eq!(sense.unwrap().key, SenseKey::ILLEGAL_REQUEST);
+    // The connection lives: a consistent write succeeds.
+    let (status, _) = run(3, 512, vec![3; 512]).await;
+    assert_eq!(status, Status::GOOD);
+}
