@@ -489,6 +489,46 @@ async fn task_management_waits_for_the_aborted_writes_backend_io() {
     }
 }
 
+/// A SANITIZE goes on across task management (SBC-4; libiscsi's Sanitize.Reset checks it): task
+/// management answers at once and does not wait for it, as it waits for a write. The LU fences
+/// the medium meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_management_does_not_wait_for_a_sanitize() {
+    let gated = Gated::new();
+    let addr = start_with(gated.clone(), |_| {}).await;
+    let op = OperationalConfig { initial_r2t: false, immediate_data: true, ..OperationalConfig::default() };
+    let mut r = Raw::login(addr, op, [0x80, 0, 0, 0, 0, 0x41]).await;
+    gated.hold(true);
+    // SANITIZE OVERWRITE without IMMED: one pass of one 512-byte pattern.
+    let cdb = [0x48, 0x01, 0, 0, 0, 0, 0, 0x02, 0x04, 0];
+    let mut params = vec![0x01, 0, 0x02, 0x00];
+    params.extend_from_slice(&[0x5a; 512]);
+    let h = r.command(0xc00, &cdb, params.len() as u32, true, true, false);
+    r.send(h, &params).await;
+    let t0 = std::time::Instant::now();
+    while gated.writes_waiting.load(Ordering::SeqCst) == 0 && t0.elapsed() < WAIT {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(gated.writes_waiting.load(Ordering::SeqCst) > 0, "the sanitize is writing");
+    let t = TaskMgmtRequest {
+        immediate: true,
+        function: TmfFunction::ABORT_TASK_SET,
+        lun: Lun::ZERO,
+        itt: 0xc01,
+        cmd_sn: r.cmd_sn,
+        exp_stat_sn: r.o.stat_sn,
+        ..TaskMgmtRequest::default()
+    };
+    r.send(Header::TaskMgmtRequest(t), &[]).await;
+    let answer = r.next_within(Duration::from_secs(3)).await;
+    // Let the sanitize go before judging (a held blocking thread would hold the test's runtime).
+    gated.hold(false);
+    match answer {
+        Some((Header::TaskMgmtResponse(t), _)) => assert_eq!(t.response, TmfResponse::COMPLETE),
+        other => panic!("ABORT TASK SET waited for the sanitize: {other:?}"),
+    }
+}
+
 /// Session reinstatement: the new session runs nothing before the old one's backend I/O is over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reinstatement_waits_for_the_old_sessions_write() {

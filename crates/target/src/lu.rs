@@ -274,6 +274,14 @@ impl LogicalUnit {
         self
     }
 
+    /// Whether the command's operation goes on after its task ends (SANITIZE: task management
+    /// and the loss of its I_T nexus do not stop it, SBC-4). It fences the medium itself (every
+    /// medium access gets SANITIZE IN PROGRESS until it is over), so nothing that ends tasks needs
+    /// to wait for it either.
+    pub fn outlives_its_task(&self, plan: &Plan) -> bool {
+        matches!(plan.cdb, Cdb::Sanitize { .. })
+    }
+
     /// Whether `plan` may block its thread for long (file I/O, a SANITIZE without IMMED that
     /// waits for the whole operation, or a read-modify-write that may wait for another on the
     /// same blocks, whose disk may hang); the server runs those off its I/O threads.

@@ -1129,14 +1129,21 @@ impl Session {
             let lu2 = lu.clone();
             let nexus = self.nexus.clone();
             let plan2: Plan = plan.clone();
-            gate.busy.store(true, Ordering::Release);
-            self.io.enter();
+            // A SANITIZE is not waited for: it goes on across task management and reinstatement
+            // by design, and the LU fences the medium while it runs.
+            let gated = !lu.outlives_its_task(&plan);
+            if gated {
+                gate.busy.store(true, Ordering::Release);
+                self.io.enter();
+            }
             let (g, io) = (gate.clone(), self.io.clone());
             let Ok(r) = tokio::task::spawn_blocking(move || {
                 let r = (lu2.execute(&plan2, &data_out[..usable], &nexus), data_out);
-                g.busy.store(false, Ordering::Release);
-                g.idle.notify_waiters();
-                io.leave();
+                if gated {
+                    g.busy.store(false, Ordering::Release);
+                    g.idle.notify_waiters();
+                    io.leave();
+                }
                 r
             })
             .await
