@@ -3,6 +3,7 @@
 
 use bytes::Bytes;
 use riser::initiator::{IserConnector, Session, SessionConfig, discover_via};
+use riser::iscsi::keys::OperationalConfig;
 use riser::iscsi::login::InitiatorAuth;
 use riser::iscsi::wire::TmfFunction;
 use riser::iser::IserConfig;
@@ -281,22 +282,22 @@ async fn a_window_of_writes_from_a_linux_like_initiator_never_outruns_the_target
     s.logout().await.unwrap();
 }
 
-/// Over iSER, commands whose lengths contradict each other get the same CHECK CONDITION as over
-/// TCP, and the connection goes on (the iSER datamover used to drop it, or hand the core a task
-/// for immediate data beyond the command's length). Driven below the initiator library: its
-/// commands are always consistent.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn contradictory_lengths_get_check_condition_and_the_connection_stays() {
+/// A login below the initiator library (the tests that need PDUs it would never send): the
+/// iSER datamover and the login's outcome, the connection in full feature phase.
+async fn raw_login(
+    addr: SocketAddr,
+    operational: OperationalConfig,
+    isid: u8,
+) -> (riser::datamover::SharedDatamover, riser::iscsi::login::LoginOutcome) {
     use riser::datamover::{ControlPdu, DmEvent};
     use riser::initiator::Connector;
     use riser::iscsi::login::{InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent};
-    use riser::iscsi::wire::{Header, Isid, ScsiCommand};
-    use riser::scsi::sense::{AscAscq, Sense, SenseKey, Status};
-    let addr = start().await;
+    use riser::iscsi::wire::{Header, Isid};
     let connector = IserConnector::new(SoftRnic::default(), IserConfig::default());
     let dm = connector.connect(addr).await.unwrap();
-    let mut cfg = InitiatorLoginConfig::new(ME, Some(TARGET.into()), Isid([0x80, 0, 0, 0, 0, 0x21]));
+    let mut cfg = InitiatorLoginConfig::new(ME, Some(TARGET.into()), Isid([0x80, 0, 0, 0, 0, isid]));
     cfg.transport = connector.transport();
+    cfg.operational = operational;
     let mut l = InitiatorLogin::new(cfg, std::time::Duration::ZERO, [7; 32]);
     let o = loop {
         while let Some(p) = l.poll_transmit() {
@@ -314,6 +315,20 @@ async fn contradictory_lengths_get_check_condition_and_the_connection_stays() {
     };
     dm.notice_key_values(&o.params);
     dm.enable();
+    (dm, o)
+}
+
+/// Over iSER, commands whose lengths contradict each other get the same CHECK CONDITION as over
+/// TCP, and the connection goes on (the iSER datamover used to drop it, or hand the core a task
+/// for immediate data beyond the command's length). Driven below the initiator library: its
+/// commands are always consistent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contradictory_lengths_get_check_condition_and_the_connection_stays() {
+    use riser::datamover::DmEvent;
+    use riser::iscsi::wire::{Header, ScsiCommand};
+    use riser::scsi::sense::{AscAscq, Sense, SenseKey, Status};
+    let addr = start().await;
+    let (dm, o) = raw_login(addr, OperationalConfig::default(), 0x21).await;
     assert!(o.params.immediate_data && o.params.initial_r2t, "the target's iSER defaults");
     let mut cmd_sn = o.exp_cmd_sn;
     let mut run = async |itt: u32, edtl: u32, data: Vec<u8>| {
@@ -359,4 +374,79 @@ async fn contradictory_lengths_get_check_condition_and_the_connection_stays() {
     // The connection lives: a consistent write succeeds.
     let (status, _) = run(3, 512, vec![3; 512]).await;
     assert_eq!(status, Status::GOOD);
+}
+
+/// Over iSER as over TCP: a write whose unsolicited burst ends early (Data-Out with F=1 before
+/// FirstBurstLength) or is announced where InitialR2T=Yes forbids it (F=0) fails with CHECK
+/// CONDITION and writes nothing; the connection goes on. Before, the bytes nobody sent came from
+/// a reused task buffer and reached the medium with GOOD status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsolicited_burst_ended_early_fails_the_task() {
+    use riser::datamover::{ControlPdu, DmEvent, SharedDatamover};
+    use riser::iscsi::wire::{DataOut, Header, ScsiCommand};
+    use riser::scsi::sense::{AscAscq, Sense, Status};
+    async fn answer(dm: &SharedDatamover, itt: u32) -> (Status, Option<Sense>) {
+        loop {
+            match tokio::time::timeout(std::time::Duration::from_secs(10), dm.next_event()).await.expect("an answer") {
+                DmEvent::Control(p) => {
+                    if let Header::ScsiResponse(r) = p.header
+                        && r.itt == itt
+                    {
+                        return (r.status, (p.data.len() > 2).then(|| Sense::parse(&p.data[2..]).unwrap()));
+                    }
+                }
+                DmEvent::Terminated(t) => panic!("the connection ended: {t:?}"),
+                _ => {}
+            }
+        }
+    }
+    let command = |itt: u32, lba: u32, blocks: u16, final_: bool, cmd_sn: u32, stat_sn: u32| {
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x2a; // WRITE(10)
+        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
+        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+        let edtl = u32::from(blocks) * 512;
+        Header::ScsiCommand(ScsiCommand {
+            final_,
+            write: true,
+            attr: 1,
+            itt,
+            expected_data_len: edtl,
+            cmd_sn,
+            exp_stat_sn: stat_sn,
+            cdb,
+            ..ScsiCommand::default()
+        })
+    };
+    let send = async |dm: &SharedDatamover, h: Header, data: Vec<u8>| dm.send_control(ControlPdu::new(h, data.into())).await.unwrap();
+
+    // InitialR2T=No, FirstBurstLength 64 KiB: 8 KiB immediate, then a Data-Out of 8 KiB with F=1.
+    let op = OperationalConfig { initial_r2t: false, immediate_data: true, first_burst_length: 65_536, ..OperationalConfig::default() };
+    let addr = start_with(|c| {
+        c.operational = op.clone();
+        c.iser_unsolicited_data = true;
+    })
+    .await;
+    let (dm, o) = raw_login(addr, op, 0x31).await;
+    assert!(!o.params.initial_r2t && o.params.first_burst_length == 65_536);
+    let (mut cmd_sn, stat_sn) = (o.exp_cmd_sn, o.stat_sn);
+    send(&dm, command(0xb00, 100, 256, false, cmd_sn, stat_sn), vec![1; 8192]).await;
+    let d = DataOut { final_: true, itt: 0xb00, ttt: u32::MAX, data_sn: 0, buffer_offset: 8192, ..DataOut::default() };
+    send(&dm, Header::DataOut(d), vec![2; 8192]).await;
+    let (status, sense) = answer(&dm, 0xb00).await;
+    assert_eq!((status, sense.map(|s| s.asc)), (Status::CHECK_CONDITION, Some(AscAscq::DATA_PHASE_ERROR)));
+    // The connection lives: a whole unsolicited write (immediate data, F=1) succeeds.
+    cmd_sn = cmd_sn.wrapping_add(1);
+    send(&dm, command(0xb01, 100, 16, true, cmd_sn, stat_sn), vec![3; 8192]).await;
+    assert_eq!(answer(&dm, 0xb01).await.0, Status::GOOD);
+
+    // InitialR2T=Yes (the target's iSER default): F=0 announces Data-Out that may not come.
+    let addr = start().await;
+    let (dm, o) = raw_login(addr, OperationalConfig::default(), 0x32).await;
+    assert!(o.params.initial_r2t);
+    send(&dm, command(0xb10, 0, 64, false, o.exp_cmd_sn, o.stat_sn), vec![4; 8192]).await;
+    let (status, sense) = answer(&dm, 0xb10).await;
+    assert_eq!((status, sense.map(|s| s.asc)), (Status::CHECK_CONDITION, Some(AscAscq::DATA_PHASE_ERROR)));
+    send(&dm, command(0xb11, 0, 16, true, o.exp_cmd_sn.wrapping_add(1), o.stat_sn), vec![5; 8192]).await;
+    assert_eq!(answer(&dm, 0xb11).await.0, Status::GOOD);
 }

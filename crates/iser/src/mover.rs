@@ -963,6 +963,57 @@ mod tests {
         Header::NopIn(NopIn { itt: RESERVED_TAG, ttt, ..NopIn::default() })
     }
 
+    /// A region whose buffer cannot be taken back even though the caller holds the only strong
+    /// handle: the software RNIC's receive path upgrades its weak handle for a moment whenever
+    /// a tagged message names the region's STag, so `Arc::try_unwrap` may fail at any time.
+    #[derive(Debug)]
+    struct Held(Vec<u8>);
+
+    impl MemoryRegion for Held {
+        fn lkey(&self) -> u32 {
+            1
+        }
+        fn rkey(&self) -> u32 {
+            1
+        }
+        fn addr(&self) -> u64 {
+            self.0.as_ptr() as u64
+        }
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+        fn access(&self) -> Access {
+            Access::LOCAL_WRITE
+        }
+        fn read(&self, f: &mut dyn FnMut(&[u8])) {
+            f(&self.0)
+        }
+        fn write(&self, _: &mut dyn FnMut(&mut [u8])) {
+            unreachable!("copy_out only reads")
+        }
+        fn invalidate(&self) {}
+        fn rekey(&self) -> riser_verbs::Result<u32> {
+            Ok(1)
+        }
+        fn is_valid(&self) -> bool {
+            true
+        }
+        fn into_buffer(self: Arc<Self>) -> Result<Vec<u8>, Arc<Self>> {
+            Err(self)
+        }
+    }
+
+    /// The bytes of a region that cannot be unwrapped are copied, never lost: the last strong
+    /// handle used to be unwrapped without a fallback, and a region held for a moment by the
+    /// RNIC came out empty, to be written as the command's data with GOOD status.
+    #[test]
+    fn a_region_that_cannot_be_unwrapped_is_copied() {
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+        let mr = Arc::new(Held(data.clone()));
+        assert_eq!(Arc::strong_count(&mr), 1);
+        assert_eq!(&copy_out(mr)[..], &data[..]);
+    }
+
     #[test]
     fn at_most_two_unanswered_pings_and_two_async_messages() {
         let mut u = Unexpected::default();
