@@ -318,15 +318,37 @@ async fn raw_login(
     (dm, o)
 }
 
+/// The SCSI Response to `itt` (other PDUs skipped) and its sense data, within 10 s; panics if
+/// the connection ends first.
+async fn response(
+    dm: &riser::datamover::SharedDatamover,
+    itt: u32,
+) -> (riser::iscsi::wire::ScsiResponse, Option<riser::scsi::sense::Sense>) {
+    use riser::datamover::DmEvent;
+    use riser::iscsi::wire::Header;
+    loop {
+        match tokio::time::timeout(std::time::Duration::from_secs(10), dm.next_event()).await.expect("an answer") {
+            DmEvent::Control(p) => {
+                if let Header::ScsiResponse(r) = p.header
+                    && r.itt == itt
+                {
+                    return (r, (p.data.len() > 2).then(|| riser::scsi::sense::Sense::parse(&p.data[2..]).unwrap()));
+                }
+            }
+            DmEvent::Terminated(t) => panic!("the connection ended: {t:?}"),
+            _ => {}
+        }
+    }
+}
+
 /// Over iSER, commands whose lengths contradict each other get the same CHECK CONDITION as over
 /// TCP, and the connection goes on (the iSER datamover used to drop it, or hand the core a task
 /// for immediate data beyond the command's length). Driven below the initiator library: its
 /// commands are always consistent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contradictory_lengths_get_check_condition_and_the_connection_stays() {
-    use riser::datamover::DmEvent;
-    use riser::iscsi::wire::{Header, ScsiCommand};
-    use riser::scsi::sense::{AscAscq, Sense, SenseKey, Status};
+    use riser::iscsi::wire::ScsiCommand;
+    use riser::scsi::sense::{AscAscq, SenseKey, Status};
     let addr = start().await;
     let (dm, o) = raw_login(addr, OperationalConfig::default(), 0x21).await;
     assert!(o.params.immediate_data && o.params.initial_r2t, "the target's iSER defaults");
@@ -347,20 +369,8 @@ async fn contradictory_lengths_get_check_condition_and_the_connection_stays() {
         };
         cmd_sn = cmd_sn.wrapping_add(1);
         dm.send_command(cmd, Bytes::new(), 0, Some(data.into())).await.unwrap();
-        loop {
-            match tokio::time::timeout(std::time::Duration::from_secs(10), dm.next_event()).await.expect("an answer") {
-                DmEvent::Control(p) => {
-                    if let Header::ScsiResponse(r) = p.header
-                        && r.itt == itt
-                    {
-                        let sense = (p.data.len() > 2).then(|| Sense::parse(&p.data[2..]).unwrap());
-                        return (r.status, sense);
-                    }
-                }
-                DmEvent::Terminated(t) => panic!("the connection ended: {t:?}"),
-                _ => {}
-            }
-        }
+        let (r, sense) = response(&dm, itt).await;
+        (r.status, sense)
     };
     // 1 KiB of immediate data for a 512-byte command.
     let (status, sense) = run(1, 512, vec![1; 1024]).await;
@@ -382,23 +392,12 @@ async fn contradictory_lengths_get_check_condition_and_the_connection_stays() {
 /// a reused task buffer and reached the medium with GOOD status.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unsolicited_burst_ended_early_fails_the_task() {
-    use riser::datamover::{ControlPdu, DmEvent, SharedDatamover};
+    use riser::datamover::{ControlPdu, SharedDatamover};
     use riser::iscsi::wire::{DataOut, Header, ScsiCommand};
     use riser::scsi::sense::{AscAscq, Sense, Status};
     async fn answer(dm: &SharedDatamover, itt: u32) -> (Status, Option<Sense>) {
-        loop {
-            match tokio::time::timeout(std::time::Duration::from_secs(10), dm.next_event()).await.expect("an answer") {
-                DmEvent::Control(p) => {
-                    if let Header::ScsiResponse(r) = p.header
-                        && r.itt == itt
-                    {
-                        return (r.status, (p.data.len() > 2).then(|| Sense::parse(&p.data[2..]).unwrap()));
-                    }
-                }
-                DmEvent::Terminated(t) => panic!("the connection ended: {t:?}"),
-                _ => {}
-            }
-        }
+        let (r, sense) = response(dm, itt).await;
+        (r.status, sense)
     }
     let command = |itt: u32, lba: u32, blocks: u16, final_: bool, cmd_sn: u32, stat_sn: u32| {
         let mut cdb = [0u8; 16];
@@ -449,4 +448,122 @@ async fn an_unsolicited_burst_ended_early_fails_the_task() {
     assert_eq!((status, sense.map(|s| s.asc)), (Status::CHECK_CONDITION, Some(AscAscq::DATA_PHASE_ERROR)));
     send(&dm, command(0xb11, 0, 16, true, o.exp_cmd_sn.wrapping_add(1), o.stat_sn), vec![5; 8192]).await;
     assert_eq!(answer(&dm, 0xb11).await.0, Status::GOOD);
+}
+
+/// Every command gets an answer over iSER, whatever its flags say against its CDB: a read that
+/// advertised no read buffer (STag) gets CHECK CONDITION before the medium is read (it was left
+/// unanswered: its read data had nowhere to go); data the CDB wants but the flags do not
+/// announce is refused as over TCP; flags announcing data the CDB does not move end GOOD with the
+/// whole length as residual. The connection goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_whose_flags_contradict_its_cdb_gets_an_answer() {
+    use riser::datamover::{ControlPdu, DmEvent};
+    use riser::iscsi::wire::{Header, NopOut, ScsiCommand, ScsiResponse};
+    use riser::scsi::sense::{AscAscq, Sense, SenseKey, Status};
+    let addr = start().await;
+    let (dm, o) = raw_login(addr, OperationalConfig::default(), 0x41).await;
+    let mut cmd_sn = o.exp_cmd_sn;
+    let mut run = async |itt: u32, op: u8, read: bool, write: bool| -> (ScsiResponse, Option<Sense>) {
+        let mut cdb = [0u8; 16];
+        cdb[0] = op;
+        cdb[8] = 1; // one block
+        let c = ScsiCommand {
+            final_: true,
+            read,
+            write,
+            attr: 1,
+            itt,
+            expected_data_len: 512,
+            cmd_sn,
+            exp_stat_sn: o.stat_sn,
+            cdb,
+            ..ScsiCommand::default()
+        };
+        cmd_sn = cmd_sn.wrapping_add(1);
+        // As a control PDU: no STag in the iSER header, whatever the flags say.
+        dm.send_control(ControlPdu::new(Header::ScsiCommand(c), Bytes::new())).await.unwrap();
+        response(&dm, itt).await
+    };
+    let (read10, write10) = (0x28, 0x2a);
+    // R=1 without a read STag.
+    let (r, sense) = run(1, read10, true, false).await;
+    assert_eq!(
+        (r.status, sense.map(|s| (s.key, s.asc))),
+        (Status::CHECK_CONDITION, Some((SenseKey::ABORTED_COMMAND, AscAscq::DATA_PHASE_ERROR)))
+    );
+    assert!(r.underflow && r.residual == 512, "{r:?}");
+    // A WRITE CDB without W (with R, or with neither).
+    for (itt, read) in [(2, true), (3, false)] {
+        let (r, sense) = run(itt, write10, read, false).await;
+        assert_eq!(
+            (r.status, sense.map(|s| (s.key, s.asc))),
+            (Status::CHECK_CONDITION, Some((SenseKey::ILLEGAL_REQUEST, AscAscq::INVALID_FIELD_IN_CDB)))
+        );
+    }
+    // A READ CDB with W, or with neither flag: nothing moves, the whole length is residual.
+    for (itt, write) in [(4, true), (5, false)] {
+        let (r, sense) = run(itt, read10, false, write).await;
+        assert_eq!((r.status, sense.is_none(), r.underflow, r.residual), (Status::GOOD, true, true, 512), "{r:?}");
+    }
+    // The connection lives: it answers a ping.
+    let ping = NopOut { immediate: true, itt: 9, ttt: u32::MAX, cmd_sn, exp_stat_sn: o.stat_sn, ..NopOut::default() };
+    dm.send_control(ControlPdu::new(Header::NopOut(ping), Bytes::new())).await.unwrap();
+    loop {
+        match tokio::time::timeout(std::time::Duration::from_secs(10), dm.next_event()).await.expect("a NOP-In") {
+            DmEvent::Control(p) if matches!(p.header, Header::NopIn(n) if n.itt == 9) => break,
+            DmEvent::Terminated(t) => panic!("the connection ended: {t:?}"),
+            _ => {}
+        }
+    }
+}
+
+/// Unsolicited Data-Out announced (F=0) and never sent ends the command with CHECK CONDITION
+/// at `data_timeout`, and only the command: the connection goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsolicited_data_that_never_comes_ends_the_command_not_the_connection() {
+    use riser::datamover::ControlPdu;
+    use riser::iscsi::wire::{Header, ScsiCommand};
+    use riser::scsi::sense::{AscAscq, Status};
+    let op = OperationalConfig { initial_r2t: false, immediate_data: true, first_burst_length: 65_536, ..OperationalConfig::default() };
+    let addr = start_with(|c| {
+        c.operational = op.clone();
+        c.iser_unsolicited_data = true;
+        c.data_timeout = std::time::Duration::from_millis(500);
+    })
+    .await;
+    let (dm, o) = raw_login(addr, op, 0x51).await;
+    let mut cdb = [0u8; 16];
+    cdb[..10].copy_from_slice(&[0x2a, 0, 0, 0, 0, 0, 0, 0, 128, 0]); // WRITE(10), 64 KiB
+    let c = ScsiCommand {
+        write: true,
+        attr: 1,
+        itt: 0xe00,
+        expected_data_len: 65_536,
+        cmd_sn: o.exp_cmd_sn,
+        exp_stat_sn: o.stat_sn,
+        cdb,
+        ..ScsiCommand::default()
+    };
+    // 8 KiB immediate, F=0: 56 KiB of unsolicited Data-Out promised.
+    dm.send_control(ControlPdu::new(Header::ScsiCommand(c), vec![6; 8192].into())).await.unwrap();
+    let started = std::time::Instant::now();
+    let (r, sense) = response(&dm, 0xe00).await;
+    assert_eq!((r.status, sense.map(|s| s.asc)), (Status::CHECK_CONDITION, Some(AscAscq::DATA_PHASE_ERROR)));
+    assert!(started.elapsed() >= std::time::Duration::from_millis(400), "answered at the data timeout, not before");
+    // The connection lives: a whole write (all immediate, F=1) succeeds.
+    let mut cdb = [0u8; 16];
+    cdb[..10].copy_from_slice(&[0x2a, 0, 0, 0, 0, 0, 0, 0, 16, 0]);
+    let c = ScsiCommand {
+        final_: true,
+        write: true,
+        attr: 1,
+        itt: 0xe01,
+        expected_data_len: 8192,
+        cmd_sn: o.exp_cmd_sn.wrapping_add(1),
+        exp_stat_sn: o.stat_sn,
+        cdb,
+        ..ScsiCommand::default()
+    };
+    dm.send_control(ControlPdu::new(Header::ScsiCommand(c), vec![7; 8192].into())).await.unwrap();
+    assert_eq!(response(&dm, 0xe01).await.0.status, Status::GOOD);
 }

@@ -645,6 +645,31 @@ async fn an_unsolicited_burst_ended_early_fails_the_task() {
     r.ping(0xb11).await;
 }
 
+/// Every command gets an answer whatever its flags say against its CDB (as over iSER, see
+/// `iser_end_to_end`): data the CDB wants but the flags do not announce is refused; flags
+/// announcing data the CDB does not move end GOOD with the whole length as residual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_whose_flags_contradict_its_cdb_gets_an_answer() {
+    let addr = start(|_| {}).await;
+    let mut r = Raw::login(addr, OperationalConfig::default(), [0x80, 0, 0, 0, 0, 17]).await;
+    // A WRITE CDB with R instead of W, then with neither.
+    for (itt, edtl) in [(0xd00, 512), (0xd01, 0)] {
+        let h = r.command(itt, &write10(0, 1), edtl, false, true, false);
+        r.send(h, &[]).await;
+        let (resp, d) = r.response(itt, |_| {}).await;
+        assert_eq!(
+            (resp.status, sense(&d).key, sense(&d).asc),
+            (Status::CHECK_CONDITION, SenseKey::ILLEGAL_REQUEST, AscAscq::INVALID_FIELD_IN_CDB)
+        );
+    }
+    // A READ CDB with W (and no data sent, F=1): nothing moves, the whole length is residual.
+    let h = r.command(0xd02, &read10(0, 1), 512, true, true, false);
+    r.send(h, &[]).await;
+    let (resp, d) = r.response(0xd02, |h| panic!("no data moves: {h:?}")).await;
+    assert_eq!((resp.status, d.len(), resp.underflow, resp.residual), (Status::GOOD, 0, true, 512), "{resp:?}");
+    r.ping(0xd03).await;
+}
+
 /// Write data the target asked for and never got: after `data_timeout` the command ends with
 /// CHECK CONDITION; the connection stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -319,6 +319,15 @@ pub trait Datamover: Send + Sync + core::fmt::Debug {
         false
     }
 
+    /// Target: whether read data of task `itt` can be delivered at all. iSER places it with RDMA
+    /// Writes into the read buffer the initiator advertised with the command; a command that
+    /// expects read data but advertised none gets CHECK CONDITION before anything is read
+    /// (TCP: always, Data-In needs nothing from the initiator).
+    fn can_put_data(&self, itt: u32) -> bool {
+        let _ = itt;
+        true
+    }
+
     /// The largest data segment this datamover can receive (its posted receive buffers on
     /// iSER); login declares no more than this. `None`: no limit of its own.
     fn max_recv_data_segment_length(&self) -> Option<u32> {

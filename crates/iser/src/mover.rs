@@ -809,6 +809,10 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
         Some(self.s.cfg.recv_dsl.max(8192))
     }
 
+    fn can_put_data(&self, itt: u32) -> bool {
+        lock(&self.s.remote).get(&itt).is_some_and(|r| r.read.is_some_and(|b| b.stag != 0))
+    }
+
     fn take_read_data(&self, itt: u32) -> Option<BytesMut> {
         let t = lock(&self.s.tasks).remove(&itt)?;
         if let Some(w) = t.write {

@@ -1086,6 +1086,13 @@ impl Session {
             }
         };
         let out_len = plan.data_out;
+        if c.read && edtl > 0 && out_len == 0 && !self.dm.can_put_data(c.itt) {
+            // Read data with nowhere to go (an iSER command without a read STag): the command
+            // ends here, before the medium is read, and the connection goes on.
+            debug!(itt = c.itt, "read data expected but the datamover cannot deliver it");
+            self.dm.deallocate_task_resources(c.itt);
+            return self.scsi_response(&c, &data_phase_error(&lu), (true, false, edtl), 0, slot).await;
+        }
         if !c.write && out_len > 0 {
             // The CDB wants data the initiator did not announce.
             self.dm.deallocate_task_resources(c.itt);
