@@ -385,6 +385,39 @@ async fn a_peer_that_stops_reading_is_dropped_after_the_send_timeout() {
     assert_eq!(drained, Ok(true), "the target dropped the connection");
 }
 
+/// The keepalive fires even when the send side is stuck: an initiator that stops reading is
+/// dropped once its ping goes unanswered for `nop_timeout`, long before a generous
+/// `send_timeout` (the ping used to wait in line behind the stuck Data-In, and the connection's
+/// receive loop with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_keepalive_fires_while_the_send_side_is_stuck() {
+    let addr = start(|c| {
+        c.send_timeout = Duration::from_secs(60);
+        c.nop_interval = Some(Duration::from_millis(300));
+        c.nop_timeout = Duration::from_millis(600);
+    })
+    .await;
+    let mut r = Raw::login(addr, OperationalConfig::default(), [0x80, 0, 0, 0, 0, 18]).await;
+    for i in 0..8u32 {
+        let h = r.command(0x600 + i, &read10(i * 16384, 16384), 8 << 20, false, true, false);
+        r.send(h, &[]).await;
+    }
+    let started = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut buf = vec![0u8; 1 << 20];
+    let drained = tokio::time::timeout(WAIT, async {
+        loop {
+            match r.sock.read(&mut buf).await {
+                Ok(0) | Err(_) => return true,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert_eq!(drained, Ok(true), "the target dropped the connection");
+    assert!(started.elapsed() < Duration::from_secs(14), "dropped by the keepalive, not the send timeout");
+}
+
 /// A peer that announces a data segment and stalls is dropped at the data timeout — in login and
 /// in full feature phase (the receiver used to wait for the bytes forever, even after the login
 /// timed out, and the socket stayed open).
