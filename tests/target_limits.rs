@@ -223,6 +223,20 @@ impl Raw {
             }
         }
     }
+    /// Read everything the target sent; whether the connection then ended (EOF or reset)
+    /// within [`WAIT`].
+    async fn drains_to_eof(&mut self) -> bool {
+        let mut buf = vec![0u8; 1 << 20];
+        tokio::time::timeout(WAIT, async {
+            loop {
+                if matches!(self.sock.read(&mut buf).await, Ok(0) | Err(_)) {
+                    return;
+                }
+            }
+        })
+        .await
+        .is_ok()
+    }
     async fn ping(&mut self, itt: u32) -> u32 {
         let p = NopOut { immediate: true, lun: Lun::ZERO, itt, ttt: u32::MAX, cmd_sn: self.cmd_sn, exp_stat_sn: self.o.stat_sn };
         self.send(Header::NopOut(p), &[]).await;
@@ -372,17 +386,7 @@ async fn a_peer_that_stops_reading_is_dropped_after_the_send_timeout() {
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     // By now the target has given up: draining the socket ends in EOF.
-    let mut buf = vec![0u8; 1 << 20];
-    let drained = tokio::time::timeout(WAIT, async {
-        loop {
-            match r.sock.read(&mut buf).await {
-                Ok(0) | Err(_) => return true,
-                Ok(_) => {}
-            }
-        }
-    })
-    .await;
-    assert_eq!(drained, Ok(true), "the target dropped the connection");
+    assert!(r.drains_to_eof().await, "the target dropped the connection");
 }
 
 /// The keepalive fires even when the send side is stuck: an initiator that stops reading is
@@ -404,17 +408,7 @@ async fn the_keepalive_fires_while_the_send_side_is_stuck() {
     }
     let started = std::time::Instant::now();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let mut buf = vec![0u8; 1 << 20];
-    let drained = tokio::time::timeout(WAIT, async {
-        loop {
-            match r.sock.read(&mut buf).await {
-                Ok(0) | Err(_) => return true,
-                Ok(_) => {}
-            }
-        }
-    })
-    .await;
-    assert_eq!(drained, Ok(true), "the target dropped the connection");
+    assert!(r.drains_to_eof().await, "the target dropped the connection");
     assert!(started.elapsed() < Duration::from_secs(14), "dropped by the keepalive, not the send timeout");
 }
 
