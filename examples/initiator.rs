@@ -9,6 +9,7 @@
 //!   (soak: --seconds of write/read-back/compare rounds that ride out connection losses)
 //!   [--rdma-provider soft|rdma-core] [--rdma-keys auto|windows|per-region|fixed-pool]
 //!   [--chap-file PATH] [--mutual-chap-file PATH]
+//!   [--param KEY=VALUE]... (MaxRecvDataSegmentLength, MaxBurstLength, FirstBurstLength, ImmediateData, InitialR2T)
 //! ```
 //!
 //! CHAP: the credentials come from `--chap-file` (a file only its owner may access, `chmod
@@ -82,6 +83,10 @@ struct Args {
     /// them, else a registration per command; fixed-pool: one key per connection, weaker).
     #[arg(long, value_name = "MODE")]
     rdma_keys: Option<String>,
+    /// An operational key offered in login (repeatable): MaxRecvDataSegmentLength,
+    /// MaxBurstLength, FirstBurstLength (sizes), ImmediateData, InitialR2T (Yes/No).
+    #[arg(long, value_name = "KEY=VALUE")]
+    param: Vec<String>,
 }
 
 struct Url {
@@ -202,6 +207,9 @@ async fn run() -> Result<(), String> {
     let provider = riser::cli::RdmaProvider::parse(&a.rdma_provider)?;
     let url = parse_url(&a.url, provider)?;
     let mut cfg = SessionConfig::new(a.initiator_name.clone(), url.target.clone().unwrap_or_default());
+    for kv in &a.param {
+        riser::cli::set_operational(&mut cfg.operational, kv)?;
+    }
     let chap = riser::cli::chap_credentials("--chap", a.chap.as_deref(), a.chap_file.as_deref(), "RISER_CHAP")?;
     let mutual =
         riser::cli::chap_credentials("--mutual-chap", a.mutual_chap.as_deref(), a.mutual_chap_file.as_deref(), "RISER_MUTUAL_CHAP")?;

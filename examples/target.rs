@@ -5,7 +5,8 @@
 //!     [--rdma-provider soft|rdma-core] [--rdma-keys auto|windows|per-region|fixed-pool] [--target-name IQN]
 //!     [--lun ram:1GiB | --lun file:PATH[:SIZE] | --lun blk:DEVICE]... [--chap-file PATH]
 //!     [--mutual-chap-file PATH] [--discovery-chap-file PATH] [--discovery-mutual-chap-file PATH]
-//!     [--discovery-scope permitted|all] [--acl INITIATOR_IQN]... [--sanitize-rate RATE] [--config target.toml]
+//!     [--discovery-scope permitted|all] [--acl INITIATOR_IQN]... [--sanitize-rate RATE]
+//!     [--param KEY=VALUE]... [--config target.toml]
 //! ```
 //!
 //! CHAP secrets: each credential comes from its `--…-file` option (a file only its owner may
@@ -114,6 +115,10 @@ struct Args {
     /// load a sanitize puts on a shared backing store.
     #[arg(long, value_name = "RATE")]
     sanitize_rate: Option<String>,
+    /// An operational key offered in login (repeatable): MaxRecvDataSegmentLength,
+    /// MaxBurstLength, FirstBurstLength (sizes), ImmediateData, InitialR2T (Yes/No).
+    #[arg(long, value_name = "KEY=VALUE")]
+    param: Vec<String>,
     /// A TOML file with the same settings (keys as the long options, `-` written `_`; lists for
     /// portal, lun and acl; also discovery_chap and discovery_mutual_chap), and a `[limits]`
     /// table with the target's resource limits (connections, commands and bytes per session,
@@ -149,6 +154,8 @@ struct FileConfig {
     acl: Vec<String>,
     block_size: Option<u32>,
     sanitize_rate: Option<String>,
+    #[serde(default)]
+    param: Vec<String>,
     #[serde(default)]
     limits: Limits,
 }
@@ -360,7 +367,7 @@ impl Args {
             None => FileConfig::default(),
         };
         let cfg = self.config.as_deref();
-        let tuning = file.limits.resolve().map_err(|e| format!("{}: {e}", cfg.map(|p| p.display().to_string()).unwrap_or_default()))?;
+        let mut tuning = file.limits.resolve().map_err(|e| format!("{}: {e}", cfg.map(|p| p.display().to_string()).unwrap_or_default()))?;
         let creds = Credentials {
             chap: credential(
                 "--chap",
@@ -412,6 +419,10 @@ impl Args {
         if self.iser_portal.is_empty() {
             self.iser_portal = file.iser_portal;
         }
+        if self.param.is_empty() {
+            self.param = file.param;
+        }
+        tuning.target.operational = operational(&tuning.target.operational, &self.param)?;
         self.rdma_provider = self.rdma_provider.or(file.rdma_provider).or(Some("soft".into()));
         self.rdma_keys = self.rdma_keys.or(file.rdma_keys);
         self.target_name = self.target_name.or(file.target_name).or(Some("iqn.2026-11.io.riser:target0".into()));
@@ -420,6 +431,16 @@ impl Args {
         self.discovery_scope = self.discovery_scope.or(file.discovery_scope);
         Ok((self, creds, tuning))
     }
+}
+
+/// The operational keys the target offers in login: `base` with the `--param`s (or the config
+/// file's `param` list) applied.
+fn operational(base: &riser::iscsi::keys::OperationalConfig, params: &[String]) -> Result<riser::iscsi::keys::OperationalConfig, String> {
+    let mut o = base.clone();
+    for kv in params {
+        riser::cli::set_operational(&mut o, kv)?;
+    }
+    Ok(o)
 }
 
 fn discovery_scope(s: Option<&str>) -> Result<DiscoveryScope, String> {
@@ -668,6 +689,16 @@ mod tests {
             let e = error(&format!("[limits]\n{line}\n"));
             assert!(e.contains(key), "{line}: {e}");
         }
+    }
+
+    #[test]
+    fn params_from_the_config_file_set_the_offered_keys() {
+        let file = parse_config("param = [\"MaxRecvDataSegmentLength=512KiB\", \"InitialR2T=Yes\"]\n", "target.toml").unwrap();
+        let o = operational(&TargetConfig::default().operational, &file.param).unwrap();
+        assert_eq!(o.max_recv_data_segment_length, 512 << 10);
+        assert!(o.initial_r2t);
+        let e = operational(&o, &["MaxBurstLength=1".into()]).unwrap_err();
+        assert!(e.contains("MaxBurstLength"), "{e}");
     }
 
     #[test]

@@ -146,6 +146,39 @@ pub mod cli {
         Ok(())
     }
 
+    /// Apply `KEY=VALUE` (the examples' `--param`) to the operational keys offered in login:
+    /// `MaxRecvDataSegmentLength`, `MaxBurstLength`, `FirstBurstLength` (a size, 512 bytes to
+    /// 16 MiB − 1 as RFC 7143 allows, e.g. `512KiB`), `ImmediateData`, `InitialR2T` (`Yes`/`No`).
+    pub fn set_operational(cfg: &mut riser_iscsi::keys::OperationalConfig, kv: &str) -> Result<(), String> {
+        let (key, value) = kv.split_once('=').ok_or_else(|| format!("--param {kv:?}: expected KEY=VALUE"))?;
+        let (key, value) = (key.trim(), value.trim());
+        let size = || {
+            parse_size(value)
+                .ok()
+                .filter(|n| (512..1 << 24).contains(n))
+                .map(|n| n as u32)
+                .ok_or_else(|| format!("--param {key}={value}: a size from 512 to 16777215 bytes"))
+        };
+        let yes_no = || match value {
+            "Yes" | "yes" => Ok(true),
+            "No" | "no" => Ok(false),
+            _ => Err(format!("--param {key}={value}: Yes or No")),
+        };
+        match key {
+            "MaxRecvDataSegmentLength" => cfg.max_recv_data_segment_length = size()?,
+            "MaxBurstLength" => cfg.max_burst_length = size()?,
+            "FirstBurstLength" => cfg.first_burst_length = size()?,
+            "ImmediateData" => cfg.immediate_data = yes_no()?,
+            "InitialR2T" => cfg.initial_r2t = yes_no()?,
+            _ => {
+                return Err(format!(
+                    "--param {key}: not a settable key (MaxRecvDataSegmentLength, MaxBurstLength, FirstBurstLength, ImmediateData, InitialR2T)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Parse CHAP credentials text (the format of [`riser_iscsi::chap::ChapCredentials::parse`]),
     /// naming `source` in the error, never the text.
     #[cfg(feature = "std")]
@@ -188,6 +221,26 @@ pub mod cli {
 
     #[cfg(test)]
     mod tests {
+        #[test]
+        fn params_set_the_offered_keys_and_refuse_the_rest() {
+            let mut c = riser_iscsi::keys::OperationalConfig::default();
+            for kv in [
+                "MaxRecvDataSegmentLength=512KiB",
+                "MaxBurstLength=524288",
+                "FirstBurstLength = 64KiB",
+                "ImmediateData=No",
+                "InitialR2T=Yes",
+            ] {
+                super::set_operational(&mut c, kv).unwrap();
+            }
+            assert_eq!((c.max_recv_data_segment_length, c.max_burst_length, c.first_burst_length), (512 << 10, 512 << 10, 64 << 10));
+            assert!(!c.immediate_data && c.initial_r2t);
+            for bad in ["MaxBurstLength=16MiB", "MaxBurstLength=100", "InitialR2T=maybe", "HeaderDigest=CRC32C", "MaxBurstLength"] {
+                assert!(super::set_operational(&mut c, bad).is_err(), "{bad}");
+            }
+            assert_eq!(c.max_burst_length, 512 << 10, "a refused value changes nothing");
+        }
+
         #[cfg(unix)]
         #[test]
         fn secret_files_must_be_private() {

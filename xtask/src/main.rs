@@ -55,6 +55,7 @@ const FUZZ_TARGETS: [&str; 12] = [
     "iser_rx",
 ];
 
+mod evaluate;
 mod lab;
 
 fn root() -> PathBuf {
@@ -75,13 +76,14 @@ fn main() -> ExitCode {
         Some("bench") => bench(&args[1..]),
         Some("soak") => soak(&args[1..]),
         Some("faults") => faults(&args[1..]),
+        Some("evaluate") => evaluate::run(&args[1..]),
         Some("fuzz-list") => {
             FUZZ_TARGETS.iter().for_each(|t| println!("{t}"));
             Ok(())
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo | interop | lab [--quick] [CELL...] | soak [--minutes N | --seconds N] [--sessions N] [--queue-depth N] | faults [--cuts N] [--kills N] | bench [--full] [--reps N] [--runtime S] [--rdma-only | --iser-only] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>"
+                "usage: cargo xtask <demo | interop | lab [--quick] [CELL...] | soak [--minutes N | --seconds N] [--sessions N] [--queue-depth N] | faults [--cuts N] [--kills N] | evaluate [--quick] [--reps N] [--out DIR] | bench [--full] [--reps N] [--runtime S] [--rdma-only | --iser-only] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>"
             );
             return ExitCode::from(2);
         }
