@@ -10,7 +10,7 @@
 
 mod plot;
 
-use super::{RunningTarget, arg_value, build_examples, ensure_packages, free_port, proc_cpu, root};
+use super::{RunningTarget, arg_value, build_examples, ensure_packages, free_port, initiator_run, median, root};
 use plotters::style::RGBColor;
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -46,13 +46,6 @@ const TRANSPORTS: [&str; 2] = ["tcp", "iser"];
 /// (MaxRecvDataSegmentLength = MaxBurstLength = 512 KiB), offered by both sides.
 const PARAMETER_SETS: [(&str, &[&str]); 2] = [("defaults", &[]), ("paper", &["MaxRecvDataSegmentLength=512KiB", "MaxBurstLength=512KiB"])];
 
-/// What one run measured.
-struct Sample {
-    mib_s: f64,
-    target_cpu_s: f64,
-    initiator_cpu_s: f64,
-}
-
 /// The facts every CSV row carries.
 struct Context {
     date: String,
@@ -83,11 +76,6 @@ impl Context {
             machine: format!("{cpu} x{cores}, Linux {}", out("uname", &["-r"])).replace(',', ";"),
         }
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() { f64::NAN } else { v[v.len() / 2] }
 }
 
 /// Single-stream TCP over loopback with 1 MiB writes (iperf3), MiB/s: the ceiling a one-connection
@@ -150,19 +138,9 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
         let urls = [format!("iscsi://127.0.0.1:{}/{iqn}/0", target.port), format!("iser://{iser_portal}/{iqn}/0")];
         setups.push((name, params, target, urls));
     }
-    let initiator = root().join("target/release/examples/initiator");
-    let once = |target: &RunningTarget, params: &[&str], op: &str, url: &str, size: u64, bs: u64, qd: u32| -> Result<Sample, String> {
-        let target_stat = format!("/proc/{}/stat", target.child.id());
-        let (t0, i0) = (proc_cpu(&target_stat, 14), proc_cpu("/proc/self/stat", 16));
-        let out = Command::new(&initiator)
-            .args([op, url, "--size", &size.to_string(), "--block-size", &bs.to_string(), "--queue-depth", &qd.to_string()])
-            .args(params.iter().flat_map(|p| ["--param", p]))
-            .output()
-            .map_err(|e| e.to_string())?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let m = text.split('(').nth(1).and_then(|r| r.split_whitespace().next()).and_then(|x| x.parse::<f64>().ok());
-        let mib_s = m.ok_or_else(|| format!("initiator {op} {url}: {text}{}", String::from_utf8_lossy(&out.stderr)))?;
-        Ok(Sample { mib_s, target_cpu_s: proc_cpu(&target_stat, 14) - t0, initiator_cpu_s: proc_cpu("/proc/self/stat", 16) - i0 })
+    let once = |target: &RunningTarget, params: &[&str], op: &str, url: &str, size: u64, bs: u64, qd: u32| {
+        let extra: Vec<&str> = params.iter().flat_map(|p| ["--param", p]).collect();
+        initiator_run(target.child.id(), op, url, size, bs, qd, &extra)
     };
     // Bytes per run: enough commands that the per-run noise averages out, few enough that
     // --quick stays within minutes (process start and login are outside the initiator's timing).

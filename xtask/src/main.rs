@@ -673,10 +673,6 @@ fn bench_rdma(reps: usize) -> Result<(), String> {
         let mibs = text.split_whitespace().nth(2).and_then(|x| x.parse::<f64>().ok());
         mibs.ok_or_else(|| format!("iwarp_perf {op} {size}: {text}{}", String::from_utf8_lossy(&out.stderr)))
     };
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     println!(
         "== software iWARP RNIC over loopback (MiB/s, median of {reps}; ratio: median of each run over the raw TCP \
          run beside it, same message size; MPA CRC off unless the column says CRC)"
@@ -715,6 +711,36 @@ fn proc_cpu(path: &str, first: usize) -> f64 {
     (get(first) + get(first + 1)) / tick.unwrap_or(100.0)
 }
 
+/// What one run of the example initiator measured.
+struct Sample {
+    mib_s: f64,
+    target_cpu_s: f64,
+    initiator_cpu_s: f64,
+}
+
+/// One `read` or `write` of the example initiator against `url` (`extra`: more of its options):
+/// the MiB/s it reports, and the CPU seconds the target process `target_pid` and the
+/// initiator spent meanwhile.
+fn initiator_run(target_pid: u32, op: &str, url: &str, size: u64, bs: u64, qd: u32, extra: &[&str]) -> Result<Sample, String> {
+    let target_stat = format!("/proc/{target_pid}/stat");
+    let (t0, i0) = (proc_cpu(&target_stat, 14), proc_cpu("/proc/self/stat", 16));
+    let out = Command::new(root().join("target/release/examples/initiator"))
+        .args([op, url, "--size", &size.to_string(), "--block-size", &bs.to_string(), "--queue-depth", &qd.to_string()])
+        .args(extra)
+        .output()
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let m = text.split('(').nth(1).and_then(|r| r.split_whitespace().next()).and_then(|x| x.parse::<f64>().ok());
+    let mib_s = m.ok_or_else(|| format!("initiator {op} {url}: {text}{}", String::from_utf8_lossy(&out.stderr)))?;
+    Ok(Sample { mib_s, target_cpu_s: proc_cpu(&target_stat, 14) - t0, initiator_cpu_s: proc_cpu("/proc/self/stat", 16) - i0 })
+}
+
+/// The median (the upper one of an even count; NaN for none).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() { f64::NAN } else { v[v.len() / 2] }
+}
+
 /// riser iSER (software iWARP RNIC) against riser TCP: the same target process and the same
 /// initiator program, reads and writes of 4 KiB–16 MiB, throughput and CPU seconds per GiB of
 /// the target and of the initiator.
@@ -723,9 +749,7 @@ fn bench_iser(reps: usize) -> Result<(), String> {
     let iqn = "iqn.2026-11.io.riser:bench-iser";
     let iser_portal = format!("127.0.0.1:{}", free_port()?);
     let target = RunningTarget::start(&["--target-name", iqn, "--lun", "ram:1GiB", "--iser-portal", &iser_portal])?;
-    let target_stat = format!("/proc/{}/stat", target.child.id());
     let urls = [("TCP", format!("iscsi://127.0.0.1:{}/{iqn}/0", target.port)), ("iSER", format!("iser://{iser_portal}/{iqn}/0"))];
-    let initiator = root().join("target/release/examples/initiator");
     println!(
         "== riser iSER (software iWARP RNIC) vs riser TCP: same target, same initiator, QD 8; MiB/s median of {reps} \
          (interleaved; ratio: median of per-run ratios), CPU s/GiB (user + system)"
@@ -734,20 +758,8 @@ fn bench_iser(reps: usize) -> Result<(), String> {
         "{:>6} {:<5} {:>9} {:>9} {:>6} {:>12} {:>12} {:>12} {:>12}",
         "io", "op", "TCP", "iSER", "ratio", "TCP tgt", "iSER tgt", "TCP ini", "iSER ini"
     );
-    let run = |op: &str, url: &str, size: u64, bs: u64| -> Result<(f64, f64, f64), String> {
-        let (t0, i0) = (proc_cpu(&target_stat, 14), proc_cpu("/proc/self/stat", 16));
-        let out = Command::new(&initiator)
-            .args([op, url, "--size", &size.to_string(), "--block-size", &bs.to_string(), "--queue-depth", "8"])
-            .output()
-            .map_err(|e| e.to_string())?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let m = text.split('(').nth(1).and_then(|r| r.split_whitespace().next()).and_then(|x| x.parse::<f64>().ok());
-        let mibs = m.ok_or_else(|| format!("initiator {op} {url}: {text}{}", String::from_utf8_lossy(&out.stderr)))?;
-        Ok((mibs, proc_cpu(&target_stat, 14) - t0, proc_cpu("/proc/self/stat", 16) - i0))
-    };
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
+    let run = |op: &str, url: &str, size: u64, bs: u64| {
+        initiator_run(target.child.id(), op, url, size, bs, 8, &[]).map(|s| (s.mib_s, s.target_cpu_s, s.initiator_cpu_s))
     };
     // The LUN is written once first, so no run pays for the target's first touch of its memory.
     run("write", &urls[0].1, 1 << 30, 1 << 20)?;
