@@ -120,6 +120,38 @@ async fn unsolicited_data_and_immediate_data() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsolicited_bursts_racing_their_r2ts_lose_no_task() {
+    // riser's defaults but for an 8 KiB receive segment on the target: each 1 MiB write sends
+    // 8 KiB immediate data, 31 unsolicited Data-Outs and answers one 768 KiB R2T with 96 more,
+    // eight writes at once. The R2T is sent while the unsolicited Data-Outs still arrive, and
+    // the last Data-Out of an R2T races the end of the collection. (Found by `cargo xtask
+    // evaluate`'s parameter sweep: the target took a Data-Out's task out of its table while
+    // reading the data, so a Get_Data that looked meanwhile found no task and failed the
+    // command with CHECK CONDITION, DATA PHASE ERROR.)
+    let op = OperationalConfig { max_recv_data_segment_length: 8192, ..OperationalConfig::default() };
+    let addr = start(|_| {}, |c| c.operational = op).await;
+    let s = Session::connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
+    assert!(!s.params().initial_r2t && s.params().immediate_data);
+    for round in 0..4u8 {
+        let mut writes = Vec::new();
+        for i in 0..8u8 {
+            let (s, data) = (s.clone(), pattern(round * 8 + i, 1 << 20));
+            writes.push(tokio::spawn(async move { s.write(0, u64::from(i) * 2048, data, 512).await }));
+        }
+        for (i, w) in writes.into_iter().enumerate() {
+            w.await.unwrap().unwrap_or_else(|e| panic!("round {round}, write {i}: {e}"));
+        }
+        for i in 0..8u8 {
+            assert_eq!(
+                s.read(0, u64::from(i) * 2048, 2048, 512).await.unwrap(),
+                pattern(round * 8 + i, 1 << 20),
+                "round {round}, write {i}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn discovery_lists_the_target() {
     let addr = start(|_| {}, |_| {}).await;
     let found = discover(addr, ME, InitiatorAuth::None).await.unwrap();

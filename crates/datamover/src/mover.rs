@@ -67,6 +67,9 @@ struct WriteTask {
     /// Set when the task's data broke sequence: the task ends with CHECK CONDITION and its
     /// further Data-Out is drained.
     failed: Option<&'static str>,
+    /// A Data-Out's data is being read into `buf`, which is out of the table meanwhile (the
+    /// lock is not held across the read); the task itself stays, so Get_Data always finds it.
+    reading: bool,
 }
 
 /// Initiator side: a read buffer Data-In lands in.
@@ -93,6 +96,8 @@ struct Shared {
     pending_rx_params: StdMutex<Option<LinkParams>>,
     pending_tx_params: StdMutex<Option<LinkParams>>,
     writes: StdMutex<HashMap<u32, WriteTask>>,
+    /// Woken whenever a Data-Out's read ends and its task's buffer is back (`reading` false).
+    write_read_done: Notify,
     events_tx: mpsc::UnboundedSender<DmEvent>,
     events_rx: Mutex<mpsc::UnboundedReceiver<DmEvent>>,
     closed: StdMutex<Option<oneshot::Sender<()>>>,
@@ -139,6 +144,7 @@ impl PduDatamover {
             pending_rx_params: StdMutex::new(None),
             pending_tx_params: StdMutex::new(None),
             writes: StdMutex::new(HashMap::new()),
+            write_read_done: Notify::new(),
             events_tx,
             events_rx: Mutex::new(events_rx),
             closed: StdMutex::new(Some(close_tx)),
@@ -370,6 +376,7 @@ impl PduDatamover {
             // F=0 announces unsolicited Data-Out, which InitialR2T=Yes forbids (RFC 7143
             // §11.2.1.6): the task fails rather than guess where the data starts.
             failed: (limits.initial_r2t && !cmd.final_).then_some("unsolicited Data-Out announced (F=0) with InitialR2T=Yes"),
+            reading: false,
         };
         if lock(&shared.writes).insert(cmd.itt, task).is_some() {
             return Err(DmError::Protocol(format!("ITT {:#x} reused while its write is outstanding", cmd.itt)));
@@ -385,66 +392,49 @@ impl PduDatamover {
 
     async fn receive_data_out(shared: &Shared, rx: &mut dyn LinkRx, d: DataOut, len: usize) -> Result<(), DmError> {
         let first_burst = lock(&shared.limits).first_burst;
-        // Take the task's buffer out while reading into it (the lock is not held across the read).
-        let removed = lock(&shared.writes).remove(&d.itt);
-        let Some(mut task) = removed else {
-            // An aborted or unknown task: drain and ignore the data.
+        let len32 = len as u32;
+        // Check the PDU against its task and take the task's buffer out while reading into it
+        // (the lock is not held across the read); the task stays in the table meanwhile.
+        let checked = {
+            let mut writes = lock(&shared.writes);
+            match writes.get_mut(&d.itt) {
+                // An aborted or unknown task, or one that already failed: drain the data.
+                None => None,
+                Some(task) if task.failed.is_some() => None,
+                Some(task) => match Self::check_data_out(task, &d, len32, first_burst) {
+                    Ok(slot) => {
+                        task.reading = true;
+                        Some((slot, std::mem::take(&mut task.buf)))
+                    }
+                    Err(msg) => {
+                        // The PDU itself is well framed: drain it and end just this task (CHECK
+                        // CONDITION) rather than the connection, so other commands are unaffected.
+                        task.failed = Some(msg);
+                        if let Some(n) = &task.notify {
+                            let _ = n.send(Notice::Failed(msg));
+                        }
+                        None
+                    }
+                },
+            }
+        };
+        let Some((slot, mut buf)) = checked else {
             let mut scratch = vec![0u8; len];
             return rx.read_data(&mut scratch).await;
         };
-        if task.failed.is_some() {
-            let mut scratch = vec![0u8; len];
-            rx.read_data(&mut scratch).await?;
-            lock(&shared.writes).insert(d.itt, task);
-            return Ok(());
-        }
-        let len32 = len as u32;
-        let result = if d.ttt == RESERVED_TAG {
-            let end = d.buffer_offset.checked_add(len32);
-            if task.unsolicited_done {
-                Err("unsolicited Data-Out after the unsolicited burst ended")
-            } else if d.buffer_offset != task.unsolicited {
-                Err("unsolicited Data-Out out of order")
-            } else if end.is_none_or(|e| e > first_burst || e as usize > task.buf.len()) {
-                Err("unsolicited Data-Out beyond FirstBurstLength")
-            } else if d.data_sn != task.next_unsol_data_sn {
-                Err("unsolicited Data-Out with a wrong DataSN")
-            } else {
-                Ok(None)
-            }
-        } else {
-            match task.r2ts.iter().position(|r| r.ttt == d.ttt) {
-                None => Err("Data-Out for an unknown Target Transfer Tag"),
-                Some(i) => {
-                    let r = &task.r2ts[i];
-                    if d.buffer_offset != r.offset + r.received || r.received + len32 > r.len {
-                        Err("Data-Out outside its R2T")
-                    } else if d.data_sn != r.next_data_sn {
-                        Err("Data-Out with a wrong DataSN")
-                    } else {
-                        Ok(Some(i))
-                    }
-                }
-            }
-        };
-        let slot = match result {
-            Ok(s) => s,
-            Err(msg) => {
-                // The PDU itself is well framed: drain it and end just this task (CHECK
-                // CONDITION) rather than the connection, so other commands are unaffected.
-                // (A Data-Out may also fail the task after its data is read: see below.)
-                let mut scratch = vec![0u8; len];
-                rx.read_data(&mut scratch).await?;
-                task.failed = Some(msg);
-                if let Some(n) = &task.notify {
-                    let _ = n.send(Notice::Failed(msg));
-                }
-                lock(&shared.writes).insert(d.itt, task);
-                return Ok(());
-            }
-        };
         let at = d.buffer_offset as usize;
-        rx.read_data(&mut task.buf[at..at + len]).await?;
+        let read = rx.read_data(&mut buf[at..at + len]).await;
+        let mut writes = lock(&shared.writes);
+        let Some(task) = writes.get_mut(&d.itt) else {
+            // Aborted while its data was read: the buffer goes back to the pool.
+            drop(writes);
+            shared.pool.give(buf);
+            return read;
+        };
+        task.buf = buf;
+        task.reading = false;
+        shared.write_read_done.notify_waiters();
+        read?;
         match slot {
             None => {
                 task.unsolicited += len32;
@@ -482,8 +472,96 @@ impl PduDatamover {
                 }
             }
         }
-        lock(&shared.writes).insert(d.itt, task);
         Ok(())
+    }
+
+    /// Where a Data-Out belongs in its task: `None` for unsolicited data, the index of its R2T
+    /// otherwise; or why it breaks the task's sequence.
+    fn check_data_out(task: &WriteTask, d: &DataOut, len: u32, first_burst: u32) -> Result<Option<usize>, &'static str> {
+        if d.ttt == RESERVED_TAG {
+            let end = d.buffer_offset.checked_add(len);
+            if task.unsolicited_done {
+                Err("unsolicited Data-Out after the unsolicited burst ended")
+            } else if d.buffer_offset != task.unsolicited {
+                Err("unsolicited Data-Out out of order")
+            } else if end.is_none_or(|e| e > first_burst || e as usize > task.buf.len()) {
+                Err("unsolicited Data-Out beyond FirstBurstLength")
+            } else if d.data_sn != task.next_unsol_data_sn {
+                Err("unsolicited Data-Out with a wrong DataSN")
+            } else {
+                Ok(None)
+            }
+        } else {
+            match task.r2ts.iter().position(|r| r.ttt == d.ttt) {
+                None => Err("Data-Out for an unknown Target Transfer Tag"),
+                Some(i) => {
+                    let r = &task.r2ts[i];
+                    if d.buffer_offset != r.offset + r.received || r.received + len > r.len {
+                        Err("Data-Out outside its R2T")
+                    } else if d.data_sn != r.next_data_sn {
+                        Err("Data-Out with a wrong DataSN")
+                    } else {
+                        Ok(Some(i))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Get_Data's start, under the table's lock: check the unsolicited part, give the task its
+    /// whole buffer, register `tx` for its notices. `Ok(false)`: a Data-Out is being read into
+    /// the buffer; wait for `write_read_done` and try again.
+    fn prepare_collection(
+        &self,
+        itt: u32,
+        total_len: u32,
+        unsolicited_len: u32,
+        tx: &mpsc::UnboundedSender<Notice>,
+    ) -> Result<bool, DmError> {
+        let mut writes = lock(&self.shared.writes);
+        let task = writes.get_mut(&itt).ok_or(DmError::NoTask(itt))?;
+        if task.reading {
+            return Ok(false);
+        }
+        if unsolicited_len > total_len || task.unsolicited > total_len {
+            writes.remove(&itt);
+            return Err(DmError::DataSequence(format!("unsolicited data beyond the {total_len} bytes to collect")));
+        }
+        // The buffer holds the unsolicited part so far; the whole transfer's memory is
+        // taken only now, when the core has decided to collect it.
+        if task.buf.len() != total_len as usize {
+            let mut whole = self.shared.pool.take_dirty(total_len as usize);
+            let have = task.unsolicited as usize;
+            whole[..have].copy_from_slice(&task.buf[..have]);
+            let old = std::mem::replace(&mut task.buf, whole);
+            self.shared.pool.give(old);
+        }
+        if task.unsolicited >= unsolicited_len {
+            task.unsolicited_done = true;
+        }
+        // Every byte is covered exactly once — the unsolicited part, then the solicited
+        // range — and the buffer is reused, not cleared: unsolicited data that ended
+        // short of what the core counts on fails the task (a gap would be written).
+        if task.unsolicited_done && task.unsolicited != unsolicited_len && task.failed.is_none() {
+            task.failed = Some("unsolicited data ended short of the expected burst");
+        }
+        if let Some(msg) = task.failed {
+            writes.remove(&itt);
+            return Err(DmError::DataSequence(msg.into()));
+        }
+        task.notify = Some(tx.clone());
+        Ok(true)
+    }
+
+    /// Get_Data's end: the task out of the table with its buffer, or `None` while a Data-Out is
+    /// being read into the buffer.
+    fn finish_collection(&self, itt: u32) -> Result<Option<BytesMut>, DmError> {
+        let mut writes = lock(&self.shared.writes);
+        match writes.get(&itt) {
+            None => Err(DmError::NoTask(itt)),
+            Some(t) if t.reading => Ok(None),
+            Some(_) => Ok(writes.remove(&itt).map(|t| t.buf)),
+        }
     }
 
     async fn send(&self, header: Header, ahs: &[u8], data: &[&[u8]]) -> Result<(), DmError> {
@@ -581,37 +659,18 @@ impl Datamover for PduDatamover {
             let itt = plan.itt;
             let (total_len, unsolicited_len) = (plan.end, plan.start);
             let (tx, mut rx) = mpsc::unbounded_channel();
-            {
-                let mut writes = lock(&self.shared.writes);
-                let task = writes.get_mut(&itt).ok_or(DmError::NoTask(itt))?;
-                if unsolicited_len > total_len || task.unsolicited > total_len {
-                    writes.remove(&itt);
-                    return Err(DmError::DataSequence(format!("unsolicited data beyond the {total_len} bytes to collect")));
+            loop {
+                // The buffer is replaced below: wait while a Data-Out is being read into it.
+                let read_done = self.shared.write_read_done.notified();
+                let mut read_done = std::pin::pin!(read_done);
+                read_done.as_mut().enable();
+                if self.prepare_collection(itt, total_len, unsolicited_len, &tx)? {
+                    break;
                 }
-                // The buffer holds the unsolicited part so far; the whole transfer's memory is
-                // taken only now, when the core has decided to collect it.
-                if task.buf.len() != total_len as usize {
-                    let mut whole = self.shared.pool.take_dirty(total_len as usize);
-                    let have = task.unsolicited as usize;
-                    whole[..have].copy_from_slice(&task.buf[..have]);
-                    let old = std::mem::replace(&mut task.buf, whole);
-                    self.shared.pool.give(old);
-                }
-                if task.unsolicited >= unsolicited_len {
-                    task.unsolicited_done = true;
-                }
-                // Every byte is covered exactly once — the unsolicited part, then the solicited
-                // range — and the buffer is reused, not cleared: unsolicited data that ended
-                // short of what the core counts on fails the task (a gap would be written).
-                if task.unsolicited_done && task.unsolicited != unsolicited_len && task.failed.is_none() {
-                    task.failed = Some("unsolicited data ended short of the expected burst");
-                }
-                if let Some(msg) = task.failed {
-                    writes.remove(&itt);
-                    return Err(DmError::DataSequence(msg.into()));
-                }
-                task.notify = Some(tx);
+                read_done.await;
             }
+            // The task holds the only sender now: its removal (an abort) ends the wait below.
+            drop(tx);
             let mut unsolicited_pending = {
                 let writes = lock(&self.shared.writes);
                 writes.get(&itt).is_some_and(|t| !t.unsolicited_done)
@@ -654,8 +713,17 @@ impl Datamover for PduDatamover {
                     None => return Err(DmError::NoTask(itt)),
                 }
             }
-            let task = lock(&self.shared.writes).remove(&itt).ok_or(DmError::NoTask(itt))?;
-            Ok(TaskBuffer { data: task.buf })
+            // Every byte is in; a stray Data-Out may still be reading into the buffer: the
+            // buffer is taken only once it is back.
+            loop {
+                let read_done = self.shared.write_read_done.notified();
+                let mut read_done = std::pin::pin!(read_done);
+                read_done.as_mut().enable();
+                if let Some(buf) = self.finish_collection(itt)? {
+                    return Ok(TaskBuffer { data: buf });
+                }
+                read_done.await;
+            }
         })
     }
 
