@@ -1,7 +1,8 @@
 //! iWARP framing: FPDU header emit + MPA CRC32C over the segment (what the transmitter does
-//! per FPDU), DDP header parse, MPA frame parse.
+//! per FPDU), DDP header parse, MPA frame parse; the iSER header's parse and emit.
 
 use criterion::{BenchmarkId, Criterion, Throughput, black_box, criterion_group, criterion_main};
+use riser::iser::header::{IserHeader, IserOpcode, RemoteBuf};
 use riser::iwarp::wire::{self, Header, IrdOrd, MpaFrame, Opcode};
 
 fn bench(c: &mut Criterion) {
@@ -35,6 +36,14 @@ fn bench(c: &mut Criterion) {
     }
     .emit();
     c.bench_function("iwarp/mpa_frame/parse", |b| b.iter(|| MpaFrame::parse(black_box(&mpa)).unwrap()));
+    let iser = IserHeader {
+        opcode: IserOpcode::Control,
+        write: Some(RemoteBuf { stag: 0x1234_5601, va: 0x7f00_0000_1000 }),
+        read: Some(RemoteBuf { stag: 0x1234_5602, va: 0x7f00_0010_0000 }),
+    };
+    let ib = iser.emit();
+    c.bench_function("iser/header/parse", |b| b.iter(|| IserHeader::parse(black_box(&ib)).unwrap()));
+    c.bench_function("iser/header/emit", |b| b.iter(|| black_box(&iser).emit()));
 }
 
 criterion_group!(benches, bench);

@@ -1,5 +1,6 @@
 //! BHS parse/emit and whole-PDU parse with 8 KiB and 256 KiB data segments. The PDU parse must
 //! not depend on the data size: data segments are views into the receive buffer, not copies.
+//! CRC32C (the header and data digests) over 48 bytes, 8 KiB and 256 KiB.
 
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput, black_box, criterion_group, criterion_main};
@@ -48,6 +49,14 @@ fn bench(c: &mut Criterion) {
         g.throughput(Throughput::Elements(1));
         g.bench_with_input(BenchmarkId::new("slice", len), &bytes, |b, buf| b.iter(|| Pdu::parse(black_box(buf)).unwrap()));
         g.bench_with_input(BenchmarkId::new("bytes", len), &shared, |b, buf| b.iter(|| Pdu::parse_bytes(black_box(buf)).unwrap()));
+    }
+    g.finish();
+
+    let mut g = c.benchmark_group("crc32c");
+    for len in [48usize, 8 * 1024, 256 * 1024] {
+        let data = vec![0x3cu8; len];
+        g.throughput(Throughput::Bytes(len as u64));
+        g.bench_with_input(BenchmarkId::from_parameter(len), &data, |b, d| b.iter(|| crc32c::crc32c(black_box(d))));
     }
     g.finish();
 }

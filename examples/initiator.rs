@@ -5,10 +5,14 @@
 //!   URL: iscsi://HOST[:PORT]/TARGET_IQN/LUN   (or iscsi://HOST[:PORT] for discover)
 //!        iser://HOST[:PORT]/TARGET_IQN/LUN    iSER (default port 3262 on the software iWARP RNIC,
 //!                                             3260 with --rdma-provider rdma-core)
-//!   COMMAND: discover | inquiry | readcap | read | write | verify | bench | soak
+//!   COMMAND: discover | inquiry | readcap | read | write | verify | bench | load | soak
+//!   (load: --seconds of --rw read|write|randread|randwrite requests, --queue-depth in flight,
+//!    over the first --size bytes; prints IOPS, MiB/s and latency percentiles (HdrHistogram),
+//!    --latency-cdf FILE writes the latency distribution as CSV)
 //!   (soak: --seconds of write/read-back/compare rounds that ride out connection losses)
 //!   [--rdma-provider soft|rdma-core] [--rdma-keys auto|windows|per-region|fixed-pool]
 //!   [--chap-file PATH] [--mutual-chap-file PATH]
+//!   [--iser-param signal_every=N|send_depth=N]...
 //!   [--param KEY=VALUE]... (MaxRecvDataSegmentLength, MaxBurstLength, FirstBurstLength, ImmediateData, InitialR2T)
 //! ```
 //!
@@ -31,7 +35,7 @@ use std::time::{Duration, Instant};
 #[derive(Parser)]
 #[command(about = "riser iSCSI initiator")]
 struct Args {
-    /// discover, inquiry, readcap, read, write, verify, bench or soak.
+    /// discover, inquiry, readcap, read, write, verify, bench, load or soak.
     command: String,
     /// iscsi://HOST[:PORT]/TARGET_IQN/LUN, or iser://HOST[:PORT]/TARGET_IQN/LUN
     url: String,
@@ -47,7 +51,7 @@ struct Args {
     /// Byte offset on the LUN.
     #[arg(long, default_value = "0")]
     offset: String,
-    /// Seconds per bench measurement, or of a soak.
+    /// Seconds per bench measurement, of a load or of a soak.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
     /// Our initiator name.
@@ -72,6 +76,12 @@ struct Args {
     /// write: data from this file (default: a seeded pattern).
     #[arg(long)]
     input: Option<std::path::PathBuf>,
+    /// load: read, write, randread or randwrite.
+    #[arg(long, default_value = "randread")]
+    rw: String,
+    /// load: write the latency distribution here (CSV: percentile, microseconds).
+    #[arg(long, value_name = "PATH")]
+    latency_cdf: Option<std::path::PathBuf>,
     /// Pattern seed for write/verify.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -87,6 +97,10 @@ struct Args {
     /// MaxBurstLength, FirstBurstLength (sizes), ImmediateData, InitialR2T (Yes/No).
     #[arg(long, value_name = "KEY=VALUE")]
     param: Vec<String>,
+    /// An iSER datamover setting (repeatable): signal_every (requests per signaled one),
+    /// send_depth (send queue entries).
+    #[arg(long, value_name = "KEY=VALUE")]
+    iser_param: Vec<String>,
 }
 
 struct Url {
@@ -170,7 +184,7 @@ where
 
 /// iSER through the RDMA device the route to `host` leaves through (rdma-core).
 #[cfg(feature = "rdma-core")]
-async fn rdma_core_connector(host: &str, keys: Option<&str>) -> Result<Arc<dyn riser::initiator::Connector>, String> {
+async fn rdma_core_connector(host: &str, keys: Option<&str>, iser: IserConfig) -> Result<Arc<dyn riser::initiator::Connector>, String> {
     use riser::verbs::Provider;
     use riser::verbs::rdma_core::{RdmaCore, RdmaCoreConfig};
     let addr = tokio::net::lookup_host(host).await.map_err(|e| format!("{host}: {e}"))?.next().ok_or("no address")?;
@@ -180,11 +194,11 @@ async fn rdma_core_connector(host: &str, keys: Option<&str>) -> Result<Arc<dyn r
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())?;
     eprintln!("iSER through {} ({:?} keys)", dev.name(), dev.key_mode());
-    Ok(Arc::new(IserConnector::new(dev, IserConfig::default())))
+    Ok(Arc::new(IserConnector::new(dev, iser)))
 }
 
 #[cfg(not(feature = "rdma-core"))]
-async fn rdma_core_connector(_: &str, _: Option<&str>) -> Result<Arc<dyn riser::initiator::Connector>, String> {
+async fn rdma_core_connector(_: &str, _: Option<&str>, _: IserConfig) -> Result<Arc<dyn riser::initiator::Connector>, String> {
     Err("this initiator was built without rdma-core support: build it with `--features rdma-core`".into())
 }
 
@@ -218,10 +232,14 @@ async fn run() -> Result<(), String> {
         None if mutual.is_some() => return Err("mutual CHAP needs CHAP (--chap-file or RISER_CHAP)".into()),
         None => {}
     }
+    let mut iser = IserConfig::default();
+    for kv in &a.iser_param {
+        riser::cli::set_iser(&mut iser, kv)?;
+    }
     if url.iser {
         cfg.connector = match provider {
-            riser::cli::RdmaProvider::Soft => Arc::new(IserConnector::new(SoftRnic::default(), IserConfig::default())),
-            riser::cli::RdmaProvider::RdmaCore => rdma_core_connector(&url.host, a.rdma_keys.as_deref()).await?,
+            riser::cli::RdmaProvider::Soft => Arc::new(IserConnector::new(SoftRnic::default(), iser)),
+            riser::cli::RdmaProvider::RdmaCore => rdma_core_connector(&url.host, a.rdma_keys.as_deref(), iser).await?,
         };
     } else if a.rdma_keys.is_some() {
         return Err("--rdma-keys applies to iser:// URLs with --rdma-provider rdma-core".into());
@@ -331,46 +349,11 @@ async fn run() -> Result<(), String> {
             bar.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").map_err(|e| e.to_string())?);
             let mut table = vec![format!("{:>9} {:>6} {:>11} {:>10}", "io size", "op", "MiB/s", "IOPS")];
             for io in [4096u64, 65536, 262_144, 1 << 20] {
-                for write in [false, true] {
-                    bar.set_message(format!("{} KiB {}", io >> 10, if write { "write" } else { "read" }));
-                    let sess = s.clone();
+                for rw in [Rw::Read, Rw::Write] {
+                    bar.set_message(format!("{} KiB {}", io >> 10, rw.name()));
                     let span = size.min(capacity - offset).max(io);
-                    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
-                    let deadline = Instant::now() + Duration::from_secs_f64(a.seconds);
-                    let start = Instant::now();
-                    let d2 = done.clone();
-                    let data = pattern(a.seed, 0, io as usize);
-                    let mut workers = Vec::new();
-                    for w in 0..a.queue_depth.max(1) {
-                        let (sess, d2, data) = (sess.clone(), d2.clone(), data.clone());
-                        workers.push(tokio::spawn(async move {
-                            let mut at = (w as u64 * io) % span;
-                            while Instant::now() < deadline {
-                                let lba = (offset + at) / u64::from(bs);
-                                let r = if write {
-                                    sess.write(lun, lba, data.clone(), bs).await
-                                } else {
-                                    sess.read(lun, lba, (io / u64::from(bs)) as u32, bs).await.map(|d| sess.recycle(d))
-                                };
-                                r.map_err(fmt_err)?;
-                                d2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                at = (at + io * 8) % (span / io * io).max(io);
-                            }
-                            Ok::<(), String>(())
-                        }));
-                    }
-                    for w in workers {
-                        w.await.map_err(|e| e.to_string())??;
-                    }
-                    let t = start.elapsed().as_secs_f64();
-                    let n = done.load(std::sync::atomic::Ordering::Relaxed) as f64;
-                    table.push(format!(
-                        "{:>9} {:>6} {:>11.1} {:>10.0}",
-                        format!("{}KiB", io >> 10),
-                        if write { "write" } else { "read" },
-                        n * io as f64 / 1048576.0 / t,
-                        n / t
-                    ));
+                    let l = load(&s, Where { lun, bs, offset, span }, io, a.queue_depth, rw, a.seconds, a.seed).await?;
+                    table.push(format!("{:>9} {:>6} {:>11.1} {:>10.0}", format!("{}KiB", io >> 10), rw.name(), l.mib_s(), l.iops()));
                     bar.inc(1);
                 }
             }
@@ -379,11 +362,149 @@ async fn run() -> Result<(), String> {
                 println!("{row}");
             }
         }
+        "load" => {
+            let rw = Rw::parse(&a.rw)?;
+            let span = size.max(io);
+            let l = load(&s, Where { lun, bs, offset, span }, io, a.queue_depth, rw, a.seconds, a.seed).await?;
+            let us = |q: f64| l.latency.value_at_quantile(q) as f64 / 1000.0;
+            println!(
+                "load rw={} bs={io} qd={} ios={} seconds={:.3} iops={:.0} mib_s={:.1} p50_us={:.1} p99_us={:.1} p999_us={:.1} max_us={:.1}",
+                rw.name(),
+                a.queue_depth,
+                l.ios,
+                l.secs,
+                l.iops(),
+                l.mib_s(),
+                us(0.5),
+                us(0.99),
+                us(0.999),
+                l.latency.max() as f64 / 1000.0
+            );
+            if let Some(p) = &a.latency_cdf {
+                let mut csv = String::from("percentile,latency_us\n");
+                for v in l.latency.iter_quantiles(4) {
+                    csv.push_str(&format!("{:.6},{:.3}\n", 100.0 * v.quantile_iterated_to(), v.value_iterated_to() as f64 / 1000.0));
+                }
+                std::fs::write(p, csv).map_err(|e| format!("{}: {e}", p.display()))?;
+            }
+        }
         "soak" => soak(&s, lun, bs, offset, size.max(io), io, &a).await?,
         other => return Err(format!("unknown command {other:?}")),
     }
     s.logout().await.map_err(fmt_err)?;
     Ok(())
+}
+
+/// The direction and order of a `load`.
+#[derive(Clone, Copy, PartialEq)]
+enum Rw {
+    Read,
+    Write,
+    RandRead,
+    RandWrite,
+}
+
+impl Rw {
+    fn parse(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "read" => Self::Read,
+            "write" => Self::Write,
+            "randread" => Self::RandRead,
+            "randwrite" => Self::RandWrite,
+            _ => return Err(format!("--rw {s:?}: read, write, randread or randwrite")),
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+            Self::RandRead => "randread",
+            Self::RandWrite => "randwrite",
+        }
+    }
+
+    fn writes(self) -> bool {
+        matches!(self, Self::Write | Self::RandWrite)
+    }
+
+    fn random(self) -> bool {
+        matches!(self, Self::RandRead | Self::RandWrite)
+    }
+}
+
+/// The part of the LUN a `load` runs over: `span` bytes from byte `offset` of `lun`, in
+/// blocks of `bs` bytes.
+#[derive(Clone, Copy)]
+struct Where {
+    lun: u16,
+    bs: u32,
+    offset: u64,
+    span: u64,
+}
+
+/// What a `load` measured: commands completed, over how long, and their latencies (ns).
+struct Load {
+    ios: u64,
+    io: u64,
+    secs: f64,
+    latency: hdrhistogram::Histogram<u64>,
+}
+
+impl Load {
+    fn iops(&self) -> f64 {
+        self.ios as f64 / self.secs
+    }
+
+    fn mib_s(&self) -> f64 {
+        self.iops() * self.io as f64 / 1048576.0
+    }
+}
+
+/// For `seconds`, `qd` workers each issue `io`-byte commands one after the other: in order
+/// through the span (the workers share one cursor) or at random aligned offsets in it. Each
+/// command's latency, issue to status, goes into an HdrHistogram (1 ns .. 1 h, 3 digits).
+async fn load(s: &Session, at: Where, io: u64, qd: usize, rw: Rw, seconds: f64, seed: u64) -> Result<Load, String> {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    let slots = (at.span / io).max(1);
+    let cursor = Arc::new(AtomicU64::new(0));
+    let data = pattern(seed, 0, io as usize);
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(seconds);
+    let mut workers = Vec::new();
+    for w in 0..qd.max(1) as u64 {
+        let (s, cursor, data) = (s.clone(), cursor.clone(), data.clone());
+        workers.push(tokio::spawn(async move {
+            let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).map_err(|e| e.to_string())?;
+            // xorshift64, one stream per worker: offsets need no cryptographic randomness.
+            let mut x = (seed ^ (w + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1;
+            while Instant::now() < deadline {
+                let slot = if rw.random() {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x % slots
+                } else {
+                    cursor.fetch_add(1, Relaxed) % slots
+                };
+                let lba = (at.offset + slot * io) / u64::from(at.bs);
+                let t0 = Instant::now();
+                let r = if rw.writes() {
+                    s.write(at.lun, lba, data.clone(), at.bs).await
+                } else {
+                    s.read(at.lun, lba, (io / u64::from(at.bs)) as u32, at.bs).await.map(|d| s.recycle(d))
+                };
+                r.map_err(fmt_err)?;
+                hist.saturating_record(t0.elapsed().as_nanos() as u64);
+            }
+            Ok::<_, String>(hist)
+        }));
+    }
+    let mut latency = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).map_err(|e| e.to_string())?;
+    for w in workers {
+        latency.add(w.await.map_err(|e| e.to_string())??).map_err(|e| e.to_string())?;
+    }
+    Ok(Load { ios: latency.len(), io, secs: start.elapsed().as_secs_f64(), latency })
 }
 
 /// `soak`: for `--seconds`, each of `--queue-depth` workers writes a fresh pattern to its next

@@ -6,7 +6,7 @@
 //!     [--lun ram:1GiB | --lun file:PATH[:SIZE] | --lun blk:DEVICE]... [--chap-file PATH]
 //!     [--mutual-chap-file PATH] [--discovery-chap-file PATH] [--discovery-mutual-chap-file PATH]
 //!     [--discovery-scope permitted|all] [--acl INITIATOR_IQN]... [--sanitize-rate RATE]
-//!     [--param KEY=VALUE]... [--config target.toml]
+//!     [--param KEY=VALUE]... [--iser-param KEY=VALUE]... [--config target.toml]
 //! ```
 //!
 //! CHAP secrets: each credential comes from its `--…-file` option (a file only its owner may
@@ -119,6 +119,10 @@ struct Args {
     /// MaxBurstLength, FirstBurstLength (sizes), ImmediateData, InitialR2T (Yes/No).
     #[arg(long, value_name = "KEY=VALUE")]
     param: Vec<String>,
+    /// An iSER datamover setting (repeatable): signal_every (requests per signaled one),
+    /// send_depth (send queue entries).
+    #[arg(long, value_name = "KEY=VALUE")]
+    iser_param: Vec<String>,
     /// A TOML file with the same settings (keys as the long options, `-` written `_`; lists for
     /// portal, lun and acl; also discovery_chap and discovery_mutual_chap), and a `[limits]`
     /// table with the target's resource limits (connections, commands and bytes per session,
@@ -552,7 +556,10 @@ async fn run() -> Result<(), String> {
         use riser::verbs::{Listener, Provider};
         let spec = riser::cli::with_default_port(p, provider.default_port());
         let addr: std::net::SocketAddr = spec.parse().map_err(|e| format!("--iser-portal {p}: {e}"))?;
-        let cfg = riser::iser::IserConfig::default();
+        let mut cfg = riser::iser::IserConfig::default();
+        for kv in &args.iser_param {
+            riser::cli::set_iser(&mut cfg, kv)?;
+        }
         match provider {
             riser::cli::RdmaProvider::Soft => {
                 let rnic = riser::iwarp::SoftRnic::new(tuning.rnic.clone().unwrap_or_default());

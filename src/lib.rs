@@ -179,6 +179,28 @@ pub mod cli {
         Ok(())
     }
 
+    /// Apply `KEY=VALUE` (the examples' `--iser-param`) to an iSER datamover's settings:
+    /// `signal_every` (1 to 1024: at most that many routine requests in a row unsignaled) and
+    /// `send_depth` (send queue entries, 16 to 65536).
+    #[cfg(feature = "rdma")]
+    pub fn set_iser(cfg: &mut riser_iser::IserConfig, kv: &str) -> Result<(), String> {
+        let (key, value) = kv.split_once('=').ok_or_else(|| format!("--iser-param {kv:?}: expected KEY=VALUE"))?;
+        let (key, value) = (key.trim(), value.trim());
+        let number = |lo: u32, hi: u32| {
+            value
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (lo..=hi).contains(n))
+                .ok_or_else(|| format!("--iser-param {key}={value}: a number from {lo} to {hi}"))
+        };
+        match key {
+            "signal_every" => cfg.signal_every = number(1, 1024)?,
+            "send_depth" => cfg.send_depth = Some(number(16, 65536)?),
+            _ => return Err(format!("--iser-param {key}: not a setting (signal_every, send_depth)")),
+        }
+        Ok(())
+    }
+
     /// Parse CHAP credentials text (the format of [`riser_iscsi::chap::ChapCredentials::parse`]),
     /// naming `source` in the error, never the text.
     #[cfg(feature = "std")]
@@ -239,6 +261,20 @@ pub mod cli {
                 assert!(super::set_operational(&mut c, bad).is_err(), "{bad}");
             }
             assert_eq!(c.max_burst_length, 512 << 10, "a refused value changes nothing");
+        }
+
+        #[cfg(feature = "rdma")]
+        #[test]
+        fn iser_params_set_the_datamover_and_refuse_the_rest() {
+            let mut c = riser_iser::IserConfig::default();
+            assert_eq!((c.signal_every, c.send_depth), (riser_iser::DEFAULT_SIGNAL_EVERY, None));
+            super::set_iser(&mut c, "signal_every=1").unwrap();
+            super::set_iser(&mut c, "send_depth = 256").unwrap();
+            assert_eq!((c.signal_every, c.send_depth), (1, Some(256)));
+            for bad in ["signal_every=0", "send_depth=8", "send_depth=lots", "recv_depth=4", "signal_every"] {
+                assert!(super::set_iser(&mut c, bad).is_err(), "{bad}");
+            }
+            assert_eq!((c.signal_every, c.send_depth), (1, Some(256)), "a refused value changes nothing");
         }
 
         #[cfg(unix)]

@@ -50,11 +50,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     } else {
         ALL.into()
     };
-    // The guest sees the host's /usr: what it needs is installed here. cmake and libclang build
-    // rdma-mummy-sys (libibverbs and librdmacm themselves are loaded at run time).
-    ensure_debs(&["cmake", "libclang-dev", "open-iscsi", "e2fsprogs", "tgt"])?;
-    setup()?;
-    let (examples, tests) = build()?;
+    let (examples, tests) = prepare()?;
     let host = host_without_rdma(&examples.join("target"))?;
     let shared = std::fs::canonicalize(shared()).map_err(|e| format!("{}: {e}", shared().display()))?;
     let mut env = vec![
@@ -73,6 +69,17 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     env.extend(PASS_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| format!("{k}={v}"))));
     let timeout = if quick { 1800 } else { 5400 };
     run_script(&shared, timeout, &env, "xtask/lab/matrix.sh", host)
+}
+
+/// Everything a lab run needs on the host: the guest's packages (it sees the host's /usr), the
+/// VM image, and the examples and the provider's lab tests built with rdma-core:
+/// (examples directory, lab test binary).
+pub(crate) fn prepare() -> Result<(PathBuf, PathBuf), String> {
+    // cmake and libclang build rdma-mummy-sys (libibverbs and librdmacm themselves are loaded
+    // at run time).
+    ensure_debs(&["cmake", "libclang-dev", "open-iscsi", "e2fsprogs", "tgt"])?;
+    setup()?;
+    build()
 }
 
 /// Debian packages by name (some have no command to look for).
@@ -198,17 +205,22 @@ fn host_without_rdma(target: &Path) -> Result<Option<String>, String> {
     }))
 }
 
-/// Boot the lab VM (rxe and siw), run `script` in it with `env` and ../shared visible; print
-/// its PASS/FAIL lines (after `host`'s) and the tally.
-fn run_script(shared: &Path, timeout: u32, env: &[String], script: &str, host: Option<String>) -> Result<(), String> {
+/// Boot the lab VM (rxe and siw) and run `script` in it with `env` and ../shared visible; the
+/// guest's output streams to stderr meanwhile. Its stdout lines (after `host`), and whether
+/// the script succeeded.
+pub(crate) fn guest(
+    shared: &Path,
+    timeout: u32,
+    env: &[String],
+    script: &str,
+    host: Option<String>,
+) -> Result<(Vec<String>, bool), String> {
     let mut cmd = Command::new("bash");
     cmd.current_dir(root()).arg(shared.join("lab/rdma-lab.sh")).args(["run", "--links", "rxe siw", "--timeout", &timeout.to_string()]);
     cmd.arg("-v").arg(shared);
     for e in env {
         cmd.arg("-e").arg(e);
     }
-    // The guest's output streams to stderr while it runs (a run takes minutes); the cells'
-    // lines are repeated on stdout at the end.
     let mut child = cmd.args(["--script", script]).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().map_err(|e| e.to_string())?;
     let mut lines: Vec<String> = host.into_iter().collect();
     lines.iter().for_each(|l| eprintln!("{l}"));
@@ -220,14 +232,21 @@ fn run_script(shared: &Path, timeout: u32, env: &[String], script: &str, host: O
         }
     }
     let status = child.wait().map_err(|e| e.to_string())?;
+    Ok((lines, status.success()))
+}
+
+/// Run `script` in the lab VM ([`guest`]); print its PASS/FAIL lines (after `host`'s) and the
+/// tally.
+fn run_script(shared: &Path, timeout: u32, env: &[String], script: &str, host: Option<String>) -> Result<(), String> {
+    let (lines, success) = guest(shared, timeout, env, script, host)?;
     let cells: Vec<&String> = lines.iter().filter(|l| l.starts_with("PASS ") || l.starts_with("FAIL ")).collect();
     lines.iter().filter(|l| l.starts_with("SKIP ")).chain(cells.iter().copied()).for_each(|l| println!("{l}"));
     let failed = cells.iter().filter(|l| l.starts_with("FAIL")).count();
     println!("{} passed, {failed} failed", cells.len() - failed);
     if cells.len() < 2 {
-        return Err(format!("the lab run produced no results (exit {:?})", status.code()));
+        return Err("the lab run produced no results".into());
     }
-    if failed > 0 || !status.success() {
+    if failed > 0 || !success {
         return Err("lab cells failed".into());
     }
     Ok(())

@@ -500,6 +500,8 @@ fn interop() -> Result<(), String> {
 /// tgtd started by ../shared/peers/start-tgtd.sh; stopped on drop.
 struct Tgtd {
     port: u16,
+    /// The daemon's process id (for its CPU time), as the script reports it.
+    pid: Option<u32>,
     script: PathBuf,
 }
 
@@ -520,7 +522,9 @@ impl Tgtd {
         if !out.status.success() {
             return Err(format!("tgtd did not start: {}", String::from_utf8_lossy(&out.stderr)));
         }
-        Ok(Self { port, script })
+        let text = String::from_utf8_lossy(&out.stdout);
+        let pid = text.split_whitespace().find_map(|w| w.strip_prefix("PID=")).and_then(|p| p.parse().ok());
+        Ok(Self { port, pid, script })
     }
 }
 
@@ -711,6 +715,34 @@ fn proc_cpu(path: &str, first: usize) -> f64 {
     (get(first) + get(first + 1)) / tick.unwrap_or(100.0)
 }
 
+/// A client program run to completion beside a target process.
+struct Measured {
+    stdout: String,
+    stderr: String,
+    success: bool,
+    /// CPU seconds (user + system) the target process spent meanwhile.
+    target_cpu_s: f64,
+    /// CPU seconds of the client (and of every process it waited for).
+    client_cpu_s: f64,
+    wall_s: f64,
+}
+
+/// Run `cmd` to completion while measuring the CPU time of the target process `target_pid`
+/// and of the client (as a child of this process: /proc/self/stat's cutime and cstime).
+fn measured(target_pid: u32, cmd: &mut Command) -> Result<Measured, String> {
+    let target_stat = format!("/proc/{target_pid}/stat");
+    let (t0, c0, w0) = (proc_cpu(&target_stat, 14), proc_cpu("/proc/self/stat", 16), std::time::Instant::now());
+    let out = cmd.output().map_err(|e| format!("{:?}: {e}", cmd.get_program()))?;
+    Ok(Measured {
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        success: out.status.success(),
+        target_cpu_s: proc_cpu(&target_stat, 14) - t0,
+        client_cpu_s: proc_cpu("/proc/self/stat", 16) - c0,
+        wall_s: w0.elapsed().as_secs_f64(),
+    })
+}
+
 /// What one run of the example initiator measured.
 struct Sample {
     mib_s: f64,
@@ -722,17 +754,15 @@ struct Sample {
 /// the MiB/s it reports, and the CPU seconds the target process `target_pid` and the
 /// initiator spent meanwhile.
 fn initiator_run(target_pid: u32, op: &str, url: &str, size: u64, bs: u64, qd: u32, extra: &[&str]) -> Result<Sample, String> {
-    let target_stat = format!("/proc/{target_pid}/stat");
-    let (t0, i0) = (proc_cpu(&target_stat, 14), proc_cpu("/proc/self/stat", 16));
-    let out = Command::new(root().join("target/release/examples/initiator"))
-        .args([op, url, "--size", &size.to_string(), "--block-size", &bs.to_string(), "--queue-depth", &qd.to_string()])
-        .args(extra)
-        .output()
-        .map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let m = text.split('(').nth(1).and_then(|r| r.split_whitespace().next()).and_then(|x| x.parse::<f64>().ok());
-    let mib_s = m.ok_or_else(|| format!("initiator {op} {url}: {text}{}", String::from_utf8_lossy(&out.stderr)))?;
-    Ok(Sample { mib_s, target_cpu_s: proc_cpu(&target_stat, 14) - t0, initiator_cpu_s: proc_cpu("/proc/self/stat", 16) - i0 })
+    let m = measured(
+        target_pid,
+        Command::new(root().join("target/release/examples/initiator"))
+            .args([op, url, "--size", &size.to_string(), "--block-size", &bs.to_string(), "--queue-depth", &qd.to_string()])
+            .args(extra),
+    )?;
+    let mib_s = m.stdout.split('(').nth(1).and_then(|r| r.split_whitespace().next()).and_then(|x| x.parse::<f64>().ok());
+    let mib_s = mib_s.ok_or_else(|| format!("initiator {op} {url}: {}{}", m.stdout, m.stderr))?;
+    Ok(Sample { mib_s, target_cpu_s: m.target_cpu_s, initiator_cpu_s: m.client_cpu_s })
 }
 
 /// The median (the upper one of an even count; NaN for none).

@@ -14,7 +14,7 @@
 pub mod header;
 mod mover;
 
-pub use mover::{IserConfig, IserDatamover, accept, connect};
+pub use mover::{DEFAULT_SIGNAL_EVERY, IserConfig, IserDatamover, accept, connect};
 
 #[doc(hidden)]
 pub mod fuzzing {

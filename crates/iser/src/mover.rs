@@ -43,11 +43,28 @@ pub struct IserConfig {
     pub ird: u8,
     /// RDMA Reads this side issues outstanding (initiator depth).
     pub ord: u8,
+    /// Send queue entries; `None`: four per posted receive plus 16 (every command may need a
+    /// Send, an RDMA Write or Read and a response in flight at once).
+    pub send_depth: Option<u32>,
+    /// At most this many routine requests (commands, responses, Data-Out, RDMA Writes) in a
+    /// row go unsignaled; 1 signals every request. Fewer completions mean fewer wake-ups of
+    /// the completion driver, but unsignaled requests hold their memory until a later one
+    /// completes.
+    pub signal_every: u32,
 }
 
 impl Default for IserConfig {
     fn default() -> Self {
-        Self { recv_dsl: 8192, recv_depth: 128, send_invalidate: true, unsolicited_data_out: false, ird: 16, ord: 16 }
+        Self {
+            recv_dsl: 8192,
+            recv_depth: 128,
+            send_invalidate: true,
+            unsolicited_data_out: false,
+            ird: 16,
+            ord: 16,
+            send_depth: None,
+            signal_every: DEFAULT_SIGNAL_EVERY,
+        }
     }
 }
 
@@ -145,8 +162,8 @@ struct Unsignaled<P: Provider> {
     since_signal: u32,
 }
 
-/// At most this many requests in a row go unsignaled.
-const SIGNAL_EVERY: u32 = 16;
+/// The default of [`IserConfig::signal_every`].
+pub const DEFAULT_SIGNAL_EVERY: u32 = 16;
 
 struct Waiter<P: Provider> {
     done: oneshot::Sender<WcStatus>,
@@ -472,7 +489,7 @@ impl<P: Provider + 'static> Shared<P> {
 
     /// Post a request nobody waits for. Unless `signal`, most go unsignaled (no completion, no
     /// wake-up of the driver): their memory is released when a later request completes, since
-    /// a send queue completes in order. Every [`SIGNAL_EVERY`]th is signaled so that always
+    /// a send queue completes in order. Every [`IserConfig::signal_every`]th is signaled so that always
     /// happens; a signaled one is in `waiting` until it completes (see `terminate`).
     fn post_unawaited(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Arc<Mr<P>>>, signal: bool) -> Result<(), DmError> {
         self.post_wr(op, sg, keep, signal.then(|| oneshot::channel().0))
@@ -487,7 +504,7 @@ impl<P: Provider + 'static> Shared<P> {
         let mut u = lock(&self.unsignaled);
         let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
         u.since_signal += 1;
-        let signaled = done.is_some() || u.since_signal >= SIGNAL_EVERY;
+        let signaled = done.is_some() || u.since_signal >= self.cfg.signal_every.max(1);
         if signaled {
             u.since_signal = 0;
             let done = done.unwrap_or_else(|| oneshot::channel().0);
@@ -848,7 +865,7 @@ fn copy_out<M: MemoryRegion>(mr: Arc<M>) -> BytesMut {
 }
 
 fn caps(cfg: &IserConfig) -> QpCaps {
-    QpCaps { max_send_wr: cfg.recv_depth * 4 + 16, max_recv_wr: cfg.recv_depth + LOGIN_RECVS, max_sge: 2 }
+    QpCaps { max_send_wr: cfg.send_depth.unwrap_or(cfg.recv_depth * 4 + 16), max_recv_wr: cfg.recv_depth + LOGIN_RECVS, max_sge: 2 }
 }
 
 /// Target: accept an iSER connection request (blocking: run it off the async threads). The
