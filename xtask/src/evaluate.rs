@@ -205,14 +205,16 @@ fn load(target_pid: u32, url: &str, rw: &str, bs: u64, qd: u32, secs: f64, extra
 }
 
 /// `cargo xtask evaluate [--quick] [--lab] [--reps N] [--out DIR] [--only SECTIONS] [--publish]`,
-/// or `--plot-only DIR` to redraw the figures and the report from a run's CSVs.
+/// or `--plot-only DIR [--publish]` to redraw the figures and the report from a run's CSVs
+/// (`--publish`: the report is docs/EVALUATION.md, the run's directory docs/evaluation).
 pub(crate) fn run(args: &[String]) -> Result<(), String> {
+    let publish = args.iter().any(|a| a == "--publish");
     if let Some(dir) = arg_value(args, "--plot-only") {
         plot::register_font()?;
-        return finish(Path::new(dir), None);
+        let report = publish.then(|| root().join("docs/EVALUATION.md"));
+        return finish(Path::new(dir), report.as_deref());
     }
     let quick = args.iter().any(|a| a == "--quick");
-    let publish = args.iter().any(|a| a == "--publish");
     let reps: usize = arg_value(args, "--reps").map_or(Ok(if quick { 1 } else { 3 }), |r| r.parse().map_err(|_| format!("--reps {r}")))?;
     let out = match arg_value(args, "--out") {
         Some(d) => PathBuf::from(d),
