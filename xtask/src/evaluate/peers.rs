@@ -190,6 +190,14 @@ pub(super) fn values(t: &Table, target: &str, client: &str, (rw, bs, qd): (&str,
     rows.iter().map(|r| num(r, col)).collect()
 }
 
+/// CPU seconds (`col`: target_cpu_s or client_cpu_s) per GiB moved over the runs of
+/// (target, client, workload).
+pub(super) fn cpu_per_gib(t: &Table, target: &str, client: &str, w: (&str, u64, u32), col: &str) -> f64 {
+    let cpu: f64 = values(t, target, client, w, col).iter().sum();
+    let mib: f64 = values(t, target, client, w, "mib_s").iter().zip(values(t, target, client, w, "run_s")).map(|(m, s)| m * s).sum();
+    cpu / (mib / 1024.0)
+}
+
 /// The workloads present in the table, in [`WORKLOADS`] order.
 pub(super) fn present(t: &Table) -> Vec<(&'static str, u64, u32)> {
     WORKLOADS

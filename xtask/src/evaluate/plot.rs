@@ -94,9 +94,22 @@ where
         .map_err(e)?
         .label(format!("loopback TCP ceiling, 1 stream ({ceiling:.0} MiB/s)"))
         .legend(move |(x, y)| PathElement::new([(x, y), (x + 24, y)], grey.stroke_width(1)));
+    legend_and_present(&mut chart, &area, SeriesLabelPosition::UpperLeft)
+}
+
+/// The legend, boxed, at `pos`; then the figure is written out.
+fn legend_and_present<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    area: &DrawingArea<DB, Shift>,
+    pos: SeriesLabelPosition,
+) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(pos)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font(("sans-serif", 14))
@@ -173,15 +186,7 @@ where
             .label(&s.label)
             .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 16, y + 6)], color.filled()));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 14))
-        .draw()
-        .map_err(e)?;
-    area.present().map_err(e)
+    legend_and_present(&mut chart, &area, SeriesLabelPosition::UpperLeft)
 }
 
 /// Horizontal bars, one per label (top to bottom), each with its colour: `stem.png` and
@@ -284,13 +289,5 @@ where
             .label(&s.label)
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 24, y)], style));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 14))
-        .draw()
-        .map_err(e)?;
-    area.present().map_err(e)
+    legend_and_present(&mut chart, &area, SeriesLabelPosition::LowerRight)
 }

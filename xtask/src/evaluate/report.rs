@@ -26,17 +26,6 @@ fn spread(s: Spread) -> String {
     format!("{:.2}× ({:.2}–{:.2})", s.median, s.min, s.max)
 }
 
-/// The target's CPU seconds per GiB moved in the runs of `vals` rows (riser or tgtd).
-fn target_cpu_per_gib(t: &Table, target: &str, client: &str, w: (&str, u64, u32)) -> f64 {
-    let cpu: f64 = super::peers::values(t, target, client, w, "target_cpu_s").iter().sum();
-    let mib: f64 = super::peers::values(t, target, client, w, "mib_s")
-        .iter()
-        .zip(super::peers::values(t, target, client, w, "run_s"))
-        .map(|(m, s)| m * s)
-        .sum();
-    cpu / (mib / 1024.0)
-}
-
 fn goals(dir: &Path) -> Result<Vec<Goal>, String> {
     let peers = Table::read(dir, "peers.csv")?;
     let thr = Table::read(dir, "throughput.csv")?;
@@ -154,7 +143,10 @@ fn goals(dir: &Path) -> Result<Vec<Goal>, String> {
             let mut worst = 0f64;
             for w in [("read", 1u64 << 20, 8u32), ("write", 1 << 20, 8)] {
                 for c in ["fio-libiscsi", "riser-initiator"] {
-                    let (r, g) = (target_cpu_per_gib(t, "riser", c, w), target_cpu_per_gib(t, "tgtd", c, w));
+                    let (r, g) = (
+                        super::peers::cpu_per_gib(t, "riser", c, w, "target_cpu_s"),
+                        super::peers::cpu_per_gib(t, "tgtd", c, w, "target_cpu_s"),
+                    );
                     if (r / g).is_finite() {
                         worst = worst.max(r / g);
                         parts.push(format!(

@@ -172,15 +172,7 @@ pub(super) fn write_sections(dir: &Path, fig: &dyn Fn(&str, &str) -> String) -> 
                 if r.is_empty() {
                     continue;
                 }
-                let cpu = |target: &str| {
-                    let cpu: f64 = super::peers::values(&t, target, c, w, "target_cpu_s").iter().sum();
-                    let mib: f64 = super::peers::values(&t, target, c, w, "mib_s")
-                        .iter()
-                        .zip(super::peers::values(&t, target, c, w, "run_s"))
-                        .map(|(m, s)| m * s)
-                        .sum();
-                    cpu / (mib / 1024.0)
-                };
+                let cpu = |target: &str| super::peers::cpu_per_gib(&t, target, c, w, "target_cpu_s");
                 let s = Spread::of_ratios(&r, &g);
                 let _ = writeln!(
                     md,
@@ -207,15 +199,7 @@ pub(super) fn write_sections(dir: &Path, fig: &dyn Fn(&str, &str) -> String) -> 
                 if f.is_empty() {
                     continue;
                 }
-                let cpu = |c: &str| {
-                    let cpu: f64 = super::peers::values(&t, target, c, w, "client_cpu_s").iter().sum();
-                    let mib: f64 = super::peers::values(&t, target, c, w, "mib_s")
-                        .iter()
-                        .zip(super::peers::values(&t, target, c, w, "run_s"))
-                        .map(|(m, s)| m * s)
-                        .sum();
-                    cpu / (mib / 1024.0)
-                };
+                let cpu = |c: &str| super::peers::cpu_per_gib(&t, target, c, w, "client_cpu_s");
                 let s = Spread::of_ratios(&r, &f);
                 let _ = writeln!(
                     md,
