@@ -183,8 +183,9 @@ fn figure(dir: &Path, prefix: &str, name: &str, alt: &str) -> String {
 
 pub(super) fn write(dir: &Path, path: &Path) -> Result<(), String> {
     // Figures are linked relative to the report.
-    let base = path.parent().unwrap_or(Path::new("."));
-    let prefix = match dir.strip_prefix(base) {
+    let absolute = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let (dir_abs, base) = (absolute(dir), absolute(path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))));
+    let prefix = match dir_abs.strip_prefix(&base) {
         Ok(rel) if rel.as_os_str().is_empty() => String::new(),
         Ok(rel) => format!("{}/", rel.display()),
         Err(_) => format!("{}/", dir.display()),
