@@ -1,0 +1,149 @@
+//! `cargo xtask interop`: libiscsi's conformance suite against the riser target, then the riser
+//! initiator against tgtd; and tgtd started for the benches.
+
+use crate::{RunningTarget, build_examples, ensure_packages, root, shared};
+use std::path::PathBuf;
+use std::process::Command;
+
+pub(crate) fn interop() -> Result<(), String> {
+    ensure_packages(&[("iscsi-test-cu", "libiscsi-bin")])?;
+    let script = shared().join("peers/run-conformance.sh");
+    if !script.exists() {
+        return Err(format!("{} not found (set RISER_SHARED)", script.display()));
+    }
+    let iqn = "iqn.2026-11.io.riser:target0";
+    // Sanitize.Reset needs a SANITIZE still running ~5 s after it started (across task management,
+    // a logout and a new login): paced, the 256 MiB overwrite takes ~6.4 s.
+    let target = RunningTarget::start(&["--target-name", iqn, "--lun", "ram:256MiB", "--sanitize-rate", "40MiB"])?;
+    let url = format!("iscsi://127.0.0.1:{}/{iqn}/0", target.port);
+    // Two passes. The whole suite runs on one path, where every test that needs a second
+    // I_T nexus logs one in and out itself. Only MultipathIO needs two standing paths; given
+    // them for the whole suite, libiscsi reuses the second path across tests without logging it
+    // out, so Sanitize.Reservations' RESERVE(6) stays held and Sanitize.Reset's SANITIZE rightly
+    // meets RESERVATION CONFLICT.
+    let passes = [("SCSI.* and iSCSI.*, one path", "ALL", "0"), ("MultipathIO, two paths", "SCSI.MultipathIO", "1")];
+    let (mut passed, mut failed, mut skipped, mut conformance_ok) = (0, 0, 0, true);
+    for (what, tests, multipath) in passes {
+        println!("== iscsi-test-cu ({what}) against the riser target at {url}");
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg(&url)
+            .env("KNOWN_FAILURES", root().join("testdata/conformance/known-failures.txt"))
+            .env("TESTS", tests)
+            .env("MULTIPATH", multipath)
+            .env("SANITIZE", "1")
+            .env("TIMEOUT", "600")
+            .output()
+            .map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        print!("{text}");
+        eprint!("{}", String::from_utf8_lossy(&out.stderr));
+        conformance_ok &= out.status.success();
+        let counts = text.lines().rev().find_map(|l| {
+            let n: Vec<u32> = l.split(", ").filter_map(|part| part.split(' ').next()?.parse().ok()).collect();
+            (l.ends_with(" skipped") && n.len() == 3).then(|| (n[0], n[1], n[2]))
+        });
+        let (p, f, s) = counts.ok_or("run-conformance.sh printed no result line")?;
+        (passed, failed, skipped) = (passed + p, failed + f, skipped + s);
+    }
+    println!("iscsi-test-cu in all: {passed} passed, {failed} failed, {skipped} skipped");
+    drop(target);
+    let (ipassed, ifailed) = initiator_vs_tgtd()?;
+    println!("riser initiator against tgtd: {ipassed} passed, {ifailed} failed");
+    println!("{} passed, {} failed", passed + ipassed, failed + ifailed);
+    if !conformance_ok {
+        return Err("conformance suite reported unexpected failures".into());
+    }
+    if ifailed > 0 {
+        return Err("the riser initiator failed against tgtd".into());
+    }
+    Ok(())
+}
+
+/// tgtd started by ../shared/peers/start-tgtd.sh; stopped on drop.
+pub(crate) struct Tgtd {
+    pub(crate) port: u16,
+    /// The daemon's process id (for its CPU time), as the script reports it.
+    pub(crate) pid: Option<u32>,
+    pub(crate) script: PathBuf,
+}
+
+impl Tgtd {
+    /// Start a private tgtd with one LUN (`backing`: file or shm); `tuned` raises its limits to
+    /// riser's.
+    pub(crate) fn start(iqn: &str, size: &str, backing: &str, tuned: bool) -> Result<Self, String> {
+        let script = shared().join("peers/start-tgtd.sh");
+        // tgtd takes the port as its control-socket number too, which must stay small.
+        let port =
+            (3300..3400).find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok()).ok_or("no free port in 3300..3400 for tgtd")?;
+        let out = Command::new("bash")
+            .arg(&script)
+            .args(["start", &port.to_string(), iqn, size, backing])
+            .env("TUNED", if tuned { "1" } else { "0" })
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("tgtd did not start: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let pid = text.split_whitespace().find_map(|w| w.strip_prefix("PID=")).and_then(|p| p.parse().ok());
+        Ok(Self { port, pid, script })
+    }
+}
+
+impl Drop for Tgtd {
+    fn drop(&mut self) {
+        let _ = Command::new("bash").arg(&self.script).args(["stop", &self.port.to_string()]).stdout(std::process::Stdio::null()).status();
+    }
+}
+
+pub(crate) fn initiator_vs_tgtd() -> Result<(u32, u32), String> {
+    ensure_packages(&[("tgtd", "tgt")])?;
+    let iqn = "iqn.2026-11.io.riser.test:interop";
+    let tgtd = Tgtd::start(iqn, "512M", "file", false)?;
+    let port = tgtd.port;
+    let initiator = root().join("target/release/examples/initiator");
+    build_examples()?;
+    let url = format!("iscsi://127.0.0.1:{port}/{iqn}/1");
+    let (mut passed, mut failed) = (0, 0);
+    let mut check = |name: &str, args: &[&str], expect_ok: bool| {
+        let out = Command::new(&initiator).args(args).output();
+        let ok = out.as_ref().is_ok_and(|o| o.status.success()) == expect_ok;
+        let detail = out
+            .map(|o| {
+                String::from_utf8_lossy(if o.status.success() { &o.stdout } else { &o.stderr }).lines().last().unwrap_or("").to_string()
+            })
+            .unwrap_or_default();
+        println!("{} {name}: {detail}", if ok { "PASS" } else { "FAIL" });
+        if ok { passed += 1 } else { failed += 1 }
+    };
+    check("discovery", &["discover", &format!("iscsi://127.0.0.1:{port}")], true);
+    check("inquiry", &["inquiry", &url], true);
+    check("readcap", &["readcap", &url], true);
+    check("verify 256 MiB at queue depth 16", &["verify", &url, "--size", "256MiB", "--queue-depth", "16"], true);
+    // CHAP: an incoming account bound to the target, then a mutual (outgoing) one.
+    let tgtadm = |args: &[&str]| {
+        Command::new("tgtadm").args(["-C", &port.to_string(), "--lld", "iscsi"]).args(args).status().is_ok_and(|s| s.success())
+    };
+    let chap_set = tgtadm(&["--mode", "account", "--op", "new", "--user", "riseruser", "--password", "risersecret12"])
+        && tgtadm(&["--mode", "account", "--op", "bind", "--tid", "1", "--user", "riseruser"]);
+    if chap_set {
+        check("login without CHAP refused", &["inquiry", &url], false);
+        check("login with CHAP", &["inquiry", &url, "--chap", "riseruser:risersecret12"], true);
+        check("login with a wrong CHAP secret refused", &["inquiry", &url, "--chap", "riseruser:wrongsecret12"], false);
+        let mutual = tgtadm(&["--mode", "account", "--op", "new", "--user", "tgtuser", "--password", "tgtsecret1234"])
+            && tgtadm(&["--mode", "account", "--op", "bind", "--tid", "1", "--user", "tgtuser", "--outgoing"]);
+        if mutual {
+            check(
+                "login with mutual CHAP",
+                &["readcap", &url, "--chap", "riseruser:risersecret12", "--mutual-chap", "tgtuser:tgtsecret1234"],
+                true,
+            );
+        }
+    } else {
+        println!("FAIL could not configure CHAP on tgtd");
+        failed += 1;
+    }
+    drop(tgtd);
+    Ok((passed, failed))
+}
