@@ -787,3 +787,57 @@ async fn discovery_chap_required_refused_and_mutual() {
     let e = discover(addr, ME, chap("discoverysecret", None)).await.unwrap_err();
     assert!(matches!(e, Error::Login(LoginFailure::Status(LoginStatus::AUTHENTICATION_FAILURE))), "mutual CHAP required: {e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collection_waiting_for_a_data_out_ends_when_its_task_is_dropped() {
+    // The target's datamover is reading an unsolicited Data-Out's data (half of it has come)
+    // when the core starts collecting the write: Get_Data waits for the buffer. The task is
+    // then dropped (as an abort or the connection's end does): Get_Data must end with NoTask,
+    // not wait for a wake-up nobody sends.
+    use riser::datamover::{Datamover, DmError, R2tPlan};
+    use riser::iscsi::keys::{NegotiatedParams, Role};
+    use riser::iscsi::wire::{DataOut, ScsiCommand};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut peer = tokio::net::TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+    let (sock, _) = l.accept().await.unwrap();
+    let (dm, driver) = riser::tcp::datamover(sock, Role::Target);
+    tokio::spawn(driver);
+    let dm = Arc::new(dm);
+    let params = NegotiatedParams {
+        initial_r2t: false,
+        immediate_data: true,
+        first_burst_length: 65536,
+        max_burst_length: 262_144,
+        ..NegotiatedParams::default()
+    };
+    dm.notice_key_values(&params);
+    dm.enable();
+    let mut out = Vec::new();
+    let cdb = [0x2a, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    let cmd = ScsiCommand { write: true, itt: 7, expected_data_len: 131_072, cmd_sn: 1, cdb, ..ScsiCommand::default() };
+    Pdu::new(Header::ScsiCommand(cmd), &[][..], &[][..]).encode(&mut out);
+    let mut data_out = Vec::new();
+    let d = DataOut { itt: 7, ttt: u32::MAX, ..DataOut::default() };
+    Pdu::new(Header::DataOut(d), &[][..], &[0x5a; 8192][..]).encode(&mut data_out);
+    out.extend_from_slice(&data_out[..48 + 4096]);
+    peer.write_all(&out).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let plan = R2tPlan {
+        itt: 7,
+        lun: Lun::ZERO,
+        start: 65536,
+        end: 131_072,
+        max_burst: 262_144,
+        first_ttt: 1,
+        stat_sn: 1,
+        exp_cmd_sn: 2,
+        max_cmd_sn: 33,
+    };
+    let collector = dm.clone();
+    let collect = tokio::spawn(async move { collector.get_data(plan).await.map(|_| ()) });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!collect.is_finished(), "Get_Data waits while the Data-Out's data is read");
+    dm.deallocate_task_resources(7);
+    let r = tokio::time::timeout(std::time::Duration::from_secs(3), collect).await.expect("Get_Data ended").unwrap();
+    assert_eq!(r, Err(DmError::NoTask(7)));
+}

@@ -96,7 +96,8 @@ struct Shared {
     pending_rx_params: StdMutex<Option<LinkParams>>,
     pending_tx_params: StdMutex<Option<LinkParams>>,
     writes: StdMutex<HashMap<u32, WriteTask>>,
-    /// Woken whenever a Data-Out's read ends and its task's buffer is back (`reading` false).
+    /// Woken whenever a Data-Out's read ends and its task's buffer is back (`reading` false),
+    /// and whenever tasks leave the table (so a Get_Data waiting on a read learns it is gone).
     write_read_done: Notify,
     events_tx: mpsc::UnboundedSender<DmEvent>,
     events_rx: Mutex<mpsc::UnboundedReceiver<DmEvent>>,
@@ -206,8 +207,9 @@ impl PduDatamover {
                 _ = &mut close => break Terminated::Local,
             }
         };
-        // Fail every waiting Get_Data.
+        // Fail every waiting Get_Data (also one waiting for a Data-Out's read to end).
         lock(&shared.writes).clear();
+        shared.write_read_done.notify_waiters();
         let _ = shared.events_tx.send(DmEvent::Terminated(why));
     }
 
@@ -429,6 +431,7 @@ impl PduDatamover {
             // Aborted while its data was read: the buffer goes back to the pool.
             drop(writes);
             shared.pool.give(buf);
+            shared.write_read_done.notify_waiters();
             return read;
         };
         task.buf = buf;
@@ -751,6 +754,7 @@ impl Datamover for PduDatamover {
 
     fn deallocate_connection_resources(&self) {
         lock(&self.shared.writes).clear();
+        self.shared.write_read_done.notify_waiters();
     }
 
     fn enable(&self) {
@@ -762,6 +766,8 @@ impl Datamover for PduDatamover {
 
     fn deallocate_task_resources(&self, itt: u32) {
         lock(&self.shared.writes).remove(&itt);
+        // A Get_Data waiting for a Data-Out's read to end finds the task gone.
+        self.shared.write_read_done.notify_waiters();
     }
 
     fn release_task_buffer(&self, buf: TaskBuffer) {
