@@ -180,8 +180,9 @@ pub mod cli {
     }
 
     /// Apply `KEY=VALUE` (the examples' `--iser-param`) to an iSER datamover's settings:
-    /// `signal_every` (1 to 1024: at most that many routine requests in a row unsignaled) and
-    /// `send_depth` (send queue entries, 16 to 65536).
+    /// `signal_every` (1 to 1024: at most that many routine requests in a row unsignaled; the
+    /// datamover lowers it to a quarter of the send queue) and `send_depth` (send queue entries,
+    /// from two per posted receive plus 16 (272 by default) to 65536).
     #[cfg(feature = "rdma")]
     pub fn set_iser(cfg: &mut riser_iser::IserConfig, kv: &str) -> Result<(), String> {
         let (key, value) = kv.split_once('=').ok_or_else(|| format!("--iser-param {kv:?}: expected KEY=VALUE"))?;
@@ -195,7 +196,8 @@ pub mod cli {
         };
         match key {
             "signal_every" => cfg.signal_every = number(1, 1024)?,
-            "send_depth" => cfg.send_depth = Some(number(16, 65536)?),
+            // Two per posted receive plus 16 at least: the datamover raises anything smaller.
+            "send_depth" => cfg.send_depth = Some(number(cfg.recv_depth * 2 + 16, 65536)?),
             _ => return Err(format!("--iser-param {key}: not a setting (signal_every, send_depth)")),
         }
         Ok(())
@@ -269,12 +271,12 @@ pub mod cli {
             let mut c = riser_iser::IserConfig::default();
             assert_eq!((c.signal_every, c.send_depth), (riser_iser::DEFAULT_SIGNAL_EVERY, None));
             super::set_iser(&mut c, "signal_every=1").unwrap();
-            super::set_iser(&mut c, "send_depth = 256").unwrap();
-            assert_eq!((c.signal_every, c.send_depth), (1, Some(256)));
-            for bad in ["signal_every=0", "send_depth=8", "send_depth=lots", "recv_depth=4", "signal_every"] {
+            super::set_iser(&mut c, "send_depth = 512").unwrap();
+            assert_eq!((c.signal_every, c.send_depth), (1, Some(512)));
+            for bad in ["signal_every=0", "send_depth=271", "send_depth=lots", "recv_depth=4", "signal_every"] {
                 assert!(super::set_iser(&mut c, bad).is_err(), "{bad}");
             }
-            assert_eq!((c.signal_every, c.send_depth), (1, Some(256)), "a refused value changes nothing");
+            assert_eq!((c.signal_every, c.send_depth), (1, Some(512)), "a refused value changes nothing");
         }
 
         #[cfg(unix)]

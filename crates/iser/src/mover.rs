@@ -44,12 +44,13 @@ pub struct IserConfig {
     /// RDMA Reads this side issues outstanding (initiator depth).
     pub ord: u8,
     /// Send queue entries; `None`: four per posted receive plus 16 (every command may need a
-    /// Send, an RDMA Write or Read and a response in flight at once).
+    /// Send, an RDMA Write or Read and a response in flight at once). Never fewer than two per
+    /// posted receive plus 16: smaller values are raised to that.
     pub send_depth: Option<u32>,
     /// At most this many routine requests (commands, responses, Data-Out, RDMA Writes) in a
     /// row go unsignaled; 1 signals every request. Fewer completions mean fewer wake-ups of
-    /// the completion driver, but unsignaled requests hold their memory until a later one
-    /// completes.
+    /// the completion driver, but unsignaled requests hold their send queue entries and memory
+    /// until a later one completes: it is lowered to a quarter of the send queue if larger.
     pub signal_every: u32,
 }
 
@@ -504,7 +505,7 @@ impl<P: Provider + 'static> Shared<P> {
         let mut u = lock(&self.unsignaled);
         let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
         u.since_signal += 1;
-        let signaled = done.is_some() || u.since_signal >= self.cfg.signal_every.max(1);
+        let signaled = done.is_some() || u.since_signal >= signal_interval(&self.cfg);
         if signaled {
             u.since_signal = 0;
             let done = done.unwrap_or_else(|| oneshot::channel().0);
@@ -865,7 +866,15 @@ fn copy_out<M: MemoryRegion>(mr: Arc<M>) -> BytesMut {
 }
 
 fn caps(cfg: &IserConfig) -> QpCaps {
-    QpCaps { max_send_wr: cfg.send_depth.unwrap_or(cfg.recv_depth * 4 + 16), max_recv_wr: cfg.recv_depth + LOGIN_RECVS, max_sge: 2 }
+    let max_send_wr = cfg.send_depth.unwrap_or(cfg.recv_depth * 4 + 16).max(cfg.recv_depth * 2 + 16);
+    QpCaps { max_send_wr, max_recv_wr: cfg.recv_depth + LOGIN_RECVS, max_sge: 2 }
+}
+
+/// How many routine requests in a row may go unsignaled: [`IserConfig::signal_every`], at most
+/// a quarter of the send queue (unsignaled requests keep their entries until a later one
+/// completes).
+fn signal_interval(cfg: &IserConfig) -> u32 {
+    cfg.signal_every.clamp(1, (caps(cfg).max_send_wr / 4).max(1))
 }
 
 /// Target: accept an iSER connection request (blocking: run it off the async threads). The
@@ -979,6 +988,18 @@ pub fn fuzz_receive<P: Provider + 'static>(pd: Arc<P::Pd>, cq: Arc<P::Cq>, qp: A
 mod tests {
     use super::*;
     use riser_iscsi::wire::{AsyncMessage, NopIn, NopOut};
+
+    #[test]
+    fn the_send_queue_holds_what_the_settings_can_leave_in_it() {
+        let d = IserConfig::default();
+        assert_eq!((caps(&d).max_send_wr, signal_interval(&d)), (528, DEFAULT_SIGNAL_EVERY));
+        // Too shallow a queue is raised to two entries per receive plus 16; an interval longer
+        // than a quarter of the queue is shortened (unsignaled requests keep their entries).
+        let c = IserConfig { send_depth: Some(16), signal_every: 1000, ..d };
+        assert_eq!((caps(&c).max_send_wr, signal_interval(&c)), (272, 68));
+        let c = IserConfig { send_depth: Some(4096), signal_every: 0, ..d };
+        assert_eq!((caps(&c).max_send_wr, signal_interval(&c)), (4096, 1));
+    }
 
     fn ping(ttt: u32) -> Header {
         Header::NopIn(NopIn { itt: RESERVED_TAG, ttt, ..NopIn::default() })

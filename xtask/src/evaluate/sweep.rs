@@ -25,7 +25,7 @@ const VARIANTS: [(&str, &str, bool); 16] = [
     ("iser", "signal_every=1", true),
     ("iser", "signal_every=4", false),
     ("iser", "signal_every=64", false),
-    ("iser", "send_depth=144", false),
+    ("iser", "send_depth=272", false),
     ("iser", "send_depth=2064", false),
 ];
 
