@@ -272,11 +272,12 @@ fn finish(dir: &Path, report: Option<&Path>) -> Result<(), String> {
     Ok(())
 }
 
-/// Another RunningTarget with a TCP portal and an iSER (software RNIC) portal, the RAM LUN,
+/// Another RunningTarget with a TCP portal and an iSER (software RNIC) portal, a RAM LUN of `lun`,
 /// `params` offered as `--param`s and `iser` as `--iser-param`s: (target, TCP URL, iSER URL).
-fn target_with(iqn: &str, params: &[String], iser: &[String]) -> Result<(RunningTarget, [String; 2]), String> {
+fn target_with(iqn: &str, lun: &str, params: &[String], iser: &[String]) -> Result<(RunningTarget, [String; 2]), String> {
     let iser_portal = format!("127.0.0.1:{}", free_port()?);
-    let mut targs: Vec<&str> = vec!["--target-name", iqn, "--lun", "ram:1GiB", "--iser-portal", &iser_portal];
+    let lun = format!("ram:{lun}");
+    let mut targs: Vec<&str> = vec!["--target-name", iqn, "--lun", &lun, "--iser-portal", &iser_portal];
     for p in params {
         targs.extend(["--param", p]);
     }
@@ -288,7 +289,7 @@ fn target_with(iqn: &str, params: &[String], iser: &[String]) -> Result<(Running
     Ok((target, urls))
 }
 
-/// Write the whole LUN once, so no measured run pays for the target's first touch of its memory.
+/// Write the whole LUN (up to 1 GiB) once, so no measured run pays for the target's first touch of its memory.
 fn prefill(target: &RunningTarget, url: &str, extra: &[&str]) -> Result<(), String> {
     super::initiator_run(target.child.id(), "write", url, 1 << 30, 1 << 20, 8, extra).map(|_| ())
 }

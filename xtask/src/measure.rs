@@ -67,8 +67,12 @@ pub(crate) fn initiator_run(target_pid: u32, op: &str, url: &str, size: u64, bs:
     Ok(Sample { mib_s, target_cpu_s: m.target_cpu_s, initiator_cpu_s: m.client_cpu_s })
 }
 
-/// The median (the upper one of an even count; NaN for none).
+/// The median (of an even count, the mean of the middle two; NaN for none).
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    if v.is_empty() { f64::NAN } else { v[v.len() / 2] }
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }

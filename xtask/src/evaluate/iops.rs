@@ -15,7 +15,7 @@ const CDF_SIZE: u64 = 4096;
 
 pub(super) fn run(ev: &Eval) -> Result<(), String> {
     let sizes: &[u64] = if ev.quick { &[512, 4096, 65536] } else { &[512, 4096, 16384, 65536] };
-    let (target, urls) = target_with("iqn.2026-11.io.riser:evaluate-iops", &[], &[])?;
+    let (target, urls) = target_with("iqn.2026-11.io.riser:evaluate-iops", "1GiB", &[], &[])?;
     prefill(&target, &urls[0], &[])?;
     let bar = ev.bar(2 * sizes.len() * QUEUE_DEPTHS.len() * ev.reps * 2, "iops")?;
     let mut csv = format!(

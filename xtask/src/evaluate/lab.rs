@@ -4,7 +4,7 @@
 //! kernel initiator and a user-space target), and iWARP against RoCE. xtask/lab/evaluate.sh runs
 //! in the guest; the VM runs under TCG emulation, so the report shows ratios only.
 
-use super::{Eval, Table, median};
+use super::{Eval, Spread, Table, median};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -43,10 +43,11 @@ pub(super) fn run(ev: &Eval) -> Result<(), String> {
     Ok(())
 }
 
-/// The median of the lab runs of (link, initiator, transport, op).
-pub(super) fn value(t: &Table, link: &str, initiator: &str, transport: &str, op: &str) -> f64 {
-    let rows = t.select(&[("link", link), ("initiator", initiator), ("transport", transport), ("op", op)]);
-    median(rows.iter().map(|r| super::num(r, "value")).collect())
+/// The lab runs of (link, initiator, transport, op), in repetition order.
+fn runs(t: &Table, link: &str, initiator: &str, transport: &str, op: &str) -> Vec<f64> {
+    let mut rows = t.select(&[("link", link), ("initiator", initiator), ("transport", transport), ("op", op)]);
+    rows.sort_by_key(|r| super::num(r, "rep") as u64);
+    rows.iter().map(|r| super::num(r, "value")).collect()
 }
 
 /// The lab's table for the report, or `None` without a lab run.
@@ -56,10 +57,14 @@ pub(super) fn table(dir: &Path) -> Result<Option<String>, String> {
     for link in ["rxe", "siw"] {
         for initiator in ["riser", "kernel"] {
             for op in ["write", "read", "randread"] {
-                let (tcp, iser) = (value(&t, link, initiator, "tcp", op), value(&t, link, initiator, "iser", op));
-                if tcp.is_nan() && iser.is_nan() {
+                let (tcp_runs, iser_runs) = (runs(&t, link, initiator, "tcp", op), runs(&t, link, initiator, "iser", op));
+                if tcp_runs.is_empty() && iser_runs.is_empty() {
                     continue;
                 }
+                // Each repetition ran iSER and TCP one after the other: the ratio is the median
+                // of the per-repetition ratios.
+                let ratio = Spread::of_ratios(&iser_runs, &tcp_runs);
+                let (tcp, iser) = (median(tcp_runs), median(iser_runs));
                 let unit = if op == "randread" { "IOPS" } else { "MiB/s" };
                 let what = match op {
                     "randread" => "4K random reads, QD 8",
@@ -69,7 +74,11 @@ pub(super) fn table(dir: &Path) -> Result<Option<String>, String> {
                     _ => "1M writes, QD 8",
                 };
                 let who = if initiator == "kernel" { "Linux (open-iscsi)" } else { "riser" };
-                let _ = writeln!(md, "| {link} | {who} | {what} | {tcp:.1} {unit} | {iser:.1} {unit} | {:.2}× |", iser / tcp);
+                let _ = writeln!(
+                    md,
+                    "| {link} | {who} | {what} | {tcp:.1} {unit} | {iser:.1} {unit} | {:.2}× ({:.2}–{:.2}) |",
+                    ratio.median, ratio.min, ratio.max
+                );
             }
         }
     }
@@ -77,7 +86,8 @@ pub(super) fn table(dir: &Path) -> Result<Option<String>, String> {
     let mut cmp = Vec::new();
     for initiator in ["riser", "kernel"] {
         for op in ["write", "read"] {
-            let r = value(&t, "siw", initiator, "iser", op) / value(&t, "rxe", initiator, "iser", op);
+            // Different links ran minutes apart: a ratio of medians.
+            let r = median(runs(&t, "siw", initiator, "iser", op)) / median(runs(&t, "rxe", initiator, "iser", op));
             if r.is_finite() {
                 cmp.push(format!("{} iSER {op}s {r:.2}×", if initiator == "kernel" { "Linux" } else { "riser" }));
             }

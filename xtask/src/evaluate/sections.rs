@@ -34,8 +34,10 @@ pub(super) fn write_sections(dir: &Path, fig: &dyn Fn(&str, &str) -> String) -> 
          MaxRecvDataSegmentLength = MaxBurstLength = 512 KiB.\n\
          - iSER here runs on riser's software iWARP RNIC (MPA/DDP/RDMAP in user space over loopback \
          TCP): it shows iSER's protocol costs, not RDMA offload. `--lab` adds the kernel's rxe and siw.\n\
-         - CPU: user + system seconds of the target process and of the client process (/proc), over \
-         the bytes moved.\n\
+         - CPU: user + system seconds of the target process and of the client process (/proc, 10 ms \
+         ticks) over the bytes moved: the sum over all repetitions of a point over the sum of their bytes. \
+         The clients' CPU includes their start and login, so it is slightly overstated for short runs, for \
+         every target alike.\n\
          - Clients: the riser example initiator (`read`/`write` for fixed volumes, `load` for \
          timed runs with an HdrHistogram of latencies), fio 3.33 with the libiscsi engine, \
          libiscsi's iscsi-perf.\n"
@@ -237,31 +239,36 @@ pub(super) fn write_sections(dir: &Path, fig: &dyn Fn(&str, &str) -> String) -> 
     if let Some(t) = Table::read(dir, "sweep.csv")? {
         md.push_str(
             "## 6. Parameter sweep\n\nOne setting changed from riser's defaults at a time, offered by both sides; \
-             1 MiB sequential writes at QD 8 and 4 KiB random reads at QD 32, a fresh target per setting.\n\n",
+             1 MiB sequential writes at QD 8 and 4 KiB random reads at QD 32. Every setting has a target of its own, \
+             all up at once, and each repetition goes round all of them; \"vs defaults\" is the median of each \
+             run's ratio to the defaults' run of the same round (min–max).\n\n",
         );
         md.push_str(&fig("sweep-write-1m", "sweep, 1 MiB writes"));
         md.push_str(&fig("sweep-randread-4k", "sweep, 4 KiB random reads"));
-        md.push_str("| transport | setting | write 1M QD 8 MiB/s | vs defaults | randread 4K QD 32 IOPS | vs defaults |\n|---|---|---:|---:|---:|---:|\n");
+        md.push_str(
+            "| transport | setting | write 1M QD 8 MiB/s | vs defaults | randread 4K QD 32 IOPS | vs defaults |\n|---|---|---:|---:|---:|---:|\n",
+        );
         let [(w, ..), (r, ..)] = super::sweep::WORKLOADS;
+        let change =
+            |s: Spread| format!("{:+.0} % ({:+.0}…{:+.0})", 100.0 * (s.median - 1.0), 100.0 * (s.min - 1.0), 100.0 * (s.max - 1.0));
         for transport in ["tcp", "iser"] {
-            let (dw, dr) = (super::sweep::value(&t, transport, "defaults", w), super::sweep::value(&t, transport, "defaults", r));
+            let (dw, dr) = (super::sweep::runs(&t, transport, "defaults", w), super::sweep::runs(&t, transport, "defaults", r));
             for setting in t.distinct("setting") {
-                let (vw, vr) = (super::sweep::value(&t, transport, &setting, w), super::sweep::value(&t, transport, &setting, r));
-                if vw.is_nan() {
+                let (vw, vr) = (super::sweep::runs(&t, transport, &setting, w), super::sweep::runs(&t, transport, &setting, r));
+                if vw.is_empty() {
                     continue;
                 }
                 let _ = writeln!(
                     md,
-                    "| {transport} | {setting} | {vw:.0} | {:+.0} % | {vr:.0} | {:+.0} % |",
-                    100.0 * (vw / dw - 1.0),
-                    100.0 * (vr / dr - 1.0)
+                    "| {transport} | {setting} | {:.0} | {} | {:.0} | {} |",
+                    median(vw.clone()),
+                    change(Spread::of_ratios(&vw, &dw)),
+                    median(vr.clone()),
+                    change(Spread::of_ratios(&vr, &dr))
                 );
             }
         }
-        md.push_str(
-            "\nA setting that beats the defaults by less than the machine's noise (±10 % between medians here) is \
-             no evidence for changing them.\n\n",
-        );
+        md.push_str("\nA change whose runs do not all lie on one side of the defaults' is no evidence for changing them.\n\n");
     }
 
     if let Some(t) = Table::read(dir, "micro.csv")? {
@@ -269,11 +276,12 @@ pub(super) fn write_sections(dir: &Path, fig: &dyn Fn(&str, &str) -> String) -> 
         for r in &t.rows {
             let ns = num(r, "median_ns");
             let time = if ns >= 1000.0 { format!("{:.2} µs", ns / 1000.0) } else { format!("{ns:.1} ns") };
+            let rate = num(r, "rate");
+            let rate = if rate >= 10.0 { format!("{rate:.0}") } else { format!("{rate:.3}") };
             let _ = writeln!(
                 md,
-                "| `{}` | {time} | {:.1} {} |",
+                "| `{}` | {time} | {rate} {} |",
                 r.get("bench").map_or("", String::as_str),
-                num(r, "rate"),
                 r.get("unit").map_or("", String::as_str)
             );
         }

@@ -35,25 +35,31 @@ pub(super) const WORKLOADS: [(&str, &str, u64, u32, &str); 2] =
 
 pub(super) fn run(ev: &Eval) -> Result<(), String> {
     let variants: Vec<_> = VARIANTS.iter().filter(|v| v.2 || !ev.quick).collect();
-    let bar = ev.bar(variants.len() * WORKLOADS.len() * ev.reps, "sweep")?;
-    let mut csv = format!("{},transport,setting,workload,rep,value,unit,target_cpu_s,initiator_cpu_s\n", super::COMMON);
+    // Every setting's target up at once (256 MiB LUNs), so the repetitions can go round all of
+    // them in turn: the machine's drift then spreads over every setting alike, and each setting
+    // is compared with the defaults' run of the same round.
+    let mut setups = Vec::new();
     for &&(transport, setting, _) in &variants {
         let iser_setting = setting.starts_with("signal_every") || setting.starts_with("send_depth");
         let one = if setting == "defaults" { vec![] } else { vec![setting.to_string()] };
         let (params, iser) = if iser_setting { (vec![], one) } else { (one, vec![]) };
-        let (target, urls) = target_with("iqn.2026-11.io.riser:evaluate-sweep", &params, &iser)?;
+        let (target, urls) = target_with(&format!("iqn.2026-11.io.riser:evaluate-sweep-{}", setups.len()), "256MiB", &params, &iser)?;
+        prefill(&target, &urls[0], &params.iter().flat_map(|p| ["--param", p.as_str()]).collect::<Vec<_>>())?;
         let extra: Vec<String> = params
             .iter()
             .flat_map(|p| ["--param".to_string(), p.clone()])
             .chain(iser.iter().flat_map(|p| ["--iser-param".to_string(), p.clone()]))
             .collect();
-        let url = if transport == "tcp" { &urls[0] } else { &urls[1] };
-        prefill(&target, &urls[0], &params.iter().flat_map(|p| ["--param", p.as_str()]).collect::<Vec<_>>())?;
-        // Repetitions interleave the two workloads.
-        for rep in 0..ev.reps {
+        let url = if transport == "tcp" { urls[0].clone() } else { urls[1].clone() };
+        setups.push((transport, setting, target, url, extra));
+    }
+    let bar = ev.bar(variants.len() * WORKLOADS.len() * ev.reps, "sweep")?;
+    let mut csv = format!("{},transport,setting,workload,rep,value,unit,target_cpu_s,initiator_cpu_s\n", super::COMMON);
+    for rep in 0..ev.reps {
+        for (transport, setting, target, url, extra) in &setups {
             for (name, rw, bs, qd, unit) in WORKLOADS {
                 bar.set_message(format!("{transport} {setting}: {name}"));
-                let r = load(target.child.id(), url, rw, bs, qd, ev.seconds(), &extra)?;
+                let r = load(target.child.id(), url, rw, bs, qd, ev.seconds(), extra)?;
                 let value = if unit == "IOPS" { r.iops } else { r.mib_s };
                 let _ = writeln!(
                     csv,
@@ -67,7 +73,15 @@ pub(super) fn run(ev: &Eval) -> Result<(), String> {
         }
     }
     bar.finish_and_clear();
+    drop(setups);
     ev.write("sweep.csv", &csv)
+}
+
+/// The runs of a (transport, setting, workload), in repetition order.
+pub(super) fn runs(t: &Table, transport: &str, setting: &str, workload: &str) -> Vec<f64> {
+    let mut rows = t.select(&[("transport", transport), ("setting", setting), ("workload", workload)]);
+    rows.sort_by_key(|r| num(r, "rep") as u64);
+    rows.iter().map(|r| num(r, "value")).collect()
 }
 
 /// The median of a (transport, setting, workload) over its runs.

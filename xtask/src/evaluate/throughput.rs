@@ -69,7 +69,7 @@ pub(super) fn run(ev: &Eval) -> Result<(), String> {
     let mut setups = Vec::new();
     for (name, params) in PARAMETER_SETS {
         let params: Vec<String> = params.iter().map(|p| (*p).to_string()).collect();
-        let (target, urls) = target_with(iqn, &params, &[])?;
+        let (target, urls) = target_with(iqn, "1GiB", &params, &[])?;
         let extra: Vec<String> = params.iter().flat_map(|p| ["--param".to_string(), p.clone()]).collect();
         setups.push((name, extra, target, urls));
     }
