@@ -53,7 +53,7 @@ fn runs(t: &Table, link: &str, initiator: &str, transport: &str, op: &str) -> Ve
 /// The lab's table for the report, or `None` without a lab run.
 pub(super) fn table(dir: &Path) -> Result<Option<String>, String> {
     let Some(t) = Table::read(dir, "lab.csv")? else { return Ok(None) };
-    let mut md = String::from("| link | initiator | op | TCP | iSER | iSER / TCP |\n|---|---|---|---:|---:|---:|\n");
+    let mut md = String::from("| link | initiator | op | TCP | iSER | iSER / TCP (min–max) |\n|---|---|---|---:|---:|---:|\n");
     for link in ["rxe", "siw"] {
         for initiator in ["riser", "kernel"] {
             for op in ["write", "read", "randread"] {
