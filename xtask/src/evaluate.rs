@@ -126,6 +126,12 @@ impl Table {
         self.rows.iter().filter(|r| want.iter().all(|(k, v)| r.get(*k).is_some_and(|x| x == v))).collect()
     }
 
+    /// The values of `col` in the rows whose fields equal `want`, in repetition order (so two
+    /// such lists pair the runs of the same repetition).
+    fn runs(&self, want: &[(&str, &str)], col: &str) -> Vec<f64> {
+        by_rep(&self.select(want), col)
+    }
+
     /// The distinct values of a column, in first-seen order.
     fn distinct(&self, col: &str) -> Vec<String> {
         let mut seen = Vec::new();
@@ -136,6 +142,13 @@ impl Table {
         }
         seen
     }
+}
+
+/// The values of `col` in `rows`, in repetition order.
+fn by_rep(rows: &[&BTreeMap<String, String>], col: &str) -> Vec<f64> {
+    let mut v = rows.to_vec();
+    v.sort_by_key(|r| num(r, "rep") as u64);
+    v.iter().map(|r| num(r, col)).collect()
 }
 
 /// A field as a number (NaN when absent or not a number).

@@ -45,9 +45,7 @@ pub(super) fn run(ev: &Eval) -> Result<(), String> {
 
 /// The lab runs of (link, initiator, transport, op), in repetition order.
 fn runs(t: &Table, link: &str, initiator: &str, transport: &str, op: &str) -> Vec<f64> {
-    let mut rows = t.select(&[("link", link), ("initiator", initiator), ("transport", transport), ("op", op)]);
-    rows.sort_by_key(|r| super::num(r, "rep") as u64);
-    rows.iter().map(|r| super::num(r, "value")).collect()
+    t.runs(&[("link", link), ("initiator", initiator), ("transport", transport), ("op", op)], "value")
 }
 
 /// The lab's table for the report, or `None` without a lab run.

@@ -5,7 +5,7 @@
 //! libiscsi engine, by libiscsi's iscsi-perf and by the riser initiator; so the riser initiator
 //! also meets libiscsi against each target. Repetitions interleave every target and client.
 
-use super::{Eval, Spread, Table, load, measured, num, plot, size_name};
+use super::{Eval, Spread, Table, load, measured, plot, size_name};
 use plotters::style::RGBColor;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -184,10 +184,7 @@ pub(super) fn workload_name(rw: &str, bs: u64, qd: u32) -> String {
 
 /// The runs' values of `col` for (target, client, workload), in repetition order.
 pub(super) fn values(t: &Table, target: &str, client: &str, (rw, bs, qd): (&str, u64, u32), col: &str) -> Vec<f64> {
-    let mut rows =
-        t.select(&[("target", target), ("client", client), ("rw", rw), ("io_bytes", &bs.to_string()), ("queue_depth", &qd.to_string())]);
-    rows.sort_by_key(|r| num(r, "rep") as u64);
-    rows.iter().map(|r| num(r, col)).collect()
+    t.runs(&[("target", target), ("client", client), ("rw", rw), ("io_bytes", &bs.to_string()), ("queue_depth", &qd.to_string())], col)
 }
 
 /// CPU seconds (`col`: target_cpu_s or client_cpu_s) per GiB moved over the runs of

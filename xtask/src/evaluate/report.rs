@@ -117,9 +117,8 @@ fn goals(dir: &Path) -> Result<Vec<Goal>, String> {
                         .filter(|s| tcp.iter().any(|r| num(r, "io_bytes") as u64 == *s))
                         .collect();
                     let of = |rows: &[&std::collections::BTreeMap<String, String>], s: u64, col: &str| {
-                        let mut v: Vec<_> = rows.iter().filter(|r| num(r, "io_bytes") as u64 == s).collect();
-                        v.sort_by_key(|r| num(r, "rep") as u64);
-                        v.iter().map(|r| num(r, col)).collect::<Vec<f64>>()
+                        let v: Vec<_> = rows.iter().copied().filter(|r| num(r, "io_bytes") as u64 == s).collect();
+                        super::by_rep(&v, col)
                     };
                     let ratios: Vec<f64> =
                         sizes.iter().map(|&s| Spread::of_ratios(&of(&iser, s, "mib_s"), &of(&tcp, s, "mib_s")).median).collect();

@@ -1,7 +1,7 @@
 //! The body of `EVALUATION.md`: machine and method, then one part per section of the run, each
 //! with its tables (medians of the runs) and figures, then the caveats.
 
-use super::{Spread, Table, median, num, size_name};
+use super::{Spread, Table, by_rep, median, num, size_name};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -304,11 +304,4 @@ pub(super) fn write_sections(dir: &Path, fig: &dyn Fn(&str, &str) -> String) -> 
          figures across runs. The lab VM is emulated (TCG): its figures are for ratios only.\n",
     );
     Ok(md)
-}
-
-/// The values of `col` in repetition order.
-fn by_rep(rows: &[Row<'_>], col: &str) -> Vec<f64> {
-    let mut v: Vec<_> = rows.to_vec();
-    v.sort_by_key(|r| num(r, "rep") as u64);
-    v.iter().map(|r| num(r, col)).collect()
 }

@@ -79,9 +79,7 @@ pub(super) fn run(ev: &Eval) -> Result<(), String> {
 
 /// The runs of a (transport, setting, workload), in repetition order.
 pub(super) fn runs(t: &Table, transport: &str, setting: &str, workload: &str) -> Vec<f64> {
-    let mut rows = t.select(&[("transport", transport), ("setting", setting), ("workload", workload)]);
-    rows.sort_by_key(|r| num(r, "rep") as u64);
-    rows.iter().map(|r| num(r, "value")).collect()
+    t.runs(&[("transport", transport), ("setting", setting), ("workload", workload)], "value")
 }
 
 /// The median of a (transport, setting, workload) over its runs.
