@@ -758,3 +758,32 @@ fn accept_errors_child() {
         r.ping(1).await;
     });
 }
+
+/// A header that is well framed but holds an impossible field (here a Login Request with both
+/// the T and C bits, RFC 7143 §11.12.2) gets a Reject carrying it (Invalid PDU Field), and the
+/// session goes on: the datamover hands the decode error to the session, which acts on its
+/// reaction. It used to end the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_with_an_impossible_field_is_rejected_and_the_session_goes_on() {
+    let addr = start(|_| {}).await;
+    let mut r = Raw::login(addr, OperationalConfig::default(), [0x80, 0, 0, 0, 0, 18]).await;
+    let bad = Header::LoginRequest(LoginRequest { transit: true, cont: true, itt: 77, cmd_sn: r.cmd_sn, ..LoginRequest::default() });
+    let mut sent = Vec::new();
+    Pdu::new(bad, &[][..], &b"junk"[..]).encode(&mut sent);
+    r.sock.write_all(&sent).await.unwrap();
+    match r.next().await {
+        (Header::Reject(j), bhs) => {
+            assert_eq!(j.reason, RejectReason::INVALID_PDU_FIELD);
+            assert_eq!(bhs, sent[..48], "the Reject carries the offending header as sent");
+        }
+        other => panic!("expected a Reject, got {other:?}"),
+    }
+    // Its data segment was skipped, not taken for a header: the connection still works.
+    r.ping(2).await;
+    let (resp, _) = {
+        let c = r.command(3, &read10(0, 1), 512, false, true, false);
+        r.send(c, &[]).await;
+        r.response(3, |_| {}).await
+    };
+    assert_eq!(resp.status, Status::GOOD);
+}

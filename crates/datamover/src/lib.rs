@@ -41,7 +41,7 @@ use bytes::{Bytes, BytesMut};
 use core::future::Future;
 use core::pin::Pin;
 use riser_iscsi::keys::NegotiatedParams;
-use riser_iscsi::wire::{Header, ScsiCommand};
+use riser_iscsi::wire::{DecodeError, Header, ScsiCommand};
 use riser_scsi::lun::Lun;
 use riser_scsi::sense::Status;
 
@@ -195,8 +195,9 @@ impl R2tPlan {
     }
 }
 
-/// Why the datamover could not do something.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+/// Why the datamover could not do something. Structured, `Clone + PartialEq`, no allocation:
+/// the session layer matches on it (a [`DmError::Decode`] carries the RFC's reaction).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum DmError {
     /// The connection is gone.
@@ -205,17 +206,181 @@ pub enum DmError {
     /// The task is unknown or was aborted.
     #[error("no such task {0:#x}")]
     NoTask(u32),
-    /// The peer sent something the datamover cannot accept (e.g. Data-Out beyond the burst);
-    /// the connection is dropped.
+    /// A received PDU is malformed; [`DecodeError::reaction`] says whether the session answers
+    /// with a Reject and goes on, or the connection ends.
+    #[error("malformed PDU: {0}")]
+    Decode(#[from] DecodeError),
+    /// The peer broke a rule of the datamover's protocol; the connection is dropped.
     #[error("protocol error: {0}")]
-    Protocol(String),
+    Protocol(#[from] Violation),
     /// The task's data arrived out of sequence (wrong DataSN, offset or tag); the task must
     /// end with CHECK CONDITION, the connection stays up.
     #[error("data sequence error: {0}")]
-    DataSequence(String),
+    DataSequence(#[from] SequenceError),
     /// Transport I/O error.
     #[error("I/O error: {0}")]
-    Io(String),
+    Io(std::io::ErrorKind),
+    /// A local resource the transport needs could not be had (memory registration, queue
+    /// room, receive buffers); the reason is logged where it happened.
+    #[error("out of transport resources: {what}")]
+    Resources {
+        /// What was being done.
+        what: &'static str,
+    },
+    /// An RDMA work request completed in error (iSER).
+    #[error("{op} completed with {status}")]
+    Completion {
+        /// The work request (Send, RDMA Write, RDMA Read, Receive).
+        op: &'static str,
+        /// Its completion status.
+        status: &'static str,
+    },
+}
+
+impl From<std::io::Error> for DmError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Io(e.kind())
+    }
+}
+
+/// A peer's breach of the data-transfer rules that ends the connection (RFC 7143 §7.1 at
+/// ERL 0; RFC 7145 for iSER).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Violation {
+    /// Initiator: a Data-In placed data past the end of the command's read buffer.
+    #[error("Data-In for task {itt:#x} beyond its read buffer")]
+    DataInBeyondBuffer {
+        /// Task.
+        itt: u32,
+    },
+    /// A SCSI Command carried immediate data although ImmediateData=No.
+    #[error("immediate data sent with ImmediateData=No")]
+    ImmediateDataNotNegotiated,
+    /// A new write reused the Initiator Task Tag of a write still outstanding.
+    #[error("ITT {itt:#x} reused while its write is outstanding")]
+    TaskTagReused {
+        /// The tag.
+        itt: u32,
+    },
+    /// The last Data-Out an R2T asked for came without the F bit.
+    #[error("last Data-Out of an R2T without the F bit")]
+    BurstWithoutFinal,
+    /// A PDU's data segment did not follow its header in time.
+    #[error("a {len}-byte data segment not received within {secs} s of its header")]
+    SegmentStalled {
+        /// Announced DataSegmentLength.
+        len: u32,
+        /// The limit, in seconds.
+        secs: u64,
+    },
+    /// A link was asked to read a data segment of another length than its header announced
+    /// (a datamover bug, reported rather than trusted).
+    #[error("data segment read with the wrong length")]
+    SegmentLengthMismatch,
+    /// Target on iSER: more unexpected PDUs (NOP-In pings or Async Messages) than an iSER
+    /// initiator has receive buffers for (RFC 7145 §6.2).
+    #[error("more than {limit} unexpected PDUs of one kind outstanding on an iSER connection")]
+    TooManyUnexpected {
+        /// The limit.
+        limit: u32,
+    },
+    /// Target on iSER: a command expects read data but its initiator advertised no read STag.
+    #[error("task {itt:#x} has read data but no read STag was advertised")]
+    NoReadStag {
+        /// Task.
+        itt: u32,
+    },
+    /// An iSER Hello or HelloReply arrived: RFC 7145 sets connections up through the
+    /// connection manager, not with Hello messages.
+    #[error("iSER Hello/HelloReply received: riser speaks RFC 7145 iSER, set up by the connection manager")]
+    IserHello,
+    /// An iSER header with an opcode RFC 7145 does not define.
+    #[error("unknown iSER opcode {0:#x}")]
+    IserOpcode(u8),
+    /// A message shorter than the iSER header.
+    #[error("iSER message shorter than its header")]
+    IserTruncated,
+    /// The peer frames PDUs with RFC 5046's 12-byte iSER header.
+    #[error("the peer uses the 12-byte iSER header of RFC 5046; riser speaks RFC 7145 (28-byte header, as Linux)")]
+    Rfc5046Header,
+    /// iSER: unsolicited Data-Out at another offset than the next one due (RFC 7145 carries
+    /// it in order on a reliable connection, so the peer is broken).
+    #[error("unsolicited Data-Out at offset {offset} where {due} was due")]
+    DataOutOutOfOrder {
+        /// The PDU's buffer offset.
+        offset: u32,
+        /// The offset due.
+        due: u32,
+    },
+    /// iSER initiator: the target invalidated a key remotely although remote invalidation was
+    /// not negotiated.
+    #[error("unexpected remote invalidation (not negotiated)")]
+    UnexpectedInvalidation,
+    /// iSER initiator: the target invalidated a key that is not one of the task's.
+    #[error("remote invalidation of {key:#x}, not a key of task {itt:#x}")]
+    ForeignInvalidation {
+        /// The invalidated key.
+        key: u32,
+        /// The task the response named.
+        itt: u32,
+    },
+}
+
+/// Why a task's write data broke sequence (RFC 7143 §11.7–11.8); the task ends with CHECK
+/// CONDITION, the connection goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SequenceError {
+    /// The command announced unsolicited Data-Out (F=0) although InitialR2T=Yes.
+    #[error("unsolicited Data-Out announced (F=0) with InitialR2T=Yes")]
+    UnsolicitedWithInitialR2t,
+    /// Unsolicited Data-Out after the unsolicited sequence ended (F bit seen).
+    #[error("unsolicited Data-Out after the unsolicited burst ended")]
+    UnsolicitedAfterEnd,
+    /// Unsolicited Data-Out at an unexpected buffer offset.
+    #[error("unsolicited Data-Out out of order")]
+    UnsolicitedOutOfOrder,
+    /// The unsolicited sequence ended (F bit) before FirstBurstLength or the transfer's end.
+    #[error("unsolicited Data-Out ended before FirstBurstLength")]
+    UnsolicitedEndedEarly,
+    /// Unsolicited data past FirstBurstLength.
+    #[error("unsolicited Data-Out beyond FirstBurstLength")]
+    BeyondFirstBurst,
+    /// Unsolicited data past what the command announced.
+    #[error("unsolicited data beyond the {len} bytes to collect")]
+    UnsolicitedBeyondLength {
+        /// The bytes to collect.
+        len: u32,
+    },
+    /// The unsolicited sequence ended short of what was due.
+    #[error("{got} bytes of unsolicited data where {due} were due")]
+    UnsolicitedShort {
+        /// Received.
+        got: u32,
+        /// Due.
+        due: u32,
+    },
+    /// A Data-Out with a DataSN other than the next one.
+    #[error("Data-Out with a wrong DataSN")]
+    DataSn,
+    /// A Data-Out naming a Target Transfer Tag no R2T of the task has.
+    #[error("Data-Out for an unknown Target Transfer Tag")]
+    UnknownTtt,
+    /// A Data-Out outside the range its R2T asked for.
+    #[error("Data-Out outside its R2T")]
+    OutsideR2t,
+    /// iSER: the command has solicited write data but its initiator advertised no write STag.
+    #[error("solicited write data but no write STag advertised")]
+    NoWriteStag,
+    /// Get_Data delivered another amount than the command's transfer length.
+    #[error("{got} bytes of write data where {due} were due")]
+    WrongLength {
+        /// Delivered.
+        got: u32,
+        /// Due.
+        due: u32,
+    },
 }
 
 /// Why a connection ended (Connection_Terminate_Notify).
@@ -224,8 +389,8 @@ pub enum DmError {
 pub enum Terminated {
     /// The peer closed the connection.
     PeerClosed,
-    /// A framing, digest or protocol error dropped it.
-    Error(String),
+    /// A framing, digest, protocol or transport error dropped it.
+    Error(DmError),
     /// We terminated it.
     Local,
 }
@@ -238,6 +403,15 @@ pub enum DmEvent {
     /// has allocated the task buffer and placed the immediate data; the buffer is handed out by
     /// [`Datamover::get_data`] later.
     Control(ControlPdu),
+    /// A well-framed PDU whose header breaks a rule answered with a Reject
+    /// ([`DecodeError::reaction`]): its data was discarded; the target rejects `bhs` with the
+    /// reaction's reason, an initiator drops the connection.
+    Malformed {
+        /// The offending header, as received.
+        bhs: [u8; riser_iscsi::wire::BHS_LEN],
+        /// What is wrong with it.
+        error: DecodeError,
+    },
     /// Data_ACK_Notify (ERL > 0).
     DataAck {
         /// Task.
@@ -276,13 +450,22 @@ pub trait Datamover: Send + Sync + core::fmt::Debug {
     /// Notice_Key_Values: the negotiated keys, applied from the next PDU on.
     fn notice_key_values(&self, params: &NegotiatedParams);
 
-    /// Allocate_Connection_Resources (post receive buffers on iSER).
+    /// Allocate_Connection_Resources: provision the full feature phase (iSER posts its receive
+    /// buffers: RFC 7145 §5.1 wants them up before the final Login Response leaves).
     fn allocate_connection_resources(&self, res: ConnectionResources) -> Result<(), DmError>;
 
     /// Deallocate_Connection_Resources.
     fn deallocate_connection_resources(&self);
 
-    /// Enable_Datamover: login is over; full feature phase begins.
+    /// Enable_Datamover: login is over; full feature phase begins. Until then the datamover
+    /// reads nothing ahead: each login PDU is read when [`next_event`](Self::next_event) asks for
+    /// it, so a PDU after the last login PDU is framed with the parameters of
+    /// [`notice_key_values`](Self::notice_key_values), which the iSCSI layer calls first.
+    ///
+    /// The order at the end of login, for both roles: `allocate_connection_resources` before
+    /// the final Login Response (target) or the Login Request that asks for the full feature
+    /// phase (initiator) is sent, then `notice_key_values` and `enable` once it is sent
+    /// (target) or its answer received (initiator).
     fn enable(&self);
 
     /// Deallocate_Task_Resources: forget task `itt` (aborted or finished): drop its buffer,

@@ -5,7 +5,7 @@
 use crate::{BoxFuture, DmError};
 use bytes::Bytes;
 use riser_iscsi::keys::Digest;
-use riser_iscsi::wire::Header;
+use riser_iscsi::wire::{DecodeError, Header};
 
 /// A received PDU whose data segment has not been read yet.
 #[derive(Debug)]
@@ -16,6 +16,10 @@ pub struct RxHeader {
     pub ahs: Bytes,
     /// DataSegmentLength: the caller must now read exactly this many bytes.
     pub data_len: usize,
+    /// The PDU is well framed but its header breaks a rule whose answer is a Reject
+    /// ([`DecodeError::reaction`]); `header` is then [`Header::Unknown`] with the raw BHS.
+    /// Errors that lose framing are returned as errors instead.
+    pub malformed: Option<DecodeError>,
 }
 
 /// Link framing parameters, effective from the next PDU (set after login).
@@ -31,7 +35,11 @@ pub struct LinkParams {
 
 impl Default for LinkParams {
     fn default() -> Self {
-        Self { header_digest: Digest::None, data_digest: Digest::None, max_recv_data_segment_length: 8192 }
+        Self {
+            header_digest: Digest::None,
+            data_digest: Digest::None,
+            max_recv_data_segment_length: riser_iscsi::keys::DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH,
+        }
     }
 }
 

@@ -5,7 +5,8 @@
 use crate::link::{LinkParams, LinkRx, LinkTx, RxHeader};
 use crate::{BoxFuture, DmError};
 use bytes::Bytes;
-use riser_iscsi::wire::Header;
+use riser_iscsi::keys::DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH;
+use riser_iscsi::wire::{DecodeError, Header};
 use tokio::sync::mpsc;
 
 /// One PDU in flight.
@@ -37,7 +38,7 @@ pub struct LoopTx {
 pub fn pair() -> ((LoopRx, LoopTx), (LoopRx, LoopTx)) {
     let (a_tx, b_rx) = mpsc::unbounded_channel();
     let (b_tx, a_rx) = mpsc::unbounded_channel();
-    let end = |rx, tx| (LoopRx { rx, current: None, max_data: 8192 }, LoopTx { tx: Some(tx) });
+    let end = |rx, tx| (LoopRx { rx, current: None, max_data: DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH }, LoopTx { tx: Some(tx) });
     (end(a_rx, a_tx), end(b_rx, b_tx))
 }
 
@@ -48,11 +49,11 @@ impl LinkRx for LoopRx {
                 return Ok(None);
             };
             if f.data.len() > self.max_data as usize {
-                return Err(DmError::Protocol(format!("data segment of {} bytes exceeds {}", f.data.len(), self.max_data)));
+                return Err(DecodeError::DataSegmentTooLong { len: f.data.len() as u32, max: self.max_data }.into());
             }
             let data_len = f.data.len();
             self.current = Some(f.data);
-            Ok(Some(RxHeader { header: f.header, ahs: f.ahs, data_len }))
+            Ok(Some(RxHeader { header: f.header, ahs: f.ahs, data_len, malformed: None }))
         })
     }
 
@@ -60,7 +61,7 @@ impl LinkRx for LoopRx {
         Box::pin(async move {
             let src = self.current.take().unwrap_or_default();
             if src.len() != dst.len() {
-                return Err(DmError::Protocol("data length mismatch".into()));
+                return Err(crate::Violation::SegmentLengthMismatch.into());
             }
             dst.copy_from_slice(&src);
             Ok(())

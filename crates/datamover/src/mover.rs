@@ -4,37 +4,23 @@
 
 use crate::link::{LinkParams, LinkRx, LinkTx};
 use crate::{
-    BoxFuture, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent, PutDataDone, R2tPlan, TaskBuffer, Terminated,
+    BoxFuture, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer,
+    Terminated, Violation,
 };
 use bytes::{Bytes, BytesMut};
 use riser_iscsi::keys::{NegotiatedParams, Role};
+use riser_iscsi::session::TransferLimits;
 use riser_iscsi::wire::{DataIn, DataOut, Header, R2t, RESERVED_TAG, ScsiCommand};
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
-use tokio::sync::{Mutex, Notify, mpsc, oneshot};
+use tokio::sync::{Mutex, Notify, mpsc, watch};
 
 /// Largest write buffer the datamover allocates for one command (EDTL above this is refused
 /// by the target core with CHECK CONDITION before any data is solicited).
 pub const MAX_TASK_BUFFER: u32 = 64 << 20;
-
-#[derive(Clone, Copy, Debug)]
-struct Limits {
-    /// Largest Data-In segment (the peer's receive limit).
-    max_send_dsl: u32,
-    max_burst: u32,
-    first_burst: u32,
-    immediate_data: bool,
-    initial_r2t: bool,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self { max_send_dsl: 8192, max_burst: 262_144, first_burst: 65_536, immediate_data: true, initial_r2t: true }
-    }
-}
 
 #[derive(Debug)]
 struct Solicited {
@@ -50,7 +36,7 @@ struct Solicited {
 enum Notice {
     UnsolicitedDone,
     R2tDone,
-    Failed(&'static str),
+    Failed(SequenceError),
 }
 
 #[derive(Debug)]
@@ -66,7 +52,7 @@ struct WriteTask {
     notify: Option<mpsc::UnboundedSender<Notice>>,
     /// Set when the task's data broke sequence: the task ends with CHECK CONDITION and its
     /// further Data-Out is drained.
-    failed: Option<&'static str>,
+    failed: Option<SequenceError>,
     /// A Data-Out's data is being read into `buf`, which is out of the table meanwhile (the
     /// lock is not held across the read); the task itself stays, so Get_Data always finds it.
     reading: bool,
@@ -92,7 +78,7 @@ struct Shared {
     out_writes: StdMutex<HashMap<u32, OutWrite>>,
     r2t_queue: mpsc::UnboundedSender<R2t>,
     tx: Mutex<Box<dyn LinkTx>>,
-    limits: StdMutex<Limits>,
+    limits: StdMutex<TransferLimits>,
     pending_rx_params: StdMutex<Option<LinkParams>>,
     pending_tx_params: StdMutex<Option<LinkParams>>,
     writes: StdMutex<HashMap<u32, WriteTask>>,
@@ -101,10 +87,11 @@ struct Shared {
     write_read_done: Notify,
     events_tx: mpsc::UnboundedSender<DmEvent>,
     events_rx: Mutex<mpsc::UnboundedReceiver<DmEvent>>,
-    closed: StdMutex<Option<oneshot::Sender<()>>>,
-    enabled: AtomicBool,
-    awaiting_login_step: AtomicBool,
-    login_gate: Notify,
+    /// Login (PDUs read one at a time by [`Datamover::next_event`]), enabled (the receive
+    /// driver reads), or closed.
+    phase: watch::Sender<Phase>,
+    /// The receiving half of the link: read on demand during login, then taken by the driver.
+    login_rx: Mutex<Option<Box<dyn LinkRx>>>,
     /// Once a PDU's header is in, its AHS and data segment must follow within this long
     /// (milliseconds): a peer that announces a segment and stalls cannot hold the connection.
     segment_timeout_ms: AtomicU64,
@@ -113,6 +100,14 @@ struct Shared {
 /// Default of [`PduDatamover::set_segment_timeout`]: a whole data segment (at most 16 MiB) in
 /// 30 s is 0.5 MiB/s, slow enough for any live peer.
 pub const DEFAULT_SEGMENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where a connection is, as the datamover sees it (RFC 5047 §7: Enable_Datamover ends login).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Login,
+    Enabled,
+    Closed,
+}
 
 /// A datamover moving data as iSCSI PDUs over a link.
 #[derive(Clone)]
@@ -132,7 +127,6 @@ impl PduDatamover {
     /// Connection_Terminate_Notify).
     pub fn new(role: Role, rx: Box<dyn LinkRx>, tx: Box<dyn LinkTx>) -> (Self, impl Future<Output = ()> + Send + 'static) {
         let (events_tx, events_rx) = mpsc::unbounded_channel();
-        let (close_tx, close_rx) = oneshot::channel();
         let (r2t_tx, r2t_rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             role,
@@ -141,17 +135,15 @@ impl PduDatamover {
             out_writes: StdMutex::new(HashMap::new()),
             r2t_queue: r2t_tx,
             tx: Mutex::new(tx),
-            limits: StdMutex::new(Limits::default()),
+            limits: StdMutex::new(TransferLimits::default()),
             pending_rx_params: StdMutex::new(None),
             pending_tx_params: StdMutex::new(None),
             writes: StdMutex::new(HashMap::new()),
             write_read_done: Notify::new(),
             events_tx,
             events_rx: Mutex::new(events_rx),
-            closed: StdMutex::new(Some(close_tx)),
-            enabled: AtomicBool::new(false),
-            awaiting_login_step: AtomicBool::new(false),
-            login_gate: Notify::new(),
+            phase: watch::Sender::new(Phase::Login),
+            login_rx: Mutex::new(Some(rx)),
             segment_timeout_ms: AtomicU64::new(DEFAULT_SEGMENT_TIMEOUT.as_millis() as u64),
         });
         let me = Self { shared: shared.clone() };
@@ -160,7 +152,7 @@ impl PduDatamover {
             // Receiving and answering R2Ts run side by side so a large Data-Out burst never
             // stops us from reading (both sides writing into full sockets would deadlock).
             tokio::select! {
-                _ = Self::drive(shared, rx, close_rx) => {}
+                _ = Self::drive(shared) => {}
                 _ = r2t_server => {}
             }
         };
@@ -178,33 +170,65 @@ impl PduDatamover {
         self.shared.segment_timeout_ms.store(t.as_millis().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
     }
 
-    async fn drive(shared: Arc<Shared>, mut rx: Box<dyn LinkRx>, mut close: oneshot::Receiver<()>) {
+    /// One login-phase PDU, read when the iSCSI layer asks for it; `None` once enabled.
+    async fn login_event(shared: &Shared) -> Option<DmEvent> {
+        let mut phase = shared.phase.subscribe();
+        let mut link = shared.login_rx.lock().await;
+        let rx = link.as_mut().filter(|_| *phase.borrow_and_update() == Phase::Login)?;
+        let read = async {
+            let h = match rx.read_header().await {
+                Ok(Some(h)) => h,
+                Ok(None) => return DmEvent::Terminated(Terminated::PeerClosed),
+                Err(e) => return DmEvent::Terminated(Terminated::Error(e)),
+            };
+            let mut data = BytesMut::zeroed(h.data_len);
+            match (h.malformed, rx.read_data(&mut data).await) {
+                (_, Err(e)) => DmEvent::Terminated(Terminated::Error(e)),
+                // Nothing is rejected during login: a malformed login PDU ends the attempt.
+                (Some(e), Ok(())) => DmEvent::Terminated(Terminated::Error(e.into())),
+                (None, Ok(())) => DmEvent::Control(ControlPdu { header: h.header, ahs: h.ahs, data: data.freeze(), immediate: 0 }),
+            }
+        };
+        tokio::select! {
+            ev = read => Some(ev),
+            _ = phase.wait_for(|p| *p == Phase::Closed) => Some(DmEvent::Terminated(Terminated::Local)),
+        }
+    }
+
+    async fn drive(shared: Arc<Shared>) {
+        let mut phase = shared.phase.subscribe();
+        // Nothing is read ahead during login (the iSCSI layer reads each login PDU through
+        // `next_event`): Enable_Datamover starts this loop, with the negotiated framing.
+        if phase.wait_for(|p| *p != Phase::Login).await.map_or(true, |p| *p == Phase::Closed) {
+            let _ = shared.events_tx.send(DmEvent::Terminated(Terminated::Local));
+            return;
+        }
+        let Some(mut rx) = shared.login_rx.lock().await.take() else { return };
         let why = loop {
-            // New framing (digests, limits) applies from the next PDU: the receiver never reads
-            // ahead across the end of login (see the login gate), so this is that boundary.
+            // New framing (digests, limits) applies from the next PDU.
             if let Some(p) = lock(&shared.pending_rx_params).take() {
                 rx.set_params(p);
             }
             let next = tokio::select! {
                 r = rx.read_header() => r,
-                _ = &mut close => break Terminated::Local,
+                _ = phase.wait_for(|p| *p == Phase::Closed) => break Terminated::Local,
             };
             let h = match next {
                 Ok(Some(h)) => h,
                 Ok(None) => break Terminated::PeerClosed,
-                Err(e) => break Terminated::Error(e.to_string()),
+                Err(e) => break Terminated::Error(e),
             };
             // The rest of the PDU, bounded in time and still ending at a local close: a peer
             // that announces a data segment and stalls must not keep the connection.
             let limit = Duration::from_millis(shared.segment_timeout_ms.load(Ordering::Relaxed));
-            let (op, dsl) = (h.header.opcode(), h.data_len);
+            let len = h.data_len as u32;
             tokio::select! {
                 r = tokio::time::timeout(limit, Self::receive(&shared, rx.as_mut(), h)) => match r {
                     Ok(Ok(())) => {}
-                    Ok(Err(e)) => break Terminated::Error(e.to_string()),
-                    Err(_) => break Terminated::Error(format!("{op:?} PDU: {dsl} bytes of data not received within {limit:?}")),
+                    Ok(Err(e)) => break Terminated::Error(e),
+                    Err(_) => break Terminated::Error(Violation::SegmentStalled { len, secs: limit.as_secs() }.into()),
                 },
-                _ = &mut close => break Terminated::Local,
+                _ = phase.wait_for(|p| *p == Phase::Closed) => break Terminated::Local,
             }
         };
         // Fail every waiting Get_Data (also one waiting for a Data-Out's read to end).
@@ -237,7 +261,7 @@ impl PduDatamover {
         start: usize,
         end: usize,
     ) -> Result<(), DmError> {
-        let seg = lock(&self.shared.limits).max_send_dsl.max(512) as usize;
+        let seg = lock(&self.shared.limits).send_segment();
         let mut at = start;
         let mut sn = 0;
         while at < end {
@@ -262,12 +286,10 @@ impl PduDatamover {
             cmd.final_ = true;
             return self.send(Header::ScsiCommand(cmd), &ahs, &[]).await;
         };
-        let l = *lock(&self.shared.limits);
         let len = data.len();
-        let first_burst = (l.first_burst as usize).min(len);
-        let immediate = if l.immediate_data { first_burst.min(l.max_send_dsl as usize) } else { 0 };
-        let unsolicited_end = if l.initial_r2t { immediate } else { first_burst };
-        cmd.final_ = unsolicited_end == immediate;
+        let split = lock(&self.shared.limits).outgoing_write(u32::try_from(len).unwrap_or(u32::MAX), true);
+        let (immediate, unsolicited_end) = (split.immediate as usize, split.unsolicited_end as usize);
+        cmd.final_ = split.command_is_final();
         if unsolicited_end < len {
             lock(&self.shared.out_writes).insert(cmd.itt, OutWrite { lun: cmd.lun, data: data.clone() });
         }
@@ -290,7 +312,7 @@ impl PduDatamover {
                 let at = d.buffer_offset as usize;
                 let r = match at.checked_add(len).filter(|e| *e <= t.buf.len()) {
                     Some(end) => rx.read_data(&mut t.buf[at..end]).await,
-                    None => Err(DmError::Protocol("Data-In beyond the read buffer".into())),
+                    None => Err(Violation::DataInBeyondBuffer { itt: d.itt }.into()),
                 };
                 lock(&shared.reads).insert(d.itt, t);
                 r?;
@@ -307,6 +329,14 @@ impl PduDatamover {
     }
 
     async fn receive(shared: &Shared, rx: &mut dyn LinkRx, h: crate::link::RxHeader) -> Result<(), DmError> {
+        if let (Some(error), Header::Unknown(bhs)) = (h.malformed, h.header) {
+            // Well framed, but a field breaks a rule whose answer is a Reject: the data goes
+            // nowhere and the session rejects the header.
+            let mut scratch = vec![0u8; h.data_len];
+            rx.read_data(&mut scratch).await?;
+            let _ = shared.events_tx.send(DmEvent::Malformed { bhs, error });
+            return Ok(());
+        }
         match h.header {
             Header::DataIn(d) if shared.role == Role::Initiator => Self::receive_data_in(shared, rx, d, h.data_len).await,
             Header::R2t(r) if shared.role == Role::Initiator => {
@@ -320,17 +350,7 @@ impl PduDatamover {
             header => {
                 let mut data = BytesMut::zeroed(h.data_len);
                 rx.read_data(&mut data).await?;
-                let login = matches!(header, Header::LoginRequest(_) | Header::LoginResponse(_));
-                let gate = login && !shared.enabled.load(Ordering::Acquire);
-                if gate {
-                    shared.awaiting_login_step.store(true, Ordering::Release);
-                }
                 let _ = shared.events_tx.send(DmEvent::Control(ControlPdu { header, ahs: h.ahs, data: data.freeze(), immediate: 0 }));
-                if gate {
-                    // Do not read ahead during login: the next PDU may be framed with the
-                    // parameters this one completes (digests start after the final response).
-                    shared.login_gate.notified().await;
-                }
                 Ok(())
             }
         }
@@ -359,29 +379,29 @@ impl PduDatamover {
             return Ok(());
         }
         if !limits.immediate_data && data_len > 0 {
-            return Err(DmError::Protocol("immediate data sent with ImmediateData=No".into()));
+            return Err(Violation::ImmediateDataNotNegotiated.into());
         }
         // Every byte is written before use: Data-Out is checked to arrive in order, once. Only
         // the unsolicited part is taken now (at most FirstBurstLength); Get_Data takes the
         // rest once the core decides to collect it (within its per-session memory budget).
-        let unsol_allowed = !limits.initial_r2t && !cmd.final_;
-        let first = if unsol_allowed { limits.first_burst.min(edtl).max(data_len as u32) } else { data_len as u32 };
+        let split = limits.incoming_write(edtl, data_len as u32, cmd.final_);
+        let first = split.unsolicited_end;
         let mut buf = shared.pool.take_dirty(first as usize);
         rx.read_data(&mut buf[..data_len]).await?;
         let task = WriteTask {
             buf,
             unsolicited: data_len as u32,
-            unsolicited_done: !unsol_allowed || data_len as u32 >= limits.first_burst.min(edtl),
+            unsolicited_done: split.unsolicited_data_out() == 0,
             next_unsol_data_sn: 0,
             r2ts: Vec::new(),
             notify: None,
             // F=0 announces unsolicited Data-Out, which InitialR2T=Yes forbids (RFC 7143
             // §11.2.1.6): the task fails rather than guess where the data starts.
-            failed: (limits.initial_r2t && !cmd.final_).then_some("unsolicited Data-Out announced (F=0) with InitialR2T=Yes"),
+            failed: (limits.initial_r2t && !cmd.final_).then_some(SequenceError::UnsolicitedWithInitialR2t),
             reading: false,
         };
         if lock(&shared.writes).insert(cmd.itt, task).is_some() {
-            return Err(DmError::Protocol(format!("ITT {:#x} reused while its write is outstanding", cmd.itt)));
+            return Err(Violation::TaskTagReused { itt: cmd.itt }.into());
         }
         let _ = shared.events_tx.send(DmEvent::Control(ControlPdu {
             header: Header::ScsiCommand(cmd),
@@ -451,9 +471,8 @@ impl PduDatamover {
                     let notice = if task.unsolicited == expected {
                         Notice::UnsolicitedDone
                     } else {
-                        let msg = "unsolicited Data-Out ended before FirstBurstLength";
-                        task.failed = Some(msg);
-                        Notice::Failed(msg)
+                        task.failed = Some(SequenceError::UnsolicitedEndedEarly);
+                        Notice::Failed(SequenceError::UnsolicitedEndedEarly)
                     };
                     if let Some(n) = &task.notify {
                         let _ = n.send(notice);
@@ -466,7 +485,7 @@ impl PduDatamover {
                 r.next_data_sn += 1;
                 if r.received == r.len {
                     if !d.final_ {
-                        return Err(DmError::Protocol("last Data-Out of an R2T without the F bit".into()));
+                        return Err(Violation::BurstWithoutFinal.into());
                     }
                     task.r2ts.swap_remove(i);
                     if let Some(n) = &task.notify {
@@ -480,29 +499,29 @@ impl PduDatamover {
 
     /// Where a Data-Out belongs in its task: `None` for unsolicited data, the index of its R2T
     /// otherwise; or why it breaks the task's sequence.
-    fn check_data_out(task: &WriteTask, d: &DataOut, len: u32, first_burst: u32) -> Result<Option<usize>, &'static str> {
+    fn check_data_out(task: &WriteTask, d: &DataOut, len: u32, first_burst: u32) -> Result<Option<usize>, SequenceError> {
         if d.ttt == RESERVED_TAG {
             let end = d.buffer_offset.checked_add(len);
             if task.unsolicited_done {
-                Err("unsolicited Data-Out after the unsolicited burst ended")
+                Err(SequenceError::UnsolicitedAfterEnd)
             } else if d.buffer_offset != task.unsolicited {
-                Err("unsolicited Data-Out out of order")
+                Err(SequenceError::UnsolicitedOutOfOrder)
             } else if end.is_none_or(|e| e > first_burst || e as usize > task.buf.len()) {
-                Err("unsolicited Data-Out beyond FirstBurstLength")
+                Err(SequenceError::BeyondFirstBurst)
             } else if d.data_sn != task.next_unsol_data_sn {
-                Err("unsolicited Data-Out with a wrong DataSN")
+                Err(SequenceError::DataSn)
             } else {
                 Ok(None)
             }
         } else {
             match task.r2ts.iter().position(|r| r.ttt == d.ttt) {
-                None => Err("Data-Out for an unknown Target Transfer Tag"),
+                None => Err(SequenceError::UnknownTtt),
                 Some(i) => {
                     let r = &task.r2ts[i];
                     if d.buffer_offset != r.offset + r.received || r.received + len > r.len {
-                        Err("Data-Out outside its R2T")
+                        Err(SequenceError::OutsideR2t)
                     } else if d.data_sn != r.next_data_sn {
-                        Err("Data-Out with a wrong DataSN")
+                        Err(SequenceError::DataSn)
                     } else {
                         Ok(Some(i))
                     }
@@ -528,7 +547,7 @@ impl PduDatamover {
         }
         if unsolicited_len > total_len || task.unsolicited > total_len {
             writes.remove(&itt);
-            return Err(DmError::DataSequence(format!("unsolicited data beyond the {total_len} bytes to collect")));
+            return Err(SequenceError::UnsolicitedBeyondLength { len: total_len }.into());
         }
         // The buffer holds the unsolicited part so far; the whole transfer's memory is
         // taken only now, when the core has decided to collect it.
@@ -546,11 +565,11 @@ impl PduDatamover {
         // range — and the buffer is reused, not cleared: unsolicited data that ended
         // short of what the core counts on fails the task (a gap would be written).
         if task.unsolicited_done && task.unsolicited != unsolicited_len && task.failed.is_none() {
-            task.failed = Some("unsolicited data ended short of the expected burst");
+            task.failed = Some(SequenceError::UnsolicitedShort { got: task.unsolicited, due: unsolicited_len });
         }
-        if let Some(msg) = task.failed {
+        if let Some(e) = task.failed {
             writes.remove(&itt);
-            return Err(DmError::DataSequence(msg.into()));
+            return Err(e.into());
         }
         task.notify = Some(tx.clone());
         Ok(true)
@@ -594,25 +613,13 @@ impl Datamover for PduDatamover {
     }
 
     fn send_control(&self, pdu: ControlPdu) -> BoxFuture<'_, Result<(), DmError>> {
-        Box::pin(async move {
-            // A login step answered: let the receiver read on, except after the final, successful
-            // Login Response (then it waits for Enable_Datamover and the new parameters).
-            // The gate opens before the PDU leaves: once it is on the wire, the answer may be
-            // read (and gated) before this task runs again, and a late release would let the
-            // receiver past that answer's gate with the old framing.
-            let final_ok = matches!(pdu.header, Header::LoginResponse(r) if r.transit && r.nsg.0 == 3 && r.status_class == 0);
-            if !final_ok && self.shared.awaiting_login_step.swap(false, Ordering::AcqRel) {
-                self.shared.login_gate.notify_one();
-            }
-            self.send(pdu.header, &pdu.ahs, &[&pdu.data]).await
-        })
+        Box::pin(async move { self.send(pdu.header, &pdu.ahs, &[&pdu.data]).await })
     }
 
     fn put_data(&self, desc: DataInDesc, data: Bytes) -> BoxFuture<'_, Result<PutDataDone, DmError>> {
         Box::pin(async move {
             let l = *lock(&self.shared.limits);
-            let seg = l.max_send_dsl.max(512) as usize;
-            let burst = l.max_burst.max(512) as usize;
+            let (seg, burst) = (l.send_segment(), l.burst());
             let mut done = PutDataDone::default();
             let mut sent = 0usize;
             let mut in_burst = 0usize;
@@ -709,9 +716,9 @@ impl Datamover for PduDatamover {
                         outstanding = false;
                         finished += 1;
                     }
-                    Some(Notice::Failed(msg)) => {
+                    Some(Notice::Failed(e)) => {
                         lock(&self.shared.writes).remove(&itt);
-                        return Err(DmError::DataSequence(msg.into()));
+                        return Err(e.into());
                     }
                     None => return Err(DmError::NoTask(itt)),
                 }
@@ -731,18 +738,13 @@ impl Datamover for PduDatamover {
     }
 
     fn notice_key_values(&self, p: &NegotiatedParams) {
-        let (recv, send) = match self.shared.role {
-            Role::Target => (p.target_recv_data_segment_length, p.initiator_recv_data_segment_length),
-            Role::Initiator => (p.initiator_recv_data_segment_length, p.target_recv_data_segment_length),
+        let limits = p.transfer_limits(self.shared.role);
+        *lock(&self.shared.limits) = limits;
+        let lp = LinkParams {
+            header_digest: p.header_digest,
+            data_digest: p.data_digest,
+            max_recv_data_segment_length: limits.max_recv_segment,
         };
-        *lock(&self.shared.limits) = Limits {
-            max_send_dsl: send,
-            max_burst: p.max_burst_length,
-            first_burst: p.first_burst_length,
-            immediate_data: p.immediate_data,
-            initial_r2t: p.initial_r2t,
-        };
-        let lp = LinkParams { header_digest: p.header_digest, data_digest: p.data_digest, max_recv_data_segment_length: recv };
         *lock(&self.shared.pending_rx_params) = Some(lp);
         *lock(&self.shared.pending_tx_params) = Some(lp);
     }
@@ -758,10 +760,13 @@ impl Datamover for PduDatamover {
     }
 
     fn enable(&self) {
-        self.shared.enabled.store(true, Ordering::Release);
-        if self.shared.awaiting_login_step.swap(false, Ordering::AcqRel) {
-            self.shared.login_gate.notify_one();
-        }
+        self.shared.phase.send_if_modified(|p| {
+            let login = *p == Phase::Login;
+            if login {
+                *p = Phase::Enabled;
+            }
+            login
+        });
     }
 
     fn deallocate_task_resources(&self, itt: u32) {
@@ -775,18 +780,131 @@ impl Datamover for PduDatamover {
     }
 
     fn terminate(&self) {
-        if let Some(c) = lock(&self.shared.closed).take() {
-            let _ = c.send(());
-        }
-        self.shared.login_gate.notify_one();
+        self.shared.phase.send_replace(Phase::Closed);
     }
 
     fn next_event(&self) -> BoxFuture<'_, DmEvent> {
         Box::pin(async move {
+            if let Some(ev) = Self::login_event(&self.shared).await {
+                return ev;
+            }
             match self.shared.events_rx.lock().await.recv().await {
                 Some(e) => e,
                 None => DmEvent::Terminated(Terminated::Local),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::loopback::{RawEnd, pair};
+    use riser_iscsi::wire::{DecodeError, LoginRequest, NopOut, Stage};
+
+    /// A target datamover on one end of a loopback link, the other end driven by hand.
+    fn target() -> (PduDatamover, RawEnd) {
+        let ((a_rx, a_tx), (b_rx, b_tx)) = pair();
+        let (dm, driver) = PduDatamover::new(Role::Target, Box::new(a_rx), Box::new(a_tx));
+        tokio::spawn(driver);
+        (dm, RawEnd { rx: b_rx, tx: b_tx })
+    }
+
+    fn final_login() -> Header {
+        Header::LoginRequest(LoginRequest { transit: true, nsg: Stage::FULL_FEATURE, ..LoginRequest::default() })
+    }
+
+    fn ping_with(len: usize) -> (Header, Bytes) {
+        (Header::NopOut(NopOut { immediate: true, itt: 5, ttt: RESERVED_TAG, ..NopOut::default() }), Bytes::from(vec![7u8; len]))
+    }
+
+    #[tokio::test]
+    async fn nothing_is_read_ahead_of_login_so_the_first_full_feature_pdu_gets_the_new_limits() {
+        let (dm, peer) = target();
+        // The initiator's first full-feature PDU follows the final login PDU at once, with a
+        // data segment beyond the login phase's 8 KiB limit but within the negotiated one.
+        peer.send(final_login(), Bytes::new()).unwrap();
+        let (h, d) = ping_with(16_384);
+        peer.send(h, d.clone()).unwrap();
+        assert!(matches!(dm.next_event().await, DmEvent::Control(p) if matches!(p.header, Header::LoginRequest(_))));
+        let p = NegotiatedParams { target_recv_data_segment_length: 65_536, ..NegotiatedParams::default() };
+        dm.notice_key_values(&p);
+        dm.enable();
+        match dm.next_event().await {
+            DmEvent::Control(p) => assert_eq!((p.header, p.data), (h, d)),
+            other => panic!("expected the NOP-Out, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_login_limit_holds_until_new_values_are_noticed() {
+        let (dm, peer) = target();
+        peer.send(final_login(), Bytes::new()).unwrap();
+        let (h, d) = ping_with(16_384);
+        peer.send(h, d).unwrap();
+        assert!(matches!(dm.next_event().await, DmEvent::Control(_)));
+        dm.enable();
+        let expected = DmError::Decode(DecodeError::DataSegmentTooLong { len: 16_384, max: 8192 });
+        match dm.next_event().await {
+            DmEvent::Terminated(Terminated::Error(e)) => assert_eq!(e, expected),
+            other => panic!("expected the connection to end, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn terminating_during_login_ends_a_waiting_next_event() {
+        let (dm, _peer) = target();
+        let waiting = tokio::spawn({
+            let dm = dm.clone();
+            async move { dm.next_event().await }
+        });
+        tokio::task::yield_now().await;
+        dm.terminate();
+        let ev = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("next_event ends").unwrap();
+        assert!(matches!(ev, DmEvent::Terminated(Terminated::Local)), "{ev:?}");
+    }
+
+    #[tokio::test]
+    async fn a_peer_closing_during_login_is_reported() {
+        let (dm, peer) = target();
+        drop(peer);
+        assert!(matches!(dm.next_event().await, DmEvent::Terminated(Terminated::PeerClosed)));
+    }
+
+    fn write_task(len: usize, unsolicited: u32) -> WriteTask {
+        WriteTask {
+            buf: BytesMut::zeroed(len),
+            unsolicited,
+            unsolicited_done: false,
+            next_unsol_data_sn: 1,
+            r2ts: vec![Solicited { ttt: 9, offset: 65_536, len: 8192, received: 0, next_data_sn: 0 }],
+            notify: None,
+            failed: None,
+            reading: false,
+        }
+    }
+
+    fn data_out(ttt: u32, offset: u32, data_sn: u32) -> DataOut {
+        DataOut { ttt, buffer_offset: offset, data_sn, ..DataOut::default() }
+    }
+
+    #[test]
+    fn data_out_is_placed_only_where_its_sequence_says() {
+        let t = write_task(131_072, 8192);
+        let check = |d: DataOut, len| PduDatamover::check_data_out(&t, &d, len, 65_536);
+        assert_eq!(check(data_out(RESERVED_TAG, 8192, 1), 8192), Ok(None));
+        assert_eq!(check(data_out(RESERVED_TAG, 0, 1), 8192), Err(SequenceError::UnsolicitedOutOfOrder));
+        assert_eq!(check(data_out(RESERVED_TAG, 8192, 2), 8192), Err(SequenceError::DataSn));
+        assert_eq!(check(data_out(RESERVED_TAG, 8192, 1), 65_536), Err(SequenceError::BeyondFirstBurst));
+        assert_eq!(check(data_out(9, 65_536, 0), 8192), Ok(Some(0)));
+        assert_eq!(check(data_out(9, 65_536, 1), 8192), Err(SequenceError::DataSn));
+        assert_eq!(check(data_out(9, 65_536, 0), 8193), Err(SequenceError::OutsideR2t));
+        assert_eq!(check(data_out(9, 70_000, 0), 100), Err(SequenceError::OutsideR2t));
+        assert_eq!(check(data_out(10, 65_536, 0), 8192), Err(SequenceError::UnknownTtt));
+        let ended = WriteTask { unsolicited_done: true, ..write_task(131_072, 8192) };
+        assert_eq!(
+            PduDatamover::check_data_out(&ended, &data_out(RESERVED_TAG, 8192, 1), 512, 65_536),
+            Err(SequenceError::UnsolicitedAfterEnd)
+        );
     }
 }

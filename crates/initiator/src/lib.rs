@@ -17,7 +17,7 @@
 //! ```
 
 use bytes::{Bytes, BytesMut};
-use riser_datamover::{BoxFuture, ControlPdu, DmEvent, SharedDatamover};
+use riser_datamover::{BoxFuture, ConnectionResources, ControlPdu, DmError, DmEvent, SharedDatamover};
 use riser_iscsi::chap::ChapCredentials;
 use riser_iscsi::keys::{NegotiatedParams, OperationalConfig, Role, Transport};
 use riser_iscsi::login::{InitiatorAuth, InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent, LoginFailure};
@@ -74,6 +74,9 @@ pub enum Error {
     /// A malformed answer.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// The datamover could not do what the session asked.
+    #[error("datamover: {0}")]
+    Datamover(DmError),
 }
 
 /// How to log in.
@@ -325,6 +328,15 @@ async fn login(
     loop {
         while let Some(p) = l.poll_transmit() {
             tracing::debug!(csg = p.header.csg.0, transit = p.header.transit, nsg = p.header.nsg.0, keys = %login_keys(&p.data), "Login Request");
+            // The end of login is explicit (RFC 5047 §7): resources before the request that
+            // may be answered by the final Login Response, the negotiated values and
+            // Enable_Datamover once that response is in.
+            if p.asks_for_full_feature()
+                && let Err(e) = dm.allocate_connection_resources(ConnectionResources::default())
+            {
+                dm.terminate();
+                return Err(Error::Datamover(e));
+            }
             dm.send_control(ControlPdu::new(Header::LoginRequest(p.header), p.data.into())).await.map_err(|_| Error::ConnectionLost)?;
         }
         match l.poll_event() {

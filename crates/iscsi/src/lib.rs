@@ -12,6 +12,8 @@
 //! * [`chap`] — CHAP with MD5, SHA-1, SHA-256 and SHA3-256.
 //! * [`login`] — the login state machines for both roles ([`login::InitiatorLogin`],
 //!   [`login::TargetLogin`]).
+//! * [`session`] — the full-feature phase: [`session::TransferLimits`] (whose segment limit
+//!   bounds whose PDUs, how a write splits into immediate, unsolicited and solicited data).
 //! * [`digest`] (feature `std`) — CRC32C header and data digests.
 //!
 //! ## Driving a state machine
@@ -41,5 +43,6 @@ pub mod digest;
 pub mod keys;
 pub mod login;
 pub mod serial;
+pub mod session;
 pub mod text;
 pub mod wire;

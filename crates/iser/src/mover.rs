@@ -3,10 +3,11 @@
 use crate::header::{CmPrivateData, ISER_HDR_LEN, ISER_HEADERS_LEN, IserHeader, IserOpcode, RFC5046_HDR_LEN, RemoteBuf};
 use bytes::{Bytes, BytesMut};
 use riser_datamover::{
-    BoxFuture, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent, PutDataDone, R2tPlan, TaskBuffer, Terminated,
+    BoxFuture, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer,
+    Terminated, Violation,
 };
 use riser_iscsi::keys::{NegotiatedParams, Role};
-use riser_iscsi::wire::{DataOut, Header, Pdu, RESERVED_TAG, ScsiCommand};
+use riser_iscsi::wire::{BHS_LEN, DataOut, Header, Pdu, RESERVED_TAG, Reaction, ScsiCommand};
 use riser_verbs::{
     Access, CompletionQueue, ConnParam, ConnectionRequest, MemoryRegion, ProtectionDomain, Provider, QpCaps, QueuePair, RecvWr, SendOp,
     SendWr, Sge, WcOpcode, WcStatus,
@@ -94,7 +95,7 @@ struct WriteTask {
     /// The unsolicited burst is over (its last Data-Out had the F bit, or none was announced).
     burst_done: bool,
     /// The task's data broke the rules: Get_Data fails it (CHECK CONDITION), the connection stays.
-    failed: Option<&'static str>,
+    failed: Option<SequenceError>,
 }
 
 /// The initiator's registrations for one command.
@@ -130,15 +131,13 @@ impl Unexpected {
         match h {
             Header::NopIn(n) if n.itt == RESERVED_TAG && n.ttt != RESERVED_TAG => {
                 if self.pings.len() >= MAX_UNEXPECTED {
-                    return Err(DmError::Protocol(format!(
-                        "NOP-In ping refused: {MAX_UNEXPECTED} unanswered already (an iSER initiator has no receive for more)"
-                    )));
+                    return Err(Violation::TooManyUnexpected { limit: MAX_UNEXPECTED as u32 }.into());
                 }
                 self.pings.push(n.ttt);
             }
             Header::AsyncMessage(_) => {
                 if usize::from(self.asyncs) >= MAX_UNEXPECTED {
-                    return Err(DmError::Protocol(format!("Async Message refused: {MAX_UNEXPECTED} sent already on this iSER connection")));
+                    return Err(Violation::TooManyUnexpected { limit: MAX_UNEXPECTED as u32 }.into());
                 }
                 self.asyncs += 1;
             }
@@ -209,8 +208,17 @@ impl<P: Provider> std::fmt::Debug for IserDatamover<P> {
     }
 }
 
-fn io(e: impl std::fmt::Display) -> DmError {
-    DmError::Io(e.to_string())
+/// A verbs failure while doing `what`, as the seam reports it (the verbs error is logged here,
+/// where its detail is known).
+fn rdma(what: &'static str) -> impl Fn(riser_verbs::Error) -> DmError {
+    move |e| match e {
+        riser_verbs::Error::NotConnected => DmError::Closed,
+        riser_verbs::Error::Io(e) => DmError::Io(e.kind()),
+        e => {
+            warn!("iSER: {what}: {e}");
+            DmError::Resources { what }
+        }
+    }
 }
 
 impl<P: Provider + 'static> IserDatamover<P> {
@@ -283,15 +291,15 @@ impl<P: Provider + 'static> Shared<P> {
         }
         let have = lock(&self.recvs).len() as u32;
         for _ in have..self.cfg.recv_depth {
-            self.post_recv(None).map_err(io)?;
+            self.post_recv(None).map_err(rdma("post a receive"))?;
         }
         Ok(())
     }
 
-    fn fail(&self, why: &str) {
+    fn fail(&self, why: DmError) {
         if !self.closed.swap(true, Ordering::AcqRel) {
             warn!("iSER connection ended: {why}");
-            let _ = self.events_tx.send(DmEvent::Terminated(Terminated::Error(why.into())));
+            let _ = self.events_tx.send(DmEvent::Terminated(Terminated::Error(why)));
         }
         self.qp.disconnect();
         self.writes_changed.notify_waiters();
@@ -323,7 +331,7 @@ impl<P: Provider + 'static> Shared<P> {
                     let Some(mr) = lock(&self.recvs).remove(&wc.wr_id) else { continue };
                     if wc.status != WcStatus::Success {
                         if wc.status != WcStatus::WrFlushErr {
-                            self.fail(&format!("receive failed: {:?}", wc.status));
+                            self.fail(DmError::Completion { op: WcOpcode::Recv.name(), status: wc.status.name() });
                         }
                         continue;
                     }
@@ -333,10 +341,10 @@ impl<P: Provider + 'static> Shared<P> {
                     let mut handled = Ok(());
                     mr.read(&mut |b| handled = self.on_message(&b[..n.min(b.len())], wc.invalidated_rkey));
                     if !self.closed.load(Ordering::Acquire) && self.qp.is_connected() && self.post_recv(Some(mr)).is_err() {
-                        self.fail("cannot repost a receive");
+                        self.fail(DmError::Resources { what: "repost a receive" });
                     }
                     if let Err(why) = handled {
-                        self.fail(&why);
+                        self.fail(why);
                     }
                 } else if let Some(Waiter { done, _keep }) = self.take_waiter(wc.wr_id) {
                     // Every request posted before this one has completed too.
@@ -346,7 +354,7 @@ impl<P: Provider + 'static> Shared<P> {
                     }
                     drop(u);
                     if wc.status != WcStatus::Success && wc.status != WcStatus::WrFlushErr {
-                        self.fail(&format!("{:?} failed: {:?}", wc.opcode, wc.status));
+                        self.fail(DmError::Completion { op: wc.opcode.name(), status: wc.status.name() });
                     }
                     // Our handle on the memory goes first, so the waiter may take it back whole.
                     drop(_keep);
@@ -370,24 +378,31 @@ impl<P: Provider + 'static> Shared<P> {
     }
 
     /// One received Send: an iSER header, a BHS, AHS and data.
-    fn on_message(&self, msg: &[u8], invalidated: Option<u32>) -> Result<(), String> {
-        let ih = IserHeader::parse(msg).map_err(|e| e.to_string())?;
+    fn on_message(&self, msg: &[u8], invalidated: Option<u32>) -> Result<(), DmError> {
+        let ih = IserHeader::parse(msg).map_err(|_| Violation::IserTruncated)?;
         match ih.opcode {
             IserOpcode::Control => {}
             IserOpcode::Hello | IserOpcode::HelloReply => {
-                return Err("iSER Hello/HelloReply received: riser speaks RFC 7145 iSER, set up by the connection manager".into());
+                return Err(Violation::IserHello.into());
             }
-            IserOpcode::Other(n) => return Err(format!("unknown iSER opcode {n:#x}")),
+            IserOpcode::Other(n) => return Err(Violation::IserOpcode(n).into()),
         }
         let pdu = match Pdu::parse_limited(&msg[ISER_HDR_LEN..], self.cfg.recv_dsl.max(8192), false) {
             Ok((p, _)) => p,
             Err(e) => {
                 let rfc5046 = msg.len() >= RFC5046_HDR_LEN + 48 && Pdu::parse_limited(&msg[RFC5046_HDR_LEN..], u32::MAX, false).is_ok();
-                return Err(if rfc5046 {
-                    "the peer uses the 12-byte iSER header of RFC 5046; riser speaks RFC 7145 (28-byte header, as Linux)".into()
-                } else {
-                    format!("bad PDU in an iSER message: {e}")
-                });
+                if rfc5046 {
+                    return Err(Violation::Rfc5046Header.into());
+                }
+                // A whole message is one PDU, so the next one is framed whatever this one holds:
+                // a field the session rejects costs only this PDU.
+                if let (Reaction::Reject(_), Some(raw)) = (e.reaction(), msg.get(ISER_HDR_LEN..ISER_HDR_LEN + BHS_LEN)) {
+                    let mut bhs = [0u8; BHS_LEN];
+                    bhs.copy_from_slice(raw);
+                    let _ = self.events_tx.send(DmEvent::Malformed { bhs, error: e });
+                    return Ok(());
+                }
+                return Err(e.into());
             }
         };
         let header = pdu.header;
@@ -422,7 +437,7 @@ impl<P: Provider + 'static> Shared<P> {
                         received: imm as u32,
                         burst_done: c.final_,
                         // F=0 announces unsolicited Data-Out, which InitialR2T=Yes forbids.
-                        failed: (l.initial_r2t && !c.final_).then_some("unsolicited Data-Out announced (F=0) with InitialR2T=Yes"),
+                        failed: (l.initial_r2t && !c.final_).then_some(SequenceError::UnsolicitedWithInitialR2t),
                     };
                     lock(&self.writes).insert(c.itt, task);
                     let _ = self.events_tx.send(DmEvent::Control(ControlPdu { header, ahs, data: Bytes::new(), immediate: imm as u32 }));
@@ -436,14 +451,14 @@ impl<P: Provider + 'static> Shared<P> {
                 if let Some(t) = w.get_mut(&d.itt).filter(|t| t.failed.is_none()) {
                     // In order (DataPDUInOrder=Yes), so `received` is the covered prefix.
                     if d.buffer_offset != t.received {
-                        return Err(format!("unsolicited Data-Out at offset {} where {} was due", d.buffer_offset, t.received));
+                        return Err(Violation::DataOutOutOfOrder { offset: d.buffer_offset, due: t.received }.into());
                     }
                     let at = d.buffer_offset as usize;
                     let end = at.checked_add(pdu.data.len()).filter(|&e| e <= t.buf.len());
                     if t.burst_done {
-                        t.failed = Some("unsolicited Data-Out after the unsolicited burst ended");
+                        t.failed = Some(SequenceError::UnsolicitedAfterEnd);
                     } else if end.is_none() {
-                        t.failed = Some("unsolicited Data-Out beyond FirstBurstLength");
+                        t.failed = Some(SequenceError::BeyondFirstBurst);
                     } else {
                         let end = end.unwrap_or(at);
                         t.buf[at..end].copy_from_slice(pdu.data);
@@ -453,7 +468,7 @@ impl<P: Provider + 'static> Shared<P> {
                             // The burst is FirstBurstLength or the whole transfer, never less (as
                             // LIO): only what lies beyond it is read from the initiator.
                             if t.received != first_burst.min(t.buf.len() as u32) {
-                                t.failed = Some("unsolicited Data-Out ended before FirstBurstLength");
+                                t.failed = Some(SequenceError::UnsolicitedEndedEarly);
                             }
                         }
                     }
@@ -465,12 +480,12 @@ impl<P: Provider + 'static> Shared<P> {
             (Role::Initiator, h) => {
                 if let Some(k) = invalidated {
                     if !self.send_inv.load(Ordering::Acquire) {
-                        return Err("unexpected remote invalidation (not negotiated)".into());
+                        return Err(Violation::UnexpectedInvalidation.into());
                     }
                     let ok =
                         lock(&self.tasks).get(&h.itt()).is_some_and(|t| [&t.read, &t.write].into_iter().flatten().any(|mr| mr.rkey() == k));
                     if !ok {
-                        return Err(format!("bogus remote invalidation of {k:#x} for task {:#x}", h.itt()));
+                        return Err(Violation::ForeignInvalidation { key: k, itt: h.itt() }.into());
                     }
                 }
             }
@@ -519,7 +534,7 @@ impl<P: Provider + 'static> Shared<P> {
             if u.held.back().is_some_and(|(id, _)| *id == wr_id) {
                 u.held.pop_back();
             }
-            return Err(io(e));
+            return Err(rdma("post a work request")(e));
         }
         Ok(())
     }
@@ -534,7 +549,7 @@ impl<P: Provider + 'static> Shared<P> {
         buf.extend_from_slice(&bhs);
         buf.extend_from_slice(ahs);
         data.iter().for_each(|d| buf.extend_from_slice(d));
-        let mr = self.pd.register(buf, Access::empty()).map_err(io)?;
+        let mr = self.pd.register(buf, Access::empty()).map_err(rdma("register a send buffer"))?;
         let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
         let op = match invalidate {
             Some(rkey) => SendOp::SendWithInvalidate { rkey },
@@ -553,9 +568,6 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
             let s = &self.s;
             let mut invalidate = None;
             match &pdu.header {
-                // Full-feature receives go up before the final login PDU leaves.
-                Header::LoginResponse(r) if r.transit && r.nsg.0 == 3 && r.status_class == 0 => s.post_ff_recvs()?,
-                Header::LoginRequest(r) if r.transit && r.nsg.0 == 3 => s.post_ff_recvs()?,
                 Header::NopIn(_) | Header::AsyncMessage(_) if s.role == Role::Target => lock(&s.unexpected).sending(&pdu.header)?,
                 Header::ScsiResponse(r) => {
                     // The command's STags end with it; with remote invalidation negotiated the
@@ -577,7 +589,7 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
         Box::pin(async move {
             let s = &self.s;
             if lock(&s.remote).get(&desc.itt).is_none_or(|r| r.read.is_none()) {
-                return Err(DmError::Protocol(format!("task {:#x}: read data but no read STag advertised", desc.itt)));
+                return Err(Violation::NoReadStag { itt: desc.itt }.into());
             }
             if !data.is_empty() {
                 // RDMA Write to (read STag, read VA + offset); the SCSI Response Send follows on
@@ -586,7 +598,7 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
                 // caller gets its buffer back; small data is copied and the write left queued.
                 let large = data.len() >= ZERO_COPY_MIN;
                 let mr = if large { s.pd.register_shared(data, Access::empty()) } else { s.pd.register(data.to_vec(), Access::empty()) }
-                    .map_err(io)?;
+                    .map_err(rdma("register read data"))?;
                 let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
                 // Posted under the lock task management takes to end the task: once a task is
                 // aborted (and its TMF response may be on its way) nothing more is posted for
@@ -616,7 +628,7 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
             let (itt, total_len, unsolicited_len) = (plan.itt, plan.end, plan.start);
             if unsolicited_len > total_len {
                 lock(&s.writes).remove(&itt);
-                return Err(DmError::DataSequence(format!("unsolicited data beyond the {total_len} bytes to collect")));
+                return Err(SequenceError::UnsolicitedBeyondLength { len: total_len }.into());
             }
             // Every byte is covered exactly once: the unsolicited part (checked complete below),
             // then the solicited range to the end (the buffer is reused, not cleared).
@@ -629,12 +641,12 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
                 match state {
                     Some((_, _, Some(why))) => {
                         lock(&s.writes).remove(&itt);
-                        return Err(DmError::DataSequence(why.into()));
+                        return Err(why.into());
                     }
                     Some((got, _, None)) if got == unsolicited_len => break,
                     Some((got, done, None)) if got > unsolicited_len || done => {
                         lock(&s.writes).remove(&itt);
-                        return Err(DmError::DataSequence(format!("{got} bytes of unsolicited data where {unsolicited_len} were due")));
+                        return Err(SequenceError::UnsolicitedShort { got, due: unsolicited_len }.into());
                     }
                     None if unsolicited_len > 0 => return Err(DmError::NoTask(itt)),
                     _ if unsolicited_len == 0 => break,
@@ -659,13 +671,13 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
                 return Ok(TaskBuffer { data: riser_datamover::into_bytes_mut(buf) });
             }
             if lock(&s.remote).get(&itt).is_none_or(|r| r.write.is_none()) {
-                return Err(DmError::DataSequence(format!("task {itt:#x}: solicited write data but no write STag advertised")));
+                return Err(SequenceError::NoWriteStag.into());
             }
             // RDMA Read the rest from (write STag, write VA + (offset − unsolicited)) into the
             // task buffer itself, registered as a read sink. The R2T sequence is only
             // bookkeeping here: the solicited range goes in reads as large as the provider
             // takes (not MaxBurstLength), all posted at once; the ORD paces them.
-            let mr = s.pd.register(buf, Access::LOCAL_WRITE | Access::READ_SINK).map_err(io)?;
+            let mr = s.pd.register(buf, Access::LOCAL_WRITE | Access::READ_SINK).map_err(rdma("register a write buffer"))?;
             let (start, end) = (plan.start, plan.end);
             let mut pending = Vec::new();
             {
@@ -711,9 +723,7 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
     }
 
     fn enable(&self) {
-        if let Err(e) = self.s.post_ff_recvs() {
-            self.s.fail(&format!("cannot post full-feature receives: {e}"));
-        }
+        // The receives went up in allocate_connection_resources, before the final login PDU.
     }
 
     fn release_task_buffer(&self, buf: TaskBuffer) {
@@ -772,7 +782,9 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
             let mut task = InitTask::<P> { read: None, write: None };
             if read_len > 0 {
                 // A fresh registration (and key) per command and direction.
-                let mr = s.pd.register(s.pool.take_vec(read_len as usize), Access::LOCAL_WRITE | Access::REMOTE_WRITE).map_err(io)?;
+                let mr =
+                    s.pd.register(s.pool.take_vec(read_len as usize), Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                        .map_err(rdma("register a read buffer"))?;
                 ih.read = Some(RemoteBuf { stag: mr.rkey(), va: mr.addr() });
                 task.read = Some(mr);
             }
@@ -785,7 +797,7 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
                     if s.cfg.unsolicited_data_out && !l.initial_r2t { len.min(l.first_burst as usize).max(imm) } else { imm };
                 if unsolicited_end < len {
                     // The caller's bytes themselves, registered read-only for the target's RDMA Read.
-                    let mr = s.pd.register_shared(data.clone(), Access::REMOTE_READ).map_err(io)?;
+                    let mr = s.pd.register_shared(data.clone(), Access::REMOTE_READ).map_err(rdma("register write data"))?;
                     // The write VA names the first byte not sent unsolicited.
                     ih.write = Some(RemoteBuf { stag: mr.rkey(), va: mr.addr() + unsolicited_end as u64 });
                     task.write = Some(mr);
@@ -847,7 +859,7 @@ async fn completion(done: oneshot::Receiver<WcStatus>) -> Result<(), DmError> {
     match done.await {
         Ok(WcStatus::Success) => Ok(()),
         Ok(WcStatus::WrFlushErr) | Err(_) => Err(DmError::Closed),
-        Ok(st) => Err(DmError::Io(format!("{st:?}"))),
+        Ok(st) => Err(DmError::Completion { op: "work request", status: st.name() }),
     }
 }
 
@@ -1061,7 +1073,7 @@ mod tests {
         let mut u = Unexpected::default();
         u.sending(&ping(1)).unwrap();
         u.sending(&ping(2)).unwrap();
-        assert!(matches!(u.sending(&ping(3)), Err(DmError::Protocol(_))));
+        assert_eq!(u.sending(&ping(3)), Err(Violation::TooManyUnexpected { limit: 2 }.into()));
         // A NOP-In answering the initiator's NOP-Out is expected: not counted.
         u.sending(&Header::NopIn(NopIn { itt: 7, ttt: RESERVED_TAG, ..NopIn::default() })).unwrap();
         // An answer to an unknown ping frees nothing; the answer to ping 1 frees one.

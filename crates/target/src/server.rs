@@ -3,11 +3,12 @@
 
 use crate::lu::{LogicalUnit, Outcome, Plan};
 use bytes::Bytes;
-use riser_datamover::{ControlPdu, DmEvent, SharedDatamover};
+use riser_datamover::{ConnectionResources, ControlPdu, DmEvent, SequenceError, SharedDatamover};
 use riser_iscsi::chap::ChapCredentials;
-use riser_iscsi::keys::{NegotiatedParams, OperationalConfig, Role, SessionType, Transport};
+use riser_iscsi::keys::{DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH, NegotiatedParams, OperationalConfig, Role, SessionType, Transport};
 use riser_iscsi::login::{LoginOutcome, TargetLogin, TargetLoginConfig, TargetLoginEvent, TargetLoginParams, TargetNode};
 use riser_iscsi::serial::SerialNumber;
+use riser_iscsi::session::TransferLimits;
 use riser_iscsi::text::{TextBuilder, parse_pairs};
 use riser_iscsi::wire::*;
 use riser_scsi::lun::Lun;
@@ -283,7 +284,7 @@ impl Target {
         // A receive per command in the window, and per unsolicited Data-Out Send when those are
         // allowed, plus room for immediate PDUs (NOP-Out, task management, text, logout).
         let per_command = if self.config.iser_unsolicited_data {
-            1 + self.config.operational.first_burst_length.div_ceil(cfg.recv_dsl.max(8192))
+            1 + self.config.operational.first_burst_length.div_ceil(cfg.recv_dsl.max(DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH))
         } else {
             1
         };
@@ -399,6 +400,17 @@ impl Target {
                     return;
                 }
             }
+            // The end of login is explicit (RFC 5047 §7): the full feature phase's resources
+            // before the final Login Response leaves, the negotiated values and
+            // Enable_Datamover once it has.
+            let event = login.poll_event();
+            if matches!(event, Some(TargetLoginEvent::Complete(_)))
+                && let Err(e) = dm.allocate_connection_resources(ConnectionResources { commands: self.config.queue_depth })
+            {
+                warn!(%peer, %e, "login refused: no resources for the connection");
+                dm.terminate();
+                return;
+            }
             while let Some(p) = login.poll_transmit() {
                 let sent = tokio::time::timeout(
                     self.config.send_timeout,
@@ -409,7 +421,7 @@ impl Target {
                     return;
                 }
             }
-            match login.poll_event() {
+            match event {
                 Some(TargetLoginEvent::Complete(o)) => break o,
                 Some(TargetLoginEvent::Failed { status, reason }) => {
                     info!(%peer, %status, reason, "login failed");
@@ -558,6 +570,8 @@ fn data_phase_error(lu: &LogicalUnit) -> Outcome {
 
 struct Session {
     dm: SharedDatamover,
+    /// The data-transfer limits negotiated (whose segment limit applies, the write split).
+    limits: TransferLimits,
     params: NegotiatedParams,
     node: Option<Node>,
     nexus: String,
@@ -612,6 +626,7 @@ impl Session {
                 max_cmd_sn: exp.add(c.queue_depth.max(1) - 1),
                 ahead: BTreeSet::new(),
             }),
+            limits: o.params.transfer_limits(Role::Target),
             params: o.params,
             tx: tokio::sync::Mutex::new(()),
             tasks: Mutex::new(HashMap::new()),
@@ -715,6 +730,11 @@ impl Session {
     async fn reject(&self, reason: RejectReason, bad: &Header) {
         let mut bhs = [0u8; BHS_LEN];
         bad.emit(&mut bhs, 0, 0);
+        self.reject_raw(reason, bhs).await;
+    }
+
+    /// A Reject carrying the offending header as received (RFC 7143 §11.17).
+    async fn reject_raw(&self, reason: RejectReason, bhs: [u8; BHS_LEN]) {
         self.respond(Header::Reject(Reject { reason, itt: RESERVED_TAG, ..Reject::default() }), Bytes::copy_from_slice(&bhs), true).await;
     }
 
@@ -744,6 +764,21 @@ impl Session {
                 DmEvent::Terminated(why) => {
                     debug!(nexus = %self.nexus, ?why, "connection ended");
                     break;
+                }
+                DmEvent::Malformed { bhs, error } => {
+                    // The datamover kept the framing; the RFC's reaction decides (§7.9).
+                    match error.reaction() {
+                        Reaction::Reject(reason) => {
+                            info!(nexus = %self.nexus, %error, "rejecting a malformed PDU");
+                            self.reject_raw(reason, bhs).await;
+                        }
+                        Reaction::DropConnection => {
+                            info!(nexus = %self.nexus, %error, "malformed PDU: dropping the connection");
+                            self.dm.terminate();
+                            break;
+                        }
+                    }
+                    continue;
                 }
                 _ => continue,
             };
@@ -998,7 +1033,7 @@ impl Session {
     /// what the initiator receives in one PDU (RFC 7143 §11.10.2); the rest waits for the
     /// initiator's continuation requests (same ITT, our TTT).
     async fn send_text(&self, t: TextRequest, mut text: Vec<u8>) {
-        let max = self.params.initiator_recv_data_segment_length.max(512) as usize;
+        let max = self.limits.send_segment();
         let (piece, more) = if text.len() > max {
             let rest = text.split_off(max);
             (text, Some(rest))
@@ -1237,8 +1272,7 @@ impl Session {
     /// command costs are bounded by its CDB, not by its expected length.
     async fn fetch_write_data(&self, c: &ScsiCommand, immediate: u32, out_len: u32) -> Result<Bytes, riser_datamover::DmError> {
         let edtl = c.expected_data_len;
-        let p = &self.params;
-        let unsolicited_end = if c.final_ || p.initial_r2t { immediate } else { p.first_burst_length.min(edtl).max(immediate) };
+        let unsolicited_end = self.limits.incoming_write(edtl, immediate, c.final_).unsolicited_end;
         let end = out_len.min(edtl).max(unsolicited_end);
         let (exp, max) = self.window();
         let mut plan = riser_datamover::R2tPlan {
@@ -1246,7 +1280,7 @@ impl Session {
             lun: c.lun,
             start: unsolicited_end,
             end,
-            max_burst: p.max_burst_length.max(512),
+            max_burst: self.limits.burst() as u32,
             first_ttt: 0,
             stat_sn: lock(&self.seq).stat_sn,
             exp_cmd_sn: exp,
@@ -1255,7 +1289,7 @@ impl Session {
         plan.first_ttt = self.next_ttt.fetch_add(plan.count().max(1), Ordering::Relaxed) & 0x7fff_ffff;
         match self.dm.get_data(plan).await {
             Ok(b) if b.data.len() == end as usize => Ok(b.data.freeze()),
-            Ok(b) => Err(riser_datamover::DmError::DataSequence(format!("{} bytes of write data where {end} were due", b.data.len()))),
+            Ok(b) => Err(SequenceError::WrongLength { got: b.data.len() as u32, due: end }.into()),
             Err(e) => {
                 warn!(itt = c.itt, %e, "write data not received");
                 Err(e)

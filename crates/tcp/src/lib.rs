@@ -18,10 +18,10 @@
 
 use bytes::Bytes;
 use riser_datamover::link::{LinkParams, LinkRx, LinkTx, RxHeader};
-use riser_datamover::{BoxFuture, DmError, PduDatamover};
+use riser_datamover::{BoxFuture, DmError, PduDatamover, Violation};
 use riser_iscsi::digest::{crc32c, crc32c_append};
 use riser_iscsi::keys::{Digest, Role};
-use riser_iscsi::wire::{BHS_LEN, Bhs, Header, PduLayout, pad4};
+use riser_iscsi::wire::{BHS_LEN, Bhs, DecodeError, Header, PduLayout, Reaction, pad4};
 use std::future::Future;
 use std::io::{self, IoSlice};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -36,7 +36,7 @@ pub fn datamover(stream: TcpStream, role: Role) -> (PduDatamover, impl Future<Ou
 }
 
 fn io_err(e: io::Error) -> DmError {
-    DmError::Io(e.to_string())
+    DmError::from(e)
 }
 
 /// Receiving half of a TCP link.
@@ -65,29 +65,35 @@ impl LinkRx for TcpRx {
             }
             self.r.read_exact(&mut bhs[n..]).await.map_err(io_err)?;
             let view = Bhs::new_unchecked(&bhs[..]);
-            let layout = PduLayout::of(&view, self.p.max_recv_data_segment_length).map_err(|e| DmError::Protocol(e.to_string()))?;
+            let layout = PduLayout::of(&view, self.p.max_recv_data_segment_length)?;
             let mut ahs = vec![0u8; layout.ahs_len];
             self.r.read_exact(&mut ahs).await.map_err(io_err)?;
             if self.p.header_digest == Digest::Crc32c {
                 let mut d = [0u8; 4];
                 self.r.read_exact(&mut d).await.map_err(io_err)?;
                 if u32::from_le_bytes(d) != crc32c_append(crc32c(&bhs), &ahs) {
-                    return Err(DmError::Protocol("header digest error".into()));
+                    return Err(DecodeError::HeaderDigest.into());
                 }
             }
-            let header = Header::parse(&view).map_err(|e| DmError::Protocol(e.to_string()))?;
             for a in riser_iscsi::wire::AhsIter::new(&ahs) {
-                a.map_err(|e| DmError::Protocol(e.to_string()))?;
+                a?;
             }
+            // A header that is well framed but holds an impossible field is the session's to
+            // reject; anything else wrong with it ends the connection.
+            let (header, malformed) = match Header::parse(&view) {
+                Ok(h) => (h, None),
+                Err(e) if matches!(e.reaction(), Reaction::Reject(_)) => (Header::Unknown(bhs), Some(e)),
+                Err(e) => return Err(e.into()),
+            };
             self.data_len = layout.data_len;
-            Ok(Some(RxHeader { header, ahs: Bytes::from(ahs), data_len: layout.data_len }))
+            Ok(Some(RxHeader { header, ahs: Bytes::from(ahs), data_len: layout.data_len, malformed }))
         })
     }
 
     fn read_data<'a>(&'a mut self, dst: &'a mut [u8]) -> BoxFuture<'a, Result<(), DmError>> {
         Box::pin(async move {
             if dst.len() != self.data_len {
-                return Err(DmError::Protocol("data length mismatch".into()));
+                return Err(Violation::SegmentLengthMismatch.into());
             }
             self.r.read_exact(dst).await.map_err(io_err)?;
             let mut pad = [0u8; 3];
@@ -98,7 +104,7 @@ impl LinkRx for TcpRx {
                 self.r.read_exact(&mut d).await.map_err(io_err)?;
                 if u32::from_le_bytes(d) != crc32c_append(crc32c(dst), pad) {
                     // ERL 0: a data digest error ends the connection.
-                    return Err(DmError::Protocol("data digest error".into()));
+                    return Err(DecodeError::DataDigest.into());
                 }
             }
             self.data_len = 0;

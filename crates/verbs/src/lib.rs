@@ -136,6 +136,22 @@ pub enum WcStatus {
     FatalErr,
 }
 
+impl WcStatus {
+    /// The status's name, for logs and errors.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::LocalLengthErr => "local length error",
+            Self::LocalProtErr => "local protection error",
+            Self::WrFlushErr => "flushed",
+            Self::RemoteAccessErr => "remote access error",
+            Self::RemoteOpErr => "remote operation error",
+            Self::RemoteInvalidRequestErr => "remote invalid request",
+            Self::FatalErr => "fatal error",
+        }
+    }
+}
+
 /// Which work request a completion belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WcOpcode {
@@ -147,6 +163,18 @@ pub enum WcOpcode {
     RdmaRead,
     /// A receive.
     Recv,
+}
+
+impl WcOpcode {
+    /// The work request's name, for logs and errors.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Send => "Send",
+            Self::RdmaWrite => "RDMA Write",
+            Self::RdmaRead => "RDMA Read",
+            Self::Recv => "Receive",
+        }
+    }
 }
 
 /// A work completion.

@@ -308,6 +308,10 @@ impl OperationalConfig {
     }
 }
 
+/// RFC 7143's default MaxRecvDataSegmentLength (§13.12), in force until declared otherwise, and
+/// the login phase's segment limit.
+pub const DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH: u32 = 8192;
+
 /// The outcome of a login's negotiation, typed. Values not negotiated keep their defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NegotiatedParams {
@@ -376,8 +380,8 @@ impl Default for NegotiatedParams {
             max_connections: 1,
             initial_r2t: true,
             immediate_data: true,
-            initiator_recv_data_segment_length: 8192,
-            target_recv_data_segment_length: 8192,
+            initiator_recv_data_segment_length: DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH,
+            target_recv_data_segment_length: DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH,
             max_burst_length: 262_144,
             first_burst_length: 65_536,
             default_time2wait: 2,

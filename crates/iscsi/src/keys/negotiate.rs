@@ -6,7 +6,10 @@
 //! back through `receive` and are checked against the offer. [`Negotiator::params`] gives the
 //! typed outcome.
 
-use super::{KEYS, KeyDef, Kind, NegotiatedParams, OperationalConfig, Role, Sender, SessionType, Transport, lookup};
+use super::{
+    DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH, KEYS, KeyDef, Kind, NegotiatedParams, OperationalConfig, Role, Sender, SessionType, Transport,
+    lookup,
+};
 use crate::text::{TextBuilder, parse_number};
 use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::string::{String, ToString};
@@ -401,12 +404,12 @@ impl Negotiator {
         if self.transport == Transport::Iser && self.session_type == SessionType::Normal {
             let irdsl = "InitiatorRecvDataSegmentLength";
             let trdsl = "TargetRecvDataSegmentLength";
-            p.initiator_recv_data_segment_length = decl(ini, irdsl).or(decl(tgt, irdsl)).unwrap_or(8192);
-            p.target_recv_data_segment_length = decl(tgt, trdsl).or(decl(ini, trdsl)).unwrap_or(8192);
+            p.initiator_recv_data_segment_length = decl(ini, irdsl).or(decl(tgt, irdsl)).unwrap_or(DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH);
+            p.target_recv_data_segment_length = decl(tgt, trdsl).or(decl(ini, trdsl)).unwrap_or(DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH);
         } else {
             let k = "MaxRecvDataSegmentLength";
-            p.initiator_recv_data_segment_length = decl(ini, k).unwrap_or(8192);
-            p.target_recv_data_segment_length = decl(tgt, k).unwrap_or(8192);
+            p.initiator_recv_data_segment_length = decl(ini, k).unwrap_or(DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH);
+            p.target_recv_data_segment_length = decl(tgt, k).unwrap_or(DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH);
         }
         p
     }

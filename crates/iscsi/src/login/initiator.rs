@@ -160,6 +160,15 @@ fn auth_failed(msg: &str) -> LoginFailure {
     LoginFailure::Authentication(msg.into())
 }
 
+impl LoginPdu<LoginRequest> {
+    /// Whether this request asks to enter the full feature phase (T bit, NSG 3): the
+    /// datamover's full-feature resources must be allocated before it is sent (RFC 5047 §7,
+    /// RFC 7145 §5.1), as the target may answer with the final Login Response at once.
+    pub fn asks_for_full_feature(&self) -> bool {
+        self.header.transit && self.header.nsg == Stage::FULL_FEATURE
+    }
+}
+
 impl InitiatorLogin {
     /// Start a login at time `now`; the first Login Request is ready in `poll_transmit`.
     /// `entropy` seeds the mutual CHAP identifier and challenge: 32 bytes fresh from a

@@ -109,6 +109,12 @@ pub enum DecodeError {
     /// A field holds a value the PDU cannot have.
     #[error("invalid field: {0}")]
     InvalidField(&'static str),
+    /// The header digest (CRC32C over BHS and AHS) does not match.
+    #[error("header digest error")]
+    HeaderDigest,
+    /// The data digest (CRC32C over data and padding) does not match.
+    #[error("data digest error")]
+    DataDigest,
 }
 
 /// What goes on the wire in answer to a malformed PDU.
@@ -123,11 +129,15 @@ pub enum Reaction {
 impl DecodeError {
     /// The reaction RFC 7143 asks for (§7.9, §11.17). A header that parsed but holds an
     /// impossible field is rejected; lost framing or an oversized segment drops the connection
-    /// (the receiver cannot, or must not, read past it).
+    /// (the receiver cannot, or must not, read past it). A digest error drops the connection
+    /// too: with a bad header digest the lengths cannot be trusted, and at ErrorRecoveryLevel 0
+    /// (riser's) a data digest error is recovered by dropping the connection (§7.8).
     pub const fn reaction(&self) -> Reaction {
         match self {
             Self::InvalidField(_) => Reaction::Reject(RejectReason::INVALID_PDU_FIELD),
-            Self::Truncated { .. } | Self::BadAhsLength | Self::DataSegmentTooLong { .. } => Reaction::DropConnection,
+            Self::Truncated { .. } | Self::BadAhsLength | Self::DataSegmentTooLong { .. } | Self::HeaderDigest | Self::DataDigest => {
+                Reaction::DropConnection
+            }
         }
     }
 }
