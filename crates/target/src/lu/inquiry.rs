@@ -1,0 +1,66 @@
+//! INQUIRY: the standard data and the VPD pages (serial number, device identification, block
+//! limits, block device characteristics, logical block provisioning).
+
+use super::{LogicalUnit, MAX_ATOMIC_BLOCKS, MAX_TRANSFER_BLOCKS, bad_field};
+use riser_scsi::inquiry::{self, BlockDeviceCharacteristics, BlockLimits, Designator, LogicalBlockProvisioning, StandardInquiry, vpd};
+use riser_scsi::sense::Sense;
+
+impl LogicalUnit {
+    pub(super) fn inquiry(&self, evpd: bool, page: u8) -> Result<Vec<u8>, Sense> {
+        let dev = inquiry::DEVICE_TYPE_DISK;
+        if !evpd {
+            if page != 0 {
+                return Err(bad_field(2, None));
+            }
+            let mut s = StandardInquiry::disk("RISER", "RISER DISK", "0001");
+            s.version_descriptors = vec![0x00c0, 0x0960, 0x0600, 0x04c0];
+            return Ok(s.to_bytes());
+        }
+        let body = match page {
+            vpd::SUPPORTED_PAGES => vec![0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2],
+            vpd::UNIT_SERIAL_NUMBER => self.serial.as_bytes().to_vec(),
+            vpd::DEVICE_IDENTIFICATION => inquiry::device_identification(&[
+                Designator::naa_registered_extended(0x00_1405, self.naa.0, self.naa.1),
+                Designator::t10_vendor("RISER", &self.serial),
+                Designator::relative_target_port(1),
+            ]),
+            vpd::BLOCK_LIMITS => {
+                let thin = self.backend.thin();
+                BlockLimits {
+                    max_compare_and_write_len: 1,
+                    optimal_transfer_granularity: 1,
+                    max_transfer_len: MAX_TRANSFER_BLOCKS,
+                    optimal_transfer_len: 2048,
+                    max_unmap_lba_count: if thin { 1 << 20 } else { 0 },
+                    max_unmap_descriptor_count: if thin { 256 } else { 0 },
+                    optimal_unmap_granularity: 1,
+                    unmap_granularity_alignment: thin.then_some(0),
+                    // No limit: WRITE SAME moves no data over the wire.
+                    max_write_same_len: 0,
+                    max_atomic_transfer_len: if self.backend.atomic_writes() { MAX_ATOMIC_BLOCKS } else { 0 },
+                    atomic_alignment: 1,
+                    atomic_granularity: 1,
+                    ..BlockLimits::default()
+                }
+                .to_body()
+                .to_vec()
+            }
+            vpd::BLOCK_DEVICE_CHARACTERISTICS => BlockDeviceCharacteristics { rotation_rate: 1, form_factor: 0 }.to_body().to_vec(),
+            vpd::LOGICAL_BLOCK_PROVISIONING => {
+                let thin = self.backend.thin();
+                LogicalBlockProvisioning {
+                    lbpu: thin,
+                    lbpws: thin,
+                    lbpws10: thin,
+                    lbprz: u8::from(thin),
+                    provisioning_type: if thin { 2 } else { 0 },
+                    ..Default::default()
+                }
+                .to_body()
+                .to_vec()
+            }
+            _ => return Err(bad_field(2, None)),
+        };
+        Ok(inquiry::vpd_page(dev, page, &body))
+    }
+}

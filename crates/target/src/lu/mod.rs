@@ -1,0 +1,328 @@
+//! The SCSI block target core: one [`LogicalUnit`] emulates an SBC-4 / SPC-5 direct-access
+//! device over a [`BlockBackend`]. It knows nothing of iSCSI: the server hands it CDBs and
+//! data-out bytes and gets back status, sense and data-in bytes.
+//!
+//! This file holds the unit itself: its state, the task-facing entry points `plan` and
+//! `execute`, and the dispatch that routes each CDB to its command family. The families live in
+//! the submodules: `rw` (the medium data path), `medium` (capacity, LBA status, start/stop),
+//! `inquiry`, `mode`, `pr` (reservations), `sanitize`, `rsoc` and `report` (REQUEST SENSE,
+//! REPORT LUNS).
+
+mod inquiry;
+mod medium;
+mod mode;
+mod pr;
+mod report;
+mod rsoc;
+mod rw;
+mod sanitize;
+#[cfg(test)]
+mod tests;
+
+use crate::backend::BlockBackend;
+use bytes::Bytes;
+use pr::Pr;
+use riser_scsi::cdb::{Cdb, CdbSize, rw_flags};
+use riser_scsi::lun::Lun;
+use riser_scsi::sense::{AscAscq, Sense, SenseKey, Status};
+use rw::RangeLocks;
+use sanitize::{SanitizeJob, SanitizeState};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// An I_T nexus: the initiator port (name + ISID) as a string.
+pub type Nexus = String;
+
+/// Most blocks one WRITE ATOMIC may write.
+pub const MAX_ATOMIC_BLOCKS: u32 = 2048;
+
+/// Most blocks one command may move (reported in the Block Limits VPD page).
+pub const MAX_TRANSFER_BLOCKS: u32 = 65536;
+
+/// What a command needs before it can run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The decoded CDB.
+    pub cdb: Cdb,
+    /// Data-out bytes the command needs.
+    pub data_out: u32,
+    /// The transport's expected data transfer length (set by the server; some commands must
+    /// match it exactly).
+    pub edtl: u32,
+}
+
+/// A command's result.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// SCSI status.
+    pub status: Status,
+    /// Sense data (encoded) for CHECK CONDITION.
+    pub sense: Option<Bytes>,
+    /// Data-in.
+    pub data: Bytes,
+}
+
+impl Outcome {
+    fn good(data: impl Into<Bytes>) -> Self {
+        Self { status: Status::GOOD, sense: None, data: data.into() }
+    }
+    /// RESERVATION CONFLICT.
+    pub fn conflict() -> Self {
+        Self { status: Status::RESERVATION_CONFLICT, sense: None, data: Bytes::new() }
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    wce: bool,
+    d_sense: bool,
+    swp: bool,
+    reserved_by: Option<Nexus>,
+    pr: Pr,
+    unit_attention: HashMap<Nexus, Vec<AscAscq>>,
+    prevent: bool,
+    stopped: bool,
+    sanitize: Option<Arc<SanitizeJob>>,
+    sanitize_failed: bool,
+    /// A flush failed since the last reset: every flush fails ([`LogicalUnit::flush`]).
+    flush_failed: bool,
+}
+
+/// One logical unit.
+#[derive(Debug)]
+pub struct LogicalUnit {
+    backend: Arc<dyn BlockBackend>,
+    lun: Lun,
+    serial: String,
+    naa: (u64, u64),
+    state: Mutex<State>,
+    buffers: Mutex<Vec<Vec<u8>>>,
+    read_modify_write: RangeLocks,
+    sanitize_rate: Option<u64>,
+}
+
+type R = Result<Outcome, Sense>;
+
+fn bad_field(byte: u16, bit: Option<u8>) -> Sense {
+    Sense::invalid_field_in_cdb(byte, bit)
+}
+fn illegal(asc: AscAscq) -> Sense {
+    Sense::new(SenseKey::ILLEGAL_REQUEST, asc)
+}
+
+fn truncate(mut v: Vec<u8>, alloc: u32) -> Bytes {
+    v.truncate(alloc as usize);
+    v.into()
+}
+
+impl LogicalUnit {
+    /// A logical unit over `backend`; `id` makes its serial number and NAA designator unique.
+    pub fn new(backend: Arc<dyn BlockBackend>, lun: Lun, id: u64) -> Self {
+        Self {
+            backend,
+            lun,
+            serial: format!("RISER{id:011X}"),
+            naa: (id & 0xf_ffff_ffff, 0x5249_5345_5200_0000 | id),
+            state: Mutex::new(State { wce: true, ..State::default() }),
+            buffers: Mutex::new(Vec::new()),
+            read_modify_write: RangeLocks::default(),
+            sanitize_rate: None,
+        }
+    }
+
+    /// Pace SANITIZE to at most `bytes_per_second` of backing-store writes (default: as fast as
+    /// the backend goes). This bounds the load a sanitize puts on a shared backing store; it
+    /// also keeps a RAM LUN's sanitize observable for conformance tests.
+    pub fn with_sanitize_rate(mut self, bytes_per_second: Option<u64>) -> Self {
+        self.sanitize_rate = bytes_per_second.filter(|&r| r > 0);
+        self
+    }
+
+    /// Whether the command's operation goes on after its task ends (SANITIZE: task management
+    /// and the loss of its I_T nexus do not stop it, SBC-4). It fences the medium itself (every
+    /// medium access gets SANITIZE IN PROGRESS until it is over), so nothing that ends tasks needs
+    /// to wait for it either.
+    pub fn outlives_its_task(&self, plan: &Plan) -> bool {
+        matches!(plan.cdb, Cdb::Sanitize { .. })
+    }
+
+    /// Whether `plan` may block its thread for long (file I/O, a SANITIZE without IMMED that
+    /// waits for the whole operation, or a read-modify-write that may wait for another on the
+    /// same blocks, whose disk may hang); the server runs those off its I/O threads.
+    pub fn may_block(&self, plan: &Plan) -> bool {
+        !self.backend.in_memory()
+            || matches!(plan.cdb, Cdb::Sanitize { flags, .. } if flags & 0x80 == 0)
+            || matches!(plan.cdb, Cdb::CompareAndWrite { .. } | Cdb::OrWrite(_))
+    }
+
+    fn st(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The LUN.
+    pub fn lun(&self) -> Lun {
+        self.lun
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn BlockBackend> {
+        &self.backend
+    }
+
+    /// Queue a unit attention for every nexus (or one).
+    pub fn unit_attention(&self, asc: AscAscq, only: Option<&str>) {
+        let mut s = self.st();
+        match only {
+            Some(n) => s.unit_attention.entry(n.into()).or_default().push(asc),
+            None => s.unit_attention.values_mut().for_each(|v| v.push(asc)),
+        }
+    }
+
+    /// LOGICAL UNIT RESET / target reset: RESERVE(6/10) reservations are released, a failed
+    /// flush is forgiven, and every nexus gets POWER ON, RESET OR BUS DEVICE RESET OCCURRED
+    /// (persistent reservations stay).
+    pub fn reset(&self) {
+        let mut s = self.st();
+        s.reserved_by = None;
+        // That unit attention tells every initiator that what sat in the write cache may be
+        // gone, which is all a failed flush still had to say: flushes report afresh from here.
+        s.flush_failed = false;
+        // Every nexus, the issuer's included (SAM-5 §6.3.3; libiscsi's multipath test checks it).
+        s.unit_attention.values_mut().for_each(|v| v.push(AscAscq::POWER_ON_RESET));
+    }
+
+    /// Register a nexus so unit attentions can be queued for it.
+    pub fn nexus_seen(&self, nexus: &str) {
+        self.st().unit_attention.entry(nexus.into()).or_default();
+    }
+
+    /// Forget a nexus (session ended): drop its RESERVE(6) reservation and pending UAs.
+    pub fn nexus_lost(&self, nexus: &str) {
+        let mut s = self.st();
+        if s.reserved_by.as_deref() == Some(nexus) {
+            s.reserved_by = None;
+        }
+        s.unit_attention.remove(nexus);
+    }
+
+    /// Encode sense in the format the Control mode page selects.
+    pub fn encode_sense(&self, s: &Sense) -> Bytes {
+        if self.st().d_sense { s.to_descriptor().into() } else { s.to_fixed().to_vec().into() }
+    }
+
+    fn check(&self, s: Sense) -> Outcome {
+        Outcome { status: Status::CHECK_CONDITION, sense: Some(self.encode_sense(&s)), data: Bytes::new() }
+    }
+
+    fn blocks(&self) -> u64 {
+        self.backend.num_blocks()
+    }
+    fn bs(&self) -> u32 {
+        self.backend.block_size()
+    }
+
+    /// Decode a CDB and work out how much data-out it needs. An error outcome (CHECK
+    /// CONDITION) means the command must not run and no data may be solicited.
+    pub fn plan(&self, cdb: &[u8], nexus: &str) -> Result<Plan, Outcome> {
+        let c = match Cdb::parse(cdb) {
+            Ok(c) => c,
+            Err(e) => return Err(self.check(e.sense(true))),
+        };
+        // A pending unit attention is reported once, except to INQUIRY, REPORT LUNS and
+        // REQUEST SENSE (SAM-5 §5.14).
+        if !matches!(c, Cdb::Inquiry { .. } | Cdb::ReportLuns { .. } | Cdb::RequestSense { .. }) {
+            let mut s = self.st();
+            // While a sanitize runs (or after it failed) the medium is off limits (SBC-4 §4.11.2).
+            match s.sanitize_state() {
+                SanitizeState::Idle => {}
+                SanitizeState::Running { done, total } => {
+                    drop(s);
+                    return Err(self.check(Sense::not_ready_in_progress(AscAscq::SANITIZE_IN_PROGRESS, done, total)));
+                }
+                SanitizeState::Failed if !matches!(c, Cdb::Sanitize { .. } | Cdb::ReportSupportedOpcodes { .. }) => {
+                    drop(s);
+                    return Err(self.check(Sense::new(SenseKey::MEDIUM_ERROR, AscAscq::SANITIZE_COMMAND_FAILED)));
+                }
+                SanitizeState::Failed => {}
+            }
+            if let Some(v) = s.unit_attention.get_mut(nexus)
+                && !v.is_empty()
+            {
+                let asc = v.remove(0);
+                drop(s);
+                return Err(self.check(Sense::new(SenseKey::UNIT_ATTENTION, asc)));
+            }
+        }
+        let data_out = c.data_out_len(self.bs()).unwrap_or(0);
+        if data_out > u64::from(crate::MAX_DATA_OUT) {
+            return Err(self.check(bad_field(7, None)));
+        }
+        Ok(Plan { cdb: c, data_out: data_out as u32, edtl: data_out as u32 })
+    }
+
+    /// Run a planned command with its data-out.
+    pub fn execute(&self, plan: &Plan, data_out: &[u8], nexus: &str) -> Outcome {
+        if let Some(conflict) = self.reservation_conflict(&plan.cdb, nexus) {
+            return conflict;
+        }
+        if let Cdb::WriteSame(r) = &plan.cdb
+            && !(r.size == CdbSize::Sixteen && r.flags & rw_flags::NDOB != 0)
+            && plan.edtl != self.bs()
+        {
+            // WRITE SAME carries exactly one block.
+            return self.check(bad_field(if r.size == CdbSize::Sixteen { 10 } else { 7 }, None));
+        }
+        if let Cdb::CompareAndWrite { blocks, .. } = plan.cdb
+            && plan.edtl != 2 * u32::from(blocks) * self.bs()
+        {
+            // The Data-Out buffer must hold exactly the verify and write data (SBC-4 §5.3).
+            return self.check(bad_field(13, None));
+        }
+        match self.run(&plan.cdb, data_out, nexus) {
+            Ok(o) => o,
+            Err(s) => self.check(s),
+        }
+    }
+
+    /// Route a command to the handler of its family.
+    fn run(&self, c: &Cdb, out: &[u8], nexus: &str) -> R {
+        match c {
+            Cdb::TestUnitReady { .. } => Ok(Outcome::good(Bytes::new())),
+            Cdb::RequestSense { desc, alloc_len, .. } => self.request_sense(*desc, *alloc_len),
+            Cdb::Inquiry { evpd, page_code, alloc_len, .. } => {
+                self.inquiry(*evpd, *page_code).map(|b| Outcome::good(truncate(b, u32::from(*alloc_len))))
+            }
+            Cdb::ReadCapacity10 { lba, pmi, .. } => self.read_capacity_10(*lba, *pmi),
+            Cdb::ReadCapacity16 { alloc_len, .. } => self.read_capacity_16(*alloc_len),
+            Cdb::Read(r) => self.read(r),
+            Cdb::Write(r) => self.write(r, out),
+            Cdb::WriteAndVerify(r) => self.write_and_verify(r, out),
+            Cdb::Verify(r) => self.verify(r, out),
+            Cdb::SynchronizeCache(r) => self.synchronize_cache(r),
+            Cdb::WriteSame(r) => self.write_same(r, out),
+            Cdb::PreFetch(r) => self.pre_fetch(r),
+            Cdb::OrWrite(r) => self.or_write(r, out),
+            Cdb::Sanitize { flags, reserved, param_len, .. } => self.sanitize(*flags, reserved, *param_len, out),
+            Cdb::WriteAtomic { lba, blocks, flags, group, control } if self.backend.atomic_writes() => {
+                self.write_atomic(*lba, *blocks, *flags, *group, *control, out)
+            }
+            Cdb::ReadDefectData { twelve, flags, alloc_len, .. } => Ok(self.read_defect_data(*twelve, *flags, *alloc_len)),
+            Cdb::Unmap { .. } => self.unmap(out),
+            Cdb::CompareAndWrite { lba, blocks, flags, .. } => self.compare_and_write(*lba, *blocks, *flags, out),
+            Cdb::GetLbaStatus { lba, alloc_len, .. } => self.get_lba_status(*lba, *alloc_len),
+            Cdb::ModeSense(m) => self.mode_sense(m),
+            Cdb::ModeSelect(m) => self.mode_select(m, out),
+            Cdb::ReportLuns { select, alloc_len, .. } => self.report_luns(*select, *alloc_len),
+            Cdb::ReportSupportedOpcodes { rctd, options, opcode, service_action, alloc_len, .. } => {
+                self.rsoc(*rctd, *options, *opcode, *service_action, *alloc_len)
+            }
+            Cdb::StartStopUnit { power_condition, loej, start, .. } => self.start_stop_unit(*power_condition, *loej, *start),
+            Cdb::PreventAllowMediumRemoval { prevent, .. } => Ok(self.prevent_allow_medium_removal(*prevent)),
+            Cdb::Reserve6 { .. } | Cdb::Reserve10 { .. } => Ok(self.reserve(nexus)),
+            Cdb::Release6 { .. } | Cdb::Release10 { .. } => Ok(self.release(nexus)),
+            Cdb::PersistentReserveIn { service_action, alloc_len, .. } => self.pr_in(*service_action, *alloc_len),
+            Cdb::PersistentReserveOut { service_action, scope, pr_type, .. } => self.pr_out(*service_action, *scope, *pr_type, out, nexus),
+            _ => Err(illegal(AscAscq::INVALID_COMMAND_OPERATION_CODE)),
+        }
+    }
+}

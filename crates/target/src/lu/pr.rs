@@ -1,0 +1,237 @@
+//! Reservations: PERSISTENT RESERVE IN/OUT, RESERVE/RELEASE (6/10), and the reservation
+//! conflict check every command passes before it runs.
+
+use super::{LogicalUnit, Nexus, Outcome, R, bad_field, illegal, truncate};
+use bytes::Bytes;
+use riser_scsi::cdb::Cdb;
+use riser_scsi::sense::{AscAscq, Sense};
+
+#[derive(Debug, Default)]
+pub(super) struct Pr {
+    generation: u32,
+    registrations: Vec<(Nexus, u64)>,
+    holder: Option<(Nexus, u64, u8)>,
+}
+
+fn all_registrants(t: u8) -> bool {
+    matches!(t, riser_scsi::pr::pr_type::WRITE_EXCLUSIVE_ALL_REGISTRANTS | riser_scsi::pr::pr_type::EXCLUSIVE_ACCESS_ALL_REGISTRANTS)
+}
+
+impl LogicalUnit {
+    pub(super) fn reservation_conflict(&self, c: &Cdb, nexus: &str) -> Option<Outcome> {
+        let s = self.st();
+        let allowed_always = matches!(
+            c,
+            Cdb::Inquiry { .. }
+                | Cdb::ReportLuns { .. }
+                | Cdb::RequestSense { .. }
+                | Cdb::PersistentReserveIn { .. }
+                | Cdb::PersistentReserveOut { .. }
+                | Cdb::ReadCapacity10 { .. }
+                | Cdb::ReadCapacity16 { .. }
+                | Cdb::Release6 { .. }
+                | Cdb::Release10 { .. }
+        );
+        if let Some(holder) = &s.reserved_by
+            && holder != nexus
+            && !allowed_always
+        {
+            return Some(Outcome::conflict());
+        }
+        if let Some((holder, _, ty)) = &s.pr.holder
+            && holder != nexus
+            && !allowed_always
+        {
+            let registered = s.pr.registrations.iter().any(|(n, _)| n == nexus);
+            let is_write = matches!(
+                c,
+                Cdb::Write(_)
+                    | Cdb::WriteAndVerify(_)
+                    | Cdb::WriteSame(_)
+                    | Cdb::Unmap { .. }
+                    | Cdb::CompareAndWrite { .. }
+                    | Cdb::SynchronizeCache(_)
+                    | Cdb::ModeSelect(_)
+                    | Cdb::Reserve6 { .. }
+                    | Cdb::Reserve10 { .. }
+                    | Cdb::OrWrite(_)
+                    | Cdb::WriteAtomic { .. }
+                    | Cdb::Sanitize { .. }
+            );
+            use riser_scsi::pr::pr_type::*;
+            let conflict = match *ty {
+                WRITE_EXCLUSIVE => is_write,
+                EXCLUSIVE_ACCESS => true,
+                WRITE_EXCLUSIVE_REGISTRANTS_ONLY | WRITE_EXCLUSIVE_ALL_REGISTRANTS => is_write && !registered,
+                EXCLUSIVE_ACCESS_REGISTRANTS_ONLY | EXCLUSIVE_ACCESS_ALL_REGISTRANTS => !registered,
+                _ => false,
+            };
+            if conflict {
+                return Some(Outcome::conflict());
+            }
+        }
+        None
+    }
+
+    /// RESERVE (6/10): reserve the LU for `nexus`, unless another nexus holds it.
+    pub(super) fn reserve(&self, nexus: &str) -> Outcome {
+        let mut s = self.st();
+        match &s.reserved_by {
+            Some(h) if h != nexus => Outcome::conflict(),
+            _ => {
+                s.reserved_by = Some(nexus.into());
+                Outcome::good(Bytes::new())
+            }
+        }
+    }
+
+    /// RELEASE (6/10): drop `nexus`'s reservation, if it holds one.
+    pub(super) fn release(&self, nexus: &str) -> Outcome {
+        let mut s = self.st();
+        if s.reserved_by.as_deref() == Some(nexus) {
+            s.reserved_by = None;
+        }
+        Outcome::good(Bytes::new())
+    }
+
+    pub(super) fn pr_in(&self, sa: u8, alloc: u16) -> R {
+        use riser_scsi::pr::*;
+        let s = self.st();
+        let data = match sa {
+            in_sa::READ_KEYS => read_keys_to_bytes(s.pr.generation, &s.pr.registrations.iter().map(|(_, k)| *k).collect::<Vec<_>>()),
+            in_sa::READ_RESERVATION => read_reservation_to_bytes(
+                s.pr.generation,
+                // All-registrants reservations report key 0 (SPC-5 §6.16.3).
+                s.pr.holder.as_ref().map(|(_, k, t)| Reservation { key: if all_registrants(*t) { 0 } else { *k }, scope: 0, pr_type: *t }),
+            ),
+            in_sa::READ_FULL_STATUS => self.full_status(&s.pr),
+            in_sa::REPORT_CAPABILITIES => report_capabilities_to_bytes(0x10, 0x80, 0xea01).to_vec(),
+            _ => return Err(bad_field(1, Some(4))),
+        };
+        Ok(Outcome::good(truncate(data, u32::from(alloc))))
+    }
+
+    fn full_status(&self, pr: &Pr) -> Vec<u8> {
+        let mut body = Vec::new();
+        for (n, k) in &pr.registrations {
+            let holder = pr.holder.as_ref().filter(|(h, _, t)| h == n || all_registrants(*t));
+            // iSCSI TransportID, format 00b: the initiator name, NUL-terminated, padded to 4.
+            let name = n.split(",i,").next().unwrap_or(n);
+            let mut tid = vec![0x05, 0, 0, 0];
+            tid.extend_from_slice(name.as_bytes());
+            tid.push(0);
+            tid.resize(tid.len().div_ceil(4) * 4, 0);
+            let l = (tid.len() - 4) as u16;
+            tid[2..4].copy_from_slice(&l.to_be_bytes());
+            let mut d = [0u8; 24];
+            d[0..8].copy_from_slice(&k.to_be_bytes());
+            if let Some((_, _, t)) = holder {
+                d[12] = 0x01;
+                d[13] = *t;
+            }
+            d[18..20].copy_from_slice(&1u16.to_be_bytes());
+            d[20..24].copy_from_slice(&(tid.len() as u32).to_be_bytes());
+            body.extend_from_slice(&d);
+            body.extend_from_slice(&tid);
+        }
+        let mut v = Vec::with_capacity(8 + body.len());
+        v.extend_from_slice(&pr.generation.to_be_bytes());
+        v.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        v.extend_from_slice(&body);
+        v
+    }
+
+    pub(super) fn pr_out(&self, sa: u8, scope: u8, ty: u8, out: &[u8], nexus: &str) -> R {
+        use riser_scsi::pr::*;
+        let p = PrOutParams::parse(out).map_err(|e| e.sense(false))?;
+        if out.len() != 24 && !p.spec_i_pt {
+            return Err(illegal(AscAscq::PARAMETER_LIST_LENGTH_ERROR));
+        }
+        if p.spec_i_pt || p.aptpl {
+            return Err(Sense::invalid_field_in_parameter_list(20, None));
+        }
+        let mut s = self.st();
+        let mine = s.pr.registrations.iter().position(|(n, _)| n == nexus);
+        let my_key = mine.map(|i| s.pr.registrations[i].1);
+        let valid_type = |t: u8| matches!(t, 1 | 3 | 5 | 6 | 7 | 8);
+        match sa {
+            out_sa::REGISTER | out_sa::REGISTER_AND_IGNORE_EXISTING_KEY => {
+                if sa == out_sa::REGISTER && my_key.unwrap_or(0) != p.key {
+                    return Ok(Outcome::conflict());
+                }
+                if p.sa_key == 0 {
+                    if let Some(i) = mine {
+                        s.pr.registrations.remove(i);
+                        if let Some((n, _, t)) = s.pr.holder.clone()
+                            && n == nexus
+                        {
+                            // An all-registrants reservation survives while anyone is registered.
+                            s.pr.holder = match (all_registrants(t), s.pr.registrations.first()) {
+                                (true, Some((other, k))) => Some((other.clone(), *k, t)),
+                                _ => None,
+                            };
+                        }
+                    }
+                } else if let Some(i) = mine {
+                    s.pr.registrations[i].1 = p.sa_key;
+                    if let Some(h) = s.pr.holder.as_mut().filter(|(n, _, _)| n == nexus) {
+                        h.1 = p.sa_key;
+                    }
+                } else {
+                    s.pr.registrations.push((nexus.into(), p.sa_key));
+                }
+                s.pr.generation = s.pr.generation.wrapping_add(1);
+            }
+            out_sa::RESERVE => {
+                if my_key != Some(p.key) {
+                    return Ok(Outcome::conflict());
+                }
+                if scope != 0 || !valid_type(ty) {
+                    return Err(bad_field(2, None));
+                }
+                match &s.pr.holder {
+                    Some((n, _, t)) if n != nexus || *t != ty => return Ok(Outcome::conflict()),
+                    Some(_) => {}
+                    None => s.pr.holder = Some((nexus.into(), p.key, ty)),
+                }
+            }
+            out_sa::RELEASE => {
+                if my_key != Some(p.key) {
+                    return Ok(Outcome::conflict());
+                }
+                if let Some((n, _, t)) = &s.pr.holder
+                    && n == nexus
+                {
+                    if *t != ty {
+                        return Err(illegal(AscAscq::new(0x26, 0x04)));
+                    }
+                    s.pr.holder = None;
+                }
+            }
+            out_sa::CLEAR => {
+                if my_key != Some(p.key) {
+                    return Ok(Outcome::conflict());
+                }
+                s.pr.registrations.clear();
+                s.pr.holder = None;
+                s.pr.generation = s.pr.generation.wrapping_add(1);
+            }
+            out_sa::PREEMPT | out_sa::PREEMPT_AND_ABORT => {
+                if my_key != Some(p.key) {
+                    return Ok(Outcome::conflict());
+                }
+                let victim_holds = s.pr.holder.as_ref().is_some_and(|(_, k, _)| *k == p.sa_key);
+                s.pr.registrations.retain(|(n, k)| *k != p.sa_key || n == nexus);
+                if victim_holds {
+                    if !valid_type(ty) {
+                        return Err(bad_field(2, None));
+                    }
+                    s.pr.holder = Some((nexus.into(), p.key, ty));
+                }
+                s.pr.generation = s.pr.generation.wrapping_add(1);
+            }
+            _ => return Err(bad_field(1, Some(4))),
+        }
+        Ok(Outcome::good(Bytes::new()))
+    }
+}
