@@ -4,8 +4,6 @@
 //! Offsets in this module count from the first byte after the 2-byte MPA length field (the
 //! "ULPDU"), unless a function says otherwise.
 
-use crate::Term;
-
 /// Key of an MPA Request frame.
 pub const MPA_REQ_KEY: &[u8; 16] = b"MPA ID Req Frame";
 /// Key of an MPA Reply frame.
@@ -390,6 +388,74 @@ impl ReadRequest {
         b[16..20].copy_from_slice(&self.src_stag.to_be_bytes());
         b[20..28].copy_from_slice(&self.src_to.to_be_bytes());
         b
+    }
+}
+
+/// A Terminate's layer, error type and error code (RFC 5040 §7, RFC 5041 §7, RFC 5044 §8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Term {
+    /// 0 RDMAP, 1 DDP, 2 LLP (MPA).
+    pub layer: u8,
+    /// Error type within the layer.
+    pub etype: u8,
+    /// Error code.
+    pub code: u8,
+}
+
+impl Term {
+    /// RDMAP local catastrophic error.
+    pub const RDMAP_CATASTROPHIC: Self = Self { layer: 0, etype: 0, code: 0xff };
+    /// RDMAP remote protection: invalid STag (Read source).
+    pub const RDMAP_INVALID_STAG: Self = Self { layer: 0, etype: 1, code: 0 };
+    /// RDMAP remote protection: base or bounds violation (Read source).
+    pub const RDMAP_BOUNDS: Self = Self { layer: 0, etype: 1, code: 1 };
+    /// RDMAP remote protection: access rights violation (no REMOTE_READ).
+    pub const RDMAP_ACCESS: Self = Self { layer: 0, etype: 1, code: 2 };
+    /// RDMAP remote protection: STag not associated with this stream (other PD).
+    pub const RDMAP_PD: Self = Self { layer: 0, etype: 1, code: 3 };
+    /// RDMAP remote operation: invalid RDMAP version.
+    pub const RDMAP_BAD_VERSION: Self = Self { layer: 0, etype: 2, code: 5 };
+    /// RDMAP remote operation: unexpected opcode.
+    pub const RDMAP_BAD_OPCODE: Self = Self { layer: 0, etype: 2, code: 6 };
+    /// RDMAP remote operation: catastrophic error localised to the stream (IRD exceeded).
+    pub const RDMAP_IRD_EXCEEDED: Self = Self { layer: 0, etype: 2, code: 7 };
+    /// RDMAP remote operation: cannot invalidate the STag of a Send with Invalidate.
+    pub const RDMAP_CANNOT_INVALIDATE: Self = Self { layer: 0, etype: 2, code: 9 };
+    /// DDP local catastrophic error.
+    pub const DDP_CATASTROPHIC: Self = Self { layer: 1, etype: 0, code: 0 };
+    /// DDP tagged buffer: invalid STag (unknown, stale key, invalidated, or no REMOTE_WRITE).
+    pub const DDP_TAGGED_INVALID_STAG: Self = Self { layer: 1, etype: 1, code: 0 };
+    /// DDP tagged buffer: base or bounds violation.
+    pub const DDP_TAGGED_BOUNDS: Self = Self { layer: 1, etype: 1, code: 1 };
+    /// DDP tagged buffer: STag not associated with this stream (other PD).
+    pub const DDP_TAGGED_PD: Self = Self { layer: 1, etype: 1, code: 2 };
+    /// DDP tagged buffer: invalid DDP version.
+    pub const DDP_TAGGED_BAD_VERSION: Self = Self { layer: 1, etype: 1, code: 4 };
+    /// DDP untagged buffer: invalid queue number.
+    pub const DDP_UNTAGGED_INVALID_QN: Self = Self { layer: 1, etype: 2, code: 1 };
+    /// DDP untagged buffer: no buffer posted (or the message does not fit it).
+    pub const DDP_UNTAGGED_NO_BUFFER: Self = Self { layer: 1, etype: 2, code: 2 };
+    /// DDP untagged buffer: MSN out of range.
+    pub const DDP_UNTAGGED_BAD_MSN: Self = Self { layer: 1, etype: 2, code: 3 };
+    /// DDP untagged buffer: MO does not follow the bytes received.
+    pub const DDP_UNTAGGED_BAD_MO: Self = Self { layer: 1, etype: 2, code: 4 };
+    /// DDP untagged buffer: invalid DDP version.
+    pub const DDP_UNTAGGED_BAD_VERSION: Self = Self { layer: 1, etype: 2, code: 6 };
+    /// MPA: CRC error.
+    pub const MPA_CRC: Self = Self { layer: 2, etype: 0, code: 2 };
+    /// MPA: FPDU framing error (length shorter than the header).
+    pub const MPA_FRAMING: Self = Self { layer: 2, etype: 0, code: 3 };
+
+    /// Whether the peer refused a remote access (as opposed to an operation or transport error).
+    pub fn is_protection(self) -> bool {
+        self.layer <= 1 && self.etype == 1
+    }
+}
+
+impl std::fmt::Display for Term {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let layer = ["RDMAP", "DDP", "MPA"].get(usize::from(self.layer)).copied().unwrap_or("?");
+        write!(f, "{layer} type {} code {:#04x}", self.etype, self.code)
     }
 }
 

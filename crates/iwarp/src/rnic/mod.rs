@@ -1,0 +1,239 @@
+//! The software RNIC: the device ([`SoftRnic`], its [`RnicConfig`] and the [`Provider`] impl)
+//! and the fuzzing entry points. Its parts live in rooms of their own:
+//!
+//! - `mr`: memory regions and protection domains, and the STag checks every access passes;
+//! - `cq`: completion queues;
+//! - `qp`: queue pairs, their shared state, the verbs on them and their teardown;
+//! - `tx`: the transmit engine (work requests and Read Responses into FPDUs);
+//! - `rx`: the receive engine (FPDUs parsed and placed, violations mapped to Terminates);
+//! - `cm`: connection setup (MPA request/reply, the listener and its handshake threads).
+
+mod cm;
+mod cq;
+mod mr;
+mod qp;
+mod rx;
+mod tx;
+
+pub use cm::{SoftListener, SoftRequest};
+pub use cq::SoftCq;
+pub use mr::{SoftMr, SoftPd};
+pub use qp::SoftQp;
+
+use crate::wire::{Term, TerminateMsg};
+use qp::{QpState, TxQueue};
+use riser_verbs::{
+    Access, ConnParam, Established, MemoryRegion, ProtectionDomain, Provider, QpCaps, QueuePair, RecvWr, Result, Sge, Wc, WcOpcode,
+    WcStatus,
+};
+use rx::receive;
+use std::collections::HashMap;
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::mpsc::channel;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+use tx::{Tx, TxItem};
+
+/// A completion without invalidation or solicited flag (all but successful receives).
+fn wc(wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u32) -> Wc {
+    Wc { wr_id, status, opcode, byte_len, invalidated_rkey: None, solicited: false }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A Terminate with no headers attached.
+fn terminate_for(term: Term) -> TerminateMsg {
+    TerminateMsg { term, segment_len: None, ddp_header: false, rdmap_header: false, attached: vec![] }
+}
+
+/// Largest IRD/ORD either side may use (Linux siw's limit).
+pub const MAX_IRD_ORD: u8 = 128;
+
+/// How the software RNIC connects.
+#[derive(Clone, Debug)]
+pub struct RnicConfig {
+    /// Ask for MPA CRC32C on FPDUs. The connection uses CRC when either side asks; off by
+    /// default, as Linux siw (TCP's checksum already covers the stream; CRC costs a pass over
+    /// every payload byte on each side).
+    pub crc: bool,
+    /// MPA revision to request: 2 (RFC 6581 enhanced setup with IRD/ORD) or 1.
+    pub mpa_rev: u8,
+    /// As initiator, ask for peer-to-peer mode and send a zero-length RDMA Write as the
+    /// ready-to-receive message.
+    pub p2p: bool,
+    /// Payload bytes per FPDU (a multiple of 4, at most 65516).
+    pub max_segment: usize,
+    /// Time allowed for TCP connect and the MPA exchange. A listener allows this (at most
+    /// 5 s) for reading each whole MPA request: one deadline from the accept, not a timeout per
+    /// read that a peer sending a byte at a time could renew for ever.
+    pub setup_timeout: Duration,
+    /// MPA handshakes a listener runs at once, counting requests read but not yet taken by
+    /// `get_request`; beyond it new connections wait in the kernel's accept backlog (they are
+    /// not refused) until a handshake ends. Each handshake has a thread of its own and ends at
+    /// its deadline at the latest, so this bounds the threads and sockets idle or trickling
+    /// clients can make a listener hold, while a well-behaved request is read at once: the
+    /// default, 64, lets a host (re)connect dozens of iSER sessions at the same moment (after
+    /// a target restart, say) without queueing, at a cost of at most 64 small threads.
+    pub max_handshakes: usize,
+}
+
+impl Default for RnicConfig {
+    fn default() -> Self {
+        Self { crc: false, mpa_rev: 2, p2p: false, max_segment: 65516, setup_timeout: Duration::from_secs(10), max_handshakes: 64 }
+    }
+}
+
+impl RnicConfig {
+    /// How long a listener waits for a whole MPA request (see [`RnicConfig::setup_timeout`]).
+    fn handshake_time(&self) -> Duration {
+        self.setup_timeout.min(Duration::from_secs(5))
+    }
+}
+
+/// The software RNIC (a [`Provider`]).
+#[derive(Clone, Debug)]
+pub struct SoftRnic {
+    shared: Arc<RnicShared>,
+}
+
+/// The device's state, shared by its handles, protection domains, regions and queue pairs.
+#[derive(Debug)]
+struct RnicShared {
+    config: RnicConfig,
+    /// STag index → region.
+    regions: Mutex<HashMap<u32, Weak<SoftMr>>>,
+    next_index: AtomicU32,
+    next_pd: AtomicU64,
+}
+
+impl RnicShared {
+    fn lookup(&self, stag: u32) -> Option<Arc<SoftMr>> {
+        lock(&self.regions).get(&(stag >> 8)).and_then(Weak::upgrade)
+    }
+}
+
+impl Default for SoftRnic {
+    fn default() -> Self {
+        Self::new(RnicConfig::default())
+    }
+}
+
+impl SoftRnic {
+    /// A software RNIC with `config`.
+    pub fn new(config: RnicConfig) -> Self {
+        let start = rand::random::<u32>() & 0x00ff_ffff;
+        Self {
+            shared: Arc::new(RnicShared {
+                config,
+                regions: Mutex::new(HashMap::new()),
+                next_index: AtomicU32::new(start.max(1)),
+                next_pd: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RnicConfig {
+        &self.shared.config
+    }
+
+    /// Regions currently registered (all protection domains): what remote peers could still
+    /// reach with a valid STag is a subset of these.
+    pub fn registered_regions(&self) -> usize {
+        lock(&self.shared.regions).values().filter(|w| w.strong_count() > 0).count()
+    }
+
+    /// Answer an MPA connection request arriving on an already accepted TCP stream (for
+    /// servers that run their own listener). Blocks until the request is read, within
+    /// [`RnicConfig::setup_timeout`] (at most 5 s) in all.
+    pub fn request_from_stream(&self, stream: TcpStream) -> Result<SoftRequest> {
+        cm::read_request(&self.shared, stream, Instant::now() + self.shared.config.handshake_time())
+    }
+}
+
+impl Provider for SoftRnic {
+    type Pd = SoftPd;
+    type Cq = SoftCq;
+    type Qp = SoftQp;
+    type Listener = SoftListener;
+    type Request = SoftRequest;
+
+    fn name(&self) -> String {
+        "soft-iwarp".into()
+    }
+
+    fn alloc_pd(&self) -> Result<Arc<SoftPd>> {
+        Ok(Arc::new(SoftPd { id: self.shared.next_pd.fetch_add(1, Ordering::Relaxed), rnic: self.shared.clone() }))
+    }
+
+    fn create_cq(&self, _depth: u32) -> Result<Arc<SoftCq>> {
+        Ok(Arc::new(SoftCq::new()))
+    }
+
+    fn listen(&self, addr: SocketAddr) -> Result<SoftListener> {
+        SoftListener::bind(&self.shared, addr)
+    }
+
+    fn create_qp(
+        &self,
+        dest: SocketAddr,
+        pd: &Arc<SoftPd>,
+        send_cq: &Arc<SoftCq>,
+        recv_cq: &Arc<SoftCq>,
+        caps: QpCaps,
+    ) -> Result<Arc<SoftQp>> {
+        let qp = SoftQp::new(&self.shared, pd, send_cq, recv_cq, caps)?;
+        *lock(&qp.s.dest) = Some(dest);
+        Ok(qp)
+    }
+
+    fn connect(&self, qp: &Arc<SoftQp>, param: &ConnParam) -> Result<Established> {
+        cm::connect(&self.shared, qp, param)
+    }
+}
+
+/// A queue pair with no connection (posting receives works; sends fail), with its device, PD
+/// and CQ: for fuzzing the layers above the RNIC without sockets or threads.
+pub fn detached_qp() -> (SoftRnic, Arc<SoftPd>, Arc<SoftCq>, Arc<SoftQp>) {
+    let rnic = SoftRnic::default();
+    let pd = rnic.alloc_pd().expect("pd");
+    let cq = rnic.create_cq(64).expect("cq");
+    let qp = SoftQp::new(&rnic.shared, &pd, &cq, &cq, QpCaps { max_send_wr: 1024, max_recv_wr: 1024, max_sge: 4 }).expect("qp");
+    (rnic, pd, cq, qp)
+}
+
+/// Feed `bytes` to a connected queue pair's receive engine (no socket; what it would send is
+/// discarded): the fuzz target for the FPDU state machine.
+pub fn fuzz_receive(bytes: &[u8], crc: bool) {
+    let rnic = SoftRnic::default();
+    let pd = rnic.alloc_pd().expect("pd");
+    let cq = rnic.create_cq(64).expect("cq");
+    let qp = SoftQp::new(&rnic.shared, &pd, &cq, &cq, QpCaps::default()).expect("qp");
+    let all = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+    let regions: Vec<_> = (0..3).map(|i| pd.register(vec![0u8; 256 << i], all).expect("mr")).collect();
+    for (i, mr) in regions.iter().enumerate() {
+        let _ = qp.post_recv(RecvWr { wr_id: i as u64, sg_list: vec![Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() }] });
+    }
+    qp.s.ird.store(4, Ordering::Release);
+    qp.s.ord.store(4, Ordering::Release);
+    *lock(&qp.s.state) = QpState::Connected;
+    let (items_tx, items) = channel();
+    let txq = TxQueue { items: items_tx, queued: qp.s.queued.clone() };
+    *lock(&qp.s.tx) = Some(txq.clone());
+    receive(&qp.s, io::Cursor::new(bytes), crc, &txq);
+    // No transmitter writes a Terminate here: close now rather than at the Terminate deadline.
+    qp.s.close();
+    // Run the transmitter over what the receiver queued, into a sink.
+    drop(txq);
+    let _ = lock(&qp.s.tx).take();
+    let tx = Tx { crc, max_segment: 65516, msn_send: 0, msn_read: 0 };
+    while let Ok(item) = items.try_recv() {
+        if let TxItem::ReadResponse { req, src } = item {
+            let _ = tx.read_response(&mut io::sink(), &req, src.as_ref(), &mut || {}, &|| false);
+        }
+    }
+}

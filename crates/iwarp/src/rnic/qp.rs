@@ -1,0 +1,473 @@
+//! Queue pairs: [`SoftQp`] and the state its engines share ([`QpShared`]), the verbs posted on
+//! it, the transmitter's queue, and the one way a stream ends (Terminate, close, flush).
+
+use super::cq::SoftCq;
+use super::mr::{SoftMr, SoftPd};
+use super::rx::{RxStream, receive};
+use super::tx::{Engine, Tx, TxItem, TxOutcome, Unblocked, transmit};
+use super::{RnicShared, lock, wc};
+use crate::wire::{Term, TerminateMsg};
+use riser_verbs::{Access, BoxFuture, Error, Established, QpCaps, QueuePair, RecvWr, Result, SendOp, SendWr, Sge, WcOpcode, WcStatus};
+use std::collections::VecDeque;
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+use tracing::{debug, warn};
+
+/// Where a queue pair is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum QpState {
+    Idle,
+    Connected,
+    /// A Terminate is on its way out; then Error.
+    Terminating,
+    Error,
+}
+
+/// An outstanding RDMA Read this side issued.
+#[derive(Debug)]
+pub(super) struct PendingRead {
+    pub(super) wr_id: u64,
+    pub(super) signaled: bool,
+    pub(super) sink: Sge,
+    pub(super) size: u32,
+    pub(super) received: u32,
+    /// The ready-to-receive zero-length Read: no completion.
+    pub(super) internal: bool,
+}
+
+/// How long a Terminate may take to leave before the stream closes without it. It is one small
+/// FPDU, written as soon as the transmitter has finished the FPDU it is in, so it only waits
+/// this long for a peer that reads nothing (which would not read the Terminate either); the
+/// bound keeps such a peer from holding the stream, its threads and its memory open.
+const TERMINATE_LINGER: Duration = Duration::from_secs(2);
+
+/// Largest Send or RDMA Write a poster transmits inline (see `SoftQp::post_inline`).
+const INLINE_MAX: u64 = 16 << 10;
+
+/// The transmitter's queue, counting what it holds (queued or being sent): a poster may only
+/// transmit inline while it holds nothing, or it would overtake.
+#[derive(Clone, Debug)]
+pub(super) struct TxQueue {
+    pub(super) items: Sender<TxItem>,
+    pub(super) queued: Arc<AtomicUsize>,
+}
+
+impl TxQueue {
+    pub(super) fn send(&self, item: TxItem) -> std::result::Result<(), ()> {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        self.items.send(item).map_err(|_| {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+        })
+    }
+}
+
+/// A queue pair's state, shared by its handle, its transmitter and its receiver.
+#[derive(Debug)]
+pub(super) struct QpShared {
+    pub(super) rnic: Arc<RnicShared>,
+    pub(super) pd: u64,
+    pub(super) caps: QpCaps,
+    pub(super) send_cq: Arc<SoftCq>,
+    pub(super) recv_cq: Arc<SoftCq>,
+    pub(super) rq: Mutex<VecDeque<RecvWr>>,
+    pub(super) orq: Mutex<VecDeque<PendingRead>>,
+    pub(super) orq_cv: Condvar,
+    pub(super) state: Mutex<QpState>,
+    pub(super) state_cv: Condvar,
+    pub(super) closed: tokio::sync::Notify,
+    pub(super) tx: Mutex<Option<TxQueue>>,
+    /// Items the transmitter holds (see [`TxQueue`]).
+    pub(super) queued: Arc<AtomicUsize>,
+    /// The stream's writer and transmit state, taken per item by whoever transmits.
+    pub(super) engine: Mutex<Option<Engine>>,
+    pub(super) sock: Mutex<Option<TcpStream>>,
+    pub(super) established: Mutex<Option<Established>>,
+    pub(super) ird: AtomicU32,
+    pub(super) ord: AtomicU32,
+    /// Inbound reads accepted but not yet answered.
+    pub(super) ird_in_use: AtomicU32,
+    /// Responder side: nothing may be sent before the initiator's first FPDU (RFC 5044).
+    pub(super) may_send: Mutex<bool>,
+    pub(super) may_send_cv: Condvar,
+    pub(super) terminate_received: Mutex<Option<Term>>,
+    pub(super) terminate_sent: Mutex<Option<Term>>,
+    pub(super) threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// Active side: where [`Provider::connect`](riser_verbs::Provider::connect) connects to.
+    pub(super) dest: Mutex<Option<SocketAddr>>,
+}
+
+/// A queue pair of the software RNIC.
+#[derive(Debug)]
+pub struct SoftQp {
+    pub(super) s: Arc<QpShared>,
+}
+
+impl Drop for SoftQp {
+    fn drop(&mut self) {
+        self.s.fail();
+        if self.s.state() == QpState::Terminating {
+            // A Terminate still on its way gets its chance to leave: the engines finish on
+            // their own (at the latest at TERMINATE_LINGER), not on the dropping thread.
+            return;
+        }
+        let threads = std::mem::take(&mut *lock(&self.s.threads));
+        let me = std::thread::current().id();
+        for t in threads {
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl SoftQp {
+    pub(super) fn new(
+        rnic: &Arc<RnicShared>,
+        pd: &SoftPd,
+        send_cq: &Arc<SoftCq>,
+        recv_cq: &Arc<SoftCq>,
+        caps: QpCaps,
+    ) -> Result<Arc<Self>> {
+        if !Arc::ptr_eq(rnic, &pd.rnic) {
+            return Err(Error::Invalid("protection domain of another device".into()));
+        }
+        Ok(Arc::new(Self {
+            s: Arc::new(QpShared {
+                rnic: rnic.clone(),
+                pd: pd.id,
+                caps,
+                send_cq: send_cq.clone(),
+                recv_cq: recv_cq.clone(),
+                rq: Mutex::new(VecDeque::new()),
+                orq: Mutex::new(VecDeque::new()),
+                orq_cv: Condvar::new(),
+                state: Mutex::new(QpState::Idle),
+                state_cv: Condvar::new(),
+                closed: tokio::sync::Notify::new(),
+                tx: Mutex::new(None),
+                queued: Arc::new(AtomicUsize::new(0)),
+                engine: Mutex::new(None),
+                sock: Mutex::new(None),
+                established: Mutex::new(None),
+                ird: AtomicU32::new(0),
+                ord: AtomicU32::new(0),
+                ird_in_use: AtomicU32::new(0),
+                may_send: Mutex::new(true),
+                may_send_cv: Condvar::new(),
+                terminate_received: Mutex::new(None),
+                terminate_sent: Mutex::new(None),
+                threads: Mutex::new(Vec::new()),
+                dest: Mutex::new(None),
+            }),
+        }))
+    }
+
+    /// The Terminate the peer sent, if the connection ended with one.
+    pub fn terminate_received(&self) -> Option<Term> {
+        *lock(&self.s.terminate_received)
+    }
+
+    /// The Terminate this side sent, if it ended the connection with one.
+    pub fn terminate_sent(&self) -> Option<Term> {
+        *lock(&self.s.terminate_sent)
+    }
+
+    /// Transmit a small Send or RDMA Write on the caller's thread when the transmitter is idle
+    /// (a doorbell without a thread hand-off). The message is framed under the engine lock and
+    /// written without blocking; what the socket does not take at once goes to the transmitter
+    /// as the next item, so the stream stays in order and a peer that stops reading can stall
+    /// only the transmitter, never the caller. False: not taken, queue it.
+    fn post_inline(&self, wr: &SendWr) -> bool {
+        // A Read Request is small whatever it reads; the data is placed by the receiver.
+        let read = matches!(wr.op, SendOp::RdmaRead { .. });
+        let small = read || wr.sg_list.iter().map(|e| u64::from(e.length)).sum::<u64>() <= INLINE_MAX;
+        if !small || !*lock(&self.s.may_send) {
+            return false;
+        }
+        let Ok(mut engine) = self.s.engine.try_lock() else { return false };
+        let Some(Engine { w, tx }) = engine.as_mut() else { return false };
+        if self.s.queued.load(Ordering::Acquire) != 0 {
+            return false;
+        }
+        // A read beyond the ORD waits in the transmitter, never here. Only the engine's holder
+        // adds to the outbound read queue, so room seen now is still there below.
+        if read && lock(&self.s.orq).len() >= self.s.ord.load(Ordering::Acquire) as usize {
+            return false;
+        }
+        // Written straight from the region without blocking; only what the socket refuses is
+        // copied, to be sent by the transmitter. Local errors (a bad key…) take the
+        // transmitter's path; nothing was written then. A read is completed by the receiver
+        // when its response arrives.
+        let mut out = Unblocked { sock: socket2::SockRef::from(&*w), rest: Vec::new() };
+        // Never stopped half-way: what the socket refused is owed to the stream.
+        let len = match tx.work_request(&self.s, &mut out, wr, &|| false) {
+            TxOutcome::Done(n) => Some(n),
+            TxOutcome::Pending => None,
+            TxOutcome::LocalError(_) | TxOutcome::Io(_) => return false,
+        };
+        if out.rest.is_empty() {
+            if let Some(n) = len {
+                self.s.complete_send(wr, WcStatus::Success, n);
+            }
+            return true;
+        }
+        let rest = TxItem::Rest { bytes: out.rest, wr: wr.clone(), len };
+        if lock(&self.s.tx).as_ref().is_none_or(|q| q.send(rest).is_err()) {
+            // Part of an FPDU went out and the rest cannot follow: the stream is unusable (a
+            // read already queued is flushed by the failure).
+            drop(engine);
+            if len.is_some() {
+                self.s.complete_send(wr, WcStatus::WrFlushErr, 0);
+            }
+            self.s.fail();
+        }
+        true
+    }
+
+    /// Start the engines on an established stream.
+    pub(super) fn start(&self, stream: TcpStream, crc: bool, responder: bool, est: Established, rtr_write: bool) -> Result<()> {
+        stream.set_read_timeout(None)?;
+        stream.set_write_timeout(None)?;
+        stream.set_nodelay(true)?;
+        let rx_stream = stream.try_clone()?;
+        let tx_stream = stream.try_clone()?;
+        self.s.ird.store(u32::from(est.ird), Ordering::Release);
+        self.s.ord.store(u32::from(est.ord), Ordering::Release);
+        *lock(&self.s.established) = Some(est);
+        *lock(&self.s.sock) = Some(stream);
+        *lock(&self.s.may_send) = !responder;
+        let (items, rxq) = channel();
+        let txq = TxQueue { items, queued: self.s.queued.clone() };
+        if rtr_write {
+            let _ = txq.send(TxItem::RtrWrite);
+        }
+        let max_segment = self.s.rnic.config.max_segment.clamp(4, 65516) & !3;
+        *lock(&self.s.engine) = Some(Engine { w: tx_stream, tx: Tx { crc, max_segment, msn_send: 0, msn_read: 0 } });
+        *lock(&self.s.tx) = Some(txq.clone());
+        *lock(&self.s.state) = QpState::Connected;
+        let s = self.s.clone();
+        let tx = std::thread::Builder::new().name("iwarp-tx".into()).spawn(move || transmit(&s, rxq)).map_err(Error::Io)?;
+        let s = self.s.clone();
+        let rx = std::thread::Builder::new()
+            .name("iwarp-rx".into())
+            .spawn(move || receive(&s, RxStream::new(rx_stream), crc, &txq))
+            .map_err(Error::Io)?;
+        lock(&self.s.threads).extend([tx, rx]);
+        Ok(())
+    }
+}
+
+impl QpShared {
+    pub(super) fn state(&self) -> QpState {
+        *lock(&self.state)
+    }
+
+    /// Leave the connected state without a Terminate: close the socket and flush every
+    /// outstanding request.
+    ///
+    /// Once a Terminate is on its way (`Terminating`) this changes nothing (whether it comes
+    /// from a disconnect, the queue pair dropped, or the receiver or transmitter meeting an
+    /// error): the stream closes right after the Terminate was written, or at
+    /// [`TERMINATE_LINGER`] if it cannot be, never before, so the peer learns why it ended.
+    pub(super) fn fail(&self) {
+        self.close_when(|st| matches!(st, QpState::Idle | QpState::Connected));
+    }
+
+    /// Leave the connected state with a Terminate: it goes out through the transmitter, which
+    /// then closes the stream (see [`QpShared::fail`]). `failed` completes the request the
+    /// error ended (with its error status) once no disconnect can overtake the Terminate any
+    /// more, and before anything is flushed, so completions stay in order.
+    pub(super) fn terminate(self: &Arc<Self>, t: TerminateMsg, failed: impl FnOnce()) {
+        let connected = {
+            let mut st = lock(&self.state);
+            let connected = *st == QpState::Connected;
+            if connected {
+                *st = QpState::Terminating;
+                *lock(&self.terminate_sent) = Some(t.term);
+            }
+            connected
+        };
+        failed();
+        if !connected {
+            // Nothing to terminate (never connected, or already ending).
+            self.fail();
+            return;
+        }
+        let queued = lock(&self.tx).as_ref().is_some_and(|tx| tx.send(TxItem::Terminate(t)).is_ok());
+        if !queued {
+            self.close();
+            return;
+        }
+        // Whatever holds the transmitter back must let it reach the Terminate: a responder
+        // still waiting for the first FPDU, or a Read Request waiting for ORD room (woken
+        // under the queue's lock so the waiter cannot miss the state change).
+        self.may_send_release();
+        drop(lock(&self.orq));
+        self.orq_cv.notify_all();
+        // A transmitter stuck in a write to a peer that reads nothing would hold the stream
+        // open for ever: close at the deadline whatever happened to the Terminate.
+        let s = self.clone();
+        let watchdog = std::thread::Builder::new().name("iwarp-term".into()).spawn(move || {
+            let st = lock(&s.state);
+            let (st, _) =
+                s.state_cv.wait_timeout_while(st, TERMINATE_LINGER, |st| *st != QpState::Error).unwrap_or_else(|e| e.into_inner());
+            if *st != QpState::Error {
+                drop(st);
+                debug!("iwarp: the Terminate did not leave within {TERMINATE_LINGER:?}: closing the stream");
+                s.close();
+            }
+        });
+        match watchdog {
+            Ok(t) => lock(&self.threads).push(t),
+            Err(e) => {
+                warn!("iwarp: no thread for the Terminate deadline ({e}): closing the stream");
+                self.close();
+            }
+        }
+    }
+
+    /// Close the stream now, Terminate or not.
+    pub(super) fn close(&self) {
+        self.close_when(|st| st != QpState::Error);
+    }
+
+    /// Close the stream and flush every outstanding request (the one place that does) if the
+    /// state allows it (checked and changed under one lock).
+    fn close_when(&self, allowed: impl Fn(QpState) -> bool) {
+        {
+            let mut st = lock(&self.state);
+            if !allowed(*st) {
+                return;
+            }
+            *st = QpState::Error;
+        }
+        self.state_cv.notify_all();
+        if let Some(s) = lock(&self.sock).as_ref() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        if let Some(tx) = lock(&self.tx).take() {
+            let _ = tx.send(TxItem::Stop);
+        }
+        self.may_send_release();
+        self.flush_receives();
+        self.flush_reads(None);
+        self.closed.notify_waiters();
+    }
+
+    pub(super) fn may_send_release(&self) {
+        *lock(&self.may_send) = true;
+        self.may_send_cv.notify_all();
+    }
+
+    fn flush_receives(&self) {
+        let rq: Vec<RecvWr> = lock(&self.rq).drain(..).collect();
+        for wr in rq {
+            self.recv_cq.push(wc(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0));
+        }
+    }
+
+    /// Complete outstanding reads: the oldest with `head_status` (the read a Terminate was
+    /// about), the rest flushed.
+    pub(super) fn flush_reads(&self, head_status: Option<WcStatus>) {
+        let reads: Vec<PendingRead> = lock(&self.orq).drain(..).collect();
+        self.orq_cv.notify_all();
+        for (i, r) in reads.into_iter().enumerate() {
+            if r.internal {
+                continue;
+            }
+            let status = if i == 0 { head_status.unwrap_or(WcStatus::WrFlushErr) } else { WcStatus::WrFlushErr };
+            self.send_cq.push(wc(r.wr_id, status, WcOpcode::RdmaRead, 0));
+        }
+    }
+
+    pub(super) fn complete_send(&self, wr: &SendWr, status: WcStatus, byte_len: u32) {
+        if status != WcStatus::Success || wr.signaled {
+            let opcode = match wr.op {
+                SendOp::RdmaWrite { .. } => WcOpcode::RdmaWrite,
+                SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
+                _ => WcOpcode::Send,
+            };
+            self.send_cq.push(wc(wr.wr_id, status, opcode, byte_len));
+        }
+    }
+
+    /// Resolve a local element for an access needing `need`.
+    pub(super) fn local(&self, sge: &Sge, need: Access) -> Option<(Arc<SoftMr>, usize)> {
+        let mr = self.rnic.lookup(sge.lkey)?;
+        let off = mr.check(sge.lkey, self.pd, need, sge.addr, u64::from(sge.length)).ok()?;
+        Some((mr, off))
+    }
+}
+
+impl QueuePair for SoftQp {
+    fn post_send(&self, wr: SendWr) -> Result<()> {
+        if wr.sg_list.len() > self.s.caps.max_sge as usize {
+            return Err(Error::Invalid(format!("{} scatter/gather elements (at most {})", wr.sg_list.len(), self.s.caps.max_sge)));
+        }
+        if matches!(wr.op, SendOp::RdmaRead { .. }) && wr.sg_list.len() != 1 {
+            return Err(Error::Invalid("an RDMA Read takes exactly one sink element".into()));
+        }
+        match self.s.state() {
+            QpState::Idle => return Err(Error::NotConnected),
+            QpState::Connected => {
+                if self.post_inline(&wr) {
+                    return Ok(());
+                }
+                if let Some(tx) = lock(&self.s.tx).as_ref()
+                    && tx.send(TxItem::Wr(wr.clone())).is_ok()
+                {
+                    return Ok(());
+                }
+            }
+            QpState::Terminating | QpState::Error => {}
+        }
+        self.s.complete_send(&wr, WcStatus::WrFlushErr, 0);
+        Ok(())
+    }
+
+    fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        if wr.sg_list.len() > self.s.caps.max_sge as usize {
+            return Err(Error::Invalid(format!("{} scatter/gather elements (at most {})", wr.sg_list.len(), self.s.caps.max_sge)));
+        }
+        let mut rq = lock(&self.s.rq);
+        if rq.len() >= self.s.caps.max_recv_wr as usize {
+            return Err(Error::Invalid("receive queue full".into()));
+        }
+        match self.s.state() {
+            QpState::Terminating | QpState::Error => {
+                drop(rq);
+                self.s.recv_cq.push(wc(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0));
+            }
+            _ => rq.push_back(wr),
+        }
+        Ok(())
+    }
+
+    fn disconnect(&self) {
+        self.s.fail();
+    }
+
+    fn is_connected(&self) -> bool {
+        self.s.state() == QpState::Connected
+    }
+
+    fn disconnected(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            loop {
+                let mut n = std::pin::pin!(self.s.closed.notified());
+                n.as_mut().enable();
+                if matches!(self.s.state(), QpState::Error) {
+                    return;
+                }
+                n.await;
+            }
+        })
+    }
+
+    fn established(&self) -> Option<Established> {
+        lock(&self.s.established).clone()
+    }
+}

@@ -1,0 +1,412 @@
+//! The receive engine: the receiver thread parses FPDUs from the socket, checks each segment
+//! (STag, domain, access, bounds, MSN, MO) and places its payload straight into registered
+//! memory; a violation becomes a Terminate (the `denied_*` mappings name which).
+
+use super::mr::{Denied, SoftMr};
+use super::qp::{QpShared, TxQueue};
+use super::tx::TxItem;
+use super::{lock, terminate_for, wc};
+use crate::wire::{self, Header, Opcode, QN_READ, QN_SEND, READ_REQUEST_LEN, ReadRequest, Term, TerminateMsg, UNTAGGED_HDR};
+use riser_verbs::{Access, RecvWr, Sge, Wc, WcOpcode, WcStatus};
+use std::io::{self, IoSliceMut, Read};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use tracing::{debug, warn};
+
+/// The receive side of the socket. Each read fills the caller's destination first (a region's
+/// memory, for payload) and spills what follows (the FPDU's pad and CRC, the next headers) into
+/// a small buffer, so one system call per FPDU suffices and payload never passes through an
+/// intermediate buffer beyond the few bytes that shared a read with a header.
+pub(super) struct RxStream<R> {
+    inner: R,
+    buf: Box<[u8; 512]>,
+    start: usize,
+    end: usize,
+}
+
+impl<R: Read> RxStream<R> {
+    pub(super) fn new(inner: R) -> Self {
+        Self { inner, buf: Box::new([0; 512]), start: 0, end: 0 }
+    }
+}
+
+impl<R: Read> Read for RxStream<R> {
+    fn read(&mut self, dst: &mut [u8]) -> io::Result<usize> {
+        if dst.is_empty() {
+            return Ok(0);
+        }
+        if self.start < self.end {
+            let n = dst.len().min(self.end - self.start);
+            dst[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
+            self.start += n;
+            return Ok(n);
+        }
+        let mut iov = [IoSliceMut::new(dst), IoSliceMut::new(&mut self.buf[..])];
+        let got = self.inner.read_vectored(&mut iov)?;
+        let direct = got.min(iov[0].len());
+        (self.start, self.end) = (0, got - direct);
+        Ok(direct)
+    }
+}
+
+/// A Send being received across segments.
+struct InboundSend {
+    wr: RecvWr,
+    msn: u32,
+    received: u32,
+    capacity: u64,
+}
+
+/// Receive state: what each queue expects next.
+struct Rx {
+    crc: bool,
+    msn_send: u32,
+    msn_read: u32,
+    send: Option<InboundSend>,
+    /// A tagged message in progress: (STag, next TO).
+    tagged: Option<(u32, u64)>,
+    first_seen: bool,
+    /// The completion of a receive a violation ended (when not the one in `send`): pushed once
+    /// the stream is terminating.
+    failed: Option<Wc>,
+}
+
+enum RxError {
+    /// The stream ended or broke.
+    Closed,
+    /// Protocol or access violation: send this Terminate.
+    Term(Term, &'static str),
+}
+
+impl From<io::Error> for RxError {
+    fn from(_: io::Error) -> Self {
+        Self::Closed
+    }
+}
+
+/// The receiver thread: handle FPDUs until the stream ends or a violation ends it with a
+/// Terminate.
+pub(super) fn receive<R: Read>(s: &Arc<QpShared>, mut r: R, crc: bool, tx: &TxQueue) {
+    let mut rx = Rx { crc, msn_send: 1, msn_read: 1, send: None, tagged: None, first_seen: false, failed: None };
+    loop {
+        match rx.fpdu(s, &mut r, tx) {
+            Ok(()) => {
+                if !rx.first_seen {
+                    rx.first_seen = true;
+                    s.may_send_release();
+                }
+            }
+            Err(RxError::Closed) => {
+                s.fail();
+                break;
+            }
+            Err(RxError::Term(t, why)) => {
+                debug!("iwarp receive: {why}: sending Terminate {t}");
+                // The receive the violation ended completes only once the stream is
+                // terminating: a disconnect in answer to that completion must not close the
+                // stream ahead of the Terminate.
+                let failed = rx.failed.take().or_else(|| {
+                    rx.send.take().map(|inb| {
+                        let status = if t == Term::DDP_UNTAGGED_NO_BUFFER { WcStatus::LocalLengthErr } else { WcStatus::LocalProtErr };
+                        wc(inb.wr.wr_id, status, WcOpcode::Recv, 0)
+                    })
+                });
+                s.terminate(terminate_for(t), || {
+                    if let Some(failed) = failed {
+                        s.recv_cq.push(failed);
+                    }
+                });
+                break;
+            }
+        }
+    }
+}
+
+fn denied_tagged(d: Denied) -> Term {
+    match d {
+        Denied::Stag | Denied::Access => Term::DDP_TAGGED_INVALID_STAG,
+        Denied::Pd => Term::DDP_TAGGED_PD,
+        Denied::Bounds => Term::DDP_TAGGED_BOUNDS,
+    }
+}
+
+fn denied_read(d: Denied) -> Term {
+    match d {
+        Denied::Stag => Term::RDMAP_INVALID_STAG,
+        Denied::Pd => Term::RDMAP_PD,
+        Denied::Access => Term::RDMAP_ACCESS,
+        Denied::Bounds => Term::RDMAP_BOUNDS,
+    }
+}
+
+/// Running CRC over an FPDU (nothing computed when the connection has CRC off).
+struct Crc {
+    on: bool,
+    value: u32,
+}
+
+impl Crc {
+    fn add(&mut self, b: &[u8]) {
+        if self.on {
+            self.value = crc32c::crc32c_append(self.value, b);
+        }
+    }
+}
+
+impl Rx {
+    fn fpdu<R: Read>(&mut self, s: &QpShared, r: &mut R, tx: &TxQueue) -> Result<(), RxError> {
+        let mut lenb = [0u8; 2];
+        r.read_exact(&mut lenb)?;
+        let mpa_len = usize::from(u16::from_be_bytes(lenb));
+        let mut crc = Crc { on: self.crc, value: 0 };
+        crc.add(&lenb);
+        if mpa_len < 2 {
+            return Err(RxError::Term(Term::MPA_FRAMING, "FPDU shorter than a DDP header"));
+        }
+        let mut hb = [0u8; UNTAGGED_HDR + READ_REQUEST_LEN];
+        r.read_exact(&mut hb[..2])?;
+        let tagged = hb[0] & 0x80 != 0;
+        let base = if tagged { wire::TAGGED_HDR } else { UNTAGGED_HDR };
+        if mpa_len < base {
+            return Err(RxError::Term(Term::MPA_FRAMING, "FPDU shorter than its DDP header"));
+        }
+        r.read_exact(&mut hb[2..base])?;
+        let h = Header::parse(&hb[..base]).map_err(|e| match e {
+            wire::WireError::Violation(t, why) => RxError::Term(t, why),
+            _ => RxError::Term(Term::MPA_FRAMING, "bad DDP header"),
+        })?;
+        let extra = match h.op() {
+            Opcode::ReadRequest => READ_REQUEST_LEN,
+            _ => 0,
+        };
+        if mpa_len < base + extra {
+            return Err(RxError::Term(Term::MPA_FRAMING, "FPDU shorter than its RDMAP header"));
+        }
+        r.read_exact(&mut hb[base..base + extra])?;
+        crc.add(&hb[..base + extra]);
+        let payload = mpa_len - base - extra;
+        let commit = self.segment(s, r, &h, &hb[base..base + extra], payload, &mut crc)?;
+        // Pad and CRC.
+        let mut tail = [0u8; 7];
+        let pad = wire::fpdu_pad(mpa_len);
+        r.read_exact(&mut tail[..pad + 4])?;
+        crc.add(&tail[..pad]);
+        if self.crc && crc.value.to_le_bytes() != tail[pad..pad + 4] {
+            return Err(RxError::Term(Term::MPA_CRC, "FPDU CRC mismatch"));
+        }
+        self.commit(s, commit, tx)
+    }
+
+    /// Validate a segment and place its payload; what to do once its CRC checked out is returned.
+    fn segment<R: Read>(
+        &mut self,
+        s: &QpShared,
+        r: &mut R,
+        h: &Header,
+        body: &[u8],
+        payload: usize,
+        crc: &mut Crc,
+    ) -> Result<Commit, RxError> {
+        match *h {
+            Header::Tagged { op: Opcode::Write, last, stag, to } => {
+                if let Some((cur, next)) = self.tagged {
+                    if cur != stag || next != to {
+                        return Err(RxError::Term(Term::DDP_TAGGED_BOUNDS, "RDMA Write segment does not continue its message"));
+                    }
+                } else if payload == 0 {
+                    // A zero-length Write (e.g. the peer-to-peer ready-to-receive) touches nothing.
+                    return Ok(Commit::None);
+                }
+                let mr = s.rnic.lookup(stag).ok_or(RxError::Term(Term::DDP_TAGGED_INVALID_STAG, "RDMA Write to an unknown STag"))?;
+                let off = mr
+                    .check(stag, s.pd, Access::REMOTE_WRITE, to, payload as u64)
+                    .map_err(|d| RxError::Term(denied_tagged(d), "RDMA Write refused"))?;
+                place(r, &mr, off, payload, crc)?;
+                self.tagged = if last { None } else { Some((stag, to + payload as u64)) };
+                Ok(Commit::None)
+            }
+            Header::Tagged { op: Opcode::ReadResponse, last, stag, to } => {
+                let (sink, received, size) = {
+                    let orq = lock(&s.orq);
+                    let head = orq.front().ok_or(RxError::Term(Term::DDP_CATASTROPHIC, "Read Response without an outstanding Read"))?;
+                    (head.sink, head.received, head.size)
+                };
+                if stag != sink.lkey {
+                    return Err(RxError::Term(Term::DDP_TAGGED_INVALID_STAG, "Read Response for another sink STag"));
+                }
+                if to != sink.addr.wrapping_add(u64::from(received)) || u64::from(received) + payload as u64 > u64::from(size) {
+                    return Err(RxError::Term(Term::DDP_TAGGED_BOUNDS, "Read Response outside the requested range"));
+                }
+                if last && u64::from(received) + payload as u64 != u64::from(size) {
+                    return Err(RxError::Term(Term::DDP_TAGGED_BOUNDS, "Read Response shorter than requested"));
+                }
+                if payload > 0 {
+                    let part = Sge { addr: to, length: payload as u32, lkey: stag };
+                    let (mr, off) = s
+                        .local(&part, Access::LOCAL_WRITE)
+                        .ok_or(RxError::Term(Term::DDP_TAGGED_INVALID_STAG, "Read sink no longer valid"))?;
+                    place(r, &mr, off, payload, crc)?;
+                }
+                Ok(Commit::ReadProgress { bytes: payload as u32, last })
+            }
+            Header::Untagged { op, last, inv_stag, qn, msn, mo } if op.is_send() => {
+                if qn != QN_SEND {
+                    return Err(RxError::Term(Term::DDP_UNTAGGED_INVALID_QN, "Send on a queue other than 0"));
+                }
+                if self.send.is_none() {
+                    let wr = lock(&s.rq).pop_front().ok_or(RxError::Term(Term::DDP_UNTAGGED_NO_BUFFER, "Send with no receive posted"))?;
+                    let capacity = wr.sg_list.iter().map(|e| u64::from(e.length)).sum();
+                    self.send = Some(InboundSend { wr, msn, received: 0, capacity });
+                }
+                let inb = self.send.as_mut().expect("set above");
+                if msn != self.msn_send || inb.msn != msn {
+                    return Err(RxError::Term(Term::DDP_UNTAGGED_BAD_MSN, "Send MSN out of sequence"));
+                }
+                if mo != inb.received {
+                    return Err(RxError::Term(Term::DDP_UNTAGGED_BAD_MO, "Send MO does not follow the bytes received"));
+                }
+                if u64::from(inb.received) + payload as u64 > inb.capacity {
+                    return Err(RxError::Term(Term::DDP_UNTAGGED_NO_BUFFER, "Send larger than the posted receive"));
+                }
+                // Scatter into the receive's elements.
+                let mut at = u64::from(inb.received);
+                let mut left = payload;
+                for sge in &inb.wr.sg_list {
+                    if left == 0 {
+                        break;
+                    }
+                    let len = u64::from(sge.length);
+                    if at >= len {
+                        at -= len;
+                        continue;
+                    }
+                    let take = ((len - at) as usize).min(left);
+                    let part = Sge { addr: sge.addr + at, length: take as u32, lkey: sge.lkey };
+                    let (mr, off) =
+                        s.local(&part, Access::LOCAL_WRITE).ok_or(RxError::Term(Term::DDP_CATASTROPHIC, "receive buffer not usable"))?;
+                    place(r, &mr, off, take, crc)?;
+                    left -= take;
+                    at = 0;
+                }
+                inb.received += payload as u32;
+                Ok(if last { Commit::SendDone { op, inv_stag } } else { Commit::None })
+            }
+            Header::Untagged { op: Opcode::ReadRequest, qn, msn, mo, .. } => {
+                if qn != QN_READ {
+                    return Err(RxError::Term(Term::DDP_UNTAGGED_INVALID_QN, "Read Request on a queue other than 1"));
+                }
+                if msn != self.msn_read || mo != 0 {
+                    return Err(RxError::Term(Term::DDP_UNTAGGED_BAD_MSN, "Read Request MSN out of sequence"));
+                }
+                if payload != 0 {
+                    return Err(RxError::Term(Term::MPA_FRAMING, "Read Request with a payload"));
+                }
+                let req = ReadRequest::parse(body).map_err(|_| RxError::Term(Term::MPA_FRAMING, "short Read Request"))?;
+                Ok(Commit::Read(req))
+            }
+            Header::Untagged { op: Opcode::Terminate, .. } => {
+                let mut b = vec![0u8; payload];
+                r.read_exact(&mut b)?;
+                crc.add(&b);
+                let t = TerminateMsg::parse(&b).map(|t| t.term).unwrap_or(Term::RDMAP_CATASTROPHIC);
+                Ok(Commit::Terminated(t))
+            }
+            _ => Err(RxError::Term(Term::RDMAP_BAD_OPCODE, "unexpected opcode")),
+        }
+    }
+
+    fn commit(&mut self, s: &QpShared, c: Commit, tx: &TxQueue) -> Result<(), RxError> {
+        match c {
+            Commit::None => Ok(()),
+            Commit::ReadProgress { bytes, last } => {
+                let done = {
+                    let mut orq = lock(&s.orq);
+                    let Some(head) = orq.front_mut() else { return Ok(()) };
+                    head.received += bytes;
+                    if last { orq.pop_front() } else { None }
+                };
+                if let Some(r) = done {
+                    s.orq_cv.notify_all();
+                    if r.signaled && !r.internal {
+                        s.send_cq.push(wc(r.wr_id, WcStatus::Success, WcOpcode::RdmaRead, r.size));
+                    }
+                }
+                Ok(())
+            }
+            Commit::SendDone { op, inv_stag } => {
+                let inb = self.send.take().expect("a Send in progress");
+                self.msn_send = self.msn_send.wrapping_add(1);
+                let mut invalidated = None;
+                if matches!(op, Opcode::SendInvalidate | Opcode::SendSeInvalidate) {
+                    let refused = match s.rnic.lookup(inv_stag) {
+                        Some(mr) => mr.invalidate_remote(inv_stag, s.pd).err(),
+                        None => Some(Denied::Stag),
+                    };
+                    if let Some(d) = refused {
+                        // The RFC 5040 reaction: the STag stays as it was, the receive completes
+                        // in error and the stream ends with a Terminate.
+                        debug!(inv_stag, ?d, "iwarp: Send with Invalidate refused");
+                        self.failed = Some(wc(inb.wr.wr_id, WcStatus::RemoteInvalidRequestErr, WcOpcode::Recv, inb.received));
+                        return Err(RxError::Term(
+                            Term::RDMAP_CANNOT_INVALIDATE,
+                            "Send with Invalidate of an STag the peer may not invalidate",
+                        ));
+                    }
+                    invalidated = Some(inv_stag);
+                }
+                s.recv_cq.push(Wc {
+                    wr_id: inb.wr.wr_id,
+                    status: WcStatus::Success,
+                    opcode: WcOpcode::Recv,
+                    byte_len: inb.received,
+                    invalidated_rkey: invalidated,
+                    solicited: matches!(op, Opcode::SendSe | Opcode::SendSeInvalidate),
+                });
+                Ok(())
+            }
+            Commit::Read(req) => {
+                self.msn_read = self.msn_read.wrapping_add(1);
+                let ird = s.ird.load(Ordering::Acquire);
+                if s.ird_in_use.load(Ordering::Acquire) >= ird {
+                    return Err(RxError::Term(Term::RDMAP_IRD_EXCEEDED, "more Read Requests outstanding than IRD"));
+                }
+                let src = if req.size == 0 {
+                    None
+                } else {
+                    let mr = s.rnic.lookup(req.src_stag).ok_or(RxError::Term(Term::RDMAP_INVALID_STAG, "RDMA Read of an unknown STag"))?;
+                    mr.check(req.src_stag, s.pd, Access::REMOTE_READ, req.src_to, u64::from(req.size))
+                        .map_err(|d| RxError::Term(denied_read(d), "RDMA Read refused"))?;
+                    Some(mr)
+                };
+                s.ird_in_use.fetch_add(1, Ordering::AcqRel);
+                tx.send(TxItem::ReadResponse { req, src }).map_err(|_| RxError::Closed)
+            }
+            Commit::Terminated(t) => {
+                warn!("iwarp: peer terminated the connection: {t}");
+                *lock(&s.terminate_received) = Some(t);
+                let status = if t.is_protection() { WcStatus::RemoteAccessErr } else { WcStatus::RemoteOpErr };
+                s.flush_reads(Some(status));
+                Err(RxError::Closed)
+            }
+        }
+    }
+}
+
+enum Commit {
+    None,
+    ReadProgress { bytes: u32, last: bool },
+    SendDone { op: Opcode, inv_stag: u32 },
+    Read(ReadRequest),
+    Terminated(Term),
+}
+
+/// Read `len` payload bytes from the stream straight into `mr` at `off`.
+fn place<R: Read>(r: &mut R, mr: &SoftMr, off: usize, len: usize, crc: &mut Crc) -> Result<(), RxError> {
+    let mut mem = lock(&mr.mem);
+    let Some(dst) = mem.writable().get_mut(off..off + len) else {
+        return Err(RxError::Term(Term::DDP_CATASTROPHIC, "placement into read-only memory"));
+    };
+    r.read_exact(dst)?;
+    crc.add(dst);
+    Ok(())
+}
