@@ -1,15 +1,11 @@
 //! Protection domains, pools and memory regions.
 
 use super::queue::RcQp;
-use super::{Device, KeyMode, Ptr, Transport, errno};
+use super::{Device, KeyMode, Ptr, Transport, errno, lock};
 use crate::{Access, Error, MemoryRegion, ProtectionDomain, Result};
 use rdma_mummy_sys as sys;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use std::sync::{Arc, Mutex, Weak};
 
 /// Regions smaller than this that need no remote key are copied into the connection's local pool
 /// (one registration for all); larger ones are registered where they lie (no copy).

@@ -32,18 +32,21 @@
 #![allow(unsafe_code)]
 
 mod cm;
+mod cq;
 mod mem;
 mod queue;
 
 pub use cm::{RcListener, RcRequest};
+pub use cq::RcCq;
 pub use mem::{RcMr, RcPd};
-pub use queue::{RcCq, RcQp};
+pub use queue::RcQp;
 
 use crate::{ConnParam, Error, Established, Provider, QpCaps, Result};
 use rdma_mummy_sys as sys;
 use std::ffi::CStr;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::os::fd::RawFd;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// How remotely accessible memory gets its keys.
@@ -167,6 +170,33 @@ fn os_err(call: &str) -> Error {
 fn ret_err(call: &str, ret: i32) -> Error {
     let e = std::io::Error::from_raw_os_error(ret.abs());
     Error::Io(std::io::Error::new(e.kind(), format!("{call}: {e}")))
+}
+
+/// Lock `m`, taking the data also when a thread panicked holding the lock.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Make a descriptor non-blocking, so the `get_*_event` calls on it never block.
+fn set_nonblocking(fd: RawFd) -> Result<()> {
+    // SAFETY: fcntl on a descriptor we own; F_GETFL/F_SETFL take and return plain flags.
+    let rc = unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags < 0 { flags } else { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) }
+    };
+    if rc < 0 { Err(Error::Io(errno())) } else { Ok(()) }
+}
+
+/// Wait until `fd` is readable or `timeout` passed (`None`: forever); true if readable.
+fn wait_readable(fds: &[RawFd], timeout: Option<Duration>) -> Vec<bool> {
+    let mut p: Vec<libc::pollfd> = fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+    let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+    // SAFETY: p is a valid array of p.len() pollfd structures.
+    let n = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+    if n <= 0 {
+        return vec![false; fds.len()];
+    }
+    p.iter().map(|x| x.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0).collect()
 }
 
 /// The rdma-core provider for one device (a [`Provider`]); cheap to clone.

@@ -1,23 +1,20 @@
-//! The RDMA connection manager: listeners, connection requests, active connections, and the
-//! event thread of each connection.
+//! The RDMA connection manager: event channels and ids, address and route resolution, each
+//! connection's state and the event thread that follows it, and the active side's connect. The
+//! passive side (listener, connection requests) is in `listener.rs`.
 
-use super::mem::RcPd;
-use super::queue::{RcCq, RcQp, set_nonblocking, wait_readable};
-use super::{Device, Ptr, Transport, errno, os_err};
-use crate::{ConnParam, ConnectionRequest, Error, Established, Listener, QpCaps, Result};
+mod listener;
+
+pub use listener::{RcListener, RcRequest};
+
+use super::{Device, Ptr, Transport, errno, lock, os_err, set_nonblocking, wait_readable};
+use crate::{ConnParam, Error, Established, Result};
 use rdma_mummy_sys as sys;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Connection requests queued by the kernel before the listener takes them.
-const BACKLOG: i32 = 128;
 /// Retries of a lost packet, and of a receiver-not-ready NAK (7: forever, as Linux's isert; the
 /// iSCSI window keeps the peer's receives posted).
 const RETRY_COUNT: u8 = 7;
@@ -542,196 +539,6 @@ impl Drop for CmConn {
         // is destroyed by `Id`'s drop, after its QP (destroyed by `RcQp`'s drop).
         if let Some(t) = self.thread.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
             drop(t);
-        }
-    }
-}
-
-/// A listening endpoint.
-pub struct RcListener {
-    dev: Arc<Device>,
-    id: Id,
-    addr: SocketAddr,
-}
-
-impl std::fmt::Debug for RcListener {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RcListener").field("device", &self.dev.name).field("addr", &self.addr).finish()
-    }
-}
-
-impl RcListener {
-    pub(super) fn new(dev: &Arc<Device>, addr: SocketAddr) -> Result<Self> {
-        let id = Id::new()?;
-        let mut ss = sockaddr(addr);
-        // SAFETY: the id is valid; ss a valid sockaddr.
-        if unsafe { sys::rdma_bind_addr(id.id.0, (&mut ss as *mut libc::sockaddr_storage).cast()) } != 0 {
-            let e = errno();
-            let hint = match e.raw_os_error() {
-                Some(libc::EADDRINUSE) if dev.transport == Transport::Iwarp => {
-                    " (on iWARP an RDMA CM listen is a kernel TCP listen: is a TCP portal on the same address and port?)"
-                }
-                Some(libc::EADDRINUSE) => " (another RDMA CM listener has it)",
-                Some(libc::EADDRNOTAVAIL) | Some(libc::ENODEV) => " (no RDMA device has this address)",
-                _ => "",
-            };
-            return Err(Error::Io(std::io::Error::new(e.kind(), format!("rdma_bind_addr({addr}): {e}{hint}"))));
-        }
-        let ctx = id.verbs();
-        if !ctx.is_null() && ctx != dev.ctx.0 {
-            return Err(Error::Invalid(format!("{addr} belongs to another RDMA device than {}", dev.name)));
-        }
-        // SAFETY: a bound id.
-        if unsafe { sys::rdma_listen(id.id.0, BACKLOG) } != 0 {
-            let e = errno();
-            let hint = if e.raw_os_error() == Some(libc::EADDRINUSE) && dev.transport == Transport::Iwarp {
-                " (on iWARP an RDMA CM listen is a kernel TCP listen: is a TCP portal on the same address and port?)"
-            } else {
-                ""
-            };
-            return Err(Error::Io(std::io::Error::new(e.kind(), format!("rdma_listen({addr}): {e}{hint}"))));
-        }
-        // SAFETY: the id is bound; its route holds the local address.
-        let bound = socket_addr(unsafe { sys::rdma_get_local_addr(&*id.id.0) }).unwrap_or(addr);
-        Ok(Self { dev: dev.clone(), id, addr: bound })
-    }
-}
-
-impl Listener for RcListener {
-    type Request = RcRequest;
-
-    fn get_request(&self) -> Result<RcRequest> {
-        use sys::rdma_cm_event_type as t;
-        loop {
-            wait_readable(&[self.id.channel.fd()], None);
-            while let Some(ev) = self.id.channel.next() {
-                // SAFETY: a valid event until acknowledged; for a connection request the
-                // connection parameters are valid and the id is the new connection's.
-                let (kind, child, pd, rr, idp) = unsafe {
-                    let conn = (*ev).param.conn;
-                    let pd = if conn.private_data.is_null() {
-                        Vec::new()
-                    } else {
-                        std::slice::from_raw_parts(conn.private_data.cast::<u8>(), usize::from(conn.private_data_len)).to_vec()
-                    };
-                    ((*ev).event, (*ev).id, pd, conn.responder_resources, conn.initiator_depth)
-                };
-                // SAFETY: acknowledged once, after the copies above.
-                unsafe { sys::rdma_ack_cm_event(ev) };
-                if kind != t::RDMA_CM_EVENT_CONNECT_REQUEST {
-                    continue;
-                }
-                match self.request(child, pd, rr, idp) {
-                    Ok(r) => return Ok(r),
-                    Err(_) => continue,
-                }
-            }
-        }
-    }
-
-    fn local_addr(&self) -> Result<SocketAddr> {
-        Ok(self.addr)
-    }
-}
-
-impl RcListener {
-    fn request(&self, child: *mut sys::rdma_cm_id, private_data: Vec<u8>, ird: u8, ord: u8) -> Result<RcRequest> {
-        // The request's id gets a channel of its own (its later events go there, to its
-        // connection's thread).
-        let channel = match Channel::new() {
-            Ok(c) => c,
-            Err(e) => {
-                // SAFETY: the request id is ours to refuse and destroy.
-                unsafe {
-                    sys::rdma_reject(child, std::ptr::null(), 0);
-                    sys::rdma_destroy_id(child);
-                }
-                return Err(e);
-            }
-        };
-        // SAFETY: the request's event was acknowledged; the channel is valid.
-        if unsafe { sys::rdma_migrate_id(child, channel.0.0) } != 0 {
-            // SAFETY: as above.
-            unsafe {
-                sys::rdma_reject(child, std::ptr::null(), 0);
-                sys::rdma_destroy_id(child);
-            }
-            return Err(os_err("rdma_migrate_id"));
-        }
-        let id = Id { id: Ptr(child), channel };
-        // SAFETY: the request id's route holds the peer's address.
-        let peer = socket_addr(unsafe { sys::rdma_get_peer_addr(&*child) }).unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
-        if id.verbs() != self.dev.ctx.0 {
-            // SAFETY: a request id; refused (then destroyed with `id`).
-            unsafe { sys::rdma_reject(child, std::ptr::null(), 0) };
-            return Err(Error::Invalid(format!("connection request from {peer} on another device than {}", self.dev.name)));
-        }
-        let conn = CmConn::new(&self.dev, id)?;
-        Ok(RcRequest { dev: self.dev.clone(), conn: Some(conn), private_data, ird, ord, peer, qp: None })
-    }
-}
-
-/// A connection request waiting for accept or reject.
-pub struct RcRequest {
-    dev: Arc<Device>,
-    conn: Option<Arc<CmConn>>,
-    private_data: Vec<u8>,
-    ird: u8,
-    ord: u8,
-    peer: SocketAddr,
-    qp: Option<Arc<RcQp>>,
-}
-
-impl std::fmt::Debug for RcRequest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RcRequest").field("peer", &self.peer).field("ird", &self.ird).field("ord", &self.ord).finish_non_exhaustive()
-    }
-}
-
-impl ConnectionRequest for RcRequest {
-    type Qp = RcQp;
-    type Pd = RcPd;
-    type Cq = RcCq;
-
-    fn private_data(&self) -> &[u8] {
-        &self.private_data
-    }
-
-    fn ird_ord(&self) -> (u8, u8) {
-        (self.ird, self.ord)
-    }
-
-    fn peer(&self) -> SocketAddr {
-        self.peer
-    }
-
-    fn create_qp(&mut self, pd: &Arc<RcPd>, send_cq: &Arc<RcCq>, recv_cq: &Arc<RcCq>, caps: QpCaps) -> Result<Arc<RcQp>> {
-        let conn = self.conn.clone().ok_or(Error::NotConnected)?;
-        let qp = RcQp::create(&self.dev, conn, pd, send_cq, recv_cq, caps, None)?;
-        self.qp = Some(qp.clone());
-        Ok(qp)
-    }
-
-    fn accept(mut self, param: &ConnParam) -> Result<Arc<RcQp>> {
-        let qp = self.qp.take().ok_or_else(|| Error::Invalid("accept before create_qp".into()))?;
-        self.conn = None;
-        qp.accept(param, self.ird, self.peer, std::mem::take(&mut self.private_data))?;
-        Ok(qp)
-    }
-
-    fn reject(mut self, private_data: &[u8]) {
-        if let Some(c) = self.conn.take() {
-            c.reject(private_data);
-        }
-    }
-}
-
-impl Drop for RcRequest {
-    fn drop(&mut self) {
-        // Neither accepted nor rejected: refuse, so the peer is not left waiting.
-        if let Some(c) = self.conn.take()
-            && matches!(*lock(&c.state), State::Idle)
-        {
-            c.reject(&[]);
         }
     }
 }
