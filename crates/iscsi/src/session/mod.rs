@@ -1,10 +1,24 @@
-//! The full-feature phase: what both roles decide about a session once login is over.
+//! The full feature phase, sans IO: what both roles decide about a session once login is over.
 //!
-//! [`transfer`] holds the data-transfer arithmetic of RFC 7143 §13 as one value per
-//! connection ([`TransferLimits`]): which side's MaxRecvDataSegmentLength bounds whose PDUs, and
-//! how a write's data splits into immediate, unsolicited and solicited parts. The TCP and iSER
-//! datamovers and the target core all ask it, so each rule is written once.
+//! * [`TargetSession`] and [`InitiatorSession`]: the two roles' session machines, in the login
+//!   machines' style (`handle_*` inputs, application calls, `poll_*` outputs; no I/O, no
+//!   clock, no runtime). Tested against each other in memory (`tests/session_pair.rs`).
+//! * [`window`]: CmdSN numbering — the target's window, the initiator's view of it.
+//! * [`transfer`]: the data-transfer arithmetic of RFC 7143 §13 as one value per connection
+//!   ([`TransferLimits`]: whose MaxRecvDataSegmentLength bounds whose PDUs, how a write splits
+//!   into immediate, unsolicited and solicited data) and the R2T plan of a write ([`R2tPlan`]).
+//! * [`Residual`]: a command's residual, named.
+//!
+//! The TCP and iSER datamovers and both drivers ask these, so each rule is written once.
 
+pub mod initiator;
+mod residual;
+pub mod target;
 pub mod transfer;
+pub mod window;
 
-pub use transfer::{TransferLimits, WriteSplit};
+pub use initiator::{Busy, InitiatorEvent, InitiatorSession};
+pub use residual::Residual;
+pub use target::{CloseReason, Reset, Stamp, TargetEvent, TargetSession, TargetSessionConfig, TaskId, Transmit};
+pub use transfer::{R2tDesc, R2tPlan, TransferLimits, WriteSplit};
+pub use window::{CommandWindow, InitiatorWindow};

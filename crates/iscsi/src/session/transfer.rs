@@ -2,6 +2,7 @@
 //! §13.11, §13.12, §13.13, §13.14; RFC 7145 §6.1–6.2 for the iSER directions).
 
 use crate::keys::{NegotiatedParams, Role};
+use riser_scsi::lun::Lun;
 
 /// The negotiated values that govern data transfer on one connection, seen from one side.
 /// `Copy` and small: a datamover keeps one and reads it per command.
@@ -115,6 +116,80 @@ impl NegotiatedParams {
     /// [`TransferLimits`] for `role`.
     pub fn transfer_limits(&self, role: Role) -> TransferLimits {
         TransferLimits::of(self, role)
+    }
+}
+
+/// Contents of one R2T (Get_Data), as an [`R2tPlan`] generates them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct R2tDesc {
+    /// Task.
+    pub itt: u32,
+    /// LUN.
+    pub lun: Lun,
+    /// Target Transfer Tag.
+    pub ttt: u32,
+    /// R2TSN.
+    pub r2t_sn: u32,
+    /// Buffer offset.
+    pub offset: u32,
+    /// Desired data transfer length (≤ MaxBurstLength).
+    pub len: u32,
+    /// StatSN (not advanced), ExpCmdSN, MaxCmdSN to stamp.
+    pub stat_sn: u32,
+    /// ExpCmdSN.
+    pub exp_cmd_sn: u32,
+    /// MaxCmdSN.
+    pub max_cmd_sn: u32,
+}
+
+/// What Get_Data collects of a write: a buffer of `end` bytes whose first `start` bytes come
+/// unsolicited (immediate data and unsolicited Data-Out), and whose rest `[start, end)` is
+/// solicited in pieces of at most `max_burst` bytes — R2Ts numbered from 0 with the Target
+/// Transfer Tags `first_ttt`, `first_ttt + 1`, … over TCP, RDMA Reads over iSER. The pieces are
+/// made as they are needed, so a tiny MaxBurstLength costs no memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct R2tPlan {
+    /// Task.
+    pub itt: u32,
+    /// LUN.
+    pub lun: Lun,
+    /// Bytes that arrive unsolicited (the solicited range starts here).
+    pub start: u32,
+    /// The whole buffer's length.
+    pub end: u32,
+    /// MaxBurstLength (at least 512).
+    pub max_burst: u32,
+    /// Target Transfer Tag of the first R2T; the following ones count up (below 0x8000_0000).
+    pub first_ttt: u32,
+    /// StatSN (not advanced) to stamp the R2Ts with.
+    pub stat_sn: u32,
+    /// ExpCmdSN to stamp.
+    pub exp_cmd_sn: u32,
+    /// MaxCmdSN to stamp.
+    pub max_cmd_sn: u32,
+}
+
+impl R2tPlan {
+    /// How many R2Ts the solicited range takes.
+    pub fn count(&self) -> u32 {
+        self.end.saturating_sub(self.start).div_ceil(self.max_burst.max(512))
+    }
+
+    /// The `n`th R2T (from 0), if there is one.
+    pub fn nth(&self, n: u32) -> Option<R2tDesc> {
+        let burst = self.max_burst.max(512);
+        let offset = self.start.checked_add(n.checked_mul(burst)?)?;
+        (offset < self.end).then(|| R2tDesc {
+            itt: self.itt,
+            lun: self.lun,
+            ttt: self.first_ttt.wrapping_add(n) & 0x7fff_ffff,
+            r2t_sn: n,
+            offset,
+            len: (self.end - offset).min(burst),
+            stat_sn: self.stat_sn,
+            exp_cmd_sn: self.exp_cmd_sn,
+            max_cmd_sn: self.max_cmd_sn,
+        })
     }
 }
 
