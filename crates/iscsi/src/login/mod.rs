@@ -10,6 +10,9 @@
 mod initiator;
 mod target;
 
+// A wire field, defined with the Login PDUs in `wire`; documented here too, where it was first.
+#[doc(inline)]
+pub use crate::wire::LoginStatus;
 pub use initiator::{InitiatorAuth, InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent, LoginFailure};
 pub use target::{TargetLogin, TargetLoginConfig, TargetLoginEvent, TargetLoginParams, TargetNode};
 
@@ -21,85 +24,6 @@ use core::fmt;
 /// Largest data segment in a Login PDU in either direction: the login-phase
 /// MaxRecvDataSegmentLength default, and the size of iSER login receive buffers.
 pub const LOGIN_MAX_DATA: usize = 8192;
-
-/// Login status class and detail (RFC 7143 §11.13.5).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct LoginStatus {
-    /// Status-Class.
-    pub class: u8,
-    /// Status-Detail.
-    pub detail: u8,
-}
-
-macro_rules! statuses {
-    ($($(#[$m:meta])* $name:ident = $c:literal, $d:literal;)*) => {
-        impl LoginStatus {
-            $($(#[$m])* pub const $name: Self = Self { class: $c, detail: $d };)*
-            /// The constant's name, if known.
-            pub const fn name(self) -> Option<&'static str> {
-                match (self.class, self.detail) {
-                    $(($c, $d) => Some(stringify!($name)),)*
-                    _ => None,
-                }
-            }
-        }
-    };
-}
-
-statuses! {
-    /// Login is proceeding OK.
-    SUCCESS = 0, 0;
-    /// Target moved temporarily (TargetAddress in the response).
-    TARGET_MOVED_TEMPORARILY = 1, 1;
-    /// Target moved permanently.
-    TARGET_MOVED_PERMANENTLY = 1, 2;
-    /// Miscellaneous initiator error.
-    INITIATOR_ERROR = 2, 0;
-    /// Authentication failed.
-    AUTHENTICATION_FAILURE = 2, 1;
-    /// Authorization failure (not allowed to access this target).
-    AUTHORIZATION_FAILURE = 2, 2;
-    /// Target not found.
-    NOT_FOUND = 2, 3;
-    /// Target removed.
-    TARGET_REMOVED = 2, 4;
-    /// Unsupported version.
-    UNSUPPORTED_VERSION = 2, 5;
-    /// Too many connections.
-    TOO_MANY_CONNECTIONS = 2, 6;
-    /// Missing parameter.
-    MISSING_PARAMETER = 2, 7;
-    /// Can't include in session.
-    CANT_INCLUDE_IN_SESSION = 2, 8;
-    /// Session type not supported.
-    SESSION_TYPE_NOT_SUPPORTED = 2, 9;
-    /// Session does not exist.
-    SESSION_DOES_NOT_EXIST = 2, 10;
-    /// Invalid request during login.
-    INVALID_DURING_LOGIN = 2, 11;
-    /// Target hardware or software error.
-    TARGET_ERROR = 3, 0;
-    /// Service unavailable.
-    SERVICE_UNAVAILABLE = 3, 1;
-    /// Out of resources.
-    OUT_OF_RESOURCES = 3, 2;
-}
-
-impl fmt::Debug for LoginStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:02x}{:02x}", self.class, self.detail)?;
-        if let Some(n) = self.name() {
-            write!(f, " {n}")?;
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Display for LoginStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self, f)
-    }
-}
 
 /// A login PDU to send: the header value and its data segment (text).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -8,14 +8,61 @@
 //! Contract: [`Pdu::parse`] never panics; reserved fields are ignored on parse and written as
 //! zero on emit. Digests and padding on the stream are the TCP datamover's business; `Pdu`
 //! knows only the padding needed to find the next PDU in a contiguous buffer.
+//!
+//! Layout, as h2's `frame/`: `bhs.rs` names the offsets every BHS shares, each PDU family has
+//! its file (`nop.rs`, `scsi.rs`, `task_mgmt.rs`, `login.rs`, `text.rs`, `data.rs`, `logout.rs`,
+//! `snack.rs`, `async_msg.rs`, `reject.rs`) holding its header structs, their `parse` and `emit`
+//! over named field offsets, its code spaces and its byte-array tests, and `pdu.rs` dispatches
+//! by opcode ([`Header`]) and frames whole PDUs ([`Pdu`], [`PduLayout`]).
+
+/// An open code space: a newtype over the wire value with named constants, whose `Debug` prints
+/// the constant's name (or the type and the value when unassigned).
+macro_rules! code_space {
+    ($(#[$m:meta])* $name:ident($ty:ty) { $($(#[$cm:meta])* $c:ident = $v:literal,)* }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+        pub struct $name(pub $ty);
+        impl $name {
+            $($(#[$cm])* pub const $c: Self = Self($v);)*
+        }
+        impl ::core::fmt::Debug for $name {
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                match self.0 {
+                    $($v => f.write_str(stringify!($c)),)*
+                    other => write!(f, "{}({:#x})", stringify!($name), other),
+                }
+            }
+        }
+    };
+}
 
 mod ahs;
+mod async_msg;
 mod bhs;
+mod data;
+mod login;
+mod logout;
+mod nop;
 mod pdu;
+mod reject;
+mod scsi;
+mod snack;
+mod task_mgmt;
+mod text;
 
 pub use ahs::{AHS_BIDI_READ_LENGTH, AHS_EXTENDED_CDB, Ahs, AhsIter, bidi_read_length_ahs, extended_cdb_ahs};
+pub use async_msg::{AsyncEvent, AsyncMessage};
 pub use bhs::{BHS_LEN, Bhs, FINAL, IMMEDIATE, pad4};
-pub use pdu::*;
+pub use data::{DataIn, DataOut, R2t};
+pub use login::{LoginRequest, LoginResponse, LoginStatus};
+pub use logout::{LogoutReason, LogoutRequest, LogoutResponse, LogoutResponseCode};
+pub use nop::{NopIn, NopOut};
+pub use pdu::{Header, Isid, Pdu, PduLayout, Stage};
+pub use reject::{Reject, RejectReason};
+pub use scsi::{ScsiCommand, ScsiResponse};
+pub use snack::Snack;
+pub use task_mgmt::{TaskMgmtRequest, TaskMgmtResponse, TmfFunction, TmfResponse};
+pub use text::{TextRequest, TextResponse};
 
 use core::fmt;
 

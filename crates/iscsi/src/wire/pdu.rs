@@ -1,147 +1,15 @@
-//! Owned header values per opcode, the [`Header`] enum over them, and the [`Pdu`] container.
+//! The [`Header`] enum over the per-opcode header values (dispatching parse and emit by opcode to
+//! the PDU family files), the [`Pdu`] container and its [`PduLayout`], and the newtypes more
+//! than one PDU shares.
 
-use super::bhs::{BHS_LEN, Bhs, FINAL, pad4};
-use super::{AhsIter, DecodeError, MAX_DATA_SEGMENT_LEN, Opcode};
+use super::bhs::{BHS_LEN, Bhs, pad4};
+use super::{
+    AhsIter, AsyncMessage, DataIn, DataOut, DecodeError, LoginRequest, LoginResponse, LogoutRequest, LogoutResponse, MAX_DATA_SEGMENT_LEN,
+    NopIn, NopOut, Opcode, R2t, Reject, ScsiCommand, ScsiResponse, Snack, TaskMgmtRequest, TaskMgmtResponse, TextRequest, TextResponse,
+};
 use alloc::vec::Vec;
 use bytes::Bytes;
 use core::fmt;
-use riser_scsi::lun::Lun;
-use riser_scsi::sense::Status;
-
-macro_rules! code_space {
-    ($(#[$m:meta])* $name:ident($ty:ty) { $($(#[$cm:meta])* $c:ident = $v:literal,)* }) => {
-        $(#[$m])*
-        #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-        pub struct $name(pub $ty);
-        impl $name {
-            $($(#[$cm])* pub const $c: Self = Self($v);)*
-        }
-        impl fmt::Debug for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                match self.0 {
-                    $($v => f.write_str(stringify!($c)),)*
-                    other => write!(f, "{}({:#x})", stringify!($name), other),
-                }
-            }
-        }
-    };
-}
-
-code_space!(
-    /// Reject reason (RFC 7143 §11.17.1).
-    RejectReason(u8) {
-        /// Data (payload) digest error.
-        DATA_DIGEST_ERROR = 0x02,
-        /// SNACK reject.
-        SNACK_REJECT = 0x03,
-        /// Protocol error.
-        PROTOCOL_ERROR = 0x04,
-        /// Command not supported.
-        COMMAND_NOT_SUPPORTED = 0x05,
-        /// Immediate command rejected: too many immediate commands.
-        IMMEDIATE_COMMAND_REJECTED = 0x06,
-        /// Task in progress.
-        TASK_IN_PROGRESS = 0x07,
-        /// Invalid data ACK.
-        INVALID_DATA_ACK = 0x08,
-        /// Invalid PDU field.
-        INVALID_PDU_FIELD = 0x09,
-        /// Long operation reject: out of resources.
-        LONG_OP_REJECT = 0x0a,
-        /// Deprecated (negotiation reset).
-        NEGOTIATION_RESET = 0x0b,
-        /// Waiting for logout.
-        WAITING_FOR_LOGOUT = 0x0c,
-    }
-);
-
-code_space!(
-    /// Task management function (RFC 7143 §11.5.1).
-    TmfFunction(u8) {
-        /// ABORT TASK.
-        ABORT_TASK = 1,
-        /// ABORT TASK SET.
-        ABORT_TASK_SET = 2,
-        /// CLEAR ACA.
-        CLEAR_ACA = 3,
-        /// CLEAR TASK SET.
-        CLEAR_TASK_SET = 4,
-        /// LOGICAL UNIT RESET.
-        LOGICAL_UNIT_RESET = 5,
-        /// TARGET WARM RESET.
-        TARGET_WARM_RESET = 6,
-        /// TARGET COLD RESET.
-        TARGET_COLD_RESET = 7,
-        /// TASK REASSIGN.
-        TASK_REASSIGN = 8,
-    }
-);
-
-code_space!(
-    /// Task management response (RFC 7143 §11.6.1).
-    TmfResponse(u8) {
-        /// Function complete.
-        COMPLETE = 0,
-        /// Task does not exist.
-        TASK_DOES_NOT_EXIST = 1,
-        /// LUN does not exist.
-        LUN_DOES_NOT_EXIST = 2,
-        /// Task still allegiant.
-        TASK_STILL_ALLEGIANT = 3,
-        /// Task allegiance reassignment not supported.
-        REASSIGNMENT_NOT_SUPPORTED = 4,
-        /// Task management function not supported.
-        NOT_SUPPORTED = 5,
-        /// Function authorization failed.
-        AUTHORIZATION_FAILED = 6,
-        /// Function rejected.
-        REJECTED = 255,
-    }
-);
-
-code_space!(
-    /// Logout reason (RFC 7143 §11.14.1).
-    LogoutReason(u8) {
-        /// Close the session.
-        CLOSE_SESSION = 0,
-        /// Close the connection.
-        CLOSE_CONNECTION = 1,
-        /// Remove the connection for recovery.
-        REMOVE_FOR_RECOVERY = 2,
-    }
-);
-
-code_space!(
-    /// Logout response (RFC 7143 §11.15.1).
-    LogoutResponseCode(u8) {
-        /// Connection or session closed successfully.
-        SUCCESS = 0,
-        /// CID not found.
-        CID_NOT_FOUND = 1,
-        /// Connection recovery is not supported.
-        RECOVERY_NOT_SUPPORTED = 2,
-        /// Cleanup failed for various reasons.
-        CLEANUP_FAILED = 3,
-    }
-);
-
-code_space!(
-    /// Asynchronous event (RFC 7143 §11.9.1).
-    AsyncEvent(u8) {
-        /// SCSI asynchronous event (sense data in the data segment).
-        SCSI_EVENT = 0,
-        /// Target requests logout.
-        REQUEST_LOGOUT = 1,
-        /// Target will drop the connection.
-        DROP_CONNECTION = 2,
-        /// Target will drop all connections of the session.
-        DROP_ALL_CONNECTIONS = 3,
-        /// Target requests parameter renegotiation.
-        RENEGOTIATE = 4,
-        /// Vendor specific.
-        VENDOR = 255,
-    }
-);
 
 /// Initiator Session ID (6 bytes).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -168,284 +36,6 @@ impl Stage {
     pub const OPERATIONAL: Self = Self(1);
     /// FullFeaturePhase.
     pub const FULL_FEATURE: Self = Self(3);
-}
-
-/// NOP-Out (0x00).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[allow(missing_docs)]
-pub struct NopOut {
-    pub immediate: bool,
-    pub lun: Lun,
-    pub itt: u32,
-    pub ttt: u32,
-    pub cmd_sn: u32,
-    pub exp_stat_sn: u32,
-}
-
-/// SCSI Command (0x01).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[allow(missing_docs)]
-pub struct ScsiCommand {
-    pub immediate: bool,
-    /// F: no unsolicited Data-Out follows.
-    pub final_: bool,
-    pub read: bool,
-    pub write: bool,
-    /// Task attribute (3 bits): 0 untagged, 1 simple, 2 ordered, 3 head of queue, 4 ACA.
-    pub attr: u8,
-    pub lun: Lun,
-    pub itt: u32,
-    pub expected_data_len: u32,
-    pub cmd_sn: u32,
-    pub exp_stat_sn: u32,
-    /// CDB bytes 0..16 (longer CDBs continue in an extended-CDB AHS).
-    pub cdb: [u8; 16],
-}
-
-/// Task Management Function Request (0x02).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[allow(missing_docs)]
-pub struct TaskMgmtRequest {
-    pub immediate: bool,
-    pub function: TmfFunction,
-    pub lun: Lun,
-    pub itt: u32,
-    pub ref_task_tag: u32,
-    pub cmd_sn: u32,
-    pub exp_stat_sn: u32,
-    pub ref_cmd_sn: u32,
-    pub exp_data_sn: u32,
-}
-
-/// Login Request (0x03; always immediate).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[allow(missing_docs)]
-pub struct LoginRequest {
-    pub transit: bool,
-    pub cont: bool,
-    pub csg: Stage,
-    pub nsg: Stage,
-    pub version_max: u8,
-    pub version_min: u8,
-    pub isid: Isid,
-    pub tsih: u16,
-    pub itt: u32,
-    pub cid: u16,
-    pub cmd_sn: u32,
-    pub exp_stat_sn: u32,
-}
-
-/// Text Request (0x04).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[allow(missing_docs)]
-pub struct TextRequest {
-    pub immediate: bool,
-    pub final_: bool,
-    pub cont: bool,
-    pub lun: Lun,
-    pub itt: u32,
-    pub ttt: u32,
-    pub cmd_sn: u32,
-    pub exp_stat_sn: u32,
-}
-
-/// SCSI Data-Out (0x05).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[allow(missing_docs)]
-pub struct DataOut {
-    pub final_: bool,
-    pub lun: Lun,
-    pub itt: u32,
-    pub ttt: u32,
-    pub exp_stat_sn: u32,
-    pub data_sn: u32,
-    pub buffer_offset: u32,
-}
-
-/// Logout Request (0x06).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[allow(missing_docs)]
-pub struct LogoutRequest {
-    pub immediate: bool,
-    pub reason: LogoutReason,
-    pub itt: u32,
-    pub cid: u16,
-    pub cmd_sn: u32,
-    pub exp_stat_sn: u32,
-}
-
-/// SNACK Request (0x10).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[allow(missing_docs)]
-pub struct Snack {
-    /// Type (4 bits): 0 Data/R2T, 1 Status, 2 DataACK, 3 R-Data.
-    pub snack_type: u8,
-    pub lun: Lun,
-    pub itt: u32,
-    /// Target Transfer Tag or SNACK Tag.
-    pub ttt: u32,
-    pub exp_stat_sn: u32,
-    pub beg_run: u32,
-    pub run_length: u32,
-}
-
-/// NOP-In (0x20).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[allow(missing_docs)]
-pub struct NopIn {
-    pub lun: Lun,
-    pub itt: u32,
-    pub ttt: u32,
-    pub stat_sn: u32,
-    pub exp_cmd_sn: u32,
-    pub max_cmd_sn: u32,
-}
-
-/// SCSI Response (0x21).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[allow(missing_docs)]
-pub struct ScsiResponse {
-    pub bidi_overflow: bool,
-    pub bidi_underflow: bool,
-    pub overflow: bool,
-    pub underflow: bool,
-    /// 0 command completed at target, 1 target failure.
-    pub response: u8,
-    pub status: Status,
-    pub itt: u32,
-    pub snack_tag: u32,
-    pub stat_sn: u32,
-    pub exp_cmd_sn: u32,
-    pub max_cmd_sn: u32,
-    pub exp_data_sn: u32,
-    pub bidi_read_residual: u32,
-    pub residual: u32,
-}
-
-/// Task Management Function Response (0x22).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[allow(missing_docs)]
-pub struct TaskMgmtResponse {
-    pub response: TmfResponse,
-    pub itt: u32,
-    pub stat_sn: u32,
-    pub exp_cmd_sn: u32,
-    pub max_cmd_sn: u32,
-}
-
-/// Login Response (0x23).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[allow(missing_docs)]
-pub struct LoginResponse {
-    pub transit: bool,
-    pub cont: bool,
-    pub csg: Stage,
-    pub nsg: Stage,
-    pub version_max: u8,
-    pub version_active: u8,
-    pub isid: Isid,
-    pub tsih: u16,
-    pub itt: u32,
-    pub stat_sn: u32,
-    pub exp_cmd_sn: u32,
-    pub max_cmd_sn: u32,
-    pub status_class: u8,
-    pub status_detail: u8,
-}
-
-/// Text Response (0x24).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[allow(missing_docs)]
-pub struct TextResponse {
-    pub final_: bool,
-    pub cont: bool,
-    pub lun: Lun,
-    pub itt: u32,
-    pub ttt: u32,
-    pub stat_sn: u32,
-    pub exp_cmd_sn: u32,
-    pub max_cmd_sn: u32,
-}
-
-/// SCSI Data-In (0x25).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[allow(missing_docs)]
-pub struct DataIn {
-    pub final_: bool,
-    /// A: acknowledge requested (ERL > 0).
-    pub ack: bool,
-    pub overflow: bool,
-    pub underflow: bool,
-    /// S: status carried (phase collapse).
-    pub status_present: bool,
-    pub status: Status,
-    pub lun: Lun,
-    pub itt: u32,
-    pub ttt: u32,
-    pub stat_sn: u32,
-    pub exp_cmd_sn: u32,
-    pub max_cmd_sn: u32,
-    pub data_sn: u32,
-    pub buffer_offset: u32,
-    pub residual: u32,
-}
-
-/// Logout Response (0x26).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[allow(missing_docs)]
-pub struct LogoutResponse {
-    pub response: LogoutResponseCode,
-    pub itt: u32,
-    pub stat_sn: u32,
-    pub exp_cmd_sn: u32,
-    pub max_cmd_sn: u32,
-    pub time2wait: u16,
-    pub time2retain: u16,
-}
-
-/// Ready To Transfer (0x31).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[allow(missing_docs)]
-pub struct R2t {
-    pub lun: Lun,
-    pub itt: u32,
-    pub ttt: u32,
-    pub stat_sn: u32,
-    pub exp_cmd_sn: u32,
-    pub max_cmd_sn: u32,
-    pub r2t_sn: u32,
-    pub buffer_offset: u32,
-    pub desired_len: u32,
-}
-
-/// Asynchronous Message (0x32).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[allow(missing_docs)]
-pub struct AsyncMessage {
-    pub lun: Lun,
-    /// Always 0xFFFFFFFF on the wire per RFC; kept for round trips.
-    pub itt: u32,
-    pub stat_sn: u32,
-    pub exp_cmd_sn: u32,
-    pub max_cmd_sn: u32,
-    pub event: AsyncEvent,
-    pub vcode: u8,
-    pub param1: u16,
-    pub param2: u16,
-    pub param3: u16,
-}
-
-/// Reject (0x3F). The data segment carries the rejected PDU's header.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[allow(missing_docs)]
-pub struct Reject {
-    pub reason: RejectReason,
-    /// Always 0xFFFFFFFF on the wire per RFC; kept for round trips.
-    pub itt: u32,
-    pub stat_sn: u32,
-    pub exp_cmd_sn: u32,
-    pub max_cmd_sn: u32,
-    pub data_sn: u32,
 }
 
 /// A parsed BHS: one variant per opcode.
@@ -475,234 +65,43 @@ pub enum Header {
     Unknown([u8; BHS_LEN]),
 }
 
-const fn bit(b: u8, mask: u8) -> bool {
-    b & mask != 0
-}
-const fn flag(on: bool, mask: u8) -> u8 {
-    if on { mask } else { 0 }
-}
-
 impl Header {
-    /// Parse the opcode-specific fields of a checked BHS.
+    /// Parse the opcode-specific fields of a checked BHS (an unchecked view over fewer than 48
+    /// bytes is [`DecodeError::Truncated`]).
     pub fn parse<T: AsRef<[u8]>>(h: &Bhs<T>) -> Result<Self, DecodeError> {
-        let f = h.flags();
-        let imm = h.immediate();
+        Self::parse_array(&Bhs::new_unchecked(h.array()?))
+    }
+
+    /// The dispatch by opcode, over a fixed-size array whatever the buffer type: the families'
+    /// constant field offsets then need no bounds checks.
+    #[inline]
+    fn parse_array(h: &Bhs<&[u8; BHS_LEN]>) -> Result<Self, DecodeError> {
         Ok(match h.opcode() {
-            Opcode::NOP_OUT => Self::NopOut(NopOut {
-                immediate: imm,
-                lun: h.lun(),
-                itt: h.itt(),
-                ttt: h.u32(20),
-                cmd_sn: h.u32(24),
-                exp_stat_sn: h.u32(28),
-            }),
-            Opcode::SCSI_COMMAND => {
-                let mut cdb = [0u8; 16];
-                cdb.copy_from_slice(&h.bytes()[32..48]);
-                Self::ScsiCommand(ScsiCommand {
-                    immediate: imm,
-                    final_: bit(f, FINAL),
-                    read: bit(f, 0x40),
-                    write: bit(f, 0x20),
-                    attr: f & 0x07,
-                    lun: h.lun(),
-                    itt: h.itt(),
-                    expected_data_len: h.u32(20),
-                    cmd_sn: h.u32(24),
-                    exp_stat_sn: h.u32(28),
-                    cdb,
-                })
-            }
-            Opcode::TASK_MGMT_REQUEST => Self::TaskMgmtRequest(TaskMgmtRequest {
-                immediate: imm,
-                function: TmfFunction(f & 0x7f),
-                lun: h.lun(),
-                itt: h.itt(),
-                ref_task_tag: h.u32(20),
-                cmd_sn: h.u32(24),
-                exp_stat_sn: h.u32(28),
-                ref_cmd_sn: h.u32(32),
-                exp_data_sn: h.u32(36),
-            }),
-            Opcode::LOGIN_REQUEST => {
-                if bit(f, 0x80) && bit(f, 0x40) {
-                    return Err(DecodeError::InvalidField("login T and C both set"));
-                }
-                Self::LoginRequest(LoginRequest {
-                    transit: bit(f, 0x80),
-                    cont: bit(f, 0x40),
-                    csg: Stage((f >> 2) & 3),
-                    nsg: Stage(f & 3),
-                    version_max: h.u8(2),
-                    version_min: h.u8(3),
-                    isid: isid(h),
-                    tsih: h.u16(14),
-                    itt: h.itt(),
-                    cid: h.u16(20),
-                    cmd_sn: h.u32(24),
-                    exp_stat_sn: h.u32(28),
-                })
-            }
-            Opcode::TEXT_REQUEST => Self::TextRequest(TextRequest {
-                immediate: imm,
-                final_: bit(f, FINAL),
-                cont: bit(f, 0x40),
-                lun: h.lun(),
-                itt: h.itt(),
-                ttt: h.u32(20),
-                cmd_sn: h.u32(24),
-                exp_stat_sn: h.u32(28),
-            }),
-            Opcode::DATA_OUT => Self::DataOut(DataOut {
-                final_: bit(f, FINAL),
-                lun: h.lun(),
-                itt: h.itt(),
-                ttt: h.u32(20),
-                exp_stat_sn: h.u32(28),
-                data_sn: h.u32(36),
-                buffer_offset: h.u32(40),
-            }),
-            Opcode::LOGOUT_REQUEST => Self::LogoutRequest(LogoutRequest {
-                immediate: imm,
-                reason: LogoutReason(f & 0x7f),
-                itt: h.itt(),
-                cid: h.u16(20),
-                cmd_sn: h.u32(24),
-                exp_stat_sn: h.u32(28),
-            }),
-            Opcode::SNACK => Self::Snack(Snack {
-                snack_type: f & 0x0f,
-                lun: h.lun(),
-                itt: h.itt(),
-                ttt: h.u32(20),
-                exp_stat_sn: h.u32(28),
-                beg_run: h.u32(40),
-                run_length: h.u32(44),
-            }),
-            Opcode::NOP_IN => Self::NopIn(NopIn {
-                lun: h.lun(),
-                itt: h.itt(),
-                ttt: h.u32(20),
-                stat_sn: h.u32(24),
-                exp_cmd_sn: h.u32(28),
-                max_cmd_sn: h.u32(32),
-            }),
-            Opcode::SCSI_RESPONSE => Self::ScsiResponse(ScsiResponse {
-                bidi_overflow: bit(f, 0x10),
-                bidi_underflow: bit(f, 0x08),
-                overflow: bit(f, 0x04),
-                underflow: bit(f, 0x02),
-                response: h.u8(2),
-                status: Status(h.u8(3)),
-                itt: h.itt(),
-                snack_tag: h.u32(20),
-                stat_sn: h.u32(24),
-                exp_cmd_sn: h.u32(28),
-                max_cmd_sn: h.u32(32),
-                exp_data_sn: h.u32(36),
-                bidi_read_residual: h.u32(40),
-                residual: h.u32(44),
-            }),
-            Opcode::TASK_MGMT_RESPONSE => Self::TaskMgmtResponse(TaskMgmtResponse {
-                response: TmfResponse(h.u8(2)),
-                itt: h.itt(),
-                stat_sn: h.u32(24),
-                exp_cmd_sn: h.u32(28),
-                max_cmd_sn: h.u32(32),
-            }),
-            Opcode::LOGIN_RESPONSE => {
-                if bit(f, 0x80) && bit(f, 0x40) {
-                    return Err(DecodeError::InvalidField("login T and C both set"));
-                }
-                Self::LoginResponse(LoginResponse {
-                    transit: bit(f, 0x80),
-                    cont: bit(f, 0x40),
-                    csg: Stage((f >> 2) & 3),
-                    nsg: Stage(f & 3),
-                    version_max: h.u8(2),
-                    version_active: h.u8(3),
-                    isid: isid(h),
-                    tsih: h.u16(14),
-                    itt: h.itt(),
-                    stat_sn: h.u32(24),
-                    exp_cmd_sn: h.u32(28),
-                    max_cmd_sn: h.u32(32),
-                    status_class: h.u8(36),
-                    status_detail: h.u8(37),
-                })
-            }
-            Opcode::TEXT_RESPONSE => Self::TextResponse(TextResponse {
-                final_: bit(f, FINAL),
-                cont: bit(f, 0x40),
-                lun: h.lun(),
-                itt: h.itt(),
-                ttt: h.u32(20),
-                stat_sn: h.u32(24),
-                exp_cmd_sn: h.u32(28),
-                max_cmd_sn: h.u32(32),
-            }),
-            Opcode::DATA_IN => Self::DataIn(DataIn {
-                final_: bit(f, FINAL),
-                ack: bit(f, 0x40),
-                overflow: bit(f, 0x04),
-                underflow: bit(f, 0x02),
-                status_present: bit(f, 0x01),
-                status: Status(h.u8(3)),
-                lun: h.lun(),
-                itt: h.itt(),
-                ttt: h.u32(20),
-                stat_sn: h.u32(24),
-                exp_cmd_sn: h.u32(28),
-                max_cmd_sn: h.u32(32),
-                data_sn: h.u32(36),
-                buffer_offset: h.u32(40),
-                residual: h.u32(44),
-            }),
-            Opcode::LOGOUT_RESPONSE => Self::LogoutResponse(LogoutResponse {
-                response: LogoutResponseCode(h.u8(2)),
-                itt: h.itt(),
-                stat_sn: h.u32(24),
-                exp_cmd_sn: h.u32(28),
-                max_cmd_sn: h.u32(32),
-                time2wait: h.u16(40),
-                time2retain: h.u16(42),
-            }),
-            Opcode::R2T => Self::R2t(R2t {
-                lun: h.lun(),
-                itt: h.itt(),
-                ttt: h.u32(20),
-                stat_sn: h.u32(24),
-                exp_cmd_sn: h.u32(28),
-                max_cmd_sn: h.u32(32),
-                r2t_sn: h.u32(36),
-                buffer_offset: h.u32(40),
-                desired_len: h.u32(44),
-            }),
-            Opcode::ASYNC_MESSAGE => Self::AsyncMessage(AsyncMessage {
-                lun: h.lun(),
-                itt: h.itt(),
-                stat_sn: h.u32(24),
-                exp_cmd_sn: h.u32(28),
-                max_cmd_sn: h.u32(32),
-                event: AsyncEvent(h.u8(36)),
-                vcode: h.u8(37),
-                param1: h.u16(38),
-                param2: h.u16(40),
-                param3: h.u16(42),
-            }),
-            Opcode::REJECT => Self::Reject(Reject {
-                reason: RejectReason(h.u8(2)),
-                itt: h.itt(),
-                stat_sn: h.u32(24),
-                exp_cmd_sn: h.u32(28),
-                max_cmd_sn: h.u32(32),
-                data_sn: h.u32(36),
-            }),
+            Opcode::NOP_OUT => Self::NopOut(NopOut::parse(h)?),
+            Opcode::SCSI_COMMAND => Self::ScsiCommand(ScsiCommand::parse(h)?),
+            Opcode::TASK_MGMT_REQUEST => Self::TaskMgmtRequest(TaskMgmtRequest::parse(h)?),
+            Opcode::LOGIN_REQUEST => Self::LoginRequest(LoginRequest::parse(h)?),
+            Opcode::TEXT_REQUEST => Self::TextRequest(TextRequest::parse(h)?),
+            Opcode::DATA_OUT => Self::DataOut(DataOut::parse(h)?),
+            Opcode::LOGOUT_REQUEST => Self::LogoutRequest(LogoutRequest::parse(h)?),
+            Opcode::SNACK => Self::Snack(Snack::parse(h)?),
+            Opcode::NOP_IN => Self::NopIn(NopIn::parse(h)?),
+            Opcode::SCSI_RESPONSE => Self::ScsiResponse(ScsiResponse::parse(h)?),
+            Opcode::TASK_MGMT_RESPONSE => Self::TaskMgmtResponse(TaskMgmtResponse::parse(h)?),
+            Opcode::LOGIN_RESPONSE => Self::LoginResponse(LoginResponse::parse(h)?),
+            Opcode::TEXT_RESPONSE => Self::TextResponse(TextResponse::parse(h)?),
+            Opcode::DATA_IN => Self::DataIn(DataIn::parse(h)?),
+            Opcode::LOGOUT_RESPONSE => Self::LogoutResponse(LogoutResponse::parse(h)?),
+            Opcode::R2T => Self::R2t(R2t::parse(h)?),
+            Opcode::ASYNC_MESSAGE => Self::AsyncMessage(AsyncMessage::parse(h)?),
+            Opcode::REJECT => Self::Reject(Reject::parse(h)?),
             _ => {
                 let mut raw = [0u8; BHS_LEN];
                 raw.copy_from_slice(h.bytes());
                 // The lengths belong to the PDU, not the header value.
-                raw[4..8].fill(0);
+                let mut r = Bhs::new_unchecked(&mut raw[..]);
+                r.set_total_ahs_len(0);
+                r.set_data_segment_len(0);
                 Self::Unknown(raw)
             }
         })
@@ -729,7 +128,7 @@ impl Header {
             Self::R2t(_) => Opcode::R2T,
             Self::AsyncMessage(_) => Opcode::ASYNC_MESSAGE,
             Self::Reject(_) => Opcode::REJECT,
-            Self::Unknown(raw) => Opcode(raw[0] & 0x3f),
+            Self::Unknown(raw) => Bhs::new_unchecked(&raw[..]).opcode(),
         }
     }
 
@@ -754,7 +153,7 @@ impl Header {
             Self::R2t(h) => h.itt,
             Self::AsyncMessage(h) => h.itt,
             Self::Reject(h) => h.itt,
-            Self::Unknown(raw) => u32::from_be_bytes([raw[16], raw[17], raw[18], raw[19]]),
+            Self::Unknown(raw) => Bhs::new_unchecked(&raw[..]).itt(),
         }
     }
 
@@ -766,229 +165,31 @@ impl Header {
         } else {
             out.fill(0);
         }
-        let mut h = Bhs::new_unchecked(&mut out[..]);
-        if let Self::Unknown(_) = self {
-            h.set_total_ahs_len(ahs_len);
-            h.set_data_segment_len(dsl);
-            return;
-        }
-        let op = self.opcode();
-        match *self {
-            Self::NopOut(p) => {
-                h.set_opcode(op, p.immediate);
-                h.set_flags(FINAL);
-                h.set_lun(p.lun);
-                h.set_itt(p.itt);
-                h.set_u32(20, p.ttt);
-                h.set_u32(24, p.cmd_sn);
-                h.set_u32(28, p.exp_stat_sn);
-            }
-            Self::ScsiCommand(p) => {
-                h.set_opcode(op, p.immediate);
-                h.set_flags(flag(p.final_, FINAL) | flag(p.read, 0x40) | flag(p.write, 0x20) | (p.attr & 7));
-                h.set_lun(p.lun);
-                h.set_itt(p.itt);
-                h.set_u32(20, p.expected_data_len);
-                h.set_u32(24, p.cmd_sn);
-                h.set_u32(28, p.exp_stat_sn);
-                for (k, b) in p.cdb.iter().enumerate() {
-                    h.set_u8(32 + k, *b);
-                }
-            }
-            Self::TaskMgmtRequest(p) => {
-                h.set_opcode(op, p.immediate);
-                h.set_flags(FINAL | (p.function.0 & 0x7f));
-                h.set_lun(p.lun);
-                h.set_itt(p.itt);
-                h.set_u32(20, p.ref_task_tag);
-                h.set_u32(24, p.cmd_sn);
-                h.set_u32(28, p.exp_stat_sn);
-                h.set_u32(32, p.ref_cmd_sn);
-                h.set_u32(36, p.exp_data_sn);
-            }
-            Self::LoginRequest(p) => {
-                h.set_opcode(op, true);
-                h.set_flags(login_flags(p.transit, p.cont, p.csg, p.nsg));
-                h.set_u8(2, p.version_max);
-                h.set_u8(3, p.version_min);
-                set_isid(&mut h, p.isid);
-                h.set_u16(14, p.tsih);
-                h.set_itt(p.itt);
-                h.set_u16(20, p.cid);
-                h.set_u32(24, p.cmd_sn);
-                h.set_u32(28, p.exp_stat_sn);
-            }
-            Self::TextRequest(p) => {
-                h.set_opcode(op, p.immediate);
-                h.set_flags(flag(p.final_, FINAL) | flag(p.cont, 0x40));
-                h.set_lun(p.lun);
-                h.set_itt(p.itt);
-                h.set_u32(20, p.ttt);
-                h.set_u32(24, p.cmd_sn);
-                h.set_u32(28, p.exp_stat_sn);
-            }
-            Self::DataOut(p) => {
-                h.set_opcode(op, false);
-                h.set_flags(flag(p.final_, FINAL));
-                h.set_lun(p.lun);
-                h.set_itt(p.itt);
-                h.set_u32(20, p.ttt);
-                h.set_u32(28, p.exp_stat_sn);
-                h.set_u32(36, p.data_sn);
-                h.set_u32(40, p.buffer_offset);
-            }
-            Self::LogoutRequest(p) => {
-                h.set_opcode(op, p.immediate);
-                h.set_flags(FINAL | (p.reason.0 & 0x7f));
-                h.set_itt(p.itt);
-                h.set_u16(20, p.cid);
-                h.set_u32(24, p.cmd_sn);
-                h.set_u32(28, p.exp_stat_sn);
-            }
-            Self::Snack(p) => {
-                h.set_opcode(op, false);
-                h.set_flags(FINAL | (p.snack_type & 0x0f));
-                h.set_lun(p.lun);
-                h.set_itt(p.itt);
-                h.set_u32(20, p.ttt);
-                h.set_u32(28, p.exp_stat_sn);
-                h.set_u32(40, p.beg_run);
-                h.set_u32(44, p.run_length);
-            }
-            Self::NopIn(p) => {
-                h.set_opcode(op, false);
-                h.set_flags(FINAL);
-                h.set_lun(p.lun);
-                h.set_itt(p.itt);
-                h.set_u32(20, p.ttt);
-                set_sns(&mut h, p.stat_sn, p.exp_cmd_sn, p.max_cmd_sn);
-            }
-            Self::ScsiResponse(p) => {
-                h.set_opcode(op, false);
-                h.set_flags(
-                    FINAL | flag(p.bidi_overflow, 0x10) | flag(p.bidi_underflow, 0x08) | flag(p.overflow, 0x04) | flag(p.underflow, 0x02),
-                );
-                h.set_u8(2, p.response);
-                h.set_u8(3, p.status.0);
-                h.set_itt(p.itt);
-                h.set_u32(20, p.snack_tag);
-                set_sns(&mut h, p.stat_sn, p.exp_cmd_sn, p.max_cmd_sn);
-                h.set_u32(36, p.exp_data_sn);
-                h.set_u32(40, p.bidi_read_residual);
-                h.set_u32(44, p.residual);
-            }
-            Self::TaskMgmtResponse(p) => {
-                h.set_opcode(op, false);
-                h.set_flags(FINAL);
-                h.set_u8(2, p.response.0);
-                h.set_itt(p.itt);
-                set_sns(&mut h, p.stat_sn, p.exp_cmd_sn, p.max_cmd_sn);
-            }
-            Self::LoginResponse(p) => {
-                h.set_opcode(op, false);
-                h.set_flags(login_flags(p.transit, p.cont, p.csg, p.nsg));
-                h.set_u8(2, p.version_max);
-                h.set_u8(3, p.version_active);
-                set_isid(&mut h, p.isid);
-                h.set_u16(14, p.tsih);
-                h.set_itt(p.itt);
-                set_sns(&mut h, p.stat_sn, p.exp_cmd_sn, p.max_cmd_sn);
-                h.set_u8(36, p.status_class);
-                h.set_u8(37, p.status_detail);
-            }
-            Self::TextResponse(p) => {
-                h.set_opcode(op, false);
-                h.set_flags(flag(p.final_, FINAL) | flag(p.cont, 0x40));
-                h.set_lun(p.lun);
-                h.set_itt(p.itt);
-                h.set_u32(20, p.ttt);
-                set_sns(&mut h, p.stat_sn, p.exp_cmd_sn, p.max_cmd_sn);
-            }
-            Self::DataIn(p) => {
-                h.set_opcode(op, false);
-                h.set_flags(
-                    flag(p.final_, FINAL)
-                        | flag(p.ack, 0x40)
-                        | flag(p.overflow, 0x04)
-                        | flag(p.underflow, 0x02)
-                        | flag(p.status_present, 0x01),
-                );
-                h.set_u8(3, p.status.0);
-                h.set_lun(p.lun);
-                h.set_itt(p.itt);
-                h.set_u32(20, p.ttt);
-                set_sns(&mut h, p.stat_sn, p.exp_cmd_sn, p.max_cmd_sn);
-                h.set_u32(36, p.data_sn);
-                h.set_u32(40, p.buffer_offset);
-                h.set_u32(44, p.residual);
-            }
-            Self::LogoutResponse(p) => {
-                h.set_opcode(op, false);
-                h.set_flags(FINAL);
-                h.set_u8(2, p.response.0);
-                h.set_itt(p.itt);
-                set_sns(&mut h, p.stat_sn, p.exp_cmd_sn, p.max_cmd_sn);
-                h.set_u16(40, p.time2wait);
-                h.set_u16(42, p.time2retain);
-            }
-            Self::R2t(p) => {
-                h.set_opcode(op, false);
-                h.set_flags(FINAL);
-                h.set_lun(p.lun);
-                h.set_itt(p.itt);
-                h.set_u32(20, p.ttt);
-                set_sns(&mut h, p.stat_sn, p.exp_cmd_sn, p.max_cmd_sn);
-                h.set_u32(36, p.r2t_sn);
-                h.set_u32(40, p.buffer_offset);
-                h.set_u32(44, p.desired_len);
-            }
-            Self::AsyncMessage(p) => {
-                h.set_opcode(op, false);
-                h.set_flags(FINAL);
-                h.set_lun(p.lun);
-                h.set_itt(p.itt);
-                set_sns(&mut h, p.stat_sn, p.exp_cmd_sn, p.max_cmd_sn);
-                h.set_u8(36, p.event.0);
-                h.set_u8(37, p.vcode);
-                h.set_u16(38, p.param1);
-                h.set_u16(40, p.param2);
-                h.set_u16(42, p.param3);
-            }
-            Self::Reject(p) => {
-                h.set_opcode(op, false);
-                h.set_flags(FINAL);
-                h.set_u8(2, p.reason.0);
-                h.set_itt(p.itt);
-                set_sns(&mut h, p.stat_sn, p.exp_cmd_sn, p.max_cmd_sn);
-                h.set_u32(36, p.data_sn);
-            }
-            Self::Unknown(_) => unreachable!("handled above"),
+        let mut h = Bhs::new_unchecked(out);
+        match self {
+            Self::NopOut(p) => p.emit(&mut h),
+            Self::ScsiCommand(p) => p.emit(&mut h),
+            Self::TaskMgmtRequest(p) => p.emit(&mut h),
+            Self::LoginRequest(p) => p.emit(&mut h),
+            Self::TextRequest(p) => p.emit(&mut h),
+            Self::DataOut(p) => p.emit(&mut h),
+            Self::LogoutRequest(p) => p.emit(&mut h),
+            Self::Snack(p) => p.emit(&mut h),
+            Self::NopIn(p) => p.emit(&mut h),
+            Self::ScsiResponse(p) => p.emit(&mut h),
+            Self::TaskMgmtResponse(p) => p.emit(&mut h),
+            Self::LoginResponse(p) => p.emit(&mut h),
+            Self::TextResponse(p) => p.emit(&mut h),
+            Self::DataIn(p) => p.emit(&mut h),
+            Self::LogoutResponse(p) => p.emit(&mut h),
+            Self::R2t(p) => p.emit(&mut h),
+            Self::AsyncMessage(p) => p.emit(&mut h),
+            Self::Reject(p) => p.emit(&mut h),
+            Self::Unknown(_) => {}
         }
         h.set_total_ahs_len(ahs_len);
         h.set_data_segment_len(dsl);
     }
-}
-
-fn isid<T: AsRef<[u8]>>(h: &Bhs<T>) -> Isid {
-    let mut i = [0u8; 6];
-    i.copy_from_slice(&h.bytes()[8..14]);
-    Isid(i)
-}
-
-fn set_isid(h: &mut Bhs<&mut [u8]>, isid: Isid) {
-    for (k, b) in isid.0.iter().enumerate() {
-        h.set_u8(8 + k, *b);
-    }
-}
-
-fn set_sns(h: &mut Bhs<&mut [u8]>, stat_sn: u32, exp_cmd_sn: u32, max_cmd_sn: u32) {
-    h.set_u32(24, stat_sn);
-    h.set_u32(28, exp_cmd_sn);
-    h.set_u32(32, max_cmd_sn);
-}
-
-const fn login_flags(t: bool, c: bool, csg: Stage, nsg: Stage) -> u8 {
-    flag(t, 0x80) | flag(c, 0x40) | ((csg.0 & 3) << 2) | (nsg.0 & 3)
 }
 
 /// A whole PDU: header, AHS area and data segment. `D` is `&[u8]` or `Bytes` (a handle into the
@@ -1113,113 +314,87 @@ impl<D: AsRef<[u8]>> Pdu<D> {
     }
 }
 
+/// What the per-family byte-array tests share.
 #[cfg(test)]
-mod tests {
-    //! Byte-array vectors for the PDU types the captures do not contain (NOP-Out/In, SNACK,
-    //! Asynchronous Message, Reject): deconstruct, construct, truncated.
-    use super::*;
+pub(super) mod testing {
+    use super::super::{BHS_LEN, Bhs, DecodeError, Header, Pdu};
 
-    fn bhs(fill: &[(usize, &[u8])]) -> [u8; BHS_LEN] {
-        let mut b = [0u8; BHS_LEN];
-        for (at, bytes) in fill {
-            b[*at..*at + bytes.len()].copy_from_slice(bytes);
-        }
-        b
-    }
-
-    fn check(bytes: [u8; BHS_LEN], expect: Header) {
-        let h = Header::parse(&Bhs::new_checked(&bytes[..]).unwrap()).unwrap();
+    /// `bytes` parses through [`Header::parse`] to `expect`, [`Header::emit`] (with the
+    /// lengths `bytes` holds) gives `bytes` back, and one byte fewer is a truncated PDU.
+    pub(crate) fn check(bytes: &[u8; BHS_LEN], expect: Header) {
+        let bhs = Bhs::new_checked(&bytes[..]).unwrap();
+        let h = Header::parse(&bhs).unwrap();
         assert_eq!(h, expect);
         let mut out = [0u8; BHS_LEN];
-        h.emit(&mut out, 0, 0);
-        assert_eq!(out, bytes);
-        assert!(Bhs::new_checked(&bytes[..47]).is_err());
+        h.emit(&mut out, bhs.total_ahs_len(), bhs.data_segment_len());
+        assert_eq!(out, *bytes);
+        assert_eq!(Pdu::parse(&bytes[..BHS_LEN - 1]), Err(DecodeError::Truncated { need: BHS_LEN, have: BHS_LEN - 1 }));
+    }
+
+    /// The checked view over a test vector.
+    pub(crate) fn view(bytes: &[u8; BHS_LEN]) -> Bhs<&[u8]> {
+        Bhs::new_checked(&bytes[..]).unwrap()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[rustfmt::skip]
+    const VENDOR: [u8; BHS_LEN] = [
+        0x5c, 0x81, 0x02, 0x03, // vendor opcode 0x1c with I; flags and bytes 2-3 kept as sent
+        0x00, 0x00, 0x00, 0x00, // TotalAHSLength, DataSegmentLength: zero in the header value
+        0x10, 0x11, 0x12, 0x13,
+        0x14, 0x15, 0x16, 0x17,
+        0x0a, 0x0b, 0x0c, 0x0d, // ITT
+        0x20, 0x21, 0x22, 0x23,
+        0x24, 0x25, 0x26, 0x27,
+        0x28, 0x29, 0x2a, 0x2b,
+        0x2c, 0x2d, 0x2e, 0x2f,
+        0x30, 0x31, 0x32, 0x33,
+        0x34, 0x35, 0x36, 0x37,
+        0x38, 0x39, 0x3a, 0x3b,
+    ];
+
+    #[test]
+    fn unknown_opcode_kept_whole() {
+        let mut sent = VENDOR;
+        let mut view = Bhs::new_unchecked(&mut sent[..]);
+        view.set_total_ahs_len(4);
+        view.set_data_segment_len(8);
+        let h = Header::parse(&Bhs::new_checked(&sent[..]).unwrap()).unwrap();
+        assert_eq!(h, Header::Unknown(VENDOR));
+        assert_eq!((h.opcode(), h.itt()), (Opcode(0x1c), 0x0a0b_0c0d));
+        let mut out = [0u8; BHS_LEN];
+        h.emit(&mut out, 4, 8);
+        assert_eq!(out, sent);
     }
 
     #[test]
-    fn nop_out_ping() {
-        let b = bhs(&[(0, &[0x40, 0x80]), (9, &[3]), (16, &[0, 0, 0, 5]), (20, &[0xff; 4]), (24, &[0, 0, 0, 9]), (28, &[0, 0, 0, 2])]);
-        check(
-            b,
-            Header::NopOut(NopOut { immediate: true, lun: Lun::from_number(3).unwrap(), itt: 5, ttt: u32::MAX, cmd_sn: 9, exp_stat_sn: 2 }),
-        );
-    }
-
-    #[test]
-    fn nop_in_target_ping() {
-        let b = bhs(&[
-            (0, &[0x20, 0x80]),
-            (16, &[0xff; 4]),
-            (20, &[0, 0, 0, 1]),
-            (24, &[0, 0, 0, 10]),
-            (28, &[0, 0, 0, 11]),
-            (32, &[0, 0, 0, 42]),
-        ]);
-        check(b, Header::NopIn(NopIn { lun: Lun::ZERO, itt: u32::MAX, ttt: 1, stat_sn: 10, exp_cmd_sn: 11, max_cmd_sn: 42 }));
-    }
-
-    #[test]
-    fn snack_data() {
-        let b = bhs(&[
-            (0, &[0x10, 0x80]),
-            (16, &[0, 0, 0, 7]),
-            (20, &[0xff; 4]),
-            (28, &[0, 0, 0, 3]),
-            (40, &[0, 0, 0, 4]),
-            (44, &[0, 0, 0, 2]),
-        ]);
-        check(b, Header::Snack(Snack { snack_type: 0, lun: Lun::ZERO, itt: 7, ttt: u32::MAX, exp_stat_sn: 3, beg_run: 4, run_length: 2 }));
-    }
-
-    #[test]
-    fn async_drop_connection() {
-        let b = bhs(&[
-            (0, &[0x32, 0x80]),
-            (16, &[0xff; 4]),
-            (24, &[0, 0, 0, 8]),
-            (28, &[0, 0, 0, 9]),
-            (32, &[0, 0, 0, 40]),
-            (36, &[2, 0, 0, 1, 0, 2, 0, 20]),
-        ]);
-        check(
-            b,
-            Header::AsyncMessage(AsyncMessage {
-                lun: Lun::ZERO,
-                itt: u32::MAX,
-                stat_sn: 8,
-                exp_cmd_sn: 9,
-                max_cmd_sn: 40,
-                event: AsyncEvent::DROP_CONNECTION,
-                vcode: 0,
-                param1: 1,
-                param2: 2,
-                param3: 20,
-            }),
-        );
-    }
-
-    #[test]
-    fn reject_protocol_error() {
-        let b = bhs(&[(0, &[0x3f, 0x80, 0x04]), (16, &[0xff; 4]), (24, &[0, 0, 0, 8]), (28, &[0, 0, 0, 9]), (32, &[0, 0, 0, 40])]);
-        check(
-            b,
-            Header::Reject(Reject {
-                reason: RejectReason::PROTOCOL_ERROR,
-                itt: u32::MAX,
-                stat_sn: 8,
-                exp_cmd_sn: 9,
-                max_cmd_sn: 40,
-                data_sn: 0,
-            }),
-        );
-        assert_eq!(format!("{:?}", RejectReason(0x04)), "PROTOCOL_ERROR");
-        assert_eq!(format!("{:?}", RejectReason(0x77)), "RejectReason(0x77)");
+    fn unchecked_short_view_is_truncated() {
+        let short = [0u8; 40];
+        assert_eq!(Header::parse(&Bhs::new_unchecked(&short[..])), Err(DecodeError::Truncated { need: BHS_LEN, have: 40 }));
     }
 
     #[test]
     fn reactions() {
-        use super::super::Reaction;
+        use super::super::{Reaction, RejectReason};
         assert_eq!(DecodeError::InvalidField("x").reaction(), Reaction::Reject(RejectReason::INVALID_PDU_FIELD));
         assert_eq!(DecodeError::DataSegmentTooLong { len: 9000, max: 8192 }.reaction(), Reaction::DropConnection);
+    }
+
+    #[test]
+    fn layout_and_padding() {
+        let nop = Pdu::new(Header::NopOut(NopOut { itt: 1, ..NopOut::default() }), &[][..], &b"abcde"[..]);
+        let mut bytes = Vec::new();
+        nop.encode(&mut bytes);
+        assert_eq!(bytes.len(), nop.encoded_len());
+        assert_eq!(bytes.len(), BHS_LEN + 8);
+        let layout = PduLayout::of(&Bhs::new_checked(&bytes[..]).unwrap(), 8192).unwrap();
+        assert_eq!((layout.data_offset(), layout.padded_len()), (BHS_LEN, BHS_LEN + 8));
+        assert_eq!(Pdu::parse_limited(&bytes[..BHS_LEN + 5], 8192, false).unwrap(), (nop.clone(), BHS_LEN + 5));
+        assert!(Pdu::parse(&bytes[..BHS_LEN + 5]).is_err());
+        assert_eq!(PduLayout::of(&Bhs::new_checked(&bytes[..]).unwrap(), 4), Err(DecodeError::DataSegmentTooLong { len: 5, max: 4 }));
     }
 }
