@@ -1,0 +1,272 @@
+//! The SCSI command path of a session: plan the command on its logical unit, collect write
+//! data (Get_Data with the R2T plan the session machine makes), execute, send read data
+//! (Put_Data, with the status in the last Data-In where the datamover can), and end the task
+//! with its status.
+
+use super::lock;
+use super::session::{BUDGET_UNIT, IoGate, Session, Slot};
+use crate::lu::{LogicalUnit, Outcome, Plan};
+use bytes::Bytes;
+use riser_datamover::SequenceError;
+use riser_iscsi::session::{Residual, TargetSession, WriteSplit};
+use riser_iscsi::wire::ScsiCommand;
+use riser_scsi::sense::{AscAscq, Sense, SenseKey, Status};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use tracing::{debug, warn};
+
+/// Sense for write data that broke its sequence or did not come.
+fn data_phase_error(lu: &LogicalUnit) -> Outcome {
+    let s = Sense::new(SenseKey::ABORTED_COMMAND, AscAscq::DATA_PHASE_ERROR);
+    Outcome { status: Status::CHECK_CONDITION, sense: Some(lu.encode_sense(&s)), data: Bytes::new() }
+}
+
+impl Session {
+    /// The command's SCSI Response: its task ends (its window slot opens, so the response
+    /// already announces the room it leaves).
+    async fn scsi_response(&self, o: &Outcome, residual: Residual, exp_data_sn: u32, slot: &Slot) {
+        if let Some(task) = slot.take() {
+            lock(&self.core).finish_command(task, o.status, o.sense.as_deref(), residual, exp_data_sn);
+        }
+        self.flush().await;
+    }
+
+    /// CHECK CONDITION with ILLEGAL REQUEST / `asc` for a command refused before it ran (its
+    /// write data, if any, is dropped by the datamover).
+    async fn refuse(&self, c: &ScsiCommand, lu: &LogicalUnit, asc: AscAscq, slot: &Slot) {
+        self.dm.deallocate_task_resources(c.itt);
+        let o = Outcome {
+            status: Status::CHECK_CONDITION,
+            sense: Some(lu.encode_sense(&Sense::new(SenseKey::ILLEGAL_REQUEST, asc))),
+            data: Bytes::new(),
+        };
+        let edtl = c.expected_data_len;
+        self.scsi_response(&o, Residual::between(edtl, 0), 0, slot).await;
+    }
+
+    /// Take `bytes` of the session's memory budget, then of the target's (waiting for room in
+    /// each, always in that order), for a command's data.
+    async fn reserve(&self, bytes: u64) -> Option<(tokio::sync::OwnedSemaphorePermit, tokio::sync::OwnedSemaphorePermit)> {
+        if bytes == 0 {
+            return None;
+        }
+        let units = bytes.div_ceil(BUDGET_UNIT);
+        let mine = self.budget.clone().acquire_many_owned(units.min(u64::from(self.budget_units)) as u32).await.ok()?;
+        let all = self.target_budget.clone().acquire_many_owned(units.min(u64::from(self.target_budget_units)) as u32).await.ok()?;
+        Some((mine, all))
+    }
+
+    pub(super) async fn command(&self, c: ScsiCommand, cdb: Vec<u8>, split: WriteSplit, slot: &Slot, gate: &Arc<IoGate>) {
+        let (edtl, immediate) = (c.expected_data_len, split.immediate);
+        let Some(lu) = self.lu(c.lun) else {
+            self.dm.deallocate_task_resources(c.itt);
+            return self.no_such_lun(&c, &cdb, slot).await;
+        };
+        // What no CDB can justify is refused before anything is planned or allocated: more
+        // data than a task buffer holds, immediate data beyond the expected length.
+        if c.write && edtl > crate::MAX_DATA_OUT {
+            return self.refuse(&c, &lu, AscAscq::INVALID_FIELD_IN_CDB, slot).await;
+        }
+        if c.write && immediate > edtl {
+            self.dm.deallocate_task_resources(c.itt);
+            return self.scsi_response(&data_phase_error(&lu), Residual::None, 0, slot).await;
+        }
+        let plan = match lu.plan(&cdb, &self.nexus) {
+            Ok(p) => Plan { edtl, ..p },
+            Err(o) => {
+                self.dm.deallocate_task_resources(c.itt);
+                return self.scsi_response(&o, Residual::between(edtl, 0), 0, slot).await;
+            }
+        };
+        let out_len = plan.data_out;
+        if c.read && edtl > 0 && out_len == 0 && !self.dm.can_put_data(c.itt) {
+            // Read data with nowhere to go (an iSER command without a read STag): the command
+            // ends here, before the medium is read, and the connection goes on.
+            debug!(itt = c.itt, "read data expected but the datamover cannot deliver it");
+            self.dm.deallocate_task_resources(c.itt);
+            return self.scsi_response(&data_phase_error(&lu), Residual::Underflow(edtl), 0, slot).await;
+        }
+        if !c.write && out_len > 0 {
+            // The CDB wants data the initiator did not announce.
+            self.dm.deallocate_task_resources(c.itt);
+            let o = Outcome {
+                status: Status::CHECK_CONDITION,
+                sense: Some(lu.encode_sense(&Sense::new(SenseKey::ILLEGAL_REQUEST, AscAscq::INVALID_FIELD_IN_CDB))),
+                data: Bytes::new(),
+            };
+            return self.scsi_response(&o, Residual::Overflow(out_len), 0, slot).await;
+        }
+        // The command's memory: its write data, or the read data it may produce.
+        let _budget = self.reserve(u64::from(edtl)).await;
+        let mut data_out = Bytes::new();
+        if c.write && edtl > 0 {
+            match tokio::time::timeout(self.data_timeout, self.fetch_write_data(&c, split, out_len)).await {
+                Ok(Ok(b)) => data_out = b,
+                Ok(Err(riser_datamover::DmError::Closed | riser_datamover::DmError::Io(_))) => return,
+                Ok(Err(e)) => {
+                    debug!(itt = c.itt, %e, "write data out of sequence");
+                    return self.scsi_response(&data_phase_error(&lu), Residual::None, 0, slot).await;
+                }
+                Err(_) => {
+                    warn!(itt = c.itt, timeout = ?self.data_timeout, "write data did not arrive");
+                    self.dm.deallocate_task_resources(c.itt);
+                    return self.scsi_response(&data_phase_error(&lu), Residual::None, 0, slot).await;
+                }
+            }
+        }
+        let usable = out_len.min(edtl) as usize;
+        if data_out.len() < usable {
+            // Never write what was not received (a buffer short of the data the CDB uses).
+            warn!(itt = c.itt, got = data_out.len(), usable, "write data incomplete");
+            return self.scsi_response(&data_phase_error(&lu), Residual::None, 0, slot).await;
+        }
+        let (o, data_out) = if !lu.may_block(&plan) {
+            // Memory-speed backends run inline; a thread hand-off would cost more than the I/O.
+            (lu.execute(&plan, &data_out[..usable], &self.nexus), data_out)
+        } else {
+            // The blocking pool runs the I/O to its end even if this task is aborted meanwhile:
+            // the gate tells task management (and the session's end) when it is over.
+            let lu2 = lu.clone();
+            let nexus = self.nexus.clone();
+            let plan2: Plan = plan.clone();
+            // A SANITIZE is not waited for: it goes on across task management and reinstatement
+            // by design, and the LU fences the medium while it runs.
+            let gated = !lu.outlives_its_task(&plan);
+            if gated {
+                gate.busy.store(true, Ordering::Release);
+                self.io.enter();
+            }
+            let (g, io) = (gate.clone(), self.io.clone());
+            let Ok(r) = tokio::task::spawn_blocking(move || {
+                let r = (lu2.execute(&plan2, &data_out[..usable], &nexus), data_out);
+                if gated {
+                    g.busy.store(false, Ordering::Release);
+                    g.idle.notify_waiters();
+                    io.leave();
+                }
+                r
+            })
+            .await
+            else {
+                return;
+            };
+            r
+        };
+        // The write data is consumed: let the datamover reuse its buffer.
+        if let Ok(buf) = data_out.try_into_mut() {
+            self.dm.release_task_buffer(riser_datamover::TaskBuffer { data: buf });
+        }
+        let mut pdus = 0;
+        let mut residual;
+        if c.write || out_len > 0 {
+            residual = Residual::between(edtl, out_len);
+        } else {
+            let produced = o.data.len() as u32;
+            let send = produced.min(edtl);
+            residual = Residual::between(edtl, produced);
+            if send > 0 && c.read && o.status == Status::GOOD && o.sense.is_none() && self.dm.collapses_status() {
+                // Phase collapse (RFC 7143 §11.7.4): GOOD status rides in the last Data-In, which
+                // then takes the next StatSN; everything stamped before it leaves first.
+                let sent = tokio::time::timeout(self.send_timeout, async {
+                    let _order = self.tx.lock().await;
+                    self.flush_locked().await;
+                    let Some(stamp) = slot.take().and_then(|t| lock(&self.core).take_status(t)) else {
+                        // Aborted meanwhile: no data, no status.
+                        return Ok::<_, riser_datamover::DmError>(None);
+                    };
+                    let (underflow, overflow, count) = residual.flags();
+                    let collapse = riser_datamover::CollapsedStatus {
+                        status: o.status,
+                        underflow,
+                        overflow,
+                        residual: count,
+                        stat_sn: stamp.stat_sn,
+                        exp_cmd_sn: stamp.exp_cmd_sn,
+                        max_cmd_sn: stamp.max_cmd_sn,
+                    };
+                    let desc =
+                        riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: Some(collapse) };
+                    let done = self.dm.put_data(desc, o.data.slice(..send as usize)).await?;
+                    if !done.status_sent {
+                        // The status did not fit the last Data-In: its own response, same StatSN.
+                        let t = TargetSession::scsi_response(c.itt, o.status, None, residual, done.pdus, stamp);
+                        self.dm.send_control(riser_datamover::ControlPdu::new(t.header, t.data)).await?;
+                    }
+                    Ok(Some(done))
+                })
+                .await;
+                if let Err(_) | Ok(Err(_)) = sent {
+                    if sent.is_err() {
+                        self.send_failed("Data-In");
+                    }
+                    return;
+                }
+                lu.recycle(o.data);
+                return;
+            } else if send > 0 && c.read {
+                let desc = riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: None };
+                match tokio::time::timeout(self.send_timeout, self.dm.put_data(desc, o.data.slice(..send as usize))).await {
+                    Ok(Ok(d)) => pdus = d.pdus,
+                    Ok(Err(_)) => return,
+                    Err(_) => return self.send_failed("Data-In"),
+                }
+            } else if send > 0 {
+                residual = Residual::Underflow(edtl);
+            }
+        }
+        self.scsi_response(&o, residual, pdus, slot).await;
+        lu.recycle(o.data);
+    }
+
+    /// Collect a write's data: the unsolicited part the initiator announced (immediate data,
+    /// then Data-Out up to FirstBurstLength unless InitialR2T=Yes or F=1), then solicited up to
+    /// what the CDB uses (`out_len`, at most the expected length) — never more, so the R2Ts a
+    /// command costs are bounded by its CDB, not by its expected length.
+    async fn fetch_write_data(&self, c: &ScsiCommand, split: WriteSplit, out_len: u32) -> Result<Bytes, riser_datamover::DmError> {
+        let plan = lock(&self.core).plan_write(c, split, out_len.min(c.expected_data_len));
+        let end = plan.end;
+        match self.dm.get_data(plan).await {
+            Ok(b) if b.data.len() == end as usize => Ok(b.data.freeze()),
+            Ok(b) => Err(SequenceError::WrongLength { got: b.data.len() as u32, due: end }.into()),
+            Err(e) => {
+                warn!(itt = c.itt, %e, "write data not received");
+                Err(e)
+            }
+        }
+    }
+
+    async fn no_such_lun(&self, c: &ScsiCommand, cdb: &[u8], slot: &Slot) {
+        // INQUIRY and REPORT LUNS work on any LUN; everything else: LOGICAL UNIT NOT SUPPORTED.
+        let first = self.node.as_ref().and_then(|n| n.luns.first().cloned());
+        match (cdb.first(), first) {
+            (Some(&0x12), _) => {
+                let mut data = riser_scsi::inquiry::StandardInquiry::disk("RISER", "RISER DISK", "0001");
+                data.peripheral = riser_scsi::inquiry::NOT_PRESENT;
+                let alloc = cdb.get(3..5).map(|b| u16::from_be_bytes([b[0], b[1]])).unwrap_or(0);
+                let mut bytes = data.to_bytes();
+                bytes.truncate(usize::from(alloc).min(c.expected_data_len as usize));
+                let n = bytes.len() as u32;
+                let desc = riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: None };
+                let pdus = if n > 0 { self.dm.put_data(desc, bytes.into()).await.map(|d| d.pdus).unwrap_or(0) } else { 0 };
+                let o = Outcome { status: Status::GOOD, sense: None, data: Bytes::new() };
+                self.scsi_response(&o, Residual::between(c.expected_data_len, n), pdus, slot).await;
+            }
+            (_, Some(lu)) if cdb.first() == Some(&0xa0) => {
+                let nexus = self.nexus.clone();
+                if let Ok(plan) = lu.plan(cdb, &nexus) {
+                    let o = lu.execute(&plan, &[], &nexus);
+                    let n = (o.data.len() as u32).min(c.expected_data_len);
+                    let desc = riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: None };
+                    let pdus =
+                        if n > 0 { self.dm.put_data(desc, o.data.slice(..n as usize)).await.map(|d| d.pdus).unwrap_or(0) } else { 0 };
+                    self.scsi_response(&o, Residual::between(c.expected_data_len, n), pdus, slot).await;
+                }
+            }
+            _ => {
+                let s = Sense::new(SenseKey::ILLEGAL_REQUEST, AscAscq::LOGICAL_UNIT_NOT_SUPPORTED);
+                let o = Outcome { status: Status::CHECK_CONDITION, sense: Some(s.to_fixed().to_vec().into()), data: Bytes::new() };
+                self.scsi_response(&o, Residual::between(c.expected_data_len, 0), 0, slot).await;
+            }
+        }
+    }
+}
