@@ -41,7 +41,8 @@ pub use riser_tcp as tcp;
 #[cfg(feature = "rdma")]
 pub use riser_verbs as verbs;
 
-/// Helpers shared by the example programs and scripts.
+/// Helpers shared by the example programs and scripts (feature `std`).
+#[cfg(feature = "std")]
 pub mod cli {
     /// Parse a size with an optional binary suffix: `512`, `4KiB`, `256MiB`, `1GiB`, `2TiB`
     /// (`K`/`KB`, `M`/`MB`, … mean the same binary units).

@@ -28,6 +28,7 @@
 //! Task buffers belong to the datamover: write data arrives in a [`TaskBuffer`] the datamover
 //! allocated (registered memory on iSER) and filled — immediate, unsolicited and solicited
 //! data all land in place, and the target core never copies them.
+#![warn(missing_docs)]
 
 pub mod link;
 pub mod loopback;
@@ -375,7 +376,7 @@ pub trait Datamover: Send + Sync + core::fmt::Debug {
     /// task whose data broke sequence fails with [`DmError::DataSequence`].
     fn get_data(&self, plan: R2tPlan) -> BoxFuture<'_, Result<TaskBuffer, DmError>>;
 
-    /// Notice_Key_Values: the negotiated keys, applied from the next PDU on.
+    /// Notice_Key_Values: the negotiated keys (see [`enable`](Self::enable) for when they apply).
     fn notice_key_values(&self, params: &NegotiatedParams);
 
     /// Allocate_Connection_Resources: provision the full feature phase (iSER posts its receive
@@ -390,10 +391,14 @@ pub trait Datamover: Send + Sync + core::fmt::Debug {
     /// it, so a PDU after the last login PDU is framed with the parameters of
     /// [`notice_key_values`](Self::notice_key_values), which the iSCSI layer calls first.
     ///
-    /// The order at the end of login, for both roles: `allocate_connection_resources` before
-    /// the final Login Response (target) or the Login Request that asks for the full feature
-    /// phase (initiator) is sent, then `notice_key_values` and `enable` once it is sent
-    /// (target) or its answer received (initiator).
+    /// The order at the end of login (RFC 5047 §7, RFC 7145 §5): the target calls
+    /// `allocate_connection_resources` and `notice_key_values` before it sends the final Login
+    /// Response — on a message transport the initiator's first command may arrive the moment
+    /// that response has left, and must meet the negotiated values — and `enable` once it is
+    /// sent. The initiator calls `allocate_connection_resources` before the Login Request that
+    /// asks for the full feature phase, then `notice_key_values` and `enable` once the final
+    /// response is in. Values noticed apply to what is received from the next PDU on, and to
+    /// what is sent once enabled (the final Login Response still goes out framed as login).
     fn enable(&self);
 
     /// Deallocate_Task_Resources: forget task `itt` (aborted or finished): drop its buffer,

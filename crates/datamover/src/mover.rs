@@ -588,7 +588,11 @@ impl PduDatamover {
 
     async fn send(&self, header: Header, ahs: &[u8], data: &[&[u8]]) -> Result<(), DmError> {
         let mut tx = self.shared.tx.lock().await;
-        if let Some(p) = lock(&self.shared.pending_tx_params).take() {
+        // New framing applies to what is sent once the datamover is enabled: the final login
+        // PDU, sent after Notice_Key_Values, still goes out with the login's.
+        if *self.shared.phase.borrow() != Phase::Login
+            && let Some(p) = lock(&self.shared.pending_tx_params).take()
+        {
             tx.set_params(p);
         }
         tx.write_pdu(&header, ahs, data).await
@@ -849,6 +853,46 @@ mod tests {
             DmEvent::Terminated(Terminated::Error(e)) => assert_eq!(e, expected),
             other => panic!("expected the connection to end, got {other:?}"),
         }
+    }
+
+    /// A sending half that records the framing each PDU went out with.
+    struct RecordingTx(Arc<StdMutex<Vec<(u8, LinkParams)>>>, LinkParams);
+
+    impl LinkTx for RecordingTx {
+        fn write_pdu<'a>(&'a mut self, header: &'a Header, _: &'a [u8], _: &'a [&'a [u8]]) -> BoxFuture<'a, Result<(), DmError>> {
+            self.0.lock().unwrap().push((header.opcode().0, self.1));
+            Box::pin(async { Ok(()) })
+        }
+        fn set_params(&mut self, p: LinkParams) {
+            self.1 = p;
+        }
+        fn shutdown(&mut self) -> BoxFuture<'_, ()> {
+            Box::pin(async {})
+        }
+    }
+
+    #[tokio::test]
+    async fn values_noticed_before_the_final_login_response_frame_only_what_follows_enable() {
+        let ((a_rx, _a_tx), _peer) = pair();
+        let sent = Arc::new(StdMutex::new(Vec::new()));
+        let tx = RecordingTx(sent.clone(), LinkParams::default());
+        let (dm, driver) = PduDatamover::new(Role::Target, Box::new(a_rx), Box::new(tx));
+        tokio::spawn(driver);
+        let digests = NegotiatedParams {
+            header_digest: riser_iscsi::keys::Digest::Crc32c,
+            data_digest: riser_iscsi::keys::Digest::Crc32c,
+            ..NegotiatedParams::default()
+        };
+        // The target's order: resources and values, the final Login Response, then Enable.
+        dm.notice_key_values(&digests);
+        let last = riser_iscsi::wire::LoginResponse { transit: true, nsg: Stage::FULL_FEATURE, ..Default::default() };
+        dm.send_control(ControlPdu::new(Header::LoginResponse(last), Bytes::new())).await.unwrap();
+        dm.enable();
+        let nop = riser_iscsi::wire::NopIn { itt: 1, ..Default::default() };
+        dm.send_control(ControlPdu::new(Header::NopIn(nop), Bytes::new())).await.unwrap();
+        let sent = sent.lock().unwrap().clone();
+        assert_eq!(sent[0].1.header_digest, riser_iscsi::keys::Digest::None, "the final Login Response is framed as login");
+        assert_eq!(sent[1].1.header_digest, riser_iscsi::keys::Digest::Crc32c, "the first full-feature PDU has the digests");
     }
 
     #[tokio::test]

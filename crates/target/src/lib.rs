@@ -5,6 +5,7 @@
 //!   sense and data out.
 //! * [`server`]: [`server::Target`], which accepts iSCSI/TCP connections, runs the login state
 //!   machine of riser-iscsi, and drives sessions through the riser-datamover seam.
+#![warn(missing_docs)]
 
 pub mod backend;
 pub mod lu;

@@ -15,6 +15,7 @@
 //! tokio::spawn(driver);
 //! # drop(dm); Ok(()) }
 //! ```
+#![warn(missing_docs)]
 
 use bytes::Bytes;
 use riser_datamover::link::{LinkParams, LinkRx, LinkTx, RxHeader};

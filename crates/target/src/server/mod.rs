@@ -6,14 +6,18 @@
 //! the SCSI command path.
 
 mod command;
+#[cfg(feature = "iser")]
+mod iser;
 mod session;
+#[cfg(feature = "tcp")]
+mod tcp;
 
 use session::{Session, units_of};
 
 use crate::lu::LogicalUnit;
 use riser_datamover::{ConnectionResources, ControlPdu, DmEvent, SharedDatamover};
 use riser_iscsi::chap::ChapCredentials;
-use riser_iscsi::keys::{DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH, OperationalConfig, Role, SessionType, Transport};
+use riser_iscsi::keys::{OperationalConfig, SessionType, Transport};
 use riser_iscsi::login::{TargetLogin, TargetLoginConfig, TargetLoginEvent, TargetLoginParams, TargetNode};
 use riser_iscsi::wire::*;
 use std::collections::HashMap;
@@ -21,7 +25,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::net::TcpListener;
 use tracing::{info, warn};
 
 /// A target node served by the portal.
@@ -185,6 +188,7 @@ pub struct Target {
     config: TargetConfig,
     next_tsih: AtomicU16,
     sessions: Mutex<HashMap<SessionKey, Registered>>,
+    #[cfg_attr(not(any(feature = "tcp", feature = "iser")), allow(dead_code))]
     connections: Arc<tokio::sync::Semaphore>,
     /// The target-wide memory budget for command data, in [`BUDGET_UNIT`]s.
     budget: Arc<tokio::sync::Semaphore>,
@@ -233,104 +237,13 @@ impl Target {
 
     /// A place for one more connection, if the target has room (else it says why once in a
     /// while).
+    #[cfg_attr(not(any(feature = "tcp", feature = "iser")), allow(dead_code))]
     fn admit(&self, peer: SocketAddr) -> Option<tokio::sync::OwnedSemaphorePermit> {
         let p = self.connections.clone().try_acquire_owned().ok();
         if p.is_none() {
             warn!(%peer, limit = self.config.max_connections, "connection refused: the target serves its maximum of connections");
         }
         p
-    }
-
-    /// Accept connections on `listener` until the task is dropped. Accept errors (out of file
-    /// descriptors, a connection reset before it was accepted) are logged and retried after a
-    /// pause that grows to a second; they never end the portal.
-    pub async fn serve(self: Arc<Self>, listener: TcpListener) -> std::io::Result<()> {
-        let mut pause = Duration::from_millis(10);
-        loop {
-            let (stream, peer) = match listener.accept().await {
-                Ok(c) => {
-                    pause = Duration::from_millis(10);
-                    c
-                }
-                Err(e) => {
-                    warn!(error = %e, retry_in = ?pause, "accept failed");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
-                    continue;
-                }
-            };
-            let Some(permit) = self.admit(peer) else { continue };
-            let portal = stream.local_addr().unwrap_or(peer);
-            let me = self.clone();
-            tokio::spawn(async move {
-                let (dm, driver) = riser_tcp::datamover(stream, Role::Target);
-                dm.set_segment_timeout(me.config.data_timeout);
-                tokio::spawn(driver);
-                me.connection(Arc::new(dm), Transport::Tcp, peer, portal).await;
-                drop(permit);
-            });
-        }
-    }
-
-    /// Accept iSER connections on `listener` (an RDMA provider's listener) until the task is
-    /// dropped: each connection request becomes an iSER datamover, then a session exactly as
-    /// over TCP. `cfg.recv_depth` is raised above the CmdSN window so MaxCmdSN never opens
-    /// beyond posted receives.
-    pub async fn serve_iser<P: riser_verbs::Provider + Clone + 'static>(
-        self: Arc<Self>,
-        provider: P,
-        listener: P::Listener,
-        mut cfg: riser_iser::IserConfig,
-    ) -> std::io::Result<()> {
-        use riser_verbs::Listener as _;
-        // A receive per command in the window, and per unsolicited Data-Out Send when those are
-        // allowed, plus room for immediate PDUs (NOP-Out, task management, text, logout).
-        let per_command = if self.config.iser_unsolicited_data {
-            1 + self.config.operational.first_burst_length.div_ceil(cfg.recv_dsl.max(DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH))
-        } else {
-            1
-        };
-        cfg.recv_depth = cfg.recv_depth.max(self.config.queue_depth.saturating_mul(per_command).saturating_add(16));
-        let portal = listener.local_addr().map_err(std::io::Error::other)?;
-        // The provider's listener blocks: it runs on a thread of its own (not the blocking pool,
-        // which a runtime waits for at shutdown) and hands requests over; it stops at the next
-        // request after this future is dropped.
-        let (tx, mut rx) = tokio::sync::mpsc::channel(4);
-        std::thread::Builder::new().name("iser-listen".into()).spawn(move || {
-            loop {
-                let r = listener.get_request();
-                if tx.blocking_send(r).is_err() {
-                    break;
-                }
-            }
-        })?;
-        while let Some(req) = rx.recv().await {
-            let req = match req {
-                Ok(r) => r,
-                Err(e) => {
-                    warn!("iSER connection request failed: {e}");
-                    continue;
-                }
-            };
-            use riser_verbs::ConnectionRequest as _;
-            let Some(permit) = self.admit(req.peer()) else {
-                req.reject(&[]);
-                continue;
-            };
-            let (p, me) = (provider.clone(), self.clone());
-            tokio::spawn(async move {
-                match tokio::task::spawn_blocking(move || riser_iser::accept(&p, req, cfg)).await {
-                    Ok(Ok((dm, peer))) => {
-                        tokio::spawn(dm.driver());
-                        me.connection(Arc::new(dm), Transport::Iser, peer, portal).await;
-                        drop(permit);
-                    }
-                    Ok(Err(e)) => warn!("iSER accept failed: {e}"),
-                    Err(e) => warn!("iSER accept failed: {e}"),
-                }
-            });
-        }
-        Ok(())
     }
 
     fn login_config(&self, transport: Transport) -> TargetLoginConfig {
@@ -402,16 +315,17 @@ impl Target {
                     return;
                 }
             }
-            // The end of login is explicit (RFC 5047 §7): the full feature phase's resources
-            // before the final Login Response leaves, the negotiated values and
-            // Enable_Datamover once it has.
+            // The end of login is explicit (RFC 5047 §7): the full feature phase's resources and
+            // the negotiated values before the final Login Response leaves, Enable_Datamover
+            // once it has.
             let event = login.poll_event();
-            if matches!(event, Some(TargetLoginEvent::Complete(_)))
-                && let Err(e) = dm.allocate_connection_resources(ConnectionResources { commands: self.config.queue_depth })
-            {
-                warn!(%peer, %e, "login refused: no resources for the connection");
-                dm.terminate();
-                return;
+            if let Some(TargetLoginEvent::Complete(o)) = &event {
+                if let Err(e) = dm.allocate_connection_resources(ConnectionResources { commands: self.config.queue_depth }) {
+                    warn!(%peer, %e, "login refused: no resources for the connection");
+                    dm.terminate();
+                    return;
+                }
+                dm.notice_key_values(&o.params);
             }
             while let Some(p) = login.poll_transmit() {
                 let sent = tokio::time::timeout(
@@ -434,7 +348,6 @@ impl Target {
             }
         };
         let p = outcome.params.clone();
-        dm.notice_key_values(&p);
         dm.enable();
         info!(%peer, initiator = %p.initiator_name, target = %p.target_name, session = ?p.session_type, "login complete");
         let key = (p.initiator_name.to_ascii_lowercase(), outcome.isid, p.target_name.to_ascii_lowercase());

@@ -1,0 +1,70 @@
+//! The iSER portal (feature `iser`): each RDMA connection request becomes an iSER datamover over
+//! a riser-verbs provider, then a session exactly as over TCP.
+
+use super::Target;
+use riser_iscsi::keys::{DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH, Transport};
+use std::sync::Arc;
+use tracing::warn;
+
+impl Target {
+    /// Accept iSER connections on `listener` (an RDMA provider's listener) until the task is
+    /// dropped: each connection request becomes an iSER datamover, then a session exactly as
+    /// over TCP. `cfg.recv_depth` is raised above the CmdSN window so MaxCmdSN never opens
+    /// beyond posted receives.
+    pub async fn serve_iser<P: riser_verbs::Provider + Clone + 'static>(
+        self: Arc<Self>,
+        provider: P,
+        listener: P::Listener,
+        mut cfg: riser_iser::IserConfig,
+    ) -> std::io::Result<()> {
+        use riser_verbs::Listener as _;
+        // A receive per command in the window, and per unsolicited Data-Out Send when those are
+        // allowed, plus room for immediate PDUs (NOP-Out, task management, text, logout).
+        let per_command = if self.config.iser_unsolicited_data {
+            1 + self.config.operational.first_burst_length.div_ceil(cfg.recv_dsl.max(DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH))
+        } else {
+            1
+        };
+        cfg.recv_depth = cfg.recv_depth.max(self.config.queue_depth.saturating_mul(per_command).saturating_add(16));
+        let portal = listener.local_addr().map_err(std::io::Error::other)?;
+        // The provider's listener blocks: it runs on a thread of its own (not the blocking pool,
+        // which a runtime waits for at shutdown) and hands requests over; it stops at the next
+        // request after this future is dropped.
+        let (tx, mut rx) = tokio::sync::mpsc::channel(4);
+        std::thread::Builder::new().name("iser-listen".into()).spawn(move || {
+            loop {
+                let r = listener.get_request();
+                if tx.blocking_send(r).is_err() {
+                    break;
+                }
+            }
+        })?;
+        while let Some(req) = rx.recv().await {
+            let req = match req {
+                Ok(r) => r,
+                Err(e) => {
+                    warn!("iSER connection request failed: {e}");
+                    continue;
+                }
+            };
+            use riser_verbs::ConnectionRequest as _;
+            let Some(permit) = self.admit(req.peer()) else {
+                req.reject(&[]);
+                continue;
+            };
+            let (p, me) = (provider.clone(), self.clone());
+            tokio::spawn(async move {
+                match tokio::task::spawn_blocking(move || riser_iser::accept(&p, req, cfg)).await {
+                    Ok(Ok((dm, peer))) => {
+                        tokio::spawn(dm.driver());
+                        me.connection(Arc::new(dm), Transport::Iser, peer, portal).await;
+                        drop(permit);
+                    }
+                    Ok(Err(e)) => warn!("iSER accept failed: {e}"),
+                    Err(e) => warn!("iSER accept failed: {e}"),
+                }
+            });
+        }
+        Ok(())
+    }
+}
