@@ -14,6 +14,7 @@
 //!   [`login::TargetLogin`]).
 //! * [`session`] — the full-feature phase: [`session::TransferLimits`] (whose segment limit
 //!   bounds whose PDUs, how a write splits into immediate, unsolicited and solicited data).
+//! * [`entropy`] (feature `std`) — the OS generator, the one source of unpredictable values.
 //! * [`digest`] (feature `std`) — CRC32C header and data digests.
 //!
 //! ## Driving a state machine
@@ -40,6 +41,8 @@ extern crate alloc;
 pub mod chap;
 #[cfg(feature = "std")]
 pub mod digest;
+#[cfg(feature = "std")]
+pub mod entropy;
 pub mod keys;
 pub mod login;
 pub mod serial;

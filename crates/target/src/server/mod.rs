@@ -202,26 +202,20 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// identifiers and challenges, and the initial StatSN drawn apart from it (the StatSN travels in
 /// clear, so it must not be a part of the seed). Without the OS generator there is no login:
 /// a predictable challenge would let a recorded CHAP response be replayed.
-fn login_randomness() -> Result<([u8; 32], u32), rand::rand_core::OsError> {
-    use rand::TryRngCore as _;
-    let mut seed = [0u8; 32];
-    let mut sn = [0u8; 4];
-    rand::rngs::OsRng.try_fill_bytes(&mut seed)?;
-    rand::rngs::OsRng.try_fill_bytes(&mut sn)?;
+fn login_randomness() -> Result<([u8; 32], u32), riser_iscsi::entropy::EntropyError> {
+    let seed = riser_iscsi::entropy::entropy()?;
     // The 28-bit range the initial StatSN has always had.
-    Ok((seed, u32::from_le_bytes(sn) & 0x0fff_ffff))
+    Ok((seed, u32::from_le_bytes(riser_iscsi::entropy::entropy()?) & 0x0fff_ffff))
 }
 
 /// Where TSIHs start: random, so the TSIHs a target hands out say nothing about how many
 /// sessions it has had (sessions then count up from there, which keeps them unique). The
 /// starting point is not a secret, so without the OS generator it is 1.
 fn first_tsih() -> u16 {
-    use rand::TryRngCore as _;
-    let mut b = [0u8; 2];
-    match rand::rngs::OsRng.try_fill_bytes(&mut b) {
-        Ok(()) => u16::from_le_bytes(b).max(1),
+    match riser_iscsi::entropy::entropy() {
+        Ok(b) => u16::from_le_bytes(b).max(1),
         Err(e) => {
-            warn!("no OS random generator ({e}): TSIHs start at 1");
+            warn!("{e}: TSIHs start at 1");
             1
         }
     }
