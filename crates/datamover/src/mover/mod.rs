@@ -1,0 +1,378 @@
+//! [`PduDatamover`]: the iSCSI/TCP datamover semantics (RFC 7143 data transfer with Data-In,
+//! R2T and Data-Out PDUs) over any [`LinkRx`]/[`LinkTx`] pair. riser-tcp supplies the socket
+//! link; [`crate::loopback`] an in-memory one for tests.
+//!
+//! This module holds the connection's shared state, [`PduDatamover`] itself, the login-phase
+//! reads, the receive driver with its dispatch of each received PDU, and the [`Datamover`]
+//! seam. The rooms: `target` (write data collected from immediate data, unsolicited and
+//! solicited Data-Out with the R2Ts that ask for it; read data sent as Data-In) and
+//! `initiator` (commands with their write data, R2Ts served, Data-In placed).
+
+mod initiator;
+mod target;
+#[cfg(test)]
+mod tests;
+
+use crate::link::{LinkParams, LinkRx, LinkTx};
+use crate::{
+    BoxFuture, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer,
+    Terminated, Violation,
+};
+use bytes::{Bytes, BytesMut};
+use riser_iscsi::keys::{NegotiatedParams, Role};
+use riser_iscsi::session::TransferLimits;
+use riser_iscsi::wire::{Header, R2t, ScsiCommand};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+use tokio::sync::{Mutex, Notify, mpsc, watch};
+
+/// Largest write buffer the datamover allocates for one command (EDTL above this is refused
+/// by the target core with CHECK CONDITION before any data is solicited).
+pub const MAX_TASK_BUFFER: u32 = 64 << 20;
+
+#[derive(Debug)]
+struct Solicited {
+    ttt: u32,
+    offset: u32,
+    len: u32,
+    received: u32,
+    next_data_sn: u32,
+}
+
+/// Progress notes from the receiver to a waiting Get_Data.
+#[derive(Debug, Clone, Copy)]
+enum Notice {
+    UnsolicitedDone,
+    R2tDone,
+    Failed(SequenceError),
+}
+
+#[derive(Debug)]
+struct WriteTask {
+    buf: BytesMut,
+    /// Bytes of unsolicited data (immediate + Data-Out with the reserved TTT) received.
+    unsolicited: u32,
+    /// Whether the unsolicited sequence ended (F bit) or none was allowed.
+    unsolicited_done: bool,
+    next_unsol_data_sn: u32,
+    r2ts: Vec<Solicited>,
+    /// Woken with the TTT of each finished R2T (and `RESERVED_TAG` when unsolicited data ends).
+    notify: Option<mpsc::UnboundedSender<Notice>>,
+    /// Set when the task's data broke sequence: the task ends with CHECK CONDITION and its
+    /// further Data-Out is drained.
+    failed: Option<SequenceError>,
+    /// A Data-Out's data is being read into `buf`, which is out of the table meanwhile (the
+    /// lock is not held across the read); the task itself stays, so Get_Data always finds it.
+    reading: bool,
+}
+
+/// Initiator side: a read buffer Data-In lands in.
+#[derive(Debug)]
+struct ReadTask {
+    buf: BytesMut,
+}
+
+/// Initiator side: write data the target may solicit with R2Ts.
+#[derive(Debug)]
+struct OutWrite {
+    lun: riser_scsi::lun::Lun,
+    data: Bytes,
+}
+
+struct Shared {
+    role: Role,
+    reads: StdMutex<HashMap<u32, ReadTask>>,
+    pool: crate::BufferPool,
+    out_writes: StdMutex<HashMap<u32, OutWrite>>,
+    r2t_queue: mpsc::UnboundedSender<R2t>,
+    tx: Mutex<Box<dyn LinkTx>>,
+    limits: StdMutex<TransferLimits>,
+    pending_rx_params: StdMutex<Option<LinkParams>>,
+    pending_tx_params: StdMutex<Option<LinkParams>>,
+    writes: StdMutex<HashMap<u32, WriteTask>>,
+    /// Woken whenever a Data-Out's read ends and its task's buffer is back (`reading` false),
+    /// and whenever tasks leave the table (so a Get_Data waiting on a read learns it is gone).
+    write_read_done: Notify,
+    events_tx: mpsc::UnboundedSender<DmEvent>,
+    events_rx: Mutex<mpsc::UnboundedReceiver<DmEvent>>,
+    /// Login (PDUs read one at a time by [`Datamover::next_event`]), enabled (the receive
+    /// driver reads), or closed.
+    phase: watch::Sender<Phase>,
+    /// The receiving half of the link: read on demand during login, then taken by the driver.
+    login_rx: Mutex<Option<Box<dyn LinkRx>>>,
+    /// Once a PDU's header is in, its AHS and data segment must follow within this long
+    /// (milliseconds): a peer that announces a segment and stalls cannot hold the connection.
+    segment_timeout_ms: AtomicU64,
+}
+
+/// Default of [`PduDatamover::set_segment_timeout`]: a whole data segment (at most 16 MiB) in
+/// 30 s is 0.5 MiB/s, slow enough for any live peer.
+pub const DEFAULT_SEGMENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where a connection is, as the datamover sees it (RFC 5047 §7: Enable_Datamover ends login).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Login,
+    Enabled,
+    Closed,
+}
+
+/// A datamover moving data as iSCSI PDUs over a link.
+#[derive(Clone)]
+pub struct PduDatamover {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for PduDatamover {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PduDatamover").field("role", &self.shared.role).finish_non_exhaustive()
+    }
+}
+
+impl PduDatamover {
+    /// A datamover for `role` over a link. The returned future is the receive driver: spawn it
+    /// on any executor; it ends when the connection does (after sending
+    /// Connection_Terminate_Notify).
+    pub fn new(role: Role, rx: Box<dyn LinkRx>, tx: Box<dyn LinkTx>) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let (r2t_tx, r2t_rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            role,
+            reads: StdMutex::new(HashMap::new()),
+            pool: crate::BufferPool::default(),
+            out_writes: StdMutex::new(HashMap::new()),
+            r2t_queue: r2t_tx,
+            tx: Mutex::new(tx),
+            limits: StdMutex::new(TransferLimits::default()),
+            pending_rx_params: StdMutex::new(None),
+            pending_tx_params: StdMutex::new(None),
+            writes: StdMutex::new(HashMap::new()),
+            write_read_done: Notify::new(),
+            events_tx,
+            events_rx: Mutex::new(events_rx),
+            phase: watch::Sender::new(Phase::Login),
+            login_rx: Mutex::new(Some(rx)),
+            segment_timeout_ms: AtomicU64::new(DEFAULT_SEGMENT_TIMEOUT.as_millis() as u64),
+        });
+        let me = Self { shared: shared.clone() };
+        let r2t_server = me.clone().serve_r2ts(r2t_rx);
+        let driver = async move {
+            // Receiving and answering R2Ts run side by side so a large Data-Out burst never
+            // stops us from reading (both sides writing into full sockets would deadlock).
+            tokio::select! {
+                _ = Self::drive(shared) => {}
+                _ = r2t_server => {}
+            }
+        };
+        (me, driver)
+    }
+
+    /// Whether two handles are the same connection's datamover.
+    pub fn same(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
+    /// How long a PDU's AHS and data segment may take to arrive once its header has (default
+    /// [`DEFAULT_SEGMENT_TIMEOUT`]); past it the connection ends.
+    pub fn set_segment_timeout(&self, t: Duration) {
+        self.shared.segment_timeout_ms.store(t.as_millis().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
+    }
+
+    /// One login-phase PDU, read when the iSCSI layer asks for it; `None` once enabled.
+    async fn login_event(shared: &Shared) -> Option<DmEvent> {
+        let mut phase = shared.phase.subscribe();
+        let mut link = shared.login_rx.lock().await;
+        let rx = link.as_mut().filter(|_| *phase.borrow_and_update() == Phase::Login)?;
+        let read = async {
+            let h = match rx.read_header().await {
+                Ok(Some(h)) => h,
+                Ok(None) => return DmEvent::Terminated(Terminated::PeerClosed),
+                Err(e) => return DmEvent::Terminated(Terminated::Error(e)),
+            };
+            let mut data = BytesMut::zeroed(h.data_len);
+            match (h.malformed, rx.read_data(&mut data).await) {
+                (_, Err(e)) => DmEvent::Terminated(Terminated::Error(e)),
+                // Nothing is rejected during login: a malformed login PDU ends the attempt.
+                (Some(e), Ok(())) => DmEvent::Terminated(Terminated::Error(e.into())),
+                (None, Ok(())) => DmEvent::Control(ControlPdu { header: h.header, ahs: h.ahs, data: data.freeze(), immediate: 0 }),
+            }
+        };
+        tokio::select! {
+            ev = read => Some(ev),
+            _ = phase.wait_for(|p| *p == Phase::Closed) => Some(DmEvent::Terminated(Terminated::Local)),
+        }
+    }
+
+    async fn drive(shared: Arc<Shared>) {
+        let mut phase = shared.phase.subscribe();
+        // Nothing is read ahead during login (the iSCSI layer reads each login PDU through
+        // `next_event`): Enable_Datamover starts this loop, with the negotiated framing.
+        if phase.wait_for(|p| *p != Phase::Login).await.map_or(true, |p| *p == Phase::Closed) {
+            let _ = shared.events_tx.send(DmEvent::Terminated(Terminated::Local));
+            return;
+        }
+        let Some(mut rx) = shared.login_rx.lock().await.take() else { return };
+        let why = loop {
+            // New framing (digests, limits) applies from the next PDU.
+            if let Some(p) = lock(&shared.pending_rx_params).take() {
+                rx.set_params(p);
+            }
+            let next = tokio::select! {
+                r = rx.read_header() => r,
+                _ = phase.wait_for(|p| *p == Phase::Closed) => break Terminated::Local,
+            };
+            let h = match next {
+                Ok(Some(h)) => h,
+                Ok(None) => break Terminated::PeerClosed,
+                Err(e) => break Terminated::Error(e),
+            };
+            // The rest of the PDU, bounded in time and still ending at a local close: a peer
+            // that announces a data segment and stalls must not keep the connection.
+            let limit = Duration::from_millis(shared.segment_timeout_ms.load(Ordering::Relaxed));
+            let len = h.data_len as u32;
+            tokio::select! {
+                r = tokio::time::timeout(limit, Self::receive(&shared, rx.as_mut(), h)) => match r {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => break Terminated::Error(e),
+                    Err(_) => break Terminated::Error(Violation::SegmentStalled { len, secs: limit.as_secs() }.into()),
+                },
+                _ = phase.wait_for(|p| *p == Phase::Closed) => break Terminated::Local,
+            }
+        };
+        // Fail every waiting Get_Data (also one waiting for a Data-Out's read to end).
+        lock(&shared.writes).clear();
+        shared.write_read_done.notify_waiters();
+        let _ = shared.events_tx.send(DmEvent::Terminated(why));
+    }
+
+    async fn receive(shared: &Shared, rx: &mut dyn LinkRx, h: crate::link::RxHeader) -> Result<(), DmError> {
+        if let (Some(error), Header::Unknown(bhs)) = (h.malformed, h.header) {
+            // Well framed, but a field breaks a rule whose answer is a Reject: the data goes
+            // nowhere and the session rejects the header.
+            let mut scratch = vec![0u8; h.data_len];
+            rx.read_data(&mut scratch).await?;
+            let _ = shared.events_tx.send(DmEvent::Malformed { bhs, error });
+            return Ok(());
+        }
+        match h.header {
+            Header::DataIn(d) if shared.role == Role::Initiator => Self::receive_data_in(shared, rx, d, h.data_len).await,
+            Header::R2t(r) if shared.role == Role::Initiator => {
+                let _ = shared.r2t_queue.send(r);
+                Ok(())
+            }
+            Header::ScsiCommand(cmd) if shared.role == Role::Target && cmd.write && cmd.expected_data_len > 0 => {
+                Self::receive_write_command(shared, rx, cmd, h.ahs, h.data_len).await
+            }
+            Header::DataOut(d) if shared.role == Role::Target => Self::receive_data_out(shared, rx, d, h.data_len).await,
+            header => {
+                let mut data = BytesMut::zeroed(h.data_len);
+                rx.read_data(&mut data).await?;
+                let _ = shared.events_tx.send(DmEvent::Control(ControlPdu { header, ahs: h.ahs, data: data.freeze(), immediate: 0 }));
+                Ok(())
+            }
+        }
+    }
+
+    async fn send(&self, header: Header, ahs: &[u8], data: &[&[u8]]) -> Result<(), DmError> {
+        let mut tx = self.shared.tx.lock().await;
+        // New framing applies to what is sent once the datamover is enabled: the final login
+        // PDU, sent after Notice_Key_Values, still goes out with the login's.
+        if *self.shared.phase.borrow() != Phase::Login
+            && let Some(p) = lock(&self.shared.pending_tx_params).take()
+        {
+            tx.set_params(p);
+        }
+        tx.write_pdu(&header, ahs, data).await
+    }
+}
+
+fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Datamover for PduDatamover {
+    fn send_command(&self, cmd: ScsiCommand, ahs: Bytes, read_len: u32, write: Option<Bytes>) -> BoxFuture<'_, Result<(), DmError>> {
+        Box::pin(self.send_scsi_command(cmd, ahs, read_len, write))
+    }
+
+    fn take_read_data(&self, itt: u32) -> Option<BytesMut> {
+        self.take_read_buffer(itt)
+    }
+
+    fn collapses_status(&self) -> bool {
+        true
+    }
+
+    fn send_control(&self, pdu: ControlPdu) -> BoxFuture<'_, Result<(), DmError>> {
+        Box::pin(async move { self.send(pdu.header, &pdu.ahs, &[&pdu.data]).await })
+    }
+
+    fn put_data(&self, desc: DataInDesc, data: Bytes) -> BoxFuture<'_, Result<PutDataDone, DmError>> {
+        Box::pin(self.send_data_in(desc, data))
+    }
+
+    fn get_data(&self, plan: R2tPlan) -> BoxFuture<'_, Result<TaskBuffer, DmError>> {
+        Box::pin(self.collect_write_data(plan))
+    }
+
+    fn notice_key_values(&self, p: &NegotiatedParams) {
+        let limits = p.transfer_limits(self.shared.role);
+        *lock(&self.shared.limits) = limits;
+        let lp = LinkParams {
+            header_digest: p.header_digest,
+            data_digest: p.data_digest,
+            max_recv_data_segment_length: limits.max_recv_segment,
+        };
+        *lock(&self.shared.pending_rx_params) = Some(lp);
+        *lock(&self.shared.pending_tx_params) = Some(lp);
+    }
+
+    fn allocate_connection_resources(&self, _res: ConnectionResources) -> Result<(), DmError> {
+        // Receive buffers are allocated per PDU on a byte stream.
+        Ok(())
+    }
+
+    fn deallocate_connection_resources(&self) {
+        lock(&self.shared.writes).clear();
+        self.shared.write_read_done.notify_waiters();
+    }
+
+    fn enable(&self) {
+        self.shared.phase.send_if_modified(|p| {
+            let login = *p == Phase::Login;
+            if login {
+                *p = Phase::Enabled;
+            }
+            login
+        });
+    }
+
+    fn deallocate_task_resources(&self, itt: u32) {
+        lock(&self.shared.writes).remove(&itt);
+        // A Get_Data waiting for a Data-Out's read to end finds the task gone.
+        self.shared.write_read_done.notify_waiters();
+    }
+
+    fn release_task_buffer(&self, buf: TaskBuffer) {
+        self.shared.pool.give(buf.data);
+    }
+
+    fn terminate(&self) {
+        self.shared.phase.send_replace(Phase::Closed);
+    }
+
+    fn next_event(&self) -> BoxFuture<'_, DmEvent> {
+        Box::pin(async move {
+            if let Some(ev) = Self::login_event(&self.shared).await {
+                return ev;
+            }
+            match self.shared.events_rx.lock().await.recv().await {
+                Some(e) => e,
+                None => DmEvent::Terminated(Terminated::Local),
+            }
+        })
+    }
+}

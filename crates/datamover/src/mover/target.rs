@@ -1,0 +1,367 @@
+//! The target half: a write command's data collected in its task buffer — immediate data,
+//! unsolicited Data-Out and the Data-Out each R2T solicits, every PDU checked against the
+//! task's sequence — and read data sent as Data-In PDUs.
+
+use super::{MAX_TASK_BUFFER, Notice, PduDatamover, Shared, Solicited, WriteTask, lock};
+use crate::link::LinkRx;
+use crate::{ControlPdu, DataInDesc, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer, Violation};
+use bytes::{Bytes, BytesMut};
+use riser_iscsi::wire::{DataIn, DataOut, Header, R2t, RESERVED_TAG, ScsiCommand};
+use tokio::sync::mpsc;
+
+impl PduDatamover {
+    /// A write command with data: its immediate data read into a new task buffer, sized for
+    /// the unsolicited part; the command goes up as a control PDU.
+    pub(super) async fn receive_write_command(
+        shared: &Shared,
+        rx: &mut dyn LinkRx,
+        cmd: ScsiCommand,
+        ahs: Bytes,
+        data_len: usize,
+    ) -> Result<(), DmError> {
+        let edtl = cmd.expected_data_len;
+        let limits = *lock(&shared.limits);
+        if edtl > MAX_TASK_BUFFER || data_len > edtl as usize {
+            // No task: the core answers with CHECK CONDITION (it sees `immediate` beyond the
+            // command's length, or a length beyond MAX_TASK_BUFFER); the data goes nowhere.
+            let mut scratch = vec![0u8; data_len];
+            rx.read_data(&mut scratch).await?;
+            let _ = shared.events_tx.send(DmEvent::Control(ControlPdu {
+                header: Header::ScsiCommand(cmd),
+                ahs,
+                data: Bytes::new(),
+                immediate: data_len as u32,
+            }));
+            return Ok(());
+        }
+        if !limits.immediate_data && data_len > 0 {
+            return Err(Violation::ImmediateDataNotNegotiated.into());
+        }
+        // Every byte is written before use: Data-Out is checked to arrive in order, once. Only
+        // the unsolicited part is taken now (at most FirstBurstLength); Get_Data takes the
+        // rest once the core decides to collect it (within its per-session memory budget).
+        let split = limits.incoming_write(edtl, data_len as u32, cmd.final_);
+        let first = split.unsolicited_end;
+        let mut buf = shared.pool.take_dirty(first as usize);
+        rx.read_data(&mut buf[..data_len]).await?;
+        let task = WriteTask {
+            buf,
+            unsolicited: data_len as u32,
+            unsolicited_done: split.unsolicited_data_out() == 0,
+            next_unsol_data_sn: 0,
+            r2ts: Vec::new(),
+            notify: None,
+            // F=0 announces unsolicited Data-Out, which InitialR2T=Yes forbids (RFC 7143
+            // §11.2.1.6): the task fails rather than guess where the data starts.
+            failed: (limits.initial_r2t && !cmd.final_).then_some(SequenceError::UnsolicitedWithInitialR2t),
+            reading: false,
+        };
+        if lock(&shared.writes).insert(cmd.itt, task).is_some() {
+            return Err(Violation::TaskTagReused { itt: cmd.itt }.into());
+        }
+        let _ = shared.events_tx.send(DmEvent::Control(ControlPdu {
+            header: Header::ScsiCommand(cmd),
+            ahs,
+            data: Bytes::new(),
+            immediate: data_len as u32,
+        }));
+        Ok(())
+    }
+
+    /// A Data-Out: checked against its task, its data read into the task's buffer (or drained),
+    /// and a waiting Get_Data told when a sequence ends.
+    pub(super) async fn receive_data_out(shared: &Shared, rx: &mut dyn LinkRx, d: DataOut, len: usize) -> Result<(), DmError> {
+        let first_burst = lock(&shared.limits).first_burst;
+        let len32 = len as u32;
+        // Check the PDU against its task and take the task's buffer out while reading into it
+        // (the lock is not held across the read); the task stays in the table meanwhile.
+        let checked = {
+            let mut writes = lock(&shared.writes);
+            match writes.get_mut(&d.itt) {
+                // An aborted or unknown task, or one that already failed: drain the data.
+                None => None,
+                Some(task) if task.failed.is_some() => None,
+                Some(task) => match Self::check_data_out(task, &d, len32, first_burst) {
+                    Ok(slot) => {
+                        task.reading = true;
+                        Some((slot, std::mem::take(&mut task.buf)))
+                    }
+                    Err(msg) => {
+                        // The PDU itself is well framed: drain it and end just this task (CHECK
+                        // CONDITION) rather than the connection, so other commands are unaffected.
+                        task.failed = Some(msg);
+                        if let Some(n) = &task.notify {
+                            let _ = n.send(Notice::Failed(msg));
+                        }
+                        None
+                    }
+                },
+            }
+        };
+        let Some((slot, mut buf)) = checked else {
+            let mut scratch = vec![0u8; len];
+            return rx.read_data(&mut scratch).await;
+        };
+        let at = d.buffer_offset as usize;
+        let read = rx.read_data(&mut buf[at..at + len]).await;
+        let mut writes = lock(&shared.writes);
+        let Some(task) = writes.get_mut(&d.itt) else {
+            // Aborted while its data was read: the buffer goes back to the pool.
+            drop(writes);
+            shared.pool.give(buf);
+            shared.write_read_done.notify_waiters();
+            return read;
+        };
+        task.buf = buf;
+        task.reading = false;
+        shared.write_read_done.notify_waiters();
+        read?;
+        match slot {
+            None => {
+                task.unsolicited += len32;
+                task.next_unsol_data_sn += 1;
+                if d.final_ {
+                    task.unsolicited_done = true;
+                    // The unsolicited burst is FirstBurstLength or the whole transfer, never
+                    // less (as LIO): the target solicits only what lies beyond it, so a burst
+                    // ended early would leave bytes of the buffer nobody sent.
+                    let expected = first_burst.min(task.buf.len() as u32);
+                    let notice = if task.unsolicited == expected {
+                        Notice::UnsolicitedDone
+                    } else {
+                        task.failed = Some(SequenceError::UnsolicitedEndedEarly);
+                        Notice::Failed(SequenceError::UnsolicitedEndedEarly)
+                    };
+                    if let Some(n) = &task.notify {
+                        let _ = n.send(notice);
+                    }
+                }
+            }
+            Some(i) => {
+                let r = &mut task.r2ts[i];
+                r.received += len32;
+                r.next_data_sn += 1;
+                if r.received == r.len {
+                    if !d.final_ {
+                        return Err(Violation::BurstWithoutFinal.into());
+                    }
+                    task.r2ts.swap_remove(i);
+                    if let Some(n) = &task.notify {
+                        let _ = n.send(Notice::R2tDone);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Where a Data-Out belongs in its task: `None` for unsolicited data, the index of its R2T
+    /// otherwise; or why it breaks the task's sequence.
+    pub(super) fn check_data_out(task: &WriteTask, d: &DataOut, len: u32, first_burst: u32) -> Result<Option<usize>, SequenceError> {
+        if d.ttt == RESERVED_TAG {
+            let end = d.buffer_offset.checked_add(len);
+            if task.unsolicited_done {
+                Err(SequenceError::UnsolicitedAfterEnd)
+            } else if d.buffer_offset != task.unsolicited {
+                Err(SequenceError::UnsolicitedOutOfOrder)
+            } else if end.is_none_or(|e| e > first_burst || e as usize > task.buf.len()) {
+                Err(SequenceError::BeyondFirstBurst)
+            } else if d.data_sn != task.next_unsol_data_sn {
+                Err(SequenceError::DataSn)
+            } else {
+                Ok(None)
+            }
+        } else {
+            match task.r2ts.iter().position(|r| r.ttt == d.ttt) {
+                None => Err(SequenceError::UnknownTtt),
+                Some(i) => {
+                    let r = &task.r2ts[i];
+                    if d.buffer_offset != r.offset + r.received || r.received + len > r.len {
+                        Err(SequenceError::OutsideR2t)
+                    } else if d.data_sn != r.next_data_sn {
+                        Err(SequenceError::DataSn)
+                    } else {
+                        Ok(Some(i))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Get_Data's start, under the table's lock: check the unsolicited part, give the task its
+    /// whole buffer, register `tx` for its notices. `Ok(false)`: a Data-Out is being read into
+    /// the buffer; wait for `write_read_done` and try again.
+    fn prepare_collection(
+        &self,
+        itt: u32,
+        total_len: u32,
+        unsolicited_len: u32,
+        tx: &mpsc::UnboundedSender<Notice>,
+    ) -> Result<bool, DmError> {
+        let mut writes = lock(&self.shared.writes);
+        let task = writes.get_mut(&itt).ok_or(DmError::NoTask(itt))?;
+        if task.reading {
+            return Ok(false);
+        }
+        if unsolicited_len > total_len || task.unsolicited > total_len {
+            writes.remove(&itt);
+            return Err(SequenceError::UnsolicitedBeyondLength { len: total_len }.into());
+        }
+        // The buffer holds the unsolicited part so far; the whole transfer's memory is
+        // taken only now, when the core has decided to collect it.
+        if task.buf.len() != total_len as usize {
+            let mut whole = self.shared.pool.take_dirty(total_len as usize);
+            let have = task.unsolicited as usize;
+            whole[..have].copy_from_slice(&task.buf[..have]);
+            let old = std::mem::replace(&mut task.buf, whole);
+            self.shared.pool.give(old);
+        }
+        if task.unsolicited >= unsolicited_len {
+            task.unsolicited_done = true;
+        }
+        // Every byte is covered exactly once — the unsolicited part, then the solicited
+        // range — and the buffer is reused, not cleared: unsolicited data that ended
+        // short of what the core counts on fails the task (a gap would be written).
+        if task.unsolicited_done && task.unsolicited != unsolicited_len && task.failed.is_none() {
+            task.failed = Some(SequenceError::UnsolicitedShort { got: task.unsolicited, due: unsolicited_len });
+        }
+        if let Some(e) = task.failed {
+            writes.remove(&itt);
+            return Err(e.into());
+        }
+        task.notify = Some(tx.clone());
+        Ok(true)
+    }
+
+    /// Get_Data's end: the task out of the table with its buffer, or `None` while a Data-Out is
+    /// being read into the buffer.
+    fn finish_collection(&self, itt: u32) -> Result<Option<BytesMut>, DmError> {
+        let mut writes = lock(&self.shared.writes);
+        match writes.get(&itt) {
+            None => Err(DmError::NoTask(itt)),
+            Some(t) if t.reading => Ok(None),
+            Some(_) => Ok(writes.remove(&itt).map(|t| t.buf)),
+        }
+    }
+
+    /// Put_Data: read data as Data-In PDUs within the negotiated segment and burst sizes, the
+    /// status collapsed into the last one when the core asks.
+    pub(super) async fn send_data_in(&self, desc: DataInDesc, data: Bytes) -> Result<PutDataDone, DmError> {
+        let l = *lock(&self.shared.limits);
+        let (seg, burst) = (l.send_segment(), l.burst());
+        let mut done = PutDataDone::default();
+        let mut sent = 0usize;
+        let mut in_burst = 0usize;
+        while sent < data.len() || (data.is_empty() && done.pdus == 0 && desc.collapse_status.is_some()) {
+            let n = seg.min(data.len() - sent).min(burst - in_burst);
+            let last = sent + n == data.len();
+            in_burst += n;
+            let end_of_sequence = last || in_burst == burst;
+            let mut h = DataIn {
+                final_: end_of_sequence,
+                lun: desc.lun,
+                itt: desc.itt,
+                ttt: RESERVED_TAG,
+                data_sn: desc.data_sn.wrapping_add(done.pdus),
+                buffer_offset: desc.offset + sent as u32,
+                ..DataIn::default()
+            };
+            if last && let Some(s) = desc.collapse_status {
+                h.status_present = true;
+                h.status = s.status;
+                h.underflow = s.underflow;
+                h.overflow = s.overflow;
+                h.residual = s.residual;
+                h.stat_sn = s.stat_sn;
+                done.status_sent = true;
+            }
+            if let Some(s) = desc.collapse_status {
+                h.exp_cmd_sn = s.exp_cmd_sn;
+                h.max_cmd_sn = s.max_cmd_sn;
+            }
+            self.send(Header::DataIn(h), &[], &[&data[sent..sent + n]]).await?;
+            done.pdus += 1;
+            sent += n;
+            if in_burst == burst {
+                in_burst = 0;
+            }
+            if data.is_empty() {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
+    /// Get_Data: the unsolicited part awaited, then the rest solicited one R2T at a time; the
+    /// task's whole buffer once every byte is in.
+    pub(super) async fn collect_write_data(&self, plan: R2tPlan) -> Result<TaskBuffer, DmError> {
+        let itt = plan.itt;
+        let (total_len, unsolicited_len) = (plan.end, plan.start);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        loop {
+            // The buffer is replaced below: wait while a Data-Out is being read into it.
+            let read_done = self.shared.write_read_done.notified();
+            let mut read_done = std::pin::pin!(read_done);
+            read_done.as_mut().enable();
+            if self.prepare_collection(itt, total_len, unsolicited_len, &tx)? {
+                break;
+            }
+            read_done.await;
+        }
+        // The task holds the only sender now: its removal (an abort) ends the wait below.
+        drop(tx);
+        let mut unsolicited_pending = {
+            let writes = lock(&self.shared.writes);
+            writes.get(&itt).is_some_and(|t| !t.unsolicited_done)
+        };
+        // One R2T at a time (MaxOutstandingR2T=1), each made when it is sent.
+        let count = plan.count();
+        let (mut next, mut outstanding, mut finished) = (0u32, false, 0u32);
+        while finished < count || unsolicited_pending {
+            if !outstanding && let Some(r) = plan.nth(next) {
+                {
+                    let mut writes = lock(&self.shared.writes);
+                    let Some(task) = writes.get_mut(&itt) else { return Err(DmError::NoTask(itt)) };
+                    task.r2ts.push(Solicited { ttt: r.ttt, offset: r.offset, len: r.len, received: 0, next_data_sn: 0 });
+                }
+                let h = R2t {
+                    lun: r.lun,
+                    itt,
+                    ttt: r.ttt,
+                    stat_sn: r.stat_sn,
+                    exp_cmd_sn: r.exp_cmd_sn,
+                    max_cmd_sn: r.max_cmd_sn,
+                    r2t_sn: r.r2t_sn,
+                    buffer_offset: r.offset,
+                    desired_len: r.len,
+                };
+                self.send(Header::R2t(h), &[], &[]).await?;
+                next += 1;
+                outstanding = true;
+            }
+            match rx.recv().await {
+                Some(Notice::UnsolicitedDone) => unsolicited_pending = false,
+                Some(Notice::R2tDone) => {
+                    outstanding = false;
+                    finished += 1;
+                }
+                Some(Notice::Failed(e)) => {
+                    lock(&self.shared.writes).remove(&itt);
+                    return Err(e.into());
+                }
+                None => return Err(DmError::NoTask(itt)),
+            }
+        }
+        // Every byte is in; a stray Data-Out may still be reading into the buffer: the
+        // buffer is taken only once it is back.
+        loop {
+            let read_done = self.shared.write_read_done.notified();
+            let mut read_done = std::pin::pin!(read_done);
+            read_done.as_mut().enable();
+            if let Some(buf) = self.finish_collection(itt)? {
+                return Ok(TaskBuffer { data: buf });
+            }
+            read_done.await;
+        }
+    }
+}

@@ -1,0 +1,324 @@
+//! The queue pair at work: receives posted and reposted, send-queue requests posted (most of
+//! them unsignaled) and their completions awaited, the completion driver, and the receive path
+//! that handles each received Send in place.
+
+use super::{InitTask, IserConfig, IserDatamover, Mr, Remote, Shared, Waiter, lock, rdma, signal_interval};
+use crate::header::{ISER_HDR_LEN, ISER_HEADERS_LEN, IserHeader, IserOpcode, RFC5046_HDR_LEN};
+use bytes::Bytes;
+use riser_datamover::{ControlPdu, DmError, DmEvent, Terminated, Violation};
+use riser_iscsi::keys::Role;
+use riser_iscsi::wire::{BHS_LEN, Header, Pdu, Reaction};
+use riser_verbs::{
+    Access, CompletionQueue, MemoryRegion, ProtectionDomain, Provider, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tracing::warn;
+
+impl<P: Provider + 'static> Shared<P> {
+    /// Post one receive (a fresh buffer, or `mr` again).
+    pub(super) fn post_recv(&self, mr: Option<Arc<Mr<P>>>) -> Result<(), riser_verbs::Error> {
+        let mr = match mr {
+            Some(m) => m,
+            None => self.pd.register(vec![0u8; self.recv_size], Access::LOCAL_WRITE)?,
+        };
+        let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
+        let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
+        lock(&self.recvs).insert(wr_id, mr);
+        self.qp.post_recv(RecvWr { wr_id, sg_list: vec![sge] }).inspect_err(|_| {
+            lock(&self.recvs).remove(&wr_id);
+        })
+    }
+
+    /// Full-feature receives: posted once, before the final login PDU leaves, so MaxCmdSN
+    /// never opens beyond posted receives.
+    pub(super) fn post_ff_recvs(&self) -> Result<(), DmError> {
+        if self.ff_posted.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let have = lock(&self.recvs).len() as u32;
+        for _ in have..self.cfg.recv_depth {
+            self.post_recv(None).map_err(rdma("post a receive"))?;
+        }
+        Ok(())
+    }
+
+    fn fail(&self, why: DmError) {
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            warn!("iSER connection ended: {why}");
+            let _ = self.events_tx.send(DmEvent::Terminated(Terminated::Error(why)));
+        }
+        self.qp.disconnect();
+        self.writes_changed.notify_waiters();
+    }
+
+    pub(super) async fn drive(self: Arc<Self>) {
+        let mut quiet_rounds = 0;
+        loop {
+            let wcs = self.cq.poll(64);
+            if wcs.is_empty() {
+                if !self.qp.is_connected() {
+                    // Flushes may trail the disconnect: look twice before leaving.
+                    quiet_rounds += 1;
+                    if quiet_rounds > 2 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+                tokio::select! {
+                    _ = self.cq.ready() => {}
+                    _ = self.qp.disconnected() => {}
+                }
+                continue;
+            }
+            quiet_rounds = 0;
+            for wc in wcs {
+                if wc.opcode == WcOpcode::Recv {
+                    let Some(mr) = lock(&self.recvs).remove(&wc.wr_id) else { continue };
+                    if wc.status != WcStatus::Success {
+                        if wc.status != WcStatus::WrFlushErr {
+                            self.fail(DmError::Completion { op: WcOpcode::Recv.name(), status: wc.status.name() });
+                        }
+                        continue;
+                    }
+                    // Handled in place (immediate and Data-Out payload go straight to the task
+                    // buffer), then the buffer is posted again.
+                    let n = wc.byte_len as usize;
+                    let mut handled = Ok(());
+                    mr.read(&mut |b| handled = self.on_message(&b[..n.min(b.len())], wc.invalidated_rkey));
+                    if !self.closed.load(Ordering::Acquire) && self.qp.is_connected() && self.post_recv(Some(mr)).is_err() {
+                        self.fail(DmError::Resources { what: "repost a receive" });
+                    }
+                    if let Err(why) = handled {
+                        self.fail(why);
+                    }
+                } else if let Some(Waiter { done, _keep }) = self.take_waiter(wc.wr_id) {
+                    // Every request posted before this one has completed too.
+                    let mut u = lock(&self.unsignaled);
+                    while u.held.front().is_some_and(|(id, _)| *id < wc.wr_id) {
+                        u.held.pop_front();
+                    }
+                    drop(u);
+                    if wc.status != WcStatus::Success && wc.status != WcStatus::WrFlushErr {
+                        self.fail(DmError::Completion { op: wc.opcode.name(), status: wc.status.name() });
+                    }
+                    // Our handle on the memory goes first, so the waiter may take it back whole.
+                    drop(_keep);
+                    let _ = done.send(wc.status);
+                }
+            }
+        }
+        lock(&self.waiting).clear();
+        lock(&self.unsignaled).held.clear();
+        lock(&self.recvs).clear();
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            let _ = self.events_tx.send(DmEvent::Terminated(Terminated::PeerClosed));
+        }
+        self.writes_changed.notify_waiters();
+    }
+
+    /// The waiter of a send-queue request (the map's lock released at once: the caller goes on
+    /// to lock `unsignaled`, which posting takes before `waiting`).
+    fn take_waiter(&self, wr_id: u64) -> Option<Waiter<P>> {
+        lock(&self.waiting).remove(&wr_id)
+    }
+
+    /// One received Send: an iSER header, a BHS, AHS and data.
+    fn on_message(&self, msg: &[u8], invalidated: Option<u32>) -> Result<(), DmError> {
+        let ih = IserHeader::parse(msg).map_err(|_| Violation::IserTruncated)?;
+        match ih.opcode {
+            IserOpcode::Control => {}
+            IserOpcode::Hello | IserOpcode::HelloReply => {
+                return Err(Violation::IserHello.into());
+            }
+            IserOpcode::Other(n) => return Err(Violation::IserOpcode(n).into()),
+        }
+        let pdu = match Pdu::parse_limited(&msg[ISER_HDR_LEN..], self.cfg.recv_dsl.max(8192), false) {
+            Ok((p, _)) => p,
+            Err(e) => {
+                let rfc5046 = msg.len() >= RFC5046_HDR_LEN + 48 && Pdu::parse_limited(&msg[RFC5046_HDR_LEN..], u32::MAX, false).is_ok();
+                if rfc5046 {
+                    return Err(Violation::Rfc5046Header.into());
+                }
+                // A whole message is one PDU, so the next one is framed whatever this one holds:
+                // a field the session rejects costs only this PDU.
+                if let (Reaction::Reject(_), Some(raw)) = (e.reaction(), msg.get(ISER_HDR_LEN..ISER_HDR_LEN + BHS_LEN)) {
+                    let mut bhs = [0u8; BHS_LEN];
+                    bhs.copy_from_slice(raw);
+                    let _ = self.events_tx.send(DmEvent::Malformed { bhs, error: e });
+                    return Ok(());
+                }
+                return Err(e.into());
+            }
+        };
+        let header = pdu.header;
+        tracing::trace!(role = ?self.role, op = ?header.opcode(), itt = header.itt(), len = msg.len(), ?invalidated, "iSER receive");
+        let ahs = Bytes::copy_from_slice(pdu.ahs);
+        if self.role == Role::Target {
+            lock(&self.unexpected).received(&header);
+        }
+        match (self.role, &header) {
+            (Role::Target, Header::ScsiCommand(c)) => {
+                lock(&self.remote).insert(c.itt, Remote { write: ih.write, read: ih.read });
+                if c.write && c.expected_data_len > 0 {
+                    self.receive_write_command(*c, ahs, pdu.data);
+                    return Ok(());
+                }
+            }
+            (Role::Target, Header::DataOut(d)) => return self.receive_unsolicited_data_out(d, pdu.data),
+            (Role::Initiator, h) => self.check_invalidation(h, invalidated)?,
+            _ => {}
+        }
+        let data = Bytes::copy_from_slice(pdu.data);
+        let _ = self.events_tx.send(DmEvent::Control(ControlPdu { header, ahs, data, immediate: 0 }));
+        Ok(())
+    }
+
+    /// Post a send-queue request now and hand back the receiver of its completion status.
+    pub(super) fn post_queued(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Arc<Mr<P>>>) -> Result<oneshot::Receiver<WcStatus>, DmError> {
+        let (tx, rx) = oneshot::channel();
+        self.post_wr(op, sg, keep, Some(tx))?;
+        Ok(rx)
+    }
+
+    /// Post a request nobody waits for. Unless `signal`, most go unsignaled (no completion, no
+    /// wake-up of the driver): their memory is released when a later request completes, since
+    /// a send queue completes in order. Every [`IserConfig::signal_every`]th is signaled so that always
+    /// happens; a signaled one is in `waiting` until it completes (see `terminate`).
+    pub(super) fn post_unawaited(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Arc<Mr<P>>>, signal: bool) -> Result<(), DmError> {
+        self.post_wr(op, sg, keep, signal.then(|| oneshot::channel().0))
+    }
+
+    /// Post one request: signaled when someone waits, else now and then. Posting is
+    /// serialised, so request ids increase in posting order.
+    fn post_wr(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Arc<Mr<P>>>, done: Option<oneshot::Sender<WcStatus>>) -> Result<(), DmError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(DmError::Closed);
+        }
+        let mut u = lock(&self.unsignaled);
+        let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
+        u.since_signal += 1;
+        let signaled = done.is_some() || u.since_signal >= signal_interval(&self.cfg);
+        if signaled {
+            u.since_signal = 0;
+            let done = done.unwrap_or_else(|| oneshot::channel().0);
+            lock(&self.waiting).insert(wr_id, Waiter { done, _keep: keep });
+        } else if let Some(mr) = keep {
+            u.held.push_back((wr_id, mr));
+        }
+        tracing::trace!(role = ?self.role, wr_id, ?op, signaled, "iSER post");
+        if let Err(e) = self.qp.post_send(SendWr { wr_id, op, sg_list: sg, signaled }) {
+            lock(&self.waiting).remove(&wr_id);
+            if u.held.back().is_some_and(|(id, _)| *id == wr_id) {
+                u.held.pop_back();
+            }
+            return Err(rdma("post a work request")(e));
+        }
+        Ok(())
+    }
+
+    /// One PDU as one Send: [iSER header | BHS | AHS | data].
+    pub(super) async fn send_pdu(
+        &self,
+        ih: IserHeader,
+        header: &Header,
+        ahs: &[u8],
+        data: &[&[u8]],
+        invalidate: Option<u32>,
+    ) -> Result<(), DmError> {
+        let dsl: usize = data.iter().map(|d| d.len()).sum();
+        let mut buf = Vec::with_capacity(ISER_HEADERS_LEN + ahs.len() + dsl);
+        buf.extend_from_slice(&ih.emit());
+        let mut bhs = [0u8; 48];
+        header.emit(&mut bhs, ahs.len(), dsl as u32);
+        buf.extend_from_slice(&bhs);
+        buf.extend_from_slice(ahs);
+        data.iter().for_each(|d| buf.extend_from_slice(d));
+        let mr = self.pd.register(buf, Access::empty()).map_err(rdma("register a send buffer"))?;
+        let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
+        let op = match invalidate {
+            Some(rkey) => SendOp::SendWithInvalidate { rkey },
+            None => SendOp::Send,
+        };
+        // The traffic of commands goes mostly unsignaled; anything else (login, logout, NOP,
+        // task management, text, reject) is signaled, so a connection's end can wait for it.
+        let routine = matches!(header, Header::ScsiCommand(_) | Header::ScsiResponse(_) | Header::DataOut(_));
+        self.post_unawaited(op, vec![sge], Some(mr), !routine)
+    }
+}
+
+/// The outcome of a posted request, once it completes.
+pub(super) async fn completion(done: oneshot::Receiver<WcStatus>) -> Result<(), DmError> {
+    match done.await {
+        Ok(WcStatus::Success) => Ok(()),
+        Ok(WcStatus::WrFlushErr) | Err(_) => Err(DmError::Closed),
+        Ok(st) => Err(DmError::Completion { op: "work request", status: st.name() }),
+    }
+}
+
+/// The fuzz target for the iSER receive path: `input` (a control byte, then messages as
+/// `[selector, length u16 LE, bytes]`) is handled as received Sends, in either role, on a
+/// datamover over the given (unconnected) queue pair, until one ends the connection. Checks
+/// what must hold whatever arrives: no panic, write data only inside its task buffer, no more
+/// immediate data than the command's length, remote invalidation only of the task's own keys.
+pub fn fuzz_receive<P: Provider + 'static>(pd: Arc<P::Pd>, cq: Arc<P::Cq>, qp: Arc<P::Qp>, input: &[u8]) {
+    let Some((&ctl, mut rest)) = input.split_first() else { return };
+    let role = if ctl & 1 == 0 { Role::Target } else { Role::Initiator };
+    let cfg = IserConfig { unsolicited_data_out: ctl & 4 != 0, ..IserConfig::default() };
+    let Ok(dm) = IserDatamover::<P>::new(role, cfg, pd, cq, qp) else { return };
+    let s = &dm.s;
+    s.send_inv.store(ctl & 2 != 0, Ordering::Release);
+    // An initiator with two commands in flight, each with a read and a write registration.
+    let mut keys = Vec::new();
+    if role == Role::Initiator {
+        for itt in 1..=2u32 {
+            let (Ok(read), Ok(write)) = (
+                s.pd.register(vec![0; 4096], Access::LOCAL_WRITE | Access::REMOTE_WRITE),
+                s.pd.register(vec![0; 4096], Access::REMOTE_READ),
+            ) else {
+                return;
+            };
+            keys.extend([read.rkey(), write.rkey()]);
+            lock(&s.tasks).insert(itt, InitTask { read: Some(read), write: Some(write) });
+        }
+    }
+    for _ in 0..64 {
+        let [sel, l0, l1, tail @ ..] = rest else { break };
+        let (msg, tail) = tail.split_at(usize::from(u16::from_le_bytes([*l0, *l1])).min(tail.len()));
+        rest = tail;
+        let invalidated = match sel % 4 {
+            0 => None,
+            1 | 2 => keys.get(usize::from(sel >> 2) % 4).copied().or(Some(u32::from(*sel))),
+            _ => Some(u32::from(*sel) << 8),
+        };
+        // A message never exceeds the receive buffer it lands in.
+        if msg.len() > s.recv_size {
+            continue;
+        }
+        let tasks_before: std::collections::HashSet<u32> = lock(&s.writes).keys().copied().collect();
+        let r = s.on_message(msg, invalidated);
+        let mut events = s.events_rx.try_lock().expect("events");
+        while let Ok(ev) = events.try_recv() {
+            if let DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), immediate, .. }) = ev {
+                // Immediate data beyond EDTL reaches the target core (which answers it with
+                // CHECK CONDITION) without a task: nothing of it is ever written.
+                let new_task = lock(&s.writes).contains_key(&c.itt) && !tasks_before.contains(&c.itt);
+                assert!(immediate <= c.expected_data_len || !new_task, "a write task for immediate data beyond EDTL");
+            }
+        }
+        drop(events);
+        if r.is_err() {
+            break;
+        }
+        for t in lock(&s.writes).values() {
+            assert!(t.received as usize <= t.buf.len() && t.buf.len() <= crate::MAX_TASK_BUFFER);
+        }
+        // A remote invalidation accepted by the initiator named a key of the task it came with.
+        if let (Role::Initiator, Some(k)) = (role, invalidated) {
+            assert!(s.send_inv.load(Ordering::Acquire) && keys.contains(&k), "invalidation of {k:#x} accepted");
+        }
+    }
+}

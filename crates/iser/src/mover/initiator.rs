@@ -1,0 +1,107 @@
+//! The initiator half: a SCSI command sent with fresh registrations for its buffers (and its
+//! unsolicited Data-Out), the read data taken back when it ends, and remote invalidations
+//! checked against the task they arrive with.
+
+use super::{InitTask, IserDatamover, Shared, copy_out, lock, rdma};
+use crate::header::{IserHeader, RemoteBuf};
+use bytes::{Bytes, BytesMut};
+use riser_datamover::{Datamover, DmError, Violation};
+use riser_iscsi::wire::{DataOut, Header, RESERVED_TAG, ScsiCommand};
+use riser_verbs::{Access, MemoryRegion, ProtectionDomain, Provider};
+use std::sync::atomic::Ordering;
+
+impl<P: Provider + 'static> Shared<P> {
+    /// A received Send that invalidated key `k` (initiator): only with remote invalidation
+    /// negotiated, and only a key of the task it came with.
+    pub(super) fn check_invalidation(&self, h: &Header, invalidated: Option<u32>) -> Result<(), DmError> {
+        if let Some(k) = invalidated {
+            if !self.send_inv.load(Ordering::Acquire) {
+                return Err(Violation::UnexpectedInvalidation.into());
+            }
+            let ok = lock(&self.tasks).get(&h.itt()).is_some_and(|t| [&t.read, &t.write].into_iter().flatten().any(|mr| mr.rkey() == k));
+            if !ok {
+                return Err(Violation::ForeignInvalidation { key: k, itt: h.itt() }.into());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<P: Provider + 'static> IserDatamover<P> {
+    /// Send_Control for a SCSI Command: its buffers registered (a new key per command and
+    /// direction), immediate data in the command, unsolicited Data-Out after it as negotiated.
+    pub(super) async fn send_command_with_buffers(
+        &self,
+        mut cmd: ScsiCommand,
+        ahs: Bytes,
+        read_len: u32,
+        write: Option<Bytes>,
+    ) -> Result<(), DmError> {
+        let s = &self.s;
+        let l = *lock(&s.limits);
+        let mut ih = IserHeader::CONTROL;
+        let mut task = InitTask::<P> { read: None, write: None };
+        if read_len > 0 {
+            // A fresh registration (and key) per command and direction.
+            let mr =
+                s.pd.register(s.pool.take_vec(read_len as usize), Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                    .map_err(rdma("register a read buffer"))?;
+            ih.read = Some(RemoteBuf { stag: mr.rkey(), va: mr.addr() });
+            task.read = Some(mr);
+        }
+        let mut immediate = Bytes::new();
+        let mut unsolicited = Bytes::new();
+        if let Some(data) = write.filter(|d| !d.is_empty()) {
+            let len = data.len();
+            let imm = if l.immediate_data { len.min(l.first_burst as usize).min(l.max_send_dsl as usize) } else { 0 };
+            let unsolicited_end = if s.cfg.unsolicited_data_out && !l.initial_r2t { len.min(l.first_burst as usize).max(imm) } else { imm };
+            if unsolicited_end < len {
+                // The caller's bytes themselves, registered read-only for the target's RDMA Read.
+                let mr = s.pd.register_shared(data.clone(), Access::REMOTE_READ).map_err(rdma("register write data"))?;
+                // The write VA names the first byte not sent unsolicited.
+                ih.write = Some(RemoteBuf { stag: mr.rkey(), va: mr.addr() + unsolicited_end as u64 });
+                task.write = Some(mr);
+            }
+            immediate = data.slice(..imm);
+            unsolicited = data.slice(imm..unsolicited_end);
+        }
+        // F: no unsolicited Data-Out follows.
+        cmd.final_ = unsolicited.is_empty();
+        let (itt, lun, exp_stat_sn) = (cmd.itt, cmd.lun, cmd.exp_stat_sn);
+        lock(&s.tasks).insert(itt, task);
+        let mut r = s.send_pdu(ih, &Header::ScsiCommand(cmd), &ahs, &[&immediate], None).await;
+        // Unsolicited Data-Out PDUs as Sends, each within the target's receive size.
+        let seg = (l.max_send_dsl as usize).max(512);
+        let (mut at, mut data_sn) = (0usize, 0u32);
+        while r.is_ok() && at < unsolicited.len() {
+            let n = seg.min(unsolicited.len() - at);
+            let d = DataOut {
+                final_: at + n == unsolicited.len(),
+                lun,
+                itt,
+                ttt: RESERVED_TAG,
+                exp_stat_sn,
+                data_sn,
+                buffer_offset: (immediate.len() + at) as u32,
+            };
+            r = s.send_pdu(IserHeader::CONTROL, &Header::DataOut(d), &[], &[&unsolicited[at..at + n]], None).await;
+            at += n;
+            data_sn += 1;
+        }
+        if r.is_err() {
+            self.deallocate_task_resources(itt);
+        }
+        r
+    }
+
+    /// The read data of an ended command; its keys revoked.
+    pub(super) fn take_read_buffer(&self, itt: u32) -> Option<BytesMut> {
+        let t = lock(&self.s.tasks).remove(&itt)?;
+        if let Some(w) = t.write {
+            w.invalidate();
+        }
+        let r = t.read?;
+        r.invalidate();
+        Some(copy_out(r))
+    }
+}

@@ -1,0 +1,488 @@
+//! The iSER datamover: RFC 5047's primitives as RDMA operations over a riser-verbs provider.
+//!
+//! This module holds the connection's shared state, [`IserDatamover`] with its
+//! [`Datamover`] dispatch, and connection setup ([`accept`], [`connect`]). The rooms:
+//! `driver` (posting work requests, the completion driver, the receive path), `target`
+//! (Put_Data as RDMA Write, Get_Data as RDMA Read, unsolicited Data-Out), `initiator`
+//! (commands with their registrations, read data, remote invalidation) and `unexpected`
+//! (the target's count of PDUs the initiator did not ask for).
+
+mod driver;
+mod initiator;
+mod target;
+mod unexpected;
+
+pub use driver::fuzz_receive;
+
+use crate::header::{CmPrivateData, ISER_HEADERS_LEN, IserHeader, RemoteBuf};
+use bytes::{Bytes, BytesMut};
+use riser_datamover::{
+    BoxFuture, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer,
+    Terminated,
+};
+use riser_iscsi::keys::{NegotiatedParams, Role};
+use riser_iscsi::wire::{Header, ScsiCommand};
+use riser_verbs::{ConnParam, ConnectionRequest, MemoryRegion, ProtectionDomain, Provider, QpCaps, QueuePair, WcStatus};
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::{Notify, mpsc, oneshot};
+use tracing::{debug, warn};
+use unexpected::Unexpected;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sizing and options of an iSER connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IserConfig {
+    /// Largest data segment this side receives: what it declares as
+    /// InitiatorRecvDataSegmentLength / TargetRecvDataSegmentLength (login PDUs need 8192).
+    pub recv_dsl: u32,
+    /// Receives kept posted in full-feature phase: at least the CmdSN window plus room for
+    /// unsolicited Data-Out, NOP-Out and task management.
+    pub recv_depth: u32,
+    /// Allow Send with Invalidate (the CM private data says so unless this is off).
+    pub send_invalidate: bool,
+    /// Initiator: with InitialR2T=No, send the unsolicited part of a write (up to
+    /// FirstBurstLength) as Data-Out Sends after the immediate data, as the Linux initiator
+    /// does; otherwise only immediate data is sent and the target RDMA Reads the rest.
+    pub unsolicited_data_out: bool,
+    /// Inbound RDMA Reads this side accepts outstanding (responder resources).
+    pub ird: u8,
+    /// RDMA Reads this side issues outstanding (initiator depth).
+    pub ord: u8,
+    /// Send queue entries; `None`: four per posted receive plus 16 (every command may need a
+    /// Send, an RDMA Write or Read and a response in flight at once). Never fewer than two per
+    /// posted receive plus 16: smaller values are raised to that.
+    pub send_depth: Option<u32>,
+    /// At most this many routine requests (commands, responses, Data-Out, RDMA Writes) in a
+    /// row go unsignaled; 1 signals every request. Fewer completions mean fewer wake-ups of
+    /// the completion driver, but unsignaled requests hold their send queue entries and memory
+    /// until a later one completes: it is lowered to a quarter of the send queue if larger.
+    pub signal_every: u32,
+}
+
+impl Default for IserConfig {
+    fn default() -> Self {
+        Self {
+            recv_dsl: 8192,
+            recv_depth: 128,
+            send_invalidate: true,
+            unsolicited_data_out: false,
+            ird: 16,
+            ord: 16,
+            send_depth: None,
+            signal_every: DEFAULT_SIGNAL_EVERY,
+        }
+    }
+}
+
+/// Receives posted while logging in.
+const LOGIN_RECVS: u32 = 4;
+
+type Mr<P> = <<P as Provider>::Pd as ProtectionDomain>::Mr;
+
+/// What the target learned from a command's iSER header.
+#[derive(Clone, Copy, Debug, Default)]
+struct Remote {
+    write: Option<RemoteBuf>,
+    read: Option<RemoteBuf>,
+}
+
+/// Write data arriving before Get_Data (immediate data, unsolicited Data-Out).
+struct WriteTask {
+    buf: Vec<u8>,
+    received: u32,
+    /// The unsolicited burst is over (its last Data-Out had the F bit, or none was announced).
+    burst_done: bool,
+    /// The task's data broke the rules: Get_Data fails it (CHECK CONDITION), the connection stays.
+    failed: Option<SequenceError>,
+}
+
+/// The initiator's registrations for one command.
+struct InitTask<P: Provider> {
+    read: Option<Arc<Mr<P>>>,
+    write: Option<Arc<Mr<P>>>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    max_send_dsl: u32,
+    first_burst: u32,
+    immediate_data: bool,
+    initial_r2t: bool,
+}
+
+/// Memory of unsignaled requests, released in order as later requests complete.
+struct Unsignaled<P: Provider> {
+    held: std::collections::VecDeque<(u64, Arc<Mr<P>>)>,
+    since_signal: u32,
+}
+
+/// The default of [`IserConfig::signal_every`].
+pub const DEFAULT_SIGNAL_EVERY: u32 = 16;
+
+struct Waiter<P: Provider> {
+    done: oneshot::Sender<WcStatus>,
+    _keep: Option<Arc<Mr<P>>>,
+}
+
+struct Shared<P: Provider> {
+    role: Role,
+    cfg: IserConfig,
+    pd: Arc<P::Pd>,
+    cq: Arc<P::Cq>,
+    qp: Arc<P::Qp>,
+    send_inv: AtomicBool,
+    recv_size: usize,
+    recvs: Mutex<HashMap<u64, Arc<Mr<P>>>>,
+    next_wr: AtomicU64,
+    waiting: Mutex<HashMap<u64, Waiter<P>>>,
+    unsignaled: Mutex<Unsignaled<P>>,
+    events_tx: mpsc::UnboundedSender<DmEvent>,
+    events_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<DmEvent>>,
+    remote: Mutex<HashMap<u32, Remote>>,
+    writes: Mutex<HashMap<u32, WriteTask>>,
+    /// Task buffers (target: write data; initiator: read data), reused: see
+    /// [`Datamover::release_task_buffer`].
+    pool: riser_datamover::BufferPool,
+    writes_changed: Notify,
+    tasks: Mutex<HashMap<u32, InitTask<P>>>,
+    limits: Mutex<Limits>,
+    unexpected: Mutex<Unexpected>,
+    ff_posted: AtomicBool,
+    closed: AtomicBool,
+}
+
+/// The iSER datamover of one connection (initiator or target).
+pub struct IserDatamover<P: Provider> {
+    s: Arc<Shared<P>>,
+}
+
+impl<P: Provider> std::fmt::Debug for IserDatamover<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IserDatamover").field("role", &self.s.role).field("qp", &self.s.qp).finish_non_exhaustive()
+    }
+}
+
+/// A verbs failure while doing `what`, as the seam reports it (the verbs error is logged here,
+/// where its detail is known).
+fn rdma(what: &'static str) -> impl Fn(riser_verbs::Error) -> DmError {
+    move |e| match e {
+        riser_verbs::Error::NotConnected => DmError::Closed,
+        riser_verbs::Error::Io(e) => DmError::Io(e.kind()),
+        e => {
+            warn!("iSER: {what}: {e}");
+            DmError::Resources { what }
+        }
+    }
+}
+
+impl<P: Provider + 'static> IserDatamover<P> {
+    fn new(role: Role, cfg: IserConfig, pd: Arc<P::Pd>, cq: Arc<P::Cq>, qp: Arc<P::Qp>) -> Result<Self, riser_verbs::Error> {
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let s = Arc::new(Shared {
+            role,
+            cfg,
+            pd,
+            cq,
+            qp,
+            send_inv: AtomicBool::new(false),
+            recv_size: ISER_HEADERS_LEN + cfg.recv_dsl.max(8192) as usize,
+            recvs: Mutex::new(HashMap::new()),
+            next_wr: AtomicU64::new(1),
+            waiting: Mutex::new(HashMap::new()),
+            unsignaled: Mutex::new(Unsignaled { held: Default::default(), since_signal: 0 }),
+            events_tx,
+            events_rx: tokio::sync::Mutex::new(events_rx),
+            remote: Mutex::new(HashMap::new()),
+            writes: Mutex::new(HashMap::new()),
+            pool: riser_datamover::BufferPool::default(),
+            writes_changed: Notify::new(),
+            tasks: Mutex::new(HashMap::new()),
+            limits: Mutex::new(Limits { max_send_dsl: 8192, first_burst: 0, immediate_data: false, initial_r2t: true }),
+            unexpected: Mutex::new(Unexpected::default()),
+            ff_posted: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+        });
+        // Login is carried by Sends from the very first PDU: receives are posted before the
+        // connection is established.
+        for _ in 0..LOGIN_RECVS {
+            s.post_recv(None)?;
+        }
+        Ok(Self { s })
+    }
+
+    /// The completion driver: spawn it (tokio). It ends when the connection has.
+    pub fn driver(&self) -> impl Future<Output = ()> + Send + 'static {
+        let s = self.s.clone();
+        async move { s.drive().await }
+    }
+
+    /// Whether Send with Invalidate is in use on this connection.
+    pub fn remote_invalidation(&self) -> bool {
+        self.s.send_inv.load(Ordering::Acquire)
+    }
+}
+
+impl<P: Provider + 'static> Datamover for IserDatamover<P> {
+    fn send_control(&self, pdu: ControlPdu) -> BoxFuture<'_, Result<(), DmError>> {
+        Box::pin(async move {
+            let s = &self.s;
+            let mut invalidate = None;
+            match &pdu.header {
+                Header::NopIn(_) | Header::AsyncMessage(_) if s.role == Role::Target => lock(&s.unexpected).sending(&pdu.header)?,
+                Header::ScsiResponse(r) => {
+                    // The command's STags end with it; with remote invalidation negotiated the
+                    // response invalidates the one key the initiator gave (read, else write).
+                    let remote = lock(&s.remote).remove(&r.itt);
+                    if s.send_inv.load(Ordering::Acquire)
+                        && let Some(rm) = remote
+                    {
+                        invalidate = rm.read.or(rm.write).map(|b| b.stag).filter(|&k| k != 0);
+                    }
+                }
+                _ => {}
+            }
+            s.send_pdu(IserHeader::CONTROL, &pdu.header, &pdu.ahs, &[&pdu.data], invalidate).await
+        })
+    }
+
+    fn put_data(&self, desc: DataInDesc, data: Bytes) -> BoxFuture<'_, Result<PutDataDone, DmError>> {
+        Box::pin(self.put_data_by_write(desc, data))
+    }
+
+    fn get_data(&self, plan: R2tPlan) -> BoxFuture<'_, Result<TaskBuffer, DmError>> {
+        Box::pin(self.get_data_by_read(plan))
+    }
+
+    fn notice_key_values(&self, p: &NegotiatedParams) {
+        let send = match self.s.role {
+            Role::Target => p.initiator_recv_data_segment_length,
+            Role::Initiator => p.target_recv_data_segment_length,
+        };
+        *lock(&self.s.limits) =
+            Limits { max_send_dsl: send, first_burst: p.first_burst_length, immediate_data: p.immediate_data, initial_r2t: p.initial_r2t };
+    }
+
+    fn allocate_connection_resources(&self, _res: ConnectionResources) -> Result<(), DmError> {
+        self.s.post_ff_recvs()
+    }
+
+    fn deallocate_connection_resources(&self) {
+        lock(&self.s.writes).clear();
+        lock(&self.s.remote).clear();
+        lock(&self.s.tasks).clear();
+    }
+
+    fn enable(&self) {
+        // The receives went up in allocate_connection_resources, before the final login PDU.
+    }
+
+    fn release_task_buffer(&self, buf: TaskBuffer) {
+        self.s.pool.give(buf.data);
+    }
+
+    fn deallocate_task_resources(&self, itt: u32) {
+        lock(&self.s.writes).remove(&itt);
+        lock(&self.s.remote).remove(&itt);
+        if let Some(t) = lock(&self.s.tasks).remove(&itt) {
+            // No response will invalidate these: revoke them here.
+            [t.read, t.write].into_iter().flatten().for_each(|mr| mr.invalidate());
+        }
+    }
+
+    fn terminate(&self) {
+        // The user of this datamover learns of the end as of any other (the event is what
+        // ends an initiator's receiver and so fails its commands in flight).
+        if !self.s.closed.swap(true, Ordering::AcqRel) {
+            let _ = self.s.events_tx.send(DmEvent::Terminated(Terminated::Local));
+        }
+        self.s.writes_changed.notify_waiters();
+        // Sends return once queued: let the signaled ones (a Logout Response, a Reject, a
+        // failed Login Response) and with them all posted before leave, then disconnect.
+        let s = self.s.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn(async move {
+                    for _ in 0..200 {
+                        if lock(&s.waiting).is_empty() || !s.qp.is_connected() {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    s.qp.disconnect();
+                });
+            }
+            Err(_) => s.qp.disconnect(),
+        }
+    }
+
+    fn next_event(&self) -> BoxFuture<'_, DmEvent> {
+        Box::pin(async move {
+            match self.s.events_rx.lock().await.recv().await {
+                Some(e) => e,
+                None => DmEvent::Terminated(Terminated::Local),
+            }
+        })
+    }
+
+    fn send_command(&self, cmd: ScsiCommand, ahs: Bytes, read_len: u32, write: Option<Bytes>) -> BoxFuture<'_, Result<(), DmError>> {
+        Box::pin(self.send_command_with_buffers(cmd, ahs, read_len, write))
+    }
+
+    fn max_recv_data_segment_length(&self) -> Option<u32> {
+        Some(self.s.cfg.recv_dsl.max(8192))
+    }
+
+    fn can_put_data(&self, itt: u32) -> bool {
+        lock(&self.s.remote).get(&itt).is_some_and(|r| r.read.is_some_and(|b| b.stag != 0))
+    }
+
+    fn take_read_data(&self, itt: u32) -> Option<BytesMut> {
+        self.take_read_buffer(itt)
+    }
+}
+
+/// A region's bytes: its buffer back (no copy) when this is the last handle, else a copy —
+/// never nothing (a count checked before an unwrap could race with a handle taken or dropped
+/// in between, and an empty buffer would have been written as the command's data).
+fn copy_out<M: MemoryRegion>(mr: Arc<M>) -> BytesMut {
+    match mr.into_buffer() {
+        Ok(whole) => riser_datamover::into_bytes_mut(whole),
+        Err(shared) => {
+            let mut copy = BytesMut::new();
+            shared.read(&mut |b| copy.extend_from_slice(b));
+            copy
+        }
+    }
+}
+
+fn caps(cfg: &IserConfig) -> QpCaps {
+    let max_send_wr = cfg.send_depth.unwrap_or(cfg.recv_depth * 4 + 16).max(cfg.recv_depth * 2 + 16);
+    QpCaps { max_send_wr, max_recv_wr: cfg.recv_depth + LOGIN_RECVS, max_sge: 2 }
+}
+
+/// How many routine requests in a row may go unsignaled: [`IserConfig::signal_every`], at most
+/// a quarter of the send queue (unsignaled requests keep their entries until a later one
+/// completes).
+fn signal_interval(cfg: &IserConfig) -> u32 {
+    cfg.signal_every.clamp(1, (caps(cfg).max_send_wr / 4).max(1))
+}
+
+/// Target: accept an iSER connection request (blocking: run it off the async threads). The
+/// returned datamover's [`IserDatamover::driver`] must be spawned. Every connection has a
+/// protection domain of its own, so a peer's keys can never reach another connection's memory.
+pub fn accept<P: Provider + 'static>(
+    provider: &P,
+    mut req: P::Request,
+    cfg: IserConfig,
+) -> Result<(IserDatamover<P>, SocketAddr), riser_verbs::Error> {
+    let theirs = CmPrivateData::parse(req.private_data());
+    let send_inv = cfg.send_invalidate && !theirs.send_inv_not_supported;
+    let peer = req.peer();
+    let pd = provider.alloc_pd()?;
+    let cq = provider.create_cq(caps(&cfg).max_send_wr + caps(&cfg).max_recv_wr)?;
+    let qp = req.create_qp(&pd, &cq, &cq, caps(&cfg))?;
+    let dm = IserDatamover::new(Role::Target, cfg, pd, cq, qp)?;
+    dm.s.send_inv.store(send_inv, Ordering::Release);
+    let (peer_ird, _peer_ord) = req.ird_ord();
+    let ours = CmPrivateData { zbva_not_supported: true, send_inv_not_supported: !send_inv };
+    req.accept(&ConnParam { private_data: ours.emit().to_vec(), responder_resources: cfg.ird, initiator_depth: cfg.ord.min(peer_ird) })?;
+    debug!(%peer, send_inv, "iSER connection accepted");
+    Ok((dm, peer))
+}
+
+/// Initiator: connect to an iSER target (blocking). Spawn the returned datamover's driver. The
+/// connection has a protection domain of its own.
+pub fn connect<P: Provider + 'static>(provider: &P, addr: SocketAddr, cfg: IserConfig) -> Result<IserDatamover<P>, riser_verbs::Error> {
+    let pd = provider.alloc_pd()?;
+    let cq = provider.create_cq(caps(&cfg).max_send_wr + caps(&cfg).max_recv_wr)?;
+    let qp = provider.create_qp(addr, &pd, &cq, &cq, caps(&cfg))?;
+    let dm = IserDatamover::new(Role::Initiator, cfg, pd, cq, qp)?;
+    // Offer remote invalidation only where the provider's keys can be invalidated by the peer
+    // (not with plain registrations on rxe, nor with a fixed-key pool).
+    let offer_inv = cfg.send_invalidate && provider.remote_invalidation();
+    let ours = CmPrivateData { zbva_not_supported: true, send_inv_not_supported: !offer_inv };
+    let est = provider
+        .connect(&dm.s.qp, &ConnParam { private_data: ours.emit().to_vec(), responder_resources: cfg.ird, initiator_depth: cfg.ord })?;
+    // As Linux: remote invalidation is on iff the reply's 0x40 bit is clear (and we offered it).
+    let theirs = CmPrivateData::parse(&est.private_data);
+    dm.s.send_inv.store(offer_inv && !est.private_data.is_empty() && !theirs.send_inv_not_supported, Ordering::Release);
+    debug!(%addr, transport = %est.description, "iSER connection established");
+    Ok(dm)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use riser_verbs::Access;
+
+    #[test]
+    fn the_send_queue_holds_what_the_settings_can_leave_in_it() {
+        let d = IserConfig::default();
+        assert_eq!((caps(&d).max_send_wr, signal_interval(&d)), (528, DEFAULT_SIGNAL_EVERY));
+        // Too shallow a queue is raised to two entries per receive plus 16; an interval longer
+        // than a quarter of the queue is shortened (unsignaled requests keep their entries).
+        let c = IserConfig { send_depth: Some(16), signal_every: 1000, ..d };
+        assert_eq!((caps(&c).max_send_wr, signal_interval(&c)), (272, 68));
+        let c = IserConfig { send_depth: Some(4096), signal_every: 0, ..d };
+        assert_eq!((caps(&c).max_send_wr, signal_interval(&c)), (4096, 1));
+    }
+
+    /// A region whose buffer cannot be taken back even though the caller holds the only strong
+    /// handle: the software RNIC's receive path upgrades its weak handle for a moment whenever
+    /// a tagged message names the region's STag, so `Arc::try_unwrap` may fail at any time.
+    #[derive(Debug)]
+    struct Held(Vec<u8>);
+
+    impl MemoryRegion for Held {
+        fn lkey(&self) -> u32 {
+            1
+        }
+        fn rkey(&self) -> u32 {
+            1
+        }
+        fn addr(&self) -> u64 {
+            self.0.as_ptr() as u64
+        }
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+        fn access(&self) -> Access {
+            Access::LOCAL_WRITE
+        }
+        fn read(&self, f: &mut dyn FnMut(&[u8])) {
+            f(&self.0)
+        }
+        fn write(&self, _: &mut dyn FnMut(&mut [u8])) {
+            unreachable!("copy_out only reads")
+        }
+        fn invalidate(&self) {}
+        fn rekey(&self) -> riser_verbs::Result<u32> {
+            Ok(1)
+        }
+        fn is_valid(&self) -> bool {
+            true
+        }
+        fn into_buffer(self: Arc<Self>) -> Result<Vec<u8>, Arc<Self>> {
+            Err(self)
+        }
+    }
+
+    /// The bytes of a region that cannot be unwrapped are copied, never lost: the last strong
+    /// handle used to be unwrapped without a fallback, and a region held for a moment by the
+    /// RNIC came out empty, to be written as the command's data with GOOD status.
+    #[test]
+    fn a_region_that_cannot_be_unwrapped_is_copied() {
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+        let mr = Arc::new(Held(data.clone()));
+        assert_eq!(Arc::strong_count(&mr), 1);
+        assert_eq!(&copy_out(mr)[..], &data[..]);
+    }
+}

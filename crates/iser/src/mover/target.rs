@@ -1,0 +1,204 @@
+//! The target half: a write command's immediate data and unsolicited Data-Out (Sends) placed
+//! in its task buffer, Put_Data as RDMA Writes to the initiator's read buffer and Get_Data as
+//! RDMA Reads from its write buffer.
+
+use super::driver::completion;
+use super::{IserDatamover, Shared, WriteTask, copy_out, lock, rdma};
+use bytes::Bytes;
+use riser_datamover::{ControlPdu, DataInDesc, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer, Violation};
+use riser_iscsi::wire::{DataOut, Header, ScsiCommand};
+use riser_verbs::{Access, MemoryRegion, ProtectionDomain, Provider, SendOp, Sge};
+use std::sync::atomic::Ordering;
+
+/// Read data at least this large is registered in place rather than copied.
+const ZERO_COPY_MIN: usize = 64 << 10;
+/// The largest single RDMA Read: well within every device's max_msg_sz (2 GiB on rxe, siw and
+/// InfiniBand HCAs; unbounded on the software RNIC), large enough that a command is one Read.
+const MAX_RDMA_READ: u32 = 16 << 20;
+
+impl<P: Provider + 'static> Shared<P> {
+    /// A write command with data (target): its immediate data goes straight into a new task
+    /// buffer, sized for the unsolicited part; the command goes up as a control PDU.
+    pub(super) fn receive_write_command(&self, c: ScsiCommand, ahs: Bytes, immediate_data: &[u8]) {
+        let header = Header::ScsiCommand(c);
+        let edtl = c.expected_data_len as usize;
+        let imm = immediate_data.len();
+        if edtl > crate::MAX_TASK_BUFFER || imm > edtl {
+            // No task: the core answers CHECK CONDITION (as over TCP), seeing the
+            // immediate data beyond the command's length or a length beyond
+            // MAX_TASK_BUFFER; the connection goes on.
+            let _ = self.events_tx.send(DmEvent::Control(ControlPdu { header, ahs, data: Bytes::new(), immediate: imm as u32 }));
+            return;
+        }
+        let l = *lock(&self.limits);
+        // Every byte is written before use: immediate data here, unsolicited
+        // Data-Out in order after it, RDMA Reads for the rest. Only the unsolicited
+        // part is taken now; Get_Data takes the rest within the core's budget.
+        let first = if !l.initial_r2t && !c.final_ { (l.first_burst as usize).min(edtl).max(imm) } else { imm };
+        let mut buf = self.pool.take_dirty_vec(first);
+        buf[..imm].copy_from_slice(&immediate_data[..imm]);
+        let task = WriteTask {
+            buf,
+            received: imm as u32,
+            burst_done: c.final_,
+            // F=0 announces unsolicited Data-Out, which InitialR2T=Yes forbids.
+            failed: (l.initial_r2t && !c.final_).then_some(SequenceError::UnsolicitedWithInitialR2t),
+        };
+        lock(&self.writes).insert(c.itt, task);
+        let _ = self.events_tx.send(DmEvent::Control(ControlPdu { header, ahs, data: Bytes::new(), immediate: imm as u32 }));
+    }
+
+    /// A received Data-Out (target): unsolicited data placed in its task's buffer, in order.
+    pub(super) fn receive_unsolicited_data_out(&self, d: &DataOut, payload: &[u8]) -> Result<(), DmError> {
+        // Unsolicited Data-Out (InitialR2T=No): a Send, placed by its buffer offset.
+        let first_burst = lock(&self.limits).first_burst;
+        let mut w = lock(&self.writes);
+        if let Some(t) = w.get_mut(&d.itt).filter(|t| t.failed.is_none()) {
+            // In order (DataPDUInOrder=Yes), so `received` is the covered prefix.
+            if d.buffer_offset != t.received {
+                return Err(Violation::DataOutOutOfOrder { offset: d.buffer_offset, due: t.received }.into());
+            }
+            let at = d.buffer_offset as usize;
+            let end = at.checked_add(payload.len()).filter(|&e| e <= t.buf.len());
+            if t.burst_done {
+                t.failed = Some(SequenceError::UnsolicitedAfterEnd);
+            } else if end.is_none() {
+                t.failed = Some(SequenceError::BeyondFirstBurst);
+            } else {
+                let end = end.unwrap_or(at);
+                t.buf[at..end].copy_from_slice(payload);
+                t.received += payload.len() as u32;
+                if d.final_ {
+                    t.burst_done = true;
+                    // The burst is FirstBurstLength or the whole transfer, never less (as
+                    // LIO): only what lies beyond it is read from the initiator.
+                    if t.received != first_burst.min(t.buf.len() as u32) {
+                        t.failed = Some(SequenceError::UnsolicitedEndedEarly);
+                    }
+                }
+            }
+        }
+        drop(w);
+        self.writes_changed.notify_waiters();
+        Ok(())
+    }
+}
+
+impl<P: Provider + 'static> IserDatamover<P> {
+    /// Put_Data: RDMA Write to the read STag and VA the initiator gave with the command.
+    pub(super) async fn put_data_by_write(&self, desc: DataInDesc, data: Bytes) -> Result<PutDataDone, DmError> {
+        let s = &self.s;
+        if lock(&s.remote).get(&desc.itt).is_none_or(|r| r.read.is_none()) {
+            return Err(Violation::NoReadStag { itt: desc.itt }.into());
+        }
+        if !data.is_empty() {
+            // RDMA Write to (read STag, read VA + offset); the SCSI Response Send follows on
+            // the same queue pair, so the data is placed before the status arrives.
+            // Large data is registered where it lies (no copy) and the write awaited, so the
+            // caller gets its buffer back; small data is copied and the write left queued.
+            let large = data.len() >= ZERO_COPY_MIN;
+            let mr = if large { s.pd.register_shared(data, Access::empty()) } else { s.pd.register(data.to_vec(), Access::empty()) }
+                .map_err(rdma("register read data"))?;
+            let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
+            // Posted under the lock task management takes to end the task: once a task is
+            // aborted (and its TMF response may be on its way) nothing more is posted for
+            // it, so the initiator never sees a write to a key it has revoked.
+            let done = {
+                let remote = lock(&s.remote);
+                let Some(rb) = remote.get(&desc.itt).and_then(|r| r.read) else { return Err(DmError::NoTask(desc.itt)) };
+                let op = SendOp::RdmaWrite { remote_addr: rb.va.wrapping_add(u64::from(desc.offset)), rkey: rb.stag };
+                if large {
+                    Some(s.post_queued(op, vec![sge], Some(mr))?)
+                } else {
+                    s.post_unawaited(op, vec![sge], Some(mr), false).map(|()| None)?
+                }
+            };
+            if let Some(done) = done {
+                completion(done).await?;
+            }
+        }
+        // No Data-In PDUs (DataSN not consumed) and never a collapsed status.
+        Ok(PutDataDone { pdus: 0, status_sent: false })
+    }
+
+    /// Get_Data: wait for the unsolicited part, then RDMA Read the rest from the write STag
+    /// and VA the initiator gave with the command.
+    pub(super) async fn get_data_by_read(&self, plan: R2tPlan) -> Result<TaskBuffer, DmError> {
+        let s = &self.s;
+        let (itt, total_len, unsolicited_len) = (plan.itt, plan.end, plan.start);
+        if unsolicited_len > total_len {
+            lock(&s.writes).remove(&itt);
+            return Err(SequenceError::UnsolicitedBeyondLength { len: total_len }.into());
+        }
+        // Every byte is covered exactly once: the unsolicited part (checked complete below),
+        // then the solicited range to the end (the buffer is reused, not cleared).
+        // Unsolicited Data-Out arrives as Sends: wait for all of it (the caller bounds the
+        // wait; the burst's end is known from its F bit).
+        loop {
+            let mut n = std::pin::pin!(s.writes_changed.notified());
+            n.as_mut().enable();
+            let state = lock(&s.writes).get(&itt).map(|t| (t.received, t.burst_done, t.failed));
+            match state {
+                Some((_, _, Some(why))) => {
+                    lock(&s.writes).remove(&itt);
+                    return Err(why.into());
+                }
+                Some((got, _, None)) if got == unsolicited_len => break,
+                Some((got, done, None)) if got > unsolicited_len || done => {
+                    lock(&s.writes).remove(&itt);
+                    return Err(SequenceError::UnsolicitedShort { got, due: unsolicited_len }.into());
+                }
+                None if unsolicited_len > 0 => return Err(DmError::NoTask(itt)),
+                _ if unsolicited_len == 0 => break,
+                _ => {}
+            }
+            if s.closed.load(Ordering::Acquire) {
+                return Err(DmError::Closed);
+            }
+            n.await;
+        }
+        let task = lock(&s.writes).remove(&itt);
+        let mut buf = task.map_or_else(|| s.pool.take_vec(total_len as usize), |t| t.buf);
+        if buf.len() != total_len as usize {
+            // The buffer held the unsolicited part; the whole transfer's memory is taken
+            // only now that the core collects it.
+            let mut whole = s.pool.take_dirty_vec(total_len as usize);
+            let have = (unsolicited_len as usize).min(buf.len());
+            whole[..have].copy_from_slice(&buf[..have]);
+            s.pool.give_vec(std::mem::replace(&mut buf, whole));
+        }
+        if plan.count() == 0 {
+            return Ok(TaskBuffer { data: riser_datamover::into_bytes_mut(buf) });
+        }
+        if lock(&s.remote).get(&itt).is_none_or(|r| r.write.is_none()) {
+            return Err(SequenceError::NoWriteStag.into());
+        }
+        // RDMA Read the rest from (write STag, write VA + (offset − unsolicited)) into the
+        // task buffer itself, registered as a read sink. The R2T sequence is only
+        // bookkeeping here: the solicited range goes in reads as large as the provider
+        // takes (not MaxBurstLength), all posted at once; the ORD paces them.
+        let mr = s.pd.register(buf, Access::LOCAL_WRITE | Access::READ_SINK).map_err(rdma("register a write buffer"))?;
+        let (start, end) = (plan.start, plan.end);
+        let mut pending = Vec::new();
+        {
+            // Posted under the lock task management takes to end the task (see put_data).
+            let remote = lock(&s.remote);
+            let Some(wb) = remote.get(&itt).and_then(|r| r.write) else { return Err(DmError::NoTask(itt)) };
+            let mut at = start;
+            while at < end {
+                let len = (end - at).min(MAX_RDMA_READ);
+                let sge = Sge { addr: mr.addr() + u64::from(at), length: len, lkey: mr.lkey() };
+                let remote_addr = wb.va.wrapping_add(u64::from(at - unsolicited_len.min(at)));
+                // The sink stays registered until the read completes, even if this task is
+                // aborted meanwhile (a response into a deregistered sink would end the stream).
+                pending.push(s.post_queued(SendOp::RdmaRead { remote_addr, rkey: wb.stag }, vec![sge], Some(mr.clone()))?);
+                at += len;
+            }
+        }
+        for done in pending {
+            completion(done).await?;
+        }
+        let data = copy_out(mr);
+        Ok(TaskBuffer { data })
+    }
+}
