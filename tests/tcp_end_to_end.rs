@@ -323,7 +323,7 @@ async fn crc32c_header_and_data_digests() {
 }
 
 /// Log in with the sans-IO machine over a TCP datamover, for tests that then send raw PDUs.
-async fn raw_session(addr: SocketAddr) -> (riser::datamover::PduDatamover, riser::iscsi::login::LoginOutcome) {
+async fn raw_session(addr: SocketAddr) -> (riser::tcp::PduDatamover, riser::iscsi::login::LoginOutcome) {
     use riser::datamover::{ControlPdu, Datamover, DmEvent};
     use riser::iscsi::login::{InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent};
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -351,7 +351,7 @@ async fn cmdsn_window_snack_and_stray_data_out() {
     use riser::iscsi::wire::{DataOut, RejectReason, Snack};
     let addr = start(|_| {}, |_| {}).await;
     let (dm, o) = raw_session(addr).await;
-    let next = |dm: &riser::datamover::PduDatamover| {
+    let next = |dm: &riser::tcp::PduDatamover| {
         let dm = dm.clone();
         async move {
             match tokio::time::timeout(std::time::Duration::from_secs(5), dm.next_event()).await.expect("an answer") {
@@ -429,7 +429,7 @@ async fn data_out_outside_its_sequence_ends_only_that_task() {
             ..ScsiCommand::default()
         })
     };
-    let response = |dm: riser::datamover::PduDatamover| async move {
+    let response = |dm: riser::tcp::PduDatamover| async move {
         loop {
             match tokio::time::timeout(std::time::Duration::from_secs(5), dm.next_event()).await.expect("an answer") {
                 DmEvent::Control(ControlPdu { header: Header::ScsiResponse(r), data, .. }) => return (r, data),
@@ -649,7 +649,7 @@ async fn discovery_session_naming(
     initiator: &str,
     isid: riser::iscsi::wire::Isid,
     target: &str,
-) -> (riser::datamover::PduDatamover, riser::iscsi::login::LoginOutcome) {
+) -> (riser::tcp::PduDatamover, riser::iscsi::login::LoginOutcome) {
     use riser::datamover::{ControlPdu, Datamover, DmEvent};
     use riser::iscsi::login::{InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent};
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();

@@ -4,8 +4,8 @@
 //! captured libiscsi sessions, so inputs get past login. Time is virtual (paused runtime).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use riser_datamover::PduDatamover;
-use riser_datamover::loopback::{RawEnd, pair};
+use riser_tcp::PduDatamover;
+use riser_tcp::loopback::{RawEnd, pair};
 use riser_iscsi::keys::Role;
 use riser_iscsi::wire::Pdu;
 use riser_scsi::lun::Lun;

@@ -28,15 +28,19 @@
 //! Task buffers belong to the datamover: write data arrives in a [`TaskBuffer`] the datamover
 //! allocated (registered memory on iSER) and filled — immediate, unsolicited and solicited
 //! data all land in place, and the target core never copies them.
+//!
+//! The crate holds the seam only: the trait, its value types, the errors that cross it, and the
+//! [`BufferPool`] datamovers take task buffers from. The implementations live with their
+//! transports: `riser-tcp` (iSCSI/TCP data semantics over a byte stream) and `riser-iser`.
 #![warn(missing_docs)]
 
-pub mod link;
-pub mod loopback;
-mod mover;
 mod pool;
 
-pub use mover::{DEFAULT_SEGMENT_TIMEOUT, MAX_TASK_BUFFER, PduDatamover};
 pub use pool::{BufferPool, into_bytes_mut};
+/// Largest write buffer a datamover allocates for one command (EDTL above this is refused by
+/// the target core with CHECK CONDITION before any data is solicited).
+pub const MAX_TASK_BUFFER: u32 = 64 << 20;
+
 /// The R2T arithmetic is the iSCSI layer's (it decides what moves); re-exported for datamovers.
 pub use riser_iscsi::session::{R2tDesc, R2tPlan};
 

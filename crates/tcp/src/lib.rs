@@ -4,8 +4,15 @@
 //! segment, zero padding to 4 bytes, optional CRC32C data digest. Receiving reads the header
 //! first and then the data segment straight into its final buffer (for write data, the task
 //! buffer); sending writes header, data slices and padding with vectored writes, never copying
-//! the payload. The Data-In / R2T / Data-Out semantics on top are riser-datamover's
-//! [`PduDatamover`]; this crate gives it a socket.
+//! the payload.
+//!
+//! The crate holds the whole iSCSI/TCP datamover:
+//! * [`PduDatamover`] — the data semantics of iSCSI over a byte stream (RFC 7143): Data-In
+//!   segmentation under MaxRecvDataSegmentLength and MaxBurstLength, R2T issue and Data-Out
+//!   collection with DataSN/offset checks on the target; immediate and unsolicited data, R2T
+//!   service and Data-In placement on the initiator — over any [`link`];
+//! * the socket link ([`TcpRx`], [`TcpTx`], [`datamover`]);
+//! * [`loopback`], an in-memory link for tests and fuzzing.
 //!
 //! ```no_run
 //! # async fn f() -> std::io::Result<()> {
@@ -17,171 +24,10 @@
 //! ```
 #![warn(missing_docs)]
 
-use bytes::Bytes;
-use riser_datamover::link::{LinkParams, LinkRx, LinkTx, RxHeader};
-use riser_datamover::{BoxFuture, DmError, PduDatamover, Violation};
-use riser_iscsi::digest::{crc32c, crc32c_append};
-use riser_iscsi::keys::{Digest, Role};
-use riser_iscsi::wire::{BHS_LEN, Bhs, DecodeError, Header, PduLayout, Reaction, pad4};
-use std::future::Future;
-use std::io::{self, IoSlice};
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+pub mod link;
+pub mod loopback;
+mod pdu;
+mod socket;
 
-/// A [`PduDatamover`] over a connected TCP stream, and its receive driver (spawn it).
-pub fn datamover(stream: TcpStream, role: Role) -> (PduDatamover, impl Future<Output = ()> + Send + 'static) {
-    let _ = stream.set_nodelay(true);
-    let (r, w) = stream.into_split();
-    PduDatamover::new(role, Box::new(TcpRx::new(r)), Box::new(TcpTx::new(w)))
-}
-
-fn io_err(e: io::Error) -> DmError {
-    DmError::from(e)
-}
-
-/// Receiving half of a TCP link.
-#[derive(Debug)]
-pub struct TcpRx {
-    r: OwnedReadHalf,
-    p: LinkParams,
-    data_len: usize,
-}
-
-impl TcpRx {
-    /// Wrap a read half.
-    pub fn new(r: OwnedReadHalf) -> Self {
-        Self { r, p: LinkParams::default(), data_len: 0 }
-    }
-}
-
-impl LinkRx for TcpRx {
-    fn read_header(&mut self) -> BoxFuture<'_, Result<Option<RxHeader>, DmError>> {
-        Box::pin(async move {
-            let mut bhs = [0u8; BHS_LEN];
-            // A clean EOF is only clean between PDUs.
-            let n = self.r.read(&mut bhs).await.map_err(io_err)?;
-            if n == 0 {
-                return Ok(None);
-            }
-            self.r.read_exact(&mut bhs[n..]).await.map_err(io_err)?;
-            let view = Bhs::new_unchecked(&bhs[..]);
-            let layout = PduLayout::of(&view, self.p.max_recv_data_segment_length)?;
-            let mut ahs = vec![0u8; layout.ahs_len];
-            self.r.read_exact(&mut ahs).await.map_err(io_err)?;
-            if self.p.header_digest == Digest::Crc32c {
-                let mut d = [0u8; 4];
-                self.r.read_exact(&mut d).await.map_err(io_err)?;
-                if u32::from_le_bytes(d) != crc32c_append(crc32c(&bhs), &ahs) {
-                    return Err(DecodeError::HeaderDigest.into());
-                }
-            }
-            for a in riser_iscsi::wire::AhsIter::new(&ahs) {
-                a?;
-            }
-            // A header that is well framed but holds an impossible field is the session's to
-            // reject; anything else wrong with it ends the connection.
-            let (header, malformed) = match Header::parse(&view) {
-                Ok(h) => (h, None),
-                Err(e) if matches!(e.reaction(), Reaction::Reject(_)) => (Header::Unknown(bhs), Some(e)),
-                Err(e) => return Err(e.into()),
-            };
-            self.data_len = layout.data_len;
-            Ok(Some(RxHeader { header, ahs: Bytes::from(ahs), data_len: layout.data_len, malformed }))
-        })
-    }
-
-    fn read_data<'a>(&'a mut self, dst: &'a mut [u8]) -> BoxFuture<'a, Result<(), DmError>> {
-        Box::pin(async move {
-            if dst.len() != self.data_len {
-                return Err(Violation::SegmentLengthMismatch.into());
-            }
-            self.r.read_exact(dst).await.map_err(io_err)?;
-            let mut pad = [0u8; 3];
-            let pad = &mut pad[..pad4(dst.len()) - dst.len()];
-            self.r.read_exact(pad).await.map_err(io_err)?;
-            if self.p.data_digest == Digest::Crc32c && !dst.is_empty() {
-                let mut d = [0u8; 4];
-                self.r.read_exact(&mut d).await.map_err(io_err)?;
-                if u32::from_le_bytes(d) != crc32c_append(crc32c(dst), pad) {
-                    // ERL 0: a data digest error ends the connection.
-                    return Err(DecodeError::DataDigest.into());
-                }
-            }
-            self.data_len = 0;
-            Ok(())
-        })
-    }
-
-    fn set_params(&mut self, p: LinkParams) {
-        self.p = p;
-    }
-}
-
-/// Sending half of a TCP link.
-#[derive(Debug)]
-pub struct TcpTx {
-    w: OwnedWriteHalf,
-    p: LinkParams,
-}
-
-impl TcpTx {
-    /// Wrap a write half.
-    pub fn new(w: OwnedWriteHalf) -> Self {
-        Self { w, p: LinkParams::default() }
-    }
-}
-
-/// Write every slice, retrying partial vectored writes.
-async fn write_all_vectored<W: AsyncWrite + Unpin>(w: &mut W, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
-    while !bufs.is_empty() {
-        let n = w.write_vectored(bufs).await?;
-        if n == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
-        IoSlice::advance_slices(&mut bufs, n);
-    }
-    Ok(())
-}
-
-impl LinkTx for TcpTx {
-    fn write_pdu<'a>(&'a mut self, header: &'a Header, ahs: &'a [u8], data: &'a [&'a [u8]]) -> BoxFuture<'a, Result<(), DmError>> {
-        Box::pin(async move {
-            let dsl: usize = data.iter().map(|d| d.len()).sum();
-            let mut head = Vec::with_capacity(BHS_LEN + ahs.len() + 4);
-            let mut bhs = [0u8; BHS_LEN];
-            header.emit(&mut bhs, ahs.len(), dsl as u32);
-            head.extend_from_slice(&bhs);
-            head.extend_from_slice(ahs);
-            if self.p.header_digest == Digest::Crc32c {
-                head.extend_from_slice(&crc32c(&head).to_le_bytes());
-            }
-            let mut tail = [0u8; 7];
-            let pad = pad4(dsl) - dsl;
-            let mut tail_len = pad;
-            if self.p.data_digest == Digest::Crc32c && dsl > 0 {
-                let crc = data.iter().fold(crc32c(&[]), |c, d| crc32c_append(c, d));
-                let crc = crc32c_append(crc, &tail[..pad]);
-                tail[pad..pad + 4].copy_from_slice(&crc.to_le_bytes());
-                tail_len += 4;
-            }
-            let mut slices = Vec::with_capacity(data.len() + 2);
-            slices.push(IoSlice::new(&head));
-            slices.extend(data.iter().filter(|d| !d.is_empty()).map(|d| IoSlice::new(d)));
-            if tail_len > 0 {
-                slices.push(IoSlice::new(&tail[..tail_len]));
-            }
-            write_all_vectored(&mut self.w, &mut slices).await.map_err(io_err)
-        })
-    }
-
-    fn set_params(&mut self, p: LinkParams) {
-        self.p = p;
-    }
-
-    fn shutdown(&mut self) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            let _ = self.w.shutdown().await;
-        })
-    }
-}
+pub use pdu::{DEFAULT_SEGMENT_TIMEOUT, PduDatamover};
+pub use socket::{TcpRx, TcpTx, datamover};

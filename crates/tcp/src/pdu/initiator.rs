@@ -3,8 +3,8 @@
 
 use super::{OutWrite, PduDatamover, ReadTask, Shared, lock};
 use crate::link::LinkRx;
-use crate::{ControlPdu, DmError, DmEvent, Violation};
 use bytes::{Bytes, BytesMut};
+use riser_datamover::{ControlPdu, DmError, DmEvent, Violation};
 use riser_iscsi::wire::{DataIn, DataOut, Header, R2t, RESERVED_TAG, ScsiCommand};
 use tokio::sync::mpsc;
 

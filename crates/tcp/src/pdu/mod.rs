@@ -14,11 +14,11 @@ mod target;
 mod tests;
 
 use crate::link::{LinkParams, LinkRx, LinkTx};
-use crate::{
+use bytes::{Bytes, BytesMut};
+use riser_datamover::{
     BoxFuture, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer,
     Terminated, Violation,
 };
-use bytes::{Bytes, BytesMut};
 use riser_iscsi::keys::{NegotiatedParams, Role};
 use riser_iscsi::session::TransferLimits;
 use riser_iscsi::wire::{Header, R2t, ScsiCommand};
@@ -28,10 +28,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 use tokio::sync::{Mutex, Notify, mpsc, watch};
-
-/// Largest write buffer the datamover allocates for one command (EDTL above this is refused
-/// by the target core with CHECK CONDITION before any data is solicited).
-pub const MAX_TASK_BUFFER: u32 = 64 << 20;
 
 #[derive(Debug)]
 struct Solicited {
@@ -85,7 +81,7 @@ struct OutWrite {
 struct Shared {
     role: Role,
     reads: StdMutex<HashMap<u32, ReadTask>>,
-    pool: crate::BufferPool,
+    pool: riser_datamover::BufferPool,
     out_writes: StdMutex<HashMap<u32, OutWrite>>,
     r2t_queue: mpsc::UnboundedSender<R2t>,
     tx: Mutex<Box<dyn LinkTx>>,
@@ -142,7 +138,7 @@ impl PduDatamover {
         let shared = Arc::new(Shared {
             role,
             reads: StdMutex::new(HashMap::new()),
-            pool: crate::BufferPool::default(),
+            pool: riser_datamover::BufferPool::default(),
             out_writes: StdMutex::new(HashMap::new()),
             r2t_queue: r2t_tx,
             tx: Mutex::new(tx),

@@ -2,8 +2,8 @@
 //! socket (BHS, AHS, digests, padding); the loopback passes them through memory. Receiving is
 //! split in two so that data segments land directly in their final buffer.
 
-use crate::{BoxFuture, DmError};
 use bytes::Bytes;
+use riser_datamover::{BoxFuture, DmError};
 use riser_iscsi::keys::Digest;
 use riser_iscsi::wire::{DecodeError, Header};
 

@@ -2,10 +2,11 @@
 //! unsolicited Data-Out and the Data-Out each R2T solicits, every PDU checked against the
 //! task's sequence — and read data sent as Data-In PDUs.
 
-use super::{MAX_TASK_BUFFER, Notice, PduDatamover, Shared, Solicited, WriteTask, lock};
+use super::{Notice, PduDatamover, Shared, Solicited, WriteTask, lock};
 use crate::link::LinkRx;
-use crate::{ControlPdu, DataInDesc, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer, Violation};
 use bytes::{Bytes, BytesMut};
+use riser_datamover::MAX_TASK_BUFFER;
+use riser_datamover::{ControlPdu, DataInDesc, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer, Violation};
 use riser_iscsi::wire::{DataIn, DataOut, Header, R2t, RESERVED_TAG, ScsiCommand};
 use tokio::sync::mpsc;
 

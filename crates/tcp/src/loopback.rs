@@ -3,8 +3,8 @@
 //! [`crate::PduDatamover`], or can be driven by hand in a test through [`RawEnd`].
 
 use crate::link::{LinkParams, LinkRx, LinkTx, RxHeader};
-use crate::{BoxFuture, DmError};
 use bytes::Bytes;
+use riser_datamover::{BoxFuture, DmError};
 use riser_iscsi::keys::DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH;
 use riser_iscsi::wire::{DecodeError, Header};
 use tokio::sync::mpsc;
@@ -61,7 +61,7 @@ impl LinkRx for LoopRx {
         Box::pin(async move {
             let src = self.current.take().unwrap_or_default();
             if src.len() != dst.len() {
-                return Err(crate::Violation::SegmentLengthMismatch.into());
+                return Err(riser_datamover::Violation::SegmentLengthMismatch.into());
             }
             dst.copy_from_slice(&src);
             Ok(())
