@@ -417,6 +417,14 @@ pub trait Datamover: Send + Sync + core::fmt::Debug {
         drop(buf);
     }
 
+    /// Target: a buffer for data the target core produces (a READ's data), at least `len`
+    /// bytes, contents unspecified — from the datamover's pool, the one pool of the
+    /// connection; once the data has been put, it comes back through
+    /// [`release_task_buffer`](Self::release_task_buffer).
+    fn take_buffer(&self, len: usize) -> Vec<u8> {
+        vec![0; len]
+    }
+
     /// Connection_Terminate.
     fn terminate(&self);
 

@@ -288,6 +288,10 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
         self.s.pool.give(buf.data);
     }
 
+    fn take_buffer(&self, len: usize) -> Vec<u8> {
+        self.s.pool.take_dirty_vec(len)
+    }
+
     fn deallocate_task_resources(&self, itt: u32) {
         lock(&self.s.writes).remove(&itt);
         lock(&self.s.remote).remove(&itt);

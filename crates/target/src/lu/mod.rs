@@ -96,7 +96,6 @@ pub struct LogicalUnit {
     serial: String,
     naa: (u64, u64),
     state: Mutex<State>,
-    buffers: Mutex<Vec<Vec<u8>>>,
     read_modify_write: RangeLocks,
     sanitize_rate: Option<u64>,
 }
@@ -124,7 +123,6 @@ impl LogicalUnit {
             serial: format!("RISER{id:011X}"),
             naa: (id & 0xf_ffff_ffff, 0x5249_5345_5200_0000 | id),
             state: Mutex::new(State { wce: true, ..State::default() }),
-            buffers: Mutex::new(Vec::new()),
             read_modify_write: RangeLocks::default(),
             sanitize_rate: None,
         }
@@ -262,6 +260,13 @@ impl LogicalUnit {
 
     /// Run a planned command with its data-out.
     pub fn execute(&self, plan: &Plan, data_out: &[u8], nexus: &str) -> Outcome {
+        self.execute_into(plan, data_out, nexus, Vec::new())
+    }
+
+    /// [`execute`](Self::execute), reading a READ's data into `read_buf` (a buffer from the
+    /// datamover's pool, of any length: it is resized), so read data is carried in memory the
+    /// datamover gets back with `release_task_buffer` once it has sent it.
+    pub fn execute_into(&self, plan: &Plan, data_out: &[u8], nexus: &str, read_buf: Vec<u8>) -> Outcome {
         if let Some(conflict) = self.reservation_conflict(&plan.cdb, nexus) {
             return conflict;
         }
@@ -278,14 +283,14 @@ impl LogicalUnit {
             // The Data-Out buffer must hold exactly the verify and write data (SBC-4 §5.3).
             return self.check(bad_field(13, None));
         }
-        match self.run(&plan.cdb, data_out, nexus) {
+        match self.run(&plan.cdb, data_out, nexus, read_buf) {
             Ok(o) => o,
             Err(s) => self.check(s),
         }
     }
 
     /// Route a command to the handler of its family.
-    fn run(&self, c: &Cdb, out: &[u8], nexus: &str) -> R {
+    fn run(&self, c: &Cdb, out: &[u8], nexus: &str, read_buf: Vec<u8>) -> R {
         match c {
             Cdb::TestUnitReady { .. } => Ok(Outcome::good(Bytes::new())),
             Cdb::RequestSense { desc, alloc_len, .. } => self.request_sense(*desc, *alloc_len),
@@ -294,7 +299,7 @@ impl LogicalUnit {
             }
             Cdb::ReadCapacity10 { lba, pmi, .. } => self.read_capacity_10(*lba, *pmi),
             Cdb::ReadCapacity16 { alloc_len, .. } => self.read_capacity_16(*alloc_len),
-            Cdb::Read(r) => self.read(r),
+            Cdb::Read(r) => self.read(r, read_buf),
             Cdb::Write(r) => self.write(r, out),
             Cdb::WriteAndVerify(r) => self.write_and_verify(r, out),
             Cdb::Verify(r) => self.verify(r, out),

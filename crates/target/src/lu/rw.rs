@@ -49,10 +49,6 @@ impl Drop for RangeGuard<'_> {
     }
 }
 
-fn lock_pool(m: &Mutex<Vec<Vec<u8>>>) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl LogicalUnit {
     /// Check an LBA range against the capacity.
     fn range(&self, lba: u64, blocks: u64) -> Result<(u64, usize), Sense> {
@@ -127,24 +123,10 @@ impl LogicalUnit {
         self.range(r.lba, u64::from(r.transfer_blocks()))
     }
 
-    pub(super) fn read(&self, r: &Rw) -> R {
+    pub(super) fn read(&self, r: &Rw, mut buf: Vec<u8>) -> R {
         let (off, len) = self.check_rw(r)?;
-        let mut buf = lock_pool(&self.buffers).pop().unwrap_or_default();
         self.backend.read_into(off, len, &mut buf).map_err(|_| self.io_error(true))?;
         Ok(Outcome::good(buf))
-    }
-
-    /// Hand back the data buffer of a finished READ for reuse (large buffers would otherwise be
-    /// a fresh mapping, page-faulted in, per command).
-    pub fn recycle(&self, data: Bytes) {
-        if let Ok(b) = data.try_into_mut()
-            && b.capacity() <= 8 << 20
-        {
-            let mut pool = lock_pool(&self.buffers);
-            if pool.len() < 32 {
-                pool.push(b.into());
-            }
-        }
     }
 
     pub(super) fn write(&self, r: &Rw, out: &[u8]) -> R {

@@ -22,6 +22,14 @@ fn data_phase_error(lu: &LogicalUnit) -> Outcome {
 }
 
 impl Session {
+    /// Give read data back to the datamover's pool once it has been put (when nothing else
+    /// holds it).
+    fn give_back(&self, data: Bytes) {
+        if let Ok(b) = data.try_into_mut() {
+            self.dm.release_task_buffer(riser_datamover::TaskBuffer { data: b });
+        }
+    }
+
     /// The command's SCSI Response: its task ends (its window slot opens, so the response
     /// already announces the room it leaves).
     async fn scsi_response(&self, o: &Outcome, residual: Residual, exp_data_sn: u32, slot: &Slot) {
@@ -120,9 +128,11 @@ impl Session {
             warn!(itt = c.itt, got = data_out.len(), usable, "write data incomplete");
             return self.scsi_response(&data_phase_error(&lu), Residual::None, 0, slot).await;
         }
+        // A READ's data goes into a buffer of the datamover's pool, which gets it back once sent.
+        let read_buf = if c.read && edtl > 0 { self.dm.take_buffer(edtl as usize) } else { Vec::new() };
         let (o, data_out) = if !lu.may_block(&plan) {
             // Memory-speed backends run inline; a thread hand-off would cost more than the I/O.
-            (lu.execute(&plan, &data_out[..usable], &self.nexus), data_out)
+            (lu.execute_into(&plan, &data_out[..usable], &self.nexus, read_buf), data_out)
         } else {
             // The blocking pool runs the I/O to its end even if this task is aborted meanwhile:
             // the gate tells task management (and the session's end) when it is over.
@@ -138,7 +148,7 @@ impl Session {
             }
             let (g, io) = (gate.clone(), self.io.clone());
             let Ok(r) = tokio::task::spawn_blocking(move || {
-                let r = (lu2.execute(&plan2, &data_out[..usable], &nexus), data_out);
+                let r = (lu2.execute_into(&plan2, &data_out[..usable], &nexus, read_buf), data_out);
                 if gated {
                     g.busy.store(false, Ordering::Release);
                     g.idle.notify_waiters();
@@ -201,7 +211,7 @@ impl Session {
                     }
                     return;
                 }
-                lu.recycle(o.data);
+                self.give_back(o.data);
                 return;
             } else if send > 0 && c.read {
                 let desc = riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: None };
@@ -215,7 +225,7 @@ impl Session {
             }
         }
         self.scsi_response(&o, residual, pdus, slot).await;
-        lu.recycle(o.data);
+        self.give_back(o.data);
     }
 
     /// Collect a write's data: the unsolicited part the initiator announced (immediate data,

@@ -356,6 +356,10 @@ impl Datamover for PduDatamover {
         self.shared.pool.give(buf.data);
     }
 
+    fn take_buffer(&self, len: usize) -> Vec<u8> {
+        self.shared.pool.take_dirty_vec(len)
+    }
+
     fn terminate(&self) {
         self.shared.phase.send_replace(Phase::Closed);
     }
