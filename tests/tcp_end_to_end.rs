@@ -5,7 +5,7 @@ use bytes::Bytes;
 use riser::initiator::{Error, Session, SessionConfig, discover};
 use riser::iscsi::chap::ChapCredentials;
 use riser::iscsi::keys::OperationalConfig;
-use riser::iscsi::login::{InitiatorAuth, LoginFailure, LoginStatus};
+use riser::iscsi::login::{AuthFailure, InitiatorAuth, LoginFailure, LoginStatus};
 use riser::iscsi::wire::{Header, LoginRequest, NopOut, Pdu, Stage, TmfFunction};
 use riser::scsi::lun::Lun;
 use riser::scsi::sense::{AscAscq, SenseKey};
@@ -190,7 +190,7 @@ async fn chap_one_way_mutual_and_wrong_secret() {
     )
     .await
     .unwrap_err();
-    assert!(matches!(e, Error::Login(LoginFailure::Authentication(_))), "{e}");
+    assert!(matches!(e, Error::Login(LoginFailure::Authentication(AuthFailure::MutualChapFailed))), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -783,7 +783,7 @@ async fn discovery_chap_required_refused_and_mutual() {
     .await;
     assert_eq!(discover(addr, ME, chap("discoverysecret", Some(creds("portal", "portalsecret12")))).await.unwrap().len(), 1);
     let e = discover(addr, ME, chap("discoverysecret", Some(creds("portal", "impostorsecret")))).await.unwrap_err();
-    assert!(matches!(e, Error::Login(LoginFailure::Authentication(_))), "{e}");
+    assert!(matches!(e, Error::Login(LoginFailure::Authentication(AuthFailure::MutualChapFailed))), "{e}");
     let e = discover(addr, ME, chap("discoverysecret", None)).await.unwrap_err();
     assert!(matches!(e, Error::Login(LoginFailure::Status(LoginStatus::AUTHENTICATION_FAILURE))), "mutual CHAP required: {e}");
 }

@@ -210,7 +210,7 @@ fn c20_target_fails_mutual_chap() {
     let mut i = initiator_cfg();
     i.auth = chap("alice", "alicesecret123", &[ChapAlgorithm::Md5], Some(creds("target0", "expectedsecret")));
     let r = run(i, chap_target("alicesecret123", Some(creds("target0", "othersecret123"))));
-    assert!(matches!(r.initiator_failed(), LoginFailure::Authentication(_)));
+    assert_eq!(r.initiator_failed(), LoginFailure::Authentication(AuthFailure::MutualChapFailed));
 }
 
 #[test]
@@ -294,7 +294,7 @@ fn c29_iser_initiator_against_tcp_portal() {
     i.transport = Transport::Iser;
     let r = run(i, target_cfg());
     assert_eq!(r.sent(false, "RDMAExtensions"), ["No"]);
-    assert!(matches!(r.initiator_failed(), LoginFailure::Protocol(_)));
+    assert_eq!(r.initiator_failed(), LoginFailure::Protocol(LoginViolation::RdmaExtensionsRefused));
 }
 
 #[test]

@@ -7,9 +7,10 @@ mod login_harness;
 use login_harness::*;
 use riser_iscsi::chap::ChapAlgorithm;
 use riser_iscsi::keys::SessionType;
+use riser_iscsi::keys::negotiate::NegotiationError;
 use riser_iscsi::login::*;
-use riser_iscsi::text::{TextBuilder, parse_pairs};
-use riser_iscsi::wire::{Header, LoginRequest, NopOut, Pdu, Stage};
+use riser_iscsi::text::{TextBuilder, TextError, parse_pairs};
+use riser_iscsi::wire::{Header, LoginRequest, LoginResponse, NopIn, NopOut, Opcode, Pdu, Reject, Stage};
 use std::time::Duration;
 
 // ---- raw requests: what riser's initiator never sends -------------------------------------
@@ -229,6 +230,65 @@ fn c44_login_timeout() {
     let mut ini = InitiatorLogin::new(initiator_cfg(), Duration::ZERO, [0; 32]);
     ini.handle_timeout(Duration::from_secs(15));
     assert_eq!(ini.poll_event(), Some(InitiatorLoginEvent::Failed(LoginFailure::Timeout)));
+}
+
+/// The initiator's login failure when the riser target's first Login Response is replaced by
+/// what `mangle` makes of it (header and text).
+fn initiator_fails_on(mangle: impl FnOnce(LoginResponse, Vec<u8>) -> (Header, Vec<u8>)) -> LoginFailure {
+    let now = Duration::ZERO;
+    let mut ini = InitiatorLogin::new(initiator_cfg(), now, [1; 32]);
+    let mut tgt = TargetLogin::new(target_cfg(), params());
+    let p = ini.poll_transmit().expect("the first Login Request");
+    let (h, d) = wire(Header::LoginRequest(p.header), &p.data);
+    tgt.handle_pdu(now, &h, &d);
+    let rsp = tgt.poll_transmit().expect("the first Login Response");
+    let (h, d) = mangle(rsp.header, rsp.data);
+    let (h, d) = wire(h, &d);
+    ini.handle_pdu(now, &h, &d);
+    assert!(ini.is_finished());
+    match ini.poll_event() {
+        Some(InitiatorLoginEvent::Failed(f)) => f,
+        other => panic!("the initiator did not fail: {other:?}"),
+    }
+}
+
+#[test]
+fn c48_initiator_names_the_rule_the_target_broke() {
+    use LoginViolation as V;
+    let version = initiator_fails_on(|r, d| {
+        let r = LoginResponse { version_active: 1, ..r };
+        (Header::LoginResponse(r), d)
+    });
+    assert_eq!(version, LoginFailure::Protocol(V::UnsupportedVersion(1)));
+    assert_eq!(version.to_string(), "login protocol error: unsupported VersionActive 1");
+    assert_eq!(
+        initiator_fails_on(|r, d| (Header::LoginResponse(LoginResponse { itt: 7, ..r }), d)),
+        LoginFailure::Protocol(V::WrongTask { itt: 7, isid: ISID, expected_itt: 0, expected_isid: ISID })
+    );
+    assert_eq!(
+        initiator_fails_on(|r, d| (Header::LoginResponse(LoginResponse { csg: Stage::OPERATIONAL, nsg: Stage::FULL_FEATURE, ..r }), d)),
+        LoginFailure::Protocol(V::StageMismatch { got: Stage::OPERATIONAL, expected: Stage::SECURITY })
+    );
+    assert_eq!(
+        initiator_fails_on(|r, d| (Header::LoginResponse(LoginResponse { nsg: Stage(2), ..r }), d)),
+        LoginFailure::Protocol(V::InvalidNsg { csg: Stage::SECURITY, nsg: Stage(2) })
+    );
+    assert_eq!(
+        initiator_fails_on(|r, _| (Header::LoginResponse(r), b"AuthMethod=None".to_vec())),
+        LoginFailure::Protocol(V::Text(TextError::MissingNul))
+    );
+    assert_eq!(
+        initiator_fails_on(|r, _| (Header::LoginResponse(r), b"TargetAlias=a\0TargetAlias=b\0".to_vec())),
+        LoginFailure::Protocol(V::Negotiation(NegotiationError::Duplicate("TargetAlias".into())))
+    );
+    assert_eq!(initiator_fails_on(|_, _| (Header::Reject(Reject::default()), vec![0; 48])), LoginFailure::Protocol(V::TargetRejected));
+    assert_eq!(
+        initiator_fails_on(|_, _| (Header::NopIn(NopIn::default()), vec![])),
+        LoginFailure::Protocol(V::UnexpectedPdu(Opcode::NOP_IN))
+    );
+    let demanded = initiator_fails_on(|r, _| (Header::LoginResponse(LoginResponse { transit: false, ..r }), b"AuthMethod=CHAP\0".to_vec()));
+    assert_eq!(demanded, LoginFailure::Authentication(AuthFailure::MethodDemanded("CHAP".into())));
+    assert_eq!(demanded.to_string(), "authentication failed: target demands AuthMethod CHAP");
 }
 
 // ---- real peers: libiscsi's captured login, tgt's quirks ----------------------------------

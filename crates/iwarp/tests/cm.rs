@@ -6,7 +6,7 @@ mod common;
 use common::{ALL, contents, end, next, pair_with, pattern, sge};
 use riser_iwarp::wire::{self, IrdOrd, MpaFrame};
 use riser_iwarp::{RnicConfig, SoftRnic};
-use riser_verbs::{Access, ConnParam, ConnectionRequest, Error, Listener, MemoryRegion, Provider, QpCaps, SendOp, WcStatus};
+use riser_verbs::{Access, ConnParam, ConnectionRequest, Error, Listener, MemoryRegion, Provider, QpCaps, SendOp, SetupError, WcStatus};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -60,6 +60,44 @@ fn markers_are_refused_in_mpa() {
     sock.read_exact(&mut h).unwrap();
     let reply = MpaFrame::parse(&h).unwrap();
     assert!(reply.reply && reply.rejected() && !reply.markers());
+}
+
+/// The active side's error when a raw peer answers its MPA request with `answer`.
+fn connect_to_raw_answer(answer: Vec<u8>) -> Error {
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = server.local_addr().unwrap();
+    let peer = std::thread::spawn(move || {
+        let (mut sock, _) = server.accept().unwrap();
+        let mut h = [0u8; wire::MPA_HEADER_LEN];
+        sock.read_exact(&mut h).unwrap();
+        sock.write_all(&answer).unwrap();
+        // Keep the connection until the client has read the answer and given up.
+        let _ = sock.read_to_end(&mut Vec::new());
+    });
+    let (crnic, pd, cq, rcq) = end(SoftRnic::default());
+    let qp = crnic.create_qp(addr, &pd, &cq, &rcq, QpCaps::default()).unwrap();
+    let e = crnic.connect(&qp, &ConnParam::default()).unwrap_err();
+    drop(qp);
+    drop(crnic);
+    peer.join().unwrap();
+    e
+}
+
+#[test]
+fn broken_mpa_replies_are_named() {
+    let e = connect_to_raw_answer(mpa_request(b""));
+    assert!(matches!(e, Error::Setup(SetupError::RequestInsteadOfReply)), "{e}");
+    assert_eq!(e.to_string(), "connection setup failed: the peer answered with an MPA Request");
+    let mut bad_key = mpa_request(b"");
+    bad_key[0] ^= 0xff;
+    let e = connect_to_raw_answer(bad_key);
+    assert!(matches!(e, Error::Setup(SetupError::BadMpaKey)), "{e}");
+    let reply = |rev, ird_ord| MpaFrame { reply: true, flags: 0, rev, ird_ord, private_data: vec![] }.emit();
+    let mut rev3 = reply(2, Some(IrdOrd::default()));
+    rev3[17] = 3;
+    assert!(matches!(connect_to_raw_answer(rev3), Error::Setup(SetupError::MpaRevision(3))));
+    let e = connect_to_raw_answer(reply(1, None));
+    assert!(matches!(e, Error::Setup(SetupError::ReplyWithoutIrdOrd)), "{e}");
 }
 
 /// A listener whose requests are taken by a thread of their own as they come and handed over

@@ -8,7 +8,10 @@ mod common;
 use common::{ALL, End, contents, next, pair, pair_with, pattern, raw_fpdu, raw_peer, send_hdr, sge, wait_until};
 use riser_iwarp::wire::{self, Header, Opcode};
 use riser_iwarp::{RnicConfig, SoftMr, Term};
-use riser_verbs::{Access, MemoryRegion, ProtectionDomain, QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
+use riser_verbs::{
+    Access, ConnParam, Error, Invalid, MAX_PRIVATE_DATA, MemoryRegion, ProtectionDomain, Provider, QpCaps, QueuePair, RecvWr,
+    RegistrationError, SendOp, SendWr, WcOpcode, WcStatus,
+};
 use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::Duration;
@@ -147,8 +150,10 @@ static RECV_FLUSH: std::sync::Mutex<Vec<Arc<SoftMr>>> = std::sync::Mutex::new(Ve
 fn shared_regions_are_read_only_and_readable_remotely() {
     let (c, s) = pair();
     let bytes = bytes::Bytes::from(pattern(5, 10_000));
-    assert!(s.pd.register_shared(bytes.clone(), Access::REMOTE_WRITE).is_err(), "no write rights on shared bytes");
-    assert!(s.pd.register_shared(bytes.clone(), Access::LOCAL_WRITE).is_err());
+    for access in [Access::REMOTE_WRITE, Access::LOCAL_WRITE] {
+        let e = s.pd.register_shared(bytes.clone(), access).unwrap_err();
+        assert!(matches!(e, Error::Registration(RegistrationError::SharedWritable)), "no write rights on shared bytes: {e}");
+    }
     let src = s.pd.register_shared(bytes.clone(), Access::REMOTE_READ).unwrap();
     assert_eq!(src.addr(), bytes.as_ptr() as u64, "registered where it lies");
     let sink = c.mr(vec![0u8; 10_000], Access::LOCAL_WRITE);
@@ -218,4 +223,34 @@ fn a_peer_that_stops_reading_stalls_only_the_transmitter_and_order_holds() {
         assert_eq!((wc.wr_id, wc.status), (i as u64, WcStatus::Success), "completions in order");
     }
     assert_eq!(reader.join().unwrap(), contents(&src));
+}
+
+#[test]
+fn refused_work_requests_say_why() {
+    let (c, _s) = pair();
+    let mr = c.mr(vec![0; 64], ALL);
+    let max = QpCaps::default().max_sge as usize;
+    let many = vec![sge(&mr, 0, 8); max + 1];
+    let e = c.qp.post_send(SendWr { wr_id: 1, op: SendOp::Send, sg_list: many.clone(), signaled: true }).unwrap_err();
+    assert!(matches!(e, Error::Invalid(Invalid::TooManySge { got, max: m }) if got == max + 1 && m == max), "{e}");
+    assert_eq!(e.to_string(), format!("invalid argument: {} scatter/gather elements (at most {max})", max + 1));
+    let e = c.qp.post_recv(RecvWr { wr_id: 2, sg_list: many }).unwrap_err();
+    assert!(matches!(e, Error::Invalid(Invalid::TooManySge { .. })), "{e}");
+    let read = SendOp::RdmaRead { remote_addr: 0, rkey: 0 };
+    let e = c.qp.post_send(SendWr { wr_id: 3, op: read, sg_list: vec![sge(&mr, 0, 8), sge(&mr, 8, 8)], signaled: true }).unwrap_err();
+    assert!(matches!(e, Error::Invalid(Invalid::ReadSinkCount { got: 2 })), "{e}");
+    let depth = QpCaps::default().max_recv_wr;
+    for id in 0..depth {
+        c.qp.post_recv(RecvWr { wr_id: u64::from(id), sg_list: vec![sge(&mr, 0, 8)] }).unwrap();
+    }
+    let e = c.qp.post_recv(RecvWr { wr_id: 0, sg_list: vec![sge(&mr, 0, 8)] }).unwrap_err();
+    assert!(matches!(e, Error::Invalid(Invalid::ReceiveQueueFull { depth: d }) if d == depth), "{e}");
+    let param = ConnParam { private_data: vec![0; MAX_PRIVATE_DATA + 1], ..ConnParam::default() };
+    let e = c.rnic.connect(&c.qp, &param).unwrap_err();
+    assert!(
+        matches!(e, Error::Invalid(Invalid::PrivateDataTooLong { len, max }) if len == MAX_PRIVATE_DATA + 1 && max == MAX_PRIVATE_DATA),
+        "{e}"
+    );
+    let e = c.rnic.connect(&c.qp, &ConnParam::default()).unwrap_err();
+    assert!(matches!(e, Error::Invalid(Invalid::AlreadyConnected)), "{e}");
 }

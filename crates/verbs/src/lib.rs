@@ -21,8 +21,11 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(feature = "rdma-core"), forbid(unsafe_code))]
 
+mod error;
 #[cfg(feature = "rdma-core")]
 pub mod rdma_core;
+
+pub use error::{Errno, Error, Invalid, NoDevice, RegistrationError, Resolution, SetupError, Unreachable};
 
 use std::fmt;
 use std::future::Future;
@@ -239,42 +242,6 @@ pub struct Established {
     pub peer: Option<SocketAddr>,
     /// What the transport negotiated, for logs (e.g. "MPA rev 2, CRC on, IRD 4, ORD 4").
     pub description: String,
-}
-
-/// Provider errors.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// No RDMA device (or provider library) is available.
-    #[error("no RDMA device: {0}")]
-    NoDevice(String),
-    /// The peer refused the connection; its private data is attached.
-    #[error("connection rejected by the peer ({} bytes of private data)", private_data.len())]
-    Rejected {
-        /// The peer's reject private data.
-        private_data: Vec<u8>,
-    },
-    /// The peer did not answer in time.
-    #[error("peer unreachable or not answering: {0}")]
-    Unreachable(String),
-    /// The connection setup broke the protocol.
-    #[error("connection setup failed: {0}")]
-    Setup(String),
-    /// An argument is out of range (queue full, too many elements, private data too long...).
-    #[error("invalid argument: {0}")]
-    Invalid(String),
-    /// A key that names no region of this protection domain.
-    #[error("unknown key {0:#010x}")]
-    UnknownKey(u32),
-    /// Memory registration failed.
-    #[error("memory registration failed: {0}")]
-    Registration(String),
-    /// The queue pair is not connected.
-    #[error("queue pair not connected")]
-    NotConnected,
-    /// Socket / device I/O.
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
 }
 
 /// Provider result.

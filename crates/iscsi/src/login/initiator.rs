@@ -2,10 +2,10 @@
 
 use super::{Entropy, LOGIN_MAX_DATA, LoginOutcome, LoginPdu, LoginStatus, get, split_auth};
 use crate::chap::{ChapAlgorithm, ChapCredentials};
-use crate::keys::negotiate::Negotiator;
+use crate::keys::negotiate::{NegotiationError, Negotiator};
 use crate::keys::{OperationalConfig, Role, SessionType, Transport};
-use crate::text::{Reassembler, TextBuilder, decode_binary, encode_hex, parse_number, parse_pairs};
-use crate::wire::{Header, Isid, LoginRequest, LoginResponse, Stage};
+use crate::text::{Reassembler, TextBuilder, TextError, decode_binary, encode_hex, parse_number, parse_pairs};
+use crate::wire::{Header, Isid, LoginRequest, LoginResponse, Opcode, Stage};
 use alloc::collections::VecDeque;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
@@ -89,13 +89,137 @@ pub enum LoginFailure {
     Status(LoginStatus),
     /// The target broke the protocol.
     #[error("login protocol error: {0}")]
-    Protocol(String),
+    Protocol(LoginViolation),
     /// Authentication could not be completed (including the target failing mutual CHAP).
     #[error("authentication failed: {0}")]
-    Authentication(String),
+    Authentication(AuthFailure),
     /// No answer in time.
     #[error("login timed out")]
     Timeout,
+}
+
+/// How the target broke the login protocol ([`LoginFailure::Protocol`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoginViolation {
+    /// The target answered a Login Request with a Reject PDU.
+    #[error("target rejected a login PDU")]
+    TargetRejected,
+    /// A PDU other than a Login Response (or Reject) arrived during login.
+    #[error("{0:?} PDU during login")]
+    UnexpectedPdu(Opcode),
+    /// The login took more request/response rounds than any sane negotiation needs.
+    #[error("too many login rounds (more than {max})")]
+    TooManyRounds {
+        /// The limit.
+        max: u32,
+    },
+    /// A Login Response with a VersionActive other than 0 (RFC 7143 §11.13.4).
+    #[error("unsupported VersionActive {0}")]
+    UnsupportedVersion(u8),
+    /// A Login Response for another login task (ITT) or session (ISID).
+    #[error("Login Response for ITT {itt:#x} / {isid:?}, expected ITT {expected_itt:#x} / {expected_isid:?}")]
+    WrongTask {
+        /// The response's ITT.
+        itt: u32,
+        /// The response's ISID.
+        isid: Isid,
+        /// Our login's ITT.
+        expected_itt: u32,
+        /// Our ISID.
+        expected_isid: Isid,
+    },
+    /// The response's CSG is not the stage we are in.
+    #[error("CSG {} of the response does not match ours ({})", got.0, expected.0)]
+    StageMismatch {
+        /// The response's CSG.
+        got: Stage,
+        /// Our current stage.
+        expected: Stage,
+    },
+    /// The response transits to a stage that is not a later valid one.
+    #[error("invalid NSG {} in response (CSG {})", nsg.0, csg.0)]
+    InvalidNsg {
+        /// The response's CSG.
+        csg: Stage,
+        /// The response's NSG.
+        nsg: Stage,
+    },
+    /// The target answered (text, or T bit) while our text was still being sent in pieces.
+    #[error("target answered before our text was complete")]
+    AnsweredBeforeTextComplete,
+    /// Malformed text (or text over the reassembly limit).
+    #[error(transparent)]
+    Text(TextError),
+    /// A negotiation the target got wrong.
+    #[error(transparent)]
+    Negotiation(NegotiationError),
+    /// Security keys in the operational stage.
+    #[error("security keys outside the security stage")]
+    SecurityKeysOutsideSecurityStage,
+    /// The final response came while our offers were still unanswered.
+    #[error("target completed login without answering our offers")]
+    CompletedWithoutAnswers,
+    /// The final response offered keys of its own, which we could no longer answer.
+    #[error("target completed login while offering keys")]
+    CompletedWhileOffering,
+    /// A normal session's login ended without the target declaring TargetPortalGroupTag.
+    #[error("TargetPortalGroupTag missing from a normal-session login")]
+    MissingTargetPortalGroupTag,
+    /// An iSER connection's login ended without RDMAExtensions=Yes.
+    #[error("target did not accept RDMAExtensions=Yes on an iSER connection")]
+    RdmaExtensionsRefused,
+    /// The final Login Response carries TSIH 0.
+    #[error("final Login Response without TSIH")]
+    MissingTsih,
+    /// Security keys where none belong (no authentication, or one-way CHAP after CHAP_R).
+    #[error("unexpected security keys")]
+    UnexpectedSecurityKeys,
+    /// Security keys after authentication finished.
+    #[error("security keys after authentication")]
+    SecurityKeysAfterAuthentication,
+}
+
+/// Why authentication failed ([`LoginFailure::Authentication`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuthFailure {
+    /// We offered no authentication; the target demands this AuthMethod.
+    #[error("target demands AuthMethod {0}")]
+    MethodDemanded(String),
+    /// We offered CHAP; the target answered this AuthMethod.
+    #[error("target answered AuthMethod={0}")]
+    MethodAnswered(String),
+    /// The target set the T bit in the security stage before authentication was complete.
+    #[error("target left the security stage before authentication finished")]
+    LeftSecurityStageEarly,
+    /// The target did not answer our AuthMethod offer.
+    #[error("target did not answer AuthMethod")]
+    NoAuthMethodAnswer,
+    /// The target's CHAP challenge lacks CHAP_A, CHAP_I or CHAP_C.
+    #[error("CHAP_A, CHAP_I and CHAP_C expected")]
+    ChapKeysMissing,
+    /// The target's CHAP_A is not one of the algorithms we offered.
+    #[error("target chose CHAP_A={0}, an algorithm we did not offer")]
+    AlgorithmNotOffered(String),
+    /// CHAP_I is not a number from 0 to 255.
+    #[error("bad CHAP_I {0:?}")]
+    BadChapI(String),
+    /// CHAP_C is not a binary value.
+    #[error("malformed CHAP_C")]
+    MalformedChapC,
+    /// CHAP_C is empty or longer than 1024 bytes.
+    #[error("unacceptable CHAP_C length {0}")]
+    ChapCLength(usize),
+    /// Mutual CHAP: the target did not answer our challenge (CHAP_N and CHAP_R).
+    #[error("target did not answer our mutual CHAP challenge")]
+    NoMutualAnswer,
+    /// Mutual CHAP: the target's CHAP_R is not a binary value.
+    #[error("malformed target CHAP_R")]
+    MalformedTargetChapR,
+    /// Mutual CHAP: the target's name or response is wrong.
+    #[error("target failed mutual CHAP")]
+    MutualChapFailed,
 }
 
 /// What the initiator login machine reports.
@@ -152,12 +276,12 @@ const MAX_ROUNDS: u32 = 64;
 
 type Step = Result<(), LoginFailure>;
 
-fn protocol(msg: &str) -> LoginFailure {
-    LoginFailure::Protocol(msg.into())
+fn protocol(why: LoginViolation) -> LoginFailure {
+    LoginFailure::Protocol(why)
 }
 
-fn auth_failed(msg: &str) -> LoginFailure {
-    LoginFailure::Authentication(msg.into())
+fn auth_failed(why: AuthFailure) -> LoginFailure {
+    LoginFailure::Authentication(why)
 }
 
 impl LoginPdu<LoginRequest> {
@@ -289,8 +413,8 @@ impl InitiatorLogin {
         }
         let result = match header {
             Header::LoginResponse(rsp) => self.step(rsp, data),
-            Header::Reject(_) => Err(protocol("target rejected a login PDU")),
-            other => Err(LoginFailure::Protocol(alloc::format!("{:?} PDU during login", other.opcode()))),
+            Header::Reject(_) => Err(protocol(LoginViolation::TargetRejected)),
+            other => Err(protocol(LoginViolation::UnexpectedPdu(other.opcode()))),
         };
         if let Err(e) = result {
             self.finish(InitiatorLoginEvent::Failed(e));
@@ -300,10 +424,10 @@ impl InitiatorLogin {
     fn step(&mut self, rsp: &LoginResponse, data: &[u8]) -> Step {
         self.rounds += 1;
         if self.rounds > MAX_ROUNDS {
-            return Err(protocol("too many login rounds"));
+            return Err(protocol(LoginViolation::TooManyRounds { max: MAX_ROUNDS }));
         }
         if rsp.version_active != 0 {
-            return Err(protocol("unsupported VersionActive"));
+            return Err(protocol(LoginViolation::UnsupportedVersion(rsp.version_active)));
         }
         self.exp_stat_sn = rsp.stat_sn.wrapping_add(1);
         let status = LoginStatus { class: rsp.status_class, detail: rsp.status_detail };
@@ -320,25 +444,24 @@ impl InitiatorLogin {
         }
         // (Checked after the status: tgt zeroes the ISID in failure responses.)
         if rsp.itt != self.config.itt || rsp.isid != self.config.isid {
-            return Err(LoginFailure::Protocol(alloc::format!(
-                "Login Response for ITT {:#x} / {:?}, expected ITT {:#x} / {:?}",
-                rsp.itt,
-                rsp.isid,
-                self.config.itt,
-                self.config.isid
-            )));
+            return Err(protocol(LoginViolation::WrongTask {
+                itt: rsp.itt,
+                isid: rsp.isid,
+                expected_itt: self.config.itt,
+                expected_isid: self.config.isid,
+            }));
         }
         if rsp.csg != self.stage {
-            return Err(protocol("CSG of the response does not match"));
+            return Err(protocol(LoginViolation::StageMismatch { got: rsp.csg, expected: self.stage }));
         }
         if rsp.transit && (rsp.nsg.0 <= rsp.csg.0 || rsp.nsg.0 == 2) {
-            return Err(protocol("invalid NSG in response"));
+            return Err(protocol(LoginViolation::InvalidNsg { csg: rsp.csg, nsg: rsp.nsg }));
         }
 
         // Our own continuation: the target acknowledged a piece, send the next.
         if let Some((rest, transit, nsg)) = self.tx_rest.take() {
             if !data.is_empty() || rsp.transit {
-                return Err(protocol("target answered before our text was complete"));
+                return Err(protocol(LoginViolation::AnsweredBeforeTextComplete));
             }
             self.send(rest, transit, nsg);
             return Ok(());
@@ -351,33 +474,33 @@ impl InitiatorLogin {
                 self.push_request(Vec::new(), false, false, Stage::default());
                 return Ok(());
             }
-            Err(e) => return Err(LoginFailure::Protocol(e.to_string())),
+            Err(e) => return Err(protocol(LoginViolation::Text(e))),
         };
-        let pairs = parse_pairs(&text).map_err(|e| LoginFailure::Protocol(e.to_string()))?;
+        let pairs = parse_pairs(&text).map_err(|e| protocol(LoginViolation::Text(e)))?;
         let (auth_keys, other) = split_auth(&pairs);
         let mut out = TextBuilder::new();
-        self.neg.receive(&other, &mut out).map_err(|e| LoginFailure::Protocol(e.to_string()))?;
+        self.neg.receive(&other, &mut out).map_err(|e| protocol(LoginViolation::Negotiation(e)))?;
 
         if self.stage == Stage::SECURITY {
             self.authenticate(&auth_keys, &mut out)?;
         } else if !auth_keys.is_empty() {
-            return Err(protocol("security keys outside the security stage"));
+            return Err(protocol(LoginViolation::SecurityKeysOutsideSecurityStage));
         }
 
         if rsp.transit {
             if self.auth != Auth::Done {
-                return Err(auth_failed("target left the security stage before authentication finished"));
+                return Err(auth_failed(AuthFailure::LeftSecurityStageEarly));
             }
             self.stage = rsp.nsg;
             if self.stage == Stage::FULL_FEATURE {
                 if self.neg.pending() {
-                    return Err(protocol("target completed login without answering our offers"));
+                    return Err(protocol(LoginViolation::CompletedWithoutAnswers));
                 }
                 if !out.is_empty() {
-                    return Err(protocol("target completed login while offering keys"));
+                    return Err(protocol(LoginViolation::CompletedWhileOffering));
                 }
                 if self.neg.session_type() == SessionType::Normal && self.neg.peer_declared("TargetPortalGroupTag").is_none() {
-                    return Err(protocol("TargetPortalGroupTag missing from a normal-session login"));
+                    return Err(protocol(LoginViolation::MissingTargetPortalGroupTag));
                 }
                 let outcome = LoginOutcome {
                     params: self.neg.params(),
@@ -397,10 +520,10 @@ impl InitiatorLogin {
                     && outcome.params.session_type == SessionType::Normal
                     && !outcome.params.rdma_extensions
                 {
-                    return Err(protocol("target did not accept RDMAExtensions=Yes on an iSER connection"));
+                    return Err(protocol(LoginViolation::RdmaExtensionsRefused));
                 }
                 if rsp.tsih == 0 {
-                    return Err(protocol("final Login Response without TSIH"));
+                    return Err(protocol(LoginViolation::MissingTsih));
                 }
                 self.finish(InitiatorLoginEvent::Complete(outcome));
                 return Ok(());
@@ -429,12 +552,12 @@ impl InitiatorLogin {
                 Auth::Offered => match get(keys, "AuthMethod") {
                     Some("None") | None => self.auth = Auth::Done,
                     Some(other) => {
-                        return Err(LoginFailure::Authentication(alloc::format!("target demands AuthMethod {other}")));
+                        return Err(auth_failed(AuthFailure::MethodDemanded(other.into())));
                     }
                 },
                 _ => {
                     if !keys.is_empty() {
-                        return Err(protocol("unexpected security keys"));
+                        return Err(protocol(LoginViolation::UnexpectedSecurityKeys));
                     }
                 }
             }
@@ -448,23 +571,23 @@ impl InitiatorLogin {
                     self.auth = Auth::SentAlgorithms;
                 }
                 Some(other) => {
-                    return Err(LoginFailure::Authentication(alloc::format!("target answered AuthMethod={other}")));
+                    return Err(auth_failed(AuthFailure::MethodAnswered(other.into())));
                 }
-                None => return Err(auth_failed("target did not answer AuthMethod")),
+                None => return Err(auth_failed(AuthFailure::NoAuthMethodAnswer)),
             },
             Auth::SentAlgorithms => {
                 let (Some(a), Some(i), Some(c)) = (get(keys, "CHAP_A"), get(keys, "CHAP_I"), get(keys, "CHAP_C")) else {
-                    return Err(auth_failed("CHAP_A, CHAP_I and CHAP_C expected"));
+                    return Err(auth_failed(AuthFailure::ChapKeysMissing));
                 };
                 let alg = parse_number(a)
                     .ok()
                     .and_then(ChapAlgorithm::from_code)
                     .filter(|a| algorithms.contains(a))
-                    .ok_or_else(|| auth_failed("target chose a CHAP algorithm we did not offer"))?;
-                let id = parse_number(i).ok().filter(|i| *i <= 255).ok_or_else(|| auth_failed("bad CHAP_I"))? as u8;
-                let challenge = decode_binary(c).map_err(|_| auth_failed("malformed CHAP_C"))?;
+                    .ok_or_else(|| auth_failed(AuthFailure::AlgorithmNotOffered(a.into())))?;
+                let id = parse_number(i).ok().filter(|i| *i <= 255).ok_or_else(|| auth_failed(AuthFailure::BadChapI(i.into())))? as u8;
+                let challenge = decode_binary(c).map_err(|_| auth_failed(AuthFailure::MalformedChapC))?;
                 if challenge.is_empty() || challenge.len() > 1024 {
-                    return Err(auth_failed("unacceptable CHAP_C length"));
+                    return Err(auth_failed(AuthFailure::ChapCLength(challenge.len())));
                 }
                 out.push("CHAP_N", &credentials.user);
                 out.push("CHAP_R", &encode_hex(&alg.response(id, &credentials.secret, &challenge)));
@@ -485,20 +608,20 @@ impl InitiatorLogin {
             Auth::SentResponse { mutual: mine } => {
                 if let (Some((alg, id, challenge)), Some(m)) = (mine, mutual) {
                     let (Some(n), Some(r)) = (get(keys, "CHAP_N"), get(keys, "CHAP_R")) else {
-                        return Err(auth_failed("target did not answer our mutual CHAP challenge"));
+                        return Err(auth_failed(AuthFailure::NoMutualAnswer));
                     };
-                    let r = decode_binary(r).map_err(|_| auth_failed("malformed target CHAP_R"))?;
+                    let r = decode_binary(r).map_err(|_| auth_failed(AuthFailure::MalformedTargetChapR))?;
                     if n != m.user || !alg.verify(id, &m.secret, &challenge, &r) {
-                        return Err(auth_failed("target failed mutual CHAP"));
+                        return Err(auth_failed(AuthFailure::MutualChapFailed));
                     }
                 } else if !keys.is_empty() {
-                    return Err(protocol("unexpected security keys"));
+                    return Err(protocol(LoginViolation::UnexpectedSecurityKeys));
                 }
                 self.auth = Auth::Done;
             }
             Auth::Done => {
                 if !keys.is_empty() {
-                    return Err(protocol("security keys after authentication"));
+                    return Err(protocol(LoginViolation::SecurityKeysAfterAuthentication));
                 }
             }
         }

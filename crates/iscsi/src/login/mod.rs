@@ -13,7 +13,7 @@ mod target;
 // A wire field, defined with the Login PDUs in `wire`; documented here too, where it was first.
 #[doc(inline)]
 pub use crate::wire::LoginStatus;
-pub use initiator::{InitiatorAuth, InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent, LoginFailure};
+pub use initiator::{AuthFailure, InitiatorAuth, InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent, LoginFailure, LoginViolation};
 pub use target::{TargetLogin, TargetLoginConfig, TargetLoginEvent, TargetLoginParams, TargetNode};
 
 use crate::keys::{Kind, NegotiatedParams, lookup};

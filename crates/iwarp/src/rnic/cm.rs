@@ -3,8 +3,12 @@
 
 use super::qp::{QpState, SoftQp};
 use super::{MAX_IRD_ORD, RnicShared, SoftCq, SoftPd, lock};
-use crate::wire::{IrdOrd, MPA_FLAG_CRC, MPA_FLAG_ENHANCED, MPA_FLAG_MARKERS, MPA_FLAG_REJECT, MPA_HEADER_LEN, MpaFrame};
-use riser_verbs::{ConnParam, ConnectionRequest, Error, Established, Listener, MAX_PRIVATE_DATA, QpCaps, Result};
+use crate::wire::{
+    IrdOrd, MPA_FLAG_CRC, MPA_FLAG_ENHANCED, MPA_FLAG_MARKERS, MPA_FLAG_REJECT, MPA_HEADER_LEN, MPA_MAX_PRIVATE_DATA, MpaFrame, WireError,
+};
+use riser_verbs::{
+    ConnParam, ConnectionRequest, Error, Established, Invalid, Listener, MAX_PRIVATE_DATA, QpCaps, Result, SetupError, Unreachable,
+};
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -14,9 +18,21 @@ use tracing::{debug, warn};
 
 fn setup_err(e: io::Error) -> Error {
     match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::Unreachable("MPA exchange not complete in time".into()),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::Unreachable(Unreachable::MpaTimeout),
         _ => Error::Io(e),
     }
+}
+
+/// A malformed MPA header or IRD/ORD block.
+fn mpa_err(e: WireError) -> Error {
+    Error::Setup(match e {
+        WireError::BadKey => SetupError::BadMpaKey,
+        WireError::BadRevision(rev) => SetupError::MpaRevision(rev),
+        WireError::PrivateDataTooLong(len) => SetupError::MpaPrivateDataTooLong { len, max: MPA_MAX_PRIVATE_DATA },
+        WireError::MissingIrdOrd => SetupError::MpaMissingIrdOrd,
+        // Not returned by the header and private data parsers.
+        _ => SetupError::MalformedMpa,
+    })
 }
 
 /// The time left until `deadline`, or a timeout error once it passed.
@@ -43,10 +59,10 @@ fn read_exact_by(stream: &mut TcpStream, mut buf: &mut [u8], deadline: Instant) 
 fn read_frame(stream: &mut TcpStream, deadline: Instant) -> Result<MpaFrame> {
     let mut h = [0u8; MPA_HEADER_LEN];
     read_exact_by(stream, &mut h, deadline).map_err(setup_err)?;
-    let (reply, flags, rev, pd_len) = MpaFrame::parse_header(&h).map_err(|e| Error::Setup(e.to_string()))?;
+    let (reply, flags, rev, pd_len) = MpaFrame::parse_header(&h).map_err(mpa_err)?;
     let mut pd = vec![0u8; pd_len];
     read_exact_by(stream, &mut pd, deadline).map_err(setup_err)?;
-    MpaFrame::with_private_data(reply, flags, rev, &pd).map_err(|e| Error::Setup(e.to_string()))
+    MpaFrame::with_private_data(reply, flags, rev, &pd).map_err(mpa_err)
 }
 
 fn describe(rev: u8, crc: bool, ird: u8, ord: u8, p2p: bool) -> String {
@@ -75,7 +91,7 @@ pub(super) fn read_request(rnic: &Arc<RnicShared>, mut stream: TcpStream, deadli
     stream.set_nodelay(true)?;
     let peer = stream.peer_addr()?;
     let frame = read_frame(&mut stream, deadline)?;
-    let mut refuse = |why: &str| {
+    let mut refuse = |why: SetupError| {
         // The reject fits any fresh socket's buffer; the timeout only guards the deadline.
         let _ = left(deadline).and_then(|t| stream.set_write_timeout(Some(t)));
         // A protocol reject: R set, no consumer data.
@@ -87,13 +103,13 @@ pub(super) fn read_request(rnic: &Arc<RnicShared>, mut stream: TcpStream, deadli
             private_data: vec![],
         };
         let _ = stream.write_all(&reply.emit());
-        Err(Error::Setup(why.into()))
+        Err(Error::Setup(why))
     };
     if frame.reply {
-        return refuse("an MPA Reply where a Request belongs");
+        return refuse(SetupError::ReplyInsteadOfRequest);
     }
     if frame.markers() {
-        return refuse("MPA markers requested (not supported)");
+        return refuse(SetupError::MarkersRequested);
     }
     Ok(SoftRequest { rnic: rnic.clone(), stream, frame, peer, qp: None })
 }
@@ -122,9 +138,9 @@ impl ConnectionRequest for SoftRequest {
     }
 
     fn accept(mut self, param: &ConnParam) -> Result<Arc<SoftQp>> {
-        let qp = self.qp.take().ok_or_else(|| Error::Invalid("accept before create_qp".into()))?;
+        let qp = self.qp.take().ok_or(Error::Invalid(Invalid::AcceptBeforeCreateQp))?;
         if param.private_data.len() > MAX_PRIVATE_DATA {
-            return Err(Error::Invalid(format!("{} bytes of private data (at most {MAX_PRIVATE_DATA})", param.private_data.len())));
+            return Err(Error::Invalid(Invalid::PrivateDataTooLong { len: param.private_data.len(), max: MAX_PRIVATE_DATA }));
         }
         let (peer_ird, peer_ord) = self.ird_ord();
         // Our ORD may not exceed the requester's IRD; our IRD covers what it will issue.
@@ -346,16 +362,16 @@ impl Drop for SoftListener {
 /// of [`SoftRnic`](super::SoftRnic): TCP connect, send the MPA request, read and check the
 /// reply, start the engines.
 pub(super) fn connect(rnic: &RnicShared, qp: &Arc<SoftQp>, param: &ConnParam) -> Result<Established> {
-    let addr = lock(&qp.s.dest).ok_or_else(|| Error::Invalid("queue pair not created for an active connection".into()))?;
+    let addr = lock(&qp.s.dest).ok_or(Error::Invalid(Invalid::NotActiveSide))?;
     if param.private_data.len() > MAX_PRIVATE_DATA {
-        return Err(Error::Invalid(format!("{} bytes of private data (at most {MAX_PRIVATE_DATA})", param.private_data.len())));
+        return Err(Error::Invalid(Invalid::PrivateDataTooLong { len: param.private_data.len(), max: MAX_PRIVATE_DATA }));
     }
     if qp.s.state() != QpState::Idle {
-        return Err(Error::Invalid("queue pair already connected".into()));
+        return Err(Error::Invalid(Invalid::AlreadyConnected));
     }
     let cfg = &rnic.config;
     let mut stream = TcpStream::connect_timeout(&addr, cfg.setup_timeout).map_err(|e| match e.kind() {
-        io::ErrorKind::TimedOut => Error::Unreachable(format!("{addr}: TCP connect timed out")),
+        io::ErrorKind::TimedOut => Error::Unreachable(Unreachable::TcpConnectTimeout(addr)),
         _ => Error::Io(e),
     })?;
     stream.set_nodelay(true)?;
@@ -377,16 +393,16 @@ pub(super) fn connect(rnic: &RnicShared, qp: &Arc<SoftQp>, param: &ConnParam) ->
     stream.write_all(&request.emit())?;
     let reply = read_frame(&mut stream, deadline)?;
     if !reply.reply {
-        return Err(Error::Setup("the peer answered with an MPA Request".into()));
+        return Err(Error::Setup(SetupError::RequestInsteadOfReply));
     }
     if reply.rejected() {
         return Err(Error::Rejected { private_data: reply.private_data });
     }
     if reply.markers() {
-        return Err(Error::Setup("the peer wants MPA markers (not supported)".into()));
+        return Err(Error::Setup(SetupError::MarkersRequested));
     }
     if enhanced && reply.ird_ord.is_none() {
-        return Err(Error::Setup("enhanced MPA request answered without IRD/ORD".into()));
+        return Err(Error::Setup(SetupError::ReplyWithoutIrdOrd));
     }
     let (ird, ord) = match reply.ird_ord {
         Some(io) => (param.responder_resources.max(clamp(io.ord)).min(MAX_IRD_ORD), param.initiator_depth.min(clamp(io.ird))),
@@ -394,7 +410,7 @@ pub(super) fn connect(rnic: &RnicShared, qp: &Arc<SoftQp>, param: &ConnParam) ->
     };
     let rtr_write = reply.ird_ord.is_some_and(|io| io.p2p && io.write_rtr) && cfg.p2p;
     if reply.ird_ord.is_some_and(|io| io.p2p && !io.write_rtr) && cfg.p2p {
-        return Err(Error::Setup("the peer chose a ready-to-receive message we did not offer".into()));
+        return Err(Error::Setup(SetupError::UnofferedRtr));
     }
     let est = Established {
         private_data: reply.private_data.clone(),

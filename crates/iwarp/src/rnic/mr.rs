@@ -2,7 +2,7 @@
 //! ([`SoftPd`]), with the STag, domain, access and bounds checks every access passes.
 
 use super::{RnicShared, lock};
-use riser_verbs::{Access, Error, MemoryRegion, ProtectionDomain, Result};
+use riser_verbs::{Access, Error, MemoryRegion, ProtectionDomain, RegistrationError, Result};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -181,7 +181,7 @@ impl ProtectionDomain for SoftPd {
 
     fn register_shared(&self, buf: bytes::Bytes, access: Access) -> Result<Arc<SoftMr>> {
         if access.intersects(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::READ_SINK) {
-            return Err(Error::Registration("shared (read-only) memory cannot be registered for writing".into()));
+            return Err(Error::Registration(RegistrationError::SharedWritable));
         }
         let addr = buf.as_ptr() as u64;
         self.insert(Storage::Shared(buf), addr, access)
@@ -192,7 +192,7 @@ impl SoftPd {
     fn insert(&self, mem: Storage, addr: u64, access: Access) -> Result<Arc<SoftMr>> {
         let mut t = lock(&self.rnic.regions);
         if t.len() >= 0x00ff_fff0 {
-            return Err(Error::Registration("no free STag index".into()));
+            return Err(Error::Registration(RegistrationError::NoFreeStag));
         }
         let index = loop {
             let i = self.rnic.next_index.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;

@@ -7,7 +7,9 @@ use super::rx::{RxStream, receive};
 use super::tx::{Engine, Tx, TxItem, TxOutcome, Unblocked, transmit};
 use super::{RnicShared, lock, wc};
 use crate::wire::{Term, TerminateMsg};
-use riser_verbs::{Access, BoxFuture, Error, Established, QpCaps, QueuePair, RecvWr, Result, SendOp, SendWr, Sge, WcOpcode, WcStatus};
+use riser_verbs::{
+    Access, BoxFuture, Error, Established, Invalid, QpCaps, QueuePair, RecvWr, Result, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+};
 use std::collections::VecDeque;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -132,7 +134,7 @@ impl SoftQp {
         caps: QpCaps,
     ) -> Result<Arc<Self>> {
         if !Arc::ptr_eq(rnic, &pd.rnic) {
-            return Err(Error::Invalid("protection domain of another device".into()));
+            return Err(Error::Invalid(Invalid::ForeignObject("protection domain")));
         }
         Ok(Arc::new(Self {
             s: Arc::new(QpShared {
@@ -405,10 +407,10 @@ impl QpShared {
 impl QueuePair for SoftQp {
     fn post_send(&self, wr: SendWr) -> Result<()> {
         if wr.sg_list.len() > self.s.caps.max_sge as usize {
-            return Err(Error::Invalid(format!("{} scatter/gather elements (at most {})", wr.sg_list.len(), self.s.caps.max_sge)));
+            return Err(Error::Invalid(Invalid::TooManySge { got: wr.sg_list.len(), max: self.s.caps.max_sge as usize }));
         }
         if matches!(wr.op, SendOp::RdmaRead { .. }) && wr.sg_list.len() != 1 {
-            return Err(Error::Invalid("an RDMA Read takes exactly one sink element".into()));
+            return Err(Error::Invalid(Invalid::ReadSinkCount { got: wr.sg_list.len() }));
         }
         match self.s.state() {
             QpState::Idle => return Err(Error::NotConnected),
@@ -430,11 +432,11 @@ impl QueuePair for SoftQp {
 
     fn post_recv(&self, wr: RecvWr) -> Result<()> {
         if wr.sg_list.len() > self.s.caps.max_sge as usize {
-            return Err(Error::Invalid(format!("{} scatter/gather elements (at most {})", wr.sg_list.len(), self.s.caps.max_sge)));
+            return Err(Error::Invalid(Invalid::TooManySge { got: wr.sg_list.len(), max: self.s.caps.max_sge as usize }));
         }
         let mut rq = lock(&self.s.rq);
         if rq.len() >= self.s.caps.max_recv_wr as usize {
-            return Err(Error::Invalid("receive queue full".into()));
+            return Err(Error::Invalid(Invalid::ReceiveQueueFull { depth: self.s.caps.max_recv_wr }));
         }
         match self.s.state() {
             QpState::Terminating | QpState::Error => {

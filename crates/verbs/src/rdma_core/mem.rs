@@ -1,8 +1,8 @@
 //! Protection domains, pools and memory regions.
 
 use super::queue::RcQp;
-use super::{Device, KeyMode, Ptr, Transport, errno, lock};
-use crate::{Access, Error, MemoryRegion, ProtectionDomain, Result};
+use super::{Device, KeyMode, Ptr, Transport, errno, last_errno, lock};
+use crate::{Access, Error, Invalid, MemoryRegion, ProtectionDomain, RegistrationError, Result};
 use rdma_mummy_sys as sys;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -40,19 +40,16 @@ fn reg_mr(pd: *mut sys::ibv_pd, addr: *mut u8, len: usize, access: i32) -> Resul
     if !mr.is_null() {
         return Ok(mr);
     }
-    let e = errno();
-    let mut why = format!("ibv_reg_mr of {len} bytes: {e}");
-    if matches!(e.raw_os_error(), Some(libc::ENOMEM) | Some(libc::EFAULT) | Some(libc::EPERM)) {
+    let errno = last_errno();
+    let mut memlock_kib = None;
+    if matches!(errno.0, libc::ENOMEM | libc::EFAULT | libc::EPERM) {
         let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         // SAFETY: a valid out-pointer.
         if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } == 0 && lim.rlim_cur != libc::RLIM_INFINITY {
-            why.push_str(&format!(
-                " — RLIMIT_MEMLOCK is {} KiB: registered memory counts against it (siw checks it even for root); raise it with `ulimit -l unlimited`",
-                lim.rlim_cur / 1024
-            ));
+            memlock_kib = Some(lim.rlim_cur / 1024);
         }
     }
-    Err(Error::Registration(why))
+    Err(Error::Registration(RegistrationError::RegMr { len, errno, memlock_kib }))
 }
 
 /// Memory registered once, handed out in chunks.
@@ -95,10 +92,7 @@ impl Pool {
         }
         let size = len.max(self.step).div_ceil(4096) * 4096;
         if budget < size {
-            return Err(Error::Registration(format!(
-                "the connection's registered pools are full ({} MiB registered; RdmaCoreConfig::pool_limit)",
-                (self.registered() >> 20)
-            )));
+            return Err(Error::Registration(RegistrationError::PoolsFull { registered: self.registered() }));
         }
         // Touched before registration: registering never-touched memory costs 5-20x more.
         let mut mem = vec![0u8; size].into_boxed_slice();
@@ -231,7 +225,7 @@ impl PdInner {
         // SAFETY: the PD is allocated; ibv_alloc_mw returns NULL (errno set) when it cannot.
         let mw = unsafe { sys::ibv_alloc_mw(self.pd.0, sys::ibv_mw_type::IBV_MW_TYPE_2) };
         if mw.is_null() {
-            return Err(Error::Registration(format!("ibv_alloc_mw: {}", errno())));
+            return Err(Error::Registration(RegistrationError::AllocMw { errno: last_errno() }));
         }
         Ok(Ptr(mw))
     }
@@ -245,17 +239,15 @@ impl PdInner {
         let q = lock(&self.qp);
         match (q.0.upgrade(), q.1) {
             (Some(qp), 1) => Ok(qp),
-            (_, 0) | (None, _) => {
-                Err(Error::Invalid("memory windows are bound on a queue pair: create the connection's queue pair first".into()))
-            }
-            _ => Err(Error::Invalid("memory windows need one queue pair per protection domain (one domain per connection)".into())),
+            (_, 0) | (None, _) => Err(Error::Invalid(Invalid::NoQueuePairForWindows)),
+            _ => Err(Error::Invalid(Invalid::WindowsNeedOneQpPerPd)),
         }
     }
 
     fn register_any(self: &Arc<Self>, mem: Storage, access: Access) -> Result<Arc<RcMr>> {
         let len = mem.len();
         if len == 0 {
-            return Err(Error::Invalid("cannot register an empty buffer".into()));
+            return Err(Error::Invalid(Invalid::EmptyBuffer));
         }
         let remote = access.intersects(Access::REMOTE_READ | Access::REMOTE_WRITE);
         let iwarp_sink = access.contains(Access::READ_SINK) && self.dev.transport == Transport::Iwarp;
@@ -306,7 +298,7 @@ impl ProtectionDomain for RcPd {
 
     fn register_shared(&self, buf: bytes::Bytes, access: Access) -> Result<Arc<RcMr>> {
         if access.intersects(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::READ_SINK) {
-            return Err(Error::Registration("shared (read-only) memory cannot be registered for writing".into()));
+            return Err(Error::Registration(RegistrationError::SharedWritable));
         }
         self.inner.register_any(Storage::Shared(buf), access)
     }
@@ -567,8 +559,8 @@ impl MemoryRegion for RcMr {
                 let Some(old) = w.take() else {
                     // A fixed-key or local chunk: its key is the pool's and cannot change.
                     return Err(Error::Invalid(match self.pd.dev.keys {
-                        KeyMode::FixedPool => "a fixed-key pool region cannot be rekeyed (KeyMode::FixedPool)".into(),
-                        _ => "a region whose window is revoked cannot be rekeyed; register anew".into(),
+                        KeyMode::FixedPool => Invalid::FixedKeyRekey,
+                        _ => Invalid::RevokedWindowRekey,
                     }));
                 };
                 let qp = old.qp.clone();

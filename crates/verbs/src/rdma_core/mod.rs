@@ -41,7 +41,7 @@ pub use cq::RcCq;
 pub use mem::{RcMr, RcPd};
 pub use queue::RcQp;
 
-use crate::{ConnParam, Error, Established, Provider, QpCaps, Result};
+use crate::{ConnParam, Errno, Error, Established, Invalid, NoDevice, Provider, QpCaps, Result};
 use rdma_mummy_sys as sys;
 use std::ffi::CStr;
 use std::net::{IpAddr, SocketAddr};
@@ -154,12 +154,17 @@ fn errno() -> std::io::Error {
     std::io::Error::last_os_error()
 }
 
+/// The last OS error number (errno).
+fn last_errno() -> Errno {
+    Errno(errno().raw_os_error().unwrap_or(0))
+}
+
 /// An rdma-core call's failure: the call's name and errno.
-fn os_err(call: &str) -> Error {
+fn os_err(call: &'static str) -> Error {
     let e = errno();
     match e.raw_os_error() {
-        Some(libc::ENODEV) | Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP) if call.starts_with("rdma_create_event_channel") => {
-            Error::NoDevice(format!("{call}: {e} (rdma-core missing, or no RDMA device: see `rdma link show`)"))
+        Some(n @ (libc::ENODEV | libc::ENOSYS | libc::EOPNOTSUPP)) if call == "rdma_create_event_channel" => {
+            Error::NoDevice(NoDevice::Unavailable { call, errno: Errno(n) })
         }
         _ => Error::Io(std::io::Error::new(e.kind(), format!("{call}: {e}"))),
     }
@@ -215,7 +220,7 @@ impl RdmaCore {
     pub fn for_address(ip: IpAddr, config: RdmaCoreConfig) -> Result<Self> {
         let ctx = cm::device_of_local_address(ip)?;
         Self::open_with(config, |c, _| c == ctx).map_err(|e| match e {
-            Error::NoDevice(_) => Error::NoDevice(format!("no RDMA device has the address {ip}")),
+            Error::NoDevice(_) => Error::NoDevice(NoDevice::AddressNotLocal { ip, errno: None }),
             e => e,
         })
     }
@@ -232,14 +237,12 @@ impl RdmaCore {
         // (or NULL); the array is released with rdma_free_devices in Device::drop, or below.
         let list = unsafe { sys::rdma_get_devices(&mut n) };
         if list.is_null() || n <= 0 {
-            let why = if list.is_null() { errno().to_string() } else { "none found".into() };
+            let errno = list.is_null().then(last_errno);
             if !list.is_null() {
                 // SAFETY: the array came from rdma_get_devices and is not used after this.
                 unsafe { sys::rdma_free_devices(list) };
             }
-            return Err(Error::NoDevice(format!(
-                "rdma-core lists no RDMA device ({why}); on Linux: `rdma link show`, or create one with `rdma link add rxe0 type rxe netdev ETH` (soft-RoCE) or `... type siw ...` (soft-iWARP)"
-            )));
+            return Err(Error::NoDevice(NoDevice::NoneListed { errno }));
         }
         let mut chosen = None;
         let mut names = Vec::new();
@@ -260,7 +263,7 @@ impl RdmaCore {
         let Some((ctx, name)) = chosen else {
             // SAFETY: not used after this.
             unsafe { sys::rdma_free_devices(list) };
-            return Err(Error::NoDevice(format!("no such RDMA device (have: {})", names.join(", "))));
+            return Err(Error::NoDevice(NoDevice::NotFound { available: names }));
         };
         // SAFETY: zeroed plain data is a valid ibv_device_attr; the context is open.
         let mut attr: sys::ibv_device_attr = unsafe { std::mem::zeroed() };
@@ -285,7 +288,7 @@ impl RdmaCore {
             KeyMode::MemoryWindows if !windows => {
                 // SAFETY: not used after this.
                 unsafe { sys::rdma_free_devices(list) };
-                return Err(Error::Invalid(format!("{name} cannot bind type 2 memory windows")));
+                return Err(Error::Invalid(Invalid::NoMemoryWindows { device: name }));
             }
             k => k,
         };
@@ -361,9 +364,9 @@ mod tests {
     fn no_device_is_a_clear_error() {
         let have_devices = std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
         match RdmaCore::open(None, RdmaCoreConfig::default()) {
-            Err(Error::NoDevice(why)) => {
-                assert!(!have_devices, "devices exist, yet: {why}");
-                assert!(why.contains("no RDMA device"), "{why}");
+            Err(e @ Error::NoDevice(_)) => {
+                assert!(!have_devices, "devices exist, yet: {e}");
+                assert!(e.to_string().contains("no RDMA device"), "{e}");
             }
             Err(e) => panic!("expected NoDevice, got {e}"),
             Ok(p) => assert!(have_devices, "opened {} without any device in sysfs", p.device_name()),

@@ -5,7 +5,10 @@
 use super::cm::CmConn;
 use super::mem::{Chunk, PdInner, RcPd, Window};
 use super::{Device, KeyMode, Ptr, RcCq, errno, lock, ret_err};
-use crate::{Access, BoxFuture, ConnParam, Error, Established, QpCaps, QueuePair, RecvWr, Result, SendOp, SendWr, Wc, WcOpcode, WcStatus};
+use crate::{
+    Access, BoxFuture, ConnParam, Error, Established, Invalid, QpCaps, QueuePair, RecvWr, Result, SendOp, SendWr, Unreachable, Wc,
+    WcOpcode, WcStatus,
+};
 use rdma_mummy_sys as sys;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -104,10 +107,10 @@ impl RcQp {
         dest: Option<SocketAddr>,
     ) -> Result<Arc<Self>> {
         if !Arc::ptr_eq(pd.inner.device(), dev) || !Arc::ptr_eq(&send_cq.dev, dev) || !Arc::ptr_eq(&recv_cq.dev, dev) {
-            return Err(Error::Invalid("protection domain or completion queue of another device".into()));
+            return Err(Error::Invalid(Invalid::ForeignObject("protection domain or completion queue")));
         }
         if conn.context() != dev.ctx.0 {
-            return Err(Error::Invalid(format!("the connection is on another RDMA device than {}", dev.name)));
+            return Err(Error::Invalid(Invalid::ConnectionOnOtherDevice { device: dev.name.clone() }));
         }
         let a = &dev.attr;
         let max_wr = a.max_qp_wr.max(1) as u32;
@@ -248,14 +251,14 @@ impl RcQp {
             SqKind::Bind => {
                 if st != WcStatus::Success && st != WcStatus::WrFlushErr {
                     // The queue pair is in error now; the consumer's requests are flushed.
-                    self.conn.fail(&format!("memory window bind failed ({st:?}, vendor error {:#x})", raw.vendor_err));
+                    self.conn.fail(Unreachable::WindowBindFailed { status: st, vendor_err: raw.vendor_err });
                 }
                 None
             }
             SqKind::LocalInv => {
                 if let Some(r) = lock(&self.retiring).remove(&raw.wr_id) {
                     if st != WcStatus::Success && st != WcStatus::WrFlushErr {
-                        self.conn.fail(&format!("memory window invalidation failed ({st:?}, vendor error {:#x})", raw.vendor_err));
+                        self.conn.fail(Unreachable::WindowInvalidationFailed { status: st, vendor_err: raw.vendor_err });
                     }
                     // Invalidated, or flushed (the queue pair is dead): the window and the
                     // chunk are free again.
@@ -384,13 +387,17 @@ impl QueuePair for RcQp {
     fn post_send(&self, wr: SendWr) -> Result<()> {
         let n = wr.sg_list.len() as u32;
         if n > self.max_send_sge {
-            return Err(Error::Invalid(format!("{n} scatter/gather elements (this queue pair takes {})", self.max_send_sge)));
+            return Err(Error::Invalid(Invalid::TooManySge { got: wr.sg_list.len(), max: self.max_send_sge as usize }));
         }
         let max_rd = self.dev.attr.max_sge_rd.max(1) as u32;
         if matches!(wr.op, SendOp::RdmaRead { .. }) && n > max_rd {
             // siw completes a 2-element RDMA Read "successfully" with only the first element
             // filled: never hand a device more than it says it places.
-            return Err(Error::Invalid(format!("RDMA Read into {n} elements: {} places at most {max_rd} per read", self.dev.name)));
+            return Err(Error::Invalid(Invalid::TooManyReadSge {
+                got: wr.sg_list.len(),
+                max: max_rd as usize,
+                device: self.dev.name.clone(),
+            }));
         }
         let mut sges: Vec<sys::ibv_sge> =
             wr.sg_list.iter().map(|s| sys::ibv_sge { addr: s.addr, length: s.length, lkey: s.lkey }).collect();
@@ -432,7 +439,7 @@ impl QueuePair for RcQp {
     fn post_recv(&self, wr: RecvWr) -> Result<()> {
         let n = wr.sg_list.len() as u32;
         if n > self.max_recv_sge {
-            return Err(Error::Invalid(format!("{n} scatter/gather elements (this queue pair receives into {})", self.max_recv_sge)));
+            return Err(Error::Invalid(Invalid::TooManySge { got: wr.sg_list.len(), max: self.max_recv_sge as usize }));
         }
         if self.conn.ended() {
             return Err(Error::NotConnected);

@@ -5,7 +5,7 @@ use super::{Channel, CmConn, Id, State, sockaddr, socket_addr};
 use crate::rdma_core::mem::RcPd;
 use crate::rdma_core::queue::RcQp;
 use crate::rdma_core::{Device, Ptr, RcCq, Transport, errno, lock, os_err, wait_readable};
-use crate::{ConnParam, ConnectionRequest, Error, Listener, QpCaps, Result};
+use crate::{ConnParam, ConnectionRequest, Error, Invalid, Listener, QpCaps, Result};
 use rdma_mummy_sys as sys;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -45,7 +45,7 @@ impl RcListener {
         }
         let ctx = id.verbs();
         if !ctx.is_null() && ctx != dev.ctx.0 {
-            return Err(Error::Invalid(format!("{addr} belongs to another RDMA device than {}", dev.name)));
+            return Err(Error::Invalid(Invalid::AddressOnOtherDevice { addr, device: dev.name.clone() }));
         }
         // SAFETY: a bound id.
         if unsafe { sys::rdma_listen(id.id.0, BACKLOG) } != 0 {
@@ -130,7 +130,7 @@ impl RcListener {
         if id.verbs() != self.dev.ctx.0 {
             // SAFETY: a request id; refused (then destroyed with `id`).
             unsafe { sys::rdma_reject(child, std::ptr::null(), 0) };
-            return Err(Error::Invalid(format!("connection request from {peer} on another device than {}", self.dev.name)));
+            return Err(Error::Invalid(Invalid::RequestOnOtherDevice { peer, device: self.dev.name.clone() }));
         }
         let conn = CmConn::new(&self.dev, id)?;
         Ok(RcRequest { dev: self.dev.clone(), conn: Some(conn), private_data, ird, ord, peer, qp: None })
@@ -179,7 +179,7 @@ impl ConnectionRequest for RcRequest {
     }
 
     fn accept(mut self, param: &ConnParam) -> Result<Arc<RcQp>> {
-        let qp = self.qp.take().ok_or_else(|| Error::Invalid("accept before create_qp".into()))?;
+        let qp = self.qp.take().ok_or(Error::Invalid(Invalid::AcceptBeforeCreateQp))?;
         self.conn = None;
         qp.accept(param, self.ird, self.peer, std::mem::take(&mut self.private_data))?;
         Ok(qp)

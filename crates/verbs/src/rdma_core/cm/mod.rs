@@ -6,8 +6,8 @@ mod listener;
 
 pub use listener::{RcListener, RcRequest};
 
-use super::{Device, Ptr, Transport, errno, lock, os_err, set_nonblocking, wait_readable};
-use crate::{ConnParam, Error, Established, Result};
+use super::{Device, Ptr, Transport, errno, last_errno, lock, os_err, set_nonblocking, wait_readable};
+use crate::{ConnParam, Error, Established, Invalid, NoDevice, Resolution, Result, Unreachable};
 use rdma_mummy_sys as sys;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -116,8 +116,16 @@ impl Channel {
         // SAFETY: the fd is non-blocking; ev is a valid out-pointer.
         (unsafe { sys::rdma_get_cm_event(self.0.0, &mut ev) } == 0).then_some(ev)
     }
-    /// Wait for `want` on `id` for at most `timeout`; other events of `id` are errors.
-    fn expect(&self, id: *mut sys::rdma_cm_id, want: sys::rdma_cm_event_type::Type, timeout: Duration, what: &str) -> Result<()> {
+    /// Wait for `want` on `id` for at most `timeout` (the `what` resolution toward `dest`);
+    /// other events of `id` are errors.
+    fn expect(
+        &self,
+        id: *mut sys::rdma_cm_id,
+        want: sys::rdma_cm_event_type::Type,
+        timeout: Duration,
+        what: Resolution,
+        dest: SocketAddr,
+    ) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
             while let Some(ev) = self.next() {
@@ -131,11 +139,11 @@ impl Channel {
                 if kind == want {
                     return Ok(());
                 }
-                return Err(Error::Unreachable(format!("{what}: {} (status {status})", event_name(kind))));
+                return Err(Error::Unreachable(Unreachable::ResolveEvent { what, dest, event: event_name(kind), status }));
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(Error::Unreachable(format!("{what}: no answer within {timeout:?}")));
+                return Err(Error::Unreachable(Unreachable::ResolveTimeout { what, dest, timeout }));
             }
             wait_readable(&[self.fd()], Some(left));
         }
@@ -176,9 +184,9 @@ impl Id {
         // SAFETY: the id is valid; ss holds a valid sockaddr for dest's family.
         let rc = unsafe { sys::rdma_resolve_addr(self.id.0, std::ptr::null_mut(), (&mut ss as *mut libc::sockaddr_storage).cast(), ms) };
         if rc != 0 {
-            return Err(Error::Unreachable(format!("rdma_resolve_addr({dest}): {}", errno())));
+            return Err(Error::Unreachable(Unreachable::ResolveCall { call: "rdma_resolve_addr", dest, errno: last_errno() }));
         }
-        self.channel.expect(self.id.0, sys::rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED, timeout, &format!("resolving {dest}"))
+        self.channel.expect(self.id.0, sys::rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED, timeout, Resolution::Address, dest)
     }
 }
 
@@ -196,10 +204,11 @@ pub(super) fn device_of_local_address(ip: IpAddr) -> Result<*mut sys::ibv_contex
     // SAFETY: the id is valid; ss a valid sockaddr.
     let rc = unsafe { sys::rdma_bind_addr(id.id.0, (&mut ss as *mut libc::sockaddr_storage).cast()) };
     if rc != 0 || id.verbs().is_null() {
-        return Err(Error::NoDevice(format!(
-            "no RDMA device has the address {ip} ({})",
-            if rc != 0 { errno().to_string() } else { "a wildcard address names no device".into() }
-        )));
+        return Err(Error::NoDevice(if rc != 0 {
+            NoDevice::AddressNotLocal { ip, errno: Some(last_errno()) }
+        } else {
+            NoDevice::WildcardAddress(ip)
+        }));
     }
     Ok(id.verbs())
 }
@@ -208,7 +217,7 @@ pub(super) fn device_of_local_address(ip: IpAddr) -> Result<*mut sys::ibv_contex
 pub(super) fn device_toward(dest: SocketAddr, timeout: Duration) -> Result<*mut sys::ibv_context> {
     let id = Id::new()?;
     id.resolve_addr(dest, timeout).map_err(|e| match e {
-        Error::Unreachable(why) => Error::NoDevice(format!("no RDMA device reaches {dest}: {why}")),
+        Error::Unreachable(reason) => Error::NoDevice(NoDevice::NoRoute { dest, reason }),
         e => e,
     })?;
     Ok(id.verbs())
@@ -221,7 +230,7 @@ enum State {
     Idle,
     Connecting,
     Connected(Established),
-    Ended(String),
+    Ended(Unreachable),
     Rejected(Vec<u8>),
 }
 
@@ -279,14 +288,14 @@ impl CmConn {
         let id = Id::new()?;
         id.resolve_addr(dest, timeout)?;
         if id.verbs() != dev.ctx.0 {
-            return Err(Error::Invalid(format!("the route to {dest} leaves through another RDMA device than {}", dev.name)));
+            return Err(Error::Invalid(Invalid::RouteThroughOtherDevice { dest, device: dev.name.clone() }));
         }
         let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
         // SAFETY: a valid id with a resolved address.
         if unsafe { sys::rdma_resolve_route(id.id.0, ms) } != 0 {
-            return Err(Error::Unreachable(format!("rdma_resolve_route({dest}): {}", errno())));
+            return Err(Error::Unreachable(Unreachable::ResolveCall { call: "rdma_resolve_route", dest, errno: last_errno() }));
         }
-        id.channel.expect(id.id.0, sys::rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED, timeout, &format!("route to {dest}"))?;
+        id.channel.expect(id.id.0, sys::rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED, timeout, Resolution::Route, dest)?;
         Self::new(dev, id)
     }
 
@@ -340,19 +349,19 @@ impl CmConn {
     }
 
     /// End the connection on a provider-detected error (the queue pair is in error already).
-    pub(super) fn fail(&self, why: &str) {
+    pub(super) fn fail(&self, why: Unreachable) {
         self.end(why);
     }
 
     pub(super) fn disconnect(&self) {
-        self.end("disconnected locally");
+        self.end(Unreachable::DisconnectedLocally);
     }
 
     /// The connection is over, for `why` (kept if it ended before): say so, then disconnect.
-    fn end(&self, why: &str) {
+    fn end(&self, why: Unreachable) {
         let mut st = lock(&self.state);
         if !matches!(*st, State::Ended(_) | State::Rejected(_)) {
-            *st = State::Ended(why.to_string());
+            *st = State::Ended(why);
             drop(st);
             self.changed.notify_all();
             self.ended.notify_waiters();
@@ -433,11 +442,11 @@ impl CmConn {
             }
             t::RDMA_CM_EVENT_REJECTED => self.set(State::Rejected(pd)),
             t::RDMA_CM_EVENT_UNREACHABLE | t::RDMA_CM_EVENT_CONNECT_ERROR | t::RDMA_CM_EVENT_DEVICE_REMOVAL => {
-                self.end(&format!("{} (status {status})", event_name(kind)));
+                self.end(Unreachable::ConnectionEvent { event: event_name(kind), status });
             }
             // Our half too: on InfiniBand/RoCE this moves the QP to error, so everything
             // outstanding is flushed to the consumer.
-            t::RDMA_CM_EVENT_DISCONNECTED => self.end("disconnected by the peer"),
+            t::RDMA_CM_EVENT_DISCONNECTED => self.end(Unreachable::DisconnectedByPeer),
             _ => {}
         }
     }
@@ -456,8 +465,8 @@ impl CmConn {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 drop(st);
-                let why = format!("connection not established within {timeout:?}");
-                self.end(&why);
+                let why = Unreachable::NotEstablished { timeout };
+                self.end(why.clone());
                 return Err(Error::Unreachable(why));
             }
             st = self.changed.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
@@ -467,7 +476,7 @@ impl CmConn {
     fn conn_param(&self, param: &ConnParam, peer_ird: Option<u8>) -> Result<(sys::rdma_conn_param, u8, u8)> {
         let a = &self.dev.attr;
         if param.private_data.len() > usize::from(u8::MAX) {
-            return Err(Error::Invalid(format!("{} bytes of private data", param.private_data.len())));
+            return Err(Error::Invalid(Invalid::PrivateDataTooLong { len: param.private_data.len(), max: usize::from(u8::MAX) }));
         }
         let ird = param.responder_resources.min(a.max_qp_rd_atom.clamp(0, 255) as u8);
         let mut ord = param.initiator_depth.min(a.max_qp_init_rd_atom.clamp(0, 255) as u8);
@@ -488,10 +497,10 @@ impl CmConn {
     /// Active side: connect (the queue pair exists, receives are posted).
     pub(super) fn connect(self: &Arc<Self>, param: &ConnParam, dest: Option<SocketAddr>) -> Result<Established> {
         if dest.is_none() {
-            return Err(Error::Invalid("not an active-side queue pair".into()));
+            return Err(Error::Invalid(Invalid::NotActiveSide));
         }
         if !matches!(*lock(&self.state), State::Idle) {
-            return Err(Error::Invalid("queue pair already connecting or connected".into()));
+            return Err(Error::Invalid(Invalid::AlreadyConnected));
         }
         let (mut cp, ird, ord) = self.conn_param(param, None)?;
         *lock(&self.asked) = (ird, ord);
@@ -500,8 +509,9 @@ impl CmConn {
         // SAFETY: a route-resolved id with its QP; cp and its private data live across the
         // call (librdmacm copies them).
         if unsafe { sys::rdma_connect(self.id.id.0, &mut cp) } != 0 {
-            let e = errno();
-            self.set(State::Ended(format!("rdma_connect: {e}")));
+            let n = last_errno();
+            self.set(State::Ended(Unreachable::ConnectCall { call: "rdma_connect", errno: n }));
+            let e = n.to_io_error();
             return Err(Error::Io(std::io::Error::new(e.kind(), format!("rdma_connect: {e}"))));
         }
         self.wait_up(self.dev.config.setup_timeout)
@@ -510,7 +520,7 @@ impl CmConn {
     /// Passive side: accept (the queue pair exists, receives are posted).
     pub(super) fn accept(self: &Arc<Self>, param: &ConnParam, peer_ird: u8, peer: SocketAddr, private_data: Vec<u8>) -> Result<()> {
         if !matches!(*lock(&self.state), State::Idle) {
-            return Err(Error::Invalid("connection request already answered".into()));
+            return Err(Error::Invalid(Invalid::RequestAnswered));
         }
         let (mut cp, ird, ord) = self.conn_param(param, Some(peer_ird))?;
         *lock(&self.passive) = Some(Established { private_data, ird, ord, peer: Some(peer), description: self.description(ird, ord) });
@@ -518,8 +528,9 @@ impl CmConn {
         self.start_thread()?;
         // SAFETY: a connection request id with its QP; cp lives across the call.
         if unsafe { sys::rdma_accept(self.id.id.0, &mut cp) } != 0 {
-            let e = errno();
-            self.set(State::Ended(format!("rdma_accept: {e}")));
+            let n = last_errno();
+            self.set(State::Ended(Unreachable::ConnectCall { call: "rdma_accept", errno: n }));
+            let e = n.to_io_error();
             return Err(Error::Io(std::io::Error::new(e.kind(), format!("rdma_accept: {e}"))));
         }
         self.wait_up(self.dev.config.setup_timeout).map(|_| ())
@@ -529,7 +540,7 @@ impl CmConn {
         let n = private_data.len().min(usize::from(u8::MAX));
         // SAFETY: a connection request id; the data lives across the call.
         unsafe { sys::rdma_reject(self.id.id.0, private_data.as_ptr().cast(), n as u8) };
-        self.set(State::Ended("rejected locally".into()));
+        self.set(State::Ended(Unreachable::RejectedLocally));
     }
 }
 
