@@ -6,7 +6,7 @@ use riser::initiator::{Error, Session, SessionConfig, discover};
 use riser::iscsi::chap::ChapCredentials;
 use riser::iscsi::keys::OperationalConfig;
 use riser::iscsi::login::{AuthFailure, InitiatorAuth, LoginFailure, LoginStatus};
-use riser::iscsi::wire::{Header, LoginRequest, NopOut, Pdu, Stage, TmfFunction};
+use riser::iscsi::wire::{Header, LoginRequest, NopOut, Pdu, Stage, TmfFunction, TmfResponse};
 use riser::scsi::lun::Lun;
 use riser::scsi::sense::{AscAscq, SenseKey};
 use riser::target::backend::RamBackend;
@@ -222,9 +222,12 @@ async fn acl_and_unknown_target_and_lun() {
 async fn task_management_and_unit_attention() {
     let addr = start(|_| {}, |_| {}).await;
     let s = Session::connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
-    // ABORT TASK naming a task whose command (RefCmdSN = the next CmdSN) has not arrived:
-    // RFC 7143 §11.5.1 counts it as aborted ("function complete").
-    s.task_management(0, TmfFunction::ABORT_TASK, 0x7777).await.unwrap();
+    // ABORT TASK naming a task the session does not hold: its RefCmdSN is one the target has
+    // seen, so the task does not exist (RFC 7143 §11.5.1).
+    match s.task_management(0, TmfFunction::ABORT_TASK, 0x7777).await {
+        Err(Error::TaskManagement(TmfResponse::TASK_DOES_NOT_EXIST)) => {}
+        other => panic!("{other:?}"),
+    }
     s.task_management(0, TmfFunction::LOGICAL_UNIT_RESET, 0).await.unwrap();
     // The reset's UNIT ATTENTION is reported once and retried past by the initiator.
     s.test_unit_ready(0).await.unwrap();
@@ -512,6 +515,130 @@ async fn commands_aborted_by_a_lun_reset_end_at_once() {
     // Aborted commands get no response from the target: they end with the reset, not a timeout.
     assert!(t0.elapsed() < std::time::Duration::from_secs(10));
     s.test_unit_ready(0).await.unwrap();
+}
+
+/// ABORT TASK of a command that has ended: the session names the command's own CmdSN as
+/// RefCmdSN, which the target has received, so the task does not exist (riser's initiator once
+/// sent its next CmdSN, and the target took the abort for one of a command not arrived yet).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_task_of_a_finished_command_says_it_does_not_exist() {
+    let addr = start(|_| {}, |_| {}).await;
+    let s = Session::connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
+    s.test_unit_ready(0).await.unwrap();
+    // The session's first task tag (riser_iscsi's InitiatorSession starts at 0x100): the TEST
+    // UNIT READY above, or the first try of it before a UNIT ATTENTION. The riser target drops
+    // a task from its table just after its response has left, so an abort right behind the
+    // response may still find it there ("complete"); it is asked again until that is over.
+    let mut answers = Vec::new();
+    for _ in 0..20 {
+        match s.task_management(0, TmfFunction::ABORT_TASK, 0x100).await {
+            Err(Error::TaskManagement(TmfResponse::TASK_DOES_NOT_EXIST)) => break,
+            other => answers.push(format!("{other:?}")),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert!(answers.len() < 20, "the abort of an ended command completes: {answers:?}");
+    s.test_unit_ready(0).await.unwrap();
+    s.logout().await.unwrap();
+}
+
+/// A RAM disk whose writes wait while `hold` is set: a command the target is still executing.
+#[derive(Debug)]
+struct HeldWrites {
+    ram: RamBackend,
+    hold: std::sync::Mutex<bool>,
+    moved: std::sync::Condvar,
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+impl HeldWrites {
+    fn hold(&self, on: bool) {
+        *self.hold.lock().unwrap() = on;
+        self.moved.notify_all();
+    }
+}
+
+impl riser::target::backend::BlockBackend for HeldWrites {
+    fn block_size(&self) -> u32 {
+        512
+    }
+    fn num_blocks(&self) -> u64 {
+        self.ram.num_blocks()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.ram.read(offset, buf)
+    }
+    fn write(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.waiting.fetch_add(1, SeqCst);
+        let mut held = self.hold.lock().unwrap();
+        while *held {
+            held = self.moved.wait(held).unwrap();
+        }
+        drop(held);
+        self.waiting.fetch_sub(1, SeqCst);
+        self.ram.write(offset, buf)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn unmap(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.ram.unmap(offset, len)
+    }
+    fn is_mapped(&self, offset: u64) -> bool {
+        self.ram.is_mapped(offset)
+    }
+    fn thin(&self) -> bool {
+        false
+    }
+}
+
+/// ABORT TASK SET ends the command the target is executing (its caller gets `Aborted` once the
+/// function completes), and not a command sent after the function while it was pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_task_set_ends_the_commands_before_it_not_those_after() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let disk = Arc::new(HeldWrites {
+        ram: RamBackend::new(64 << 20, 512),
+        hold: std::sync::Mutex::new(true),
+        moved: std::sync::Condvar::new(),
+        waiting: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let lu = Arc::new(LogicalUnit::new(disk.clone(), Lun::ZERO, 9));
+    let n = Node { name: TARGET.into(), alias: None, luns: vec![lu], acl: vec![], chap: None, mutual_chap: None };
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(Target::new(TargetConfig { nodes: vec![n], ..TargetConfig::default() }).serve(l));
+    let mut cfg = SessionConfig::new(ME, TARGET);
+    cfg.timeout = std::time::Duration::from_secs(10);
+    let s = Session::connect(addr, cfg).await.unwrap();
+    s.test_unit_ready(0).await.unwrap();
+    let held = tokio::spawn({
+        let s = s.clone();
+        async move { s.write(0, 0, pattern(1, 512), 512).await }
+    });
+    let t0 = std::time::Instant::now();
+    while disk.waiting.load(SeqCst) == 0 {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10), "the write never reached the disk");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let tmf = tokio::spawn({
+        let s = s.clone();
+        async move { s.task_management(0, TmfFunction::ABORT_TASK_SET, 0).await }
+    });
+    // The function waits at the target for the held write; a read goes out meanwhile.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!tmf.is_finished(), "answered while the aborted write still runs");
+    let after = tokio::spawn({
+        let s = s.clone();
+        async move { s.read(0, 64, 1, 512).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    disk.hold(false);
+    tmf.await.unwrap().unwrap();
+    assert!(matches!(held.await.unwrap(), Err(Error::Aborted)));
+    assert_eq!(after.await.unwrap().unwrap(), vec![0u8; 512], "the read sent after the function is not its victim");
+    s.logout().await.unwrap();
 }
 
 /// One connection of a target that numbers its Login Responses as tgt's iSER login does

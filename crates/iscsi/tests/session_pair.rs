@@ -453,6 +453,27 @@ fn abort_task_set_takes_only_that_lus_tasks() {
 }
 
 #[test]
+fn a_command_started_after_a_task_management_function_is_not_its_victim() {
+    let mut p = Pair::new(8);
+    let before = p.command(LUN0, 512);
+    let tmf = p.i.task_management(TmfFunction::ABORT_TASK_SET, LUN0, 0);
+    // Numbered after the function (its CmdSN is the function's own), sent after it.
+    let after = p.i.start_command(LUN0, &[0], 512, 0).unwrap();
+    p.pump();
+    let (_, aborted, _) = tmf_done(&mut p);
+    assert_eq!(aborted, vec![before]);
+    p.t.complete_task_management(tmf);
+    p.pump();
+    p.deliver_command(after);
+    let ev = p.take_i_events();
+    assert!(ev.contains(&InitiatorEvent::Aborted { itt: before }));
+    assert!(!ev.contains(&InitiatorEvent::Aborted { itt: after.itt }), "{ev:?}");
+    assert!(p.i.has_task(after.itt) && p.t.has_task(after.itt));
+    assert!(p.finish(after.itt));
+    assert!(matches!(p.take_i_events()[..], [InitiatorEvent::CommandDone { itt, .. }] if itt == after.itt));
+}
+
+#[test]
 fn aborted_tasks_give_their_window_slots_back() {
     let mut p = Pair::new(2);
     p.command(LUN0, 512);

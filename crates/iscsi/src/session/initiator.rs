@@ -17,6 +17,7 @@ use super::residual::Residual;
 use super::target::Transmit;
 use super::window::InitiatorWindow;
 use crate::login::LoginOutcome;
+use crate::serial::SerialNumber;
 use crate::wire::{
     Bhs, Header, LogoutReason, LogoutRequest, NopOut, RESERVED_TAG, RejectReason, ScsiCommand, TaskMgmtRequest, TextRequest, TmfFunction,
     TmfResponse,
@@ -27,11 +28,13 @@ use bytes::Bytes;
 use riser_scsi::lun::Lun;
 use riser_scsi::sense::Status;
 
+/// What a task is. A command's `cmd_sn` is its own; a task management function's is the
+/// (immediate) CmdSN it carries: the commands it concerns are numbered before it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Kind {
     Command { lun: Lun, cmd_sn: u32 },
     Ping,
-    TaskManagement { function: TmfFunction, lun: Lun, ref_itt: u32 },
+    TaskManagement { function: TmfFunction, lun: Lun, ref_itt: u32, cmd_sn: u32 },
     Text { gathered: Vec<u8> },
     Logout,
 }
@@ -212,7 +215,9 @@ impl InitiatorSession {
 
     /// A task management function (immediate); returns its task tag. Once it is answered
     /// COMPLETE, the commands it concerns that are still outstanding end as
-    /// [`InitiatorEvent::Aborted`].
+    /// [`InitiatorEvent::Aborted`]: those numbered before it (a command started after it
+    /// carries a CmdSN at least its own, which the function does not reach, RFC 7143 §4.2.2.1).
+    /// The driver sends the commands it started before this call ahead of this request.
     ///
     /// For ABORT TASK, RefCmdSN is the referenced command's CmdSN; for a command the session
     /// no longer holds (it ended), the CmdSN before the next one, which the target has seen.
@@ -221,7 +226,9 @@ impl InitiatorSession {
             Some(Kind::Command { cmd_sn, .. }) => *cmd_sn,
             _ => self.window.cmd_sn().wrapping_sub(1),
         };
-        let (itt, cmd_sn, exp_stat_sn) = self.start(Kind::TaskManagement { function, lun, ref_itt }, true).unwrap_or_default();
+        let own_cmd_sn = self.window.cmd_sn();
+        let (itt, cmd_sn, exp_stat_sn) =
+            self.start(Kind::TaskManagement { function, lun, ref_itt, cmd_sn: own_cmd_sn }, true).unwrap_or_default();
         let h = TaskMgmtRequest {
             immediate: true,
             function,
@@ -290,9 +297,9 @@ impl InitiatorSession {
                 other => self.unexpected(n.itt, other, header),
             },
             Header::TaskMgmtResponse(r) => match self.tasks.remove(&r.itt) {
-                Some(Kind::TaskManagement { function, lun, ref_itt }) => {
+                Some(Kind::TaskManagement { function, lun, ref_itt, cmd_sn }) => {
                     if r.response == TmfResponse::COMPLETE {
-                        self.aborted_by(function, lun, ref_itt);
+                        self.aborted_by(function, lun, ref_itt, cmd_sn);
                     }
                     self.events.push_back(InitiatorEvent::TaskManagementDone { itt: r.itt, response: r.response });
                 }
@@ -350,16 +357,22 @@ impl InitiatorSession {
         }
     }
 
-    /// A task management function completed: the commands it ended get no response.
-    fn aborted_by(&mut self, function: TmfFunction, lun: Lun, ref_itt: u32) {
+    /// A task management function numbered `before` completed: the commands it ended get no
+    /// response.
+    fn aborted_by(&mut self, function: TmfFunction, lun: Lun, ref_itt: u32, before: u32) {
         let hit = |itt: u32, l: Lun| match function {
             TmfFunction::ABORT_TASK => itt == ref_itt,
             TmfFunction::ABORT_TASK_SET | TmfFunction::CLEAR_TASK_SET | TmfFunction::LOGICAL_UNIT_RESET => l == lun,
             TmfFunction::TARGET_WARM_RESET | TmfFunction::TARGET_COLD_RESET => true,
             _ => false,
         };
-        let victims: Vec<u32> =
-            self.tasks.iter().filter(|(i, k)| matches!(k, Kind::Command { lun: l, .. } if hit(**i, *l))).map(|(i, _)| *i).collect();
+        let before = SerialNumber(before);
+        let victims: Vec<u32> = self
+            .tasks
+            .iter()
+            .filter(|(i, k)| matches!(k, Kind::Command { lun: l, cmd_sn } if SerialNumber(*cmd_sn).lt(before) && hit(**i, *l)))
+            .map(|(i, _)| *i)
+            .collect();
         for itt in victims {
             self.tasks.remove(&itt);
             self.events.push_back(InitiatorEvent::Aborted { itt });

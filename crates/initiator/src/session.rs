@@ -1,0 +1,504 @@
+//! The session driver: [`Session`] runs an [`InitiatorSession`] over a datamover.
+//!
+//! The machine makes the protocol's decisions — CmdSN inside the target's window, task tags,
+//! ExpStatSN, what each PDU from the target means for which task, which commands a task
+//! management function ended, the answers to the target's pings. This driver holds it in the
+//! shared state (a std mutex, never held across an await) next to what is I/O: the
+//! connection's datamover, the callers waiting for their tasks (by task tag), timeouts and
+//! reconnection (a fresh machine after each login).
+//!
+//! After every call into the machine the driver pumps it ([`Inner::pump`]): the events wake
+//! the callers they concern, and the PDUs it queued go to Send_Control in order (one pump
+//! sends at a time). SCSI commands are the exception: the machine numbers them and the driver
+//! hands each to the datamover with its buffers (`send_command`).
+
+use crate::login::{login, resolve};
+use crate::{CommandResult, Connector, Error, SessionConfig};
+use bytes::{Bytes, BytesMut};
+use riser_datamover::{ControlPdu, DmEvent, SharedDatamover};
+use riser_iscsi::keys::NegotiatedParams;
+use riser_iscsi::login::{InitiatorLoginConfig, LoginOutcome};
+use riser_iscsi::session::{Busy, InitiatorEvent, InitiatorSession, Residual};
+use riser_iscsi::wire::{Header, RejectReason, ScsiCommand, TmfFunction, TmfResponse, extended_cdb_ahs};
+use riser_scsi::lun::Lun;
+use riser_scsi::sense::{Sense, SenseKey, Status};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::net::ToSocketAddrs;
+use tokio::sync::{Notify, RwLockReadGuard, oneshot};
+
+/// What the caller of a task is woken with.
+#[derive(Debug)]
+enum Reply {
+    Scsi(CommandResult),
+    Aborted,
+    Rejected(RejectReason),
+    Pong,
+    TaskManagement(TmfResponse),
+    LoggedOut,
+}
+
+/// A connection as a request saw it: its datamover, and its generation (which says whether
+/// the machine in [`State`] is still the one that numbered the request).
+#[derive(Clone)]
+struct Link {
+    dm: SharedDatamover,
+    generation: u32,
+}
+
+struct State {
+    /// The connection's session machine.
+    session: InitiatorSession,
+    /// The connection it runs on.
+    link: Link,
+    /// The callers waiting for their tasks, by task tag.
+    pending: HashMap<u32, oneshot::Sender<Reply>>,
+    /// The connection is gone (its receiver ended): the next request logs in again.
+    dead: bool,
+    /// Logged out: no reconnection.
+    closed: bool,
+}
+
+impl State {
+    /// The state a completed login on `link` leaves us with.
+    fn after_login(o: &LoginOutcome, link: Link) -> Self {
+        Self { session: InitiatorSession::new(o), link, pending: HashMap::new(), dead: false, closed: false }
+    }
+}
+
+struct Inner {
+    connector: Arc<dyn Connector>,
+    addr: std::net::SocketAddr,
+    login: InitiatorLoginConfig,
+    reconnecting: tokio::sync::Mutex<()>,
+    params: NegotiatedParams,
+    state: Mutex<State>,
+    /// Notified when the CmdSN window opens or the connection is lost.
+    window: Notify,
+    timeout: Duration,
+    /// Commands hold it (shared) from their numbering to the end of their send, a task
+    /// management request (exclusively) while it is numbered and sent: so the commands the
+    /// machine counts as its victims (those numbered before it) are on their way before it,
+    /// and none numbered after it can overtake it. (Ending a command the target goes on with
+    /// would revoke memory it is about to access.)
+    send_gate: tokio::sync::RwLock<()>,
+    /// One pump sends at a time, so the machine's PDUs leave in the order it queued them.
+    send_order: tokio::sync::Mutex<()>,
+}
+
+/// A logged-in session (one connection).
+#[derive(Clone)]
+pub struct Session {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("target", &self.inner.params.target_name).finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The residual as [`CommandResult::residual`] carries it.
+fn residual_pair(r: Residual) -> Option<(bool, u32)> {
+    match r {
+        Residual::None => None,
+        Residual::Underflow(n) => Some((true, n)),
+        Residual::Overflow(n) => Some((false, n)),
+    }
+}
+
+impl Inner {
+    /// After a call into the machine on `link`: wake the callers its events concern, then send
+    /// what it queued, in order. Fails if the connection failed (or was replaced).
+    async fn pump(&self, link: &Link) -> Result<(), Error> {
+        self.deliver(link);
+        let _order = self.send_order.lock().await;
+        loop {
+            let next = {
+                let mut s = lock(&self.state);
+                if s.link.generation != link.generation {
+                    return Err(Error::ConnectionLost);
+                }
+                s.session.poll_transmit()
+            };
+            let Some(t) = next else { return Ok(()) };
+            link.dm.send_control(ControlPdu::new(t.header, t.data)).await.map_err(|_| Error::ConnectionLost)?;
+        }
+    }
+
+    /// Hand each of the machine's events to the caller it concerns.
+    fn deliver(&self, link: &Link) {
+        let dm = &link.dm;
+        loop {
+            let (event, caller) = {
+                let mut s = lock(&self.state);
+                if s.link.generation != link.generation {
+                    return;
+                }
+                let Some(e) = s.session.poll_event() else { return };
+                let itt = match e {
+                    InitiatorEvent::CommandDone { itt, .. }
+                    | InitiatorEvent::Aborted { itt }
+                    | InitiatorEvent::Pong { itt, .. }
+                    | InitiatorEvent::TaskManagementDone { itt, .. }
+                    | InitiatorEvent::TextDone { itt, .. }
+                    | InitiatorEvent::LoggedOut { itt }
+                    | InitiatorEvent::Rejected { itt, .. } => Some(itt),
+                    _ => None,
+                };
+                (e, itt.and_then(|i| s.pending.remove(&i)))
+            };
+            let reply = match event {
+                InitiatorEvent::CommandDone { itt, status, sense, residual } => {
+                    let data = dm.take_read_data(itt).map(BytesMut::freeze).unwrap_or_default();
+                    let data = data.slice(..residual.keep(data.len()));
+                    Reply::Scsi(CommandResult { status, sense, data, residual: residual_pair(residual) })
+                }
+                InitiatorEvent::Aborted { itt } => {
+                    // No response will come: release the buffers (registrations on iSER) here.
+                    let _ = dm.take_read_data(itt);
+                    dm.deallocate_task_resources(itt);
+                    Reply::Aborted
+                }
+                InitiatorEvent::Pong { .. } => Reply::Pong,
+                InitiatorEvent::TaskManagementDone { response, .. } => Reply::TaskManagement(response),
+                InitiatorEvent::LoggedOut { .. } => Reply::LoggedOut,
+                InitiatorEvent::Rejected { itt, reason } => {
+                    // A rejected command's buffers are the datamover's until taken back.
+                    let _ = dm.take_read_data(itt);
+                    Reply::Rejected(reason)
+                }
+                InitiatorEvent::WindowOpen => {
+                    self.window.notify_waiters();
+                    continue;
+                }
+                InitiatorEvent::Unexpected(Header::AsyncMessage(a)) => {
+                    tracing::info!(event = a.event.0, "asynchronous message from the target");
+                    continue;
+                }
+                InitiatorEvent::Unexpected(h) => {
+                    tracing::warn!(opcode = ?h.opcode(), itt = h.itt(), "unexpected PDU from the target");
+                    continue;
+                }
+                other => {
+                    tracing::debug!(?other, "session event without a caller");
+                    continue;
+                }
+            };
+            if let Some(tx) = caller {
+                let _ = tx.send(reply);
+            }
+        }
+    }
+}
+
+impl Session {
+    /// Connect and log in.
+    pub async fn connect(addr: impl ToSocketAddrs, cfg: SessionConfig) -> Result<Self, Error> {
+        let mut lc = InitiatorLoginConfig::new(cfg.initiator_name.clone(), Some(cfg.target_name.clone()), cfg.isid);
+        lc.auth = cfg.auth.clone();
+        lc.operational = cfg.operational.clone();
+        lc.login_timeout = cfg.timeout;
+        let addr = resolve(addr).await?;
+        let (dm, o) = login(&*cfg.connector, addr, lc.clone(), cfg.timeout).await?;
+        let link = Link { dm, generation: 0 };
+        let inner = Arc::new(Inner {
+            connector: cfg.connector.clone(),
+            addr,
+            login: lc,
+            reconnecting: tokio::sync::Mutex::new(()),
+            params: o.params.clone(),
+            state: Mutex::new(State::after_login(&o, link.clone())),
+            window: Notify::new(),
+            timeout: cfg.timeout,
+            send_gate: tokio::sync::RwLock::new(()),
+            send_order: tokio::sync::Mutex::new(()),
+        });
+        tokio::spawn(Self::receiver(inner.clone(), link));
+        Ok(Self { inner })
+    }
+
+    /// The current connection's datamover.
+    pub(crate) fn dm(&self) -> SharedDatamover {
+        lock(&self.inner.state).link.dm.clone()
+    }
+
+    fn is_closed(&self) -> bool {
+        lock(&self.inner.state).closed
+    }
+
+    /// End the current connection (if the receiver has not noticed its loss yet) and log in
+    /// again.
+    async fn force_reconnect(&self) -> Result<(), Error> {
+        self.dm().terminate();
+        for _ in 0..200 {
+            if lock(&self.inner.state).dead {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.reconnect().await
+    }
+
+    /// End the current connection abruptly, as a network failure would (for fault testing and
+    /// soak runs): the commands in flight fail with [`Error::ConnectionLost`] (or are retried
+    /// once, see [`Session::command`]) and the session logs in again at its next command.
+    pub fn drop_connection(&self) {
+        self.dm().terminate();
+    }
+
+    /// Log in again after a connection loss: a leading login with the same ISID and TSIH 0,
+    /// which makes the target reinstate the session (ERL 0). Commands that were in flight have
+    /// failed with [`Error::ConnectionLost`].
+    pub async fn reconnect(&self) -> Result<(), Error> {
+        let _one = self.inner.reconnecting.lock().await;
+        if !lock(&self.inner.state).dead {
+            return Ok(());
+        }
+        let (dm, o) = login(&*self.inner.connector, self.inner.addr, self.inner.login.clone(), self.inner.timeout).await?;
+        let link = {
+            let mut s = lock(&self.inner.state);
+            let link = Link { dm, generation: s.link.generation.wrapping_add(1) };
+            *s = State::after_login(&o, link.clone());
+            link
+        };
+        tokio::spawn(Self::receiver(self.inner.clone(), link));
+        tracing::info!("session reinstated after a connection loss");
+        Ok(())
+    }
+
+    /// The negotiated parameters.
+    pub fn params(&self) -> &NegotiatedParams {
+        &self.inner.params
+    }
+
+    /// Feed the connection's PDUs to the machine until the connection ends; then fail the
+    /// callers still waiting (unless a newer connection has replaced this one).
+    async fn receiver(inner: Arc<Inner>, link: Link) {
+        loop {
+            match link.dm.next_event().await {
+                DmEvent::Control(p) => {
+                    {
+                        let mut s = lock(&inner.state);
+                        if s.link.generation != link.generation {
+                            break;
+                        }
+                        s.session.handle_pdu(&p.header, p.data);
+                    }
+                    // Answers to the target's pings, text continuations; the callers' wake-ups.
+                    if let Err(e) = inner.pump(&link).await {
+                        tracing::debug!(%e, "the connection failed while answering the target");
+                    }
+                }
+                DmEvent::Malformed { bhs, error } => {
+                    // An initiator does not reject the target's PDUs: the connection ends
+                    // (its tasks fail, and a command is retried once on a new one).
+                    tracing::warn!(?error, opcode = bhs[0] & 0x3f, "malformed PDU from the target: dropping the connection");
+                    link.dm.terminate();
+                }
+                DmEvent::Terminated(_) => break,
+                _ => {}
+            }
+        }
+        let mut s = lock(&inner.state);
+        if s.link.generation == link.generation {
+            s.dead = true;
+            s.pending.clear();
+            drop(s);
+            inner.window.notify_waiters();
+        }
+    }
+
+    /// Number a SCSI command inside the target's window (waiting for it to open), register
+    /// its caller, and hold the send gate (shared) for its send.
+    async fn start_command(
+        &self,
+        lun: Lun,
+        cdb: &[u8],
+        read_len: u32,
+        write_len: u32,
+    ) -> Result<(ScsiCommand, Link, oneshot::Receiver<Reply>, RwLockReadGuard<'_, ()>), Error> {
+        loop {
+            let notified = self.inner.window.notified();
+            let gate = self.inner.send_gate.read().await;
+            // Decide under the lock; await only after it is released.
+            let dead = {
+                let mut s = lock(&self.inner.state);
+                if s.closed {
+                    return Err(Error::ConnectionLost);
+                }
+                if !s.dead {
+                    match s.session.start_command(lun, cdb, read_len, write_len) {
+                        Ok(cmd) => {
+                            let (tx, rx) = oneshot::channel();
+                            s.pending.insert(cmd.itt, tx);
+                            return Ok((cmd, s.link.clone(), rx, gate));
+                        }
+                        Err(Busy::WindowClosed) => {}
+                    }
+                }
+                s.dead
+            };
+            // Not holding the gate while waiting: a task management function may be what
+            // frees the window.
+            drop(gate);
+            if dead {
+                self.reconnect().await?;
+                continue;
+            }
+            tokio::time::timeout(self.inner.timeout, notified).await.map_err(|_| Error::Timeout)?;
+        }
+    }
+
+    /// Start an immediate request (outside the window) with `start` on the machine of the
+    /// live connection (logging in again first if it is gone) and register its caller.
+    async fn start_immediate(
+        &self,
+        mut start: impl FnMut(&mut InitiatorSession) -> u32,
+    ) -> Result<(u32, Link, oneshot::Receiver<Reply>), Error> {
+        loop {
+            {
+                let mut s = lock(&self.inner.state);
+                if s.closed {
+                    return Err(Error::ConnectionLost);
+                }
+                if !s.dead {
+                    let itt = start(&mut s.session);
+                    let (tx, rx) = oneshot::channel();
+                    s.pending.insert(itt, tx);
+                    return Ok((itt, s.link.clone(), rx));
+                }
+            }
+            self.reconnect().await?;
+        }
+    }
+
+    /// Send what the machine queued for request `itt`; if that fails, the request is given up.
+    async fn send_request(&self, itt: u32, link: &Link) -> Result<(), Error> {
+        let sent = self.inner.pump(link).await;
+        if sent.is_err() {
+            self.forget(itt, link);
+        }
+        sent
+    }
+
+    /// The caller of task `itt` gives up (not sent, or no answer in time): the machine forgets
+    /// it and the datamover gives back its buffers.
+    fn forget(&self, itt: u32, link: &Link) {
+        {
+            let mut s = lock(&self.inner.state);
+            s.pending.remove(&itt);
+            if s.link.generation == link.generation {
+                s.session.forget(itt);
+            }
+        }
+        let _ = link.dm.take_read_data(itt);
+    }
+
+    async fn wait(&self, itt: u32, rx: oneshot::Receiver<Reply>, link: &Link) -> Result<Reply, Error> {
+        match tokio::time::timeout(self.inner.timeout, rx).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(_)) => Err(Error::ConnectionLost),
+            Err(_) => {
+                self.forget(itt, link);
+                Err(Error::Timeout)
+            }
+        }
+    }
+
+    /// Submit a CDB to `lun` with optional write data, expecting up to `read_len` bytes back.
+    /// A UNIT ATTENTION (power on, reset, parameters changed…) is reported once by targets and
+    /// then cleared; the command is retried after it, as Linux's SCSI layer does.
+    pub async fn command(&self, lun: u16, cdb: &[u8], write: Option<Bytes>, read_len: u32) -> Result<CommandResult, Error> {
+        let mut tries = 0;
+        loop {
+            let r = match self.command_once(lun, cdb, write.clone(), read_len).await {
+                // The connection died under the command: reinstate the session and retry once
+                // (ERL 0 loses the task; block commands are safe to repeat).
+                Err(Error::ConnectionLost) if tries == 0 && !self.is_closed() => {
+                    tries += 1;
+                    self.force_reconnect().await?;
+                    continue;
+                }
+                r => r?,
+            };
+            let ua = r.status == Status::CHECK_CONDITION
+                && r.sense.as_deref().and_then(|s| Sense::parse(s).ok()).is_some_and(|s| s.key == SenseKey::UNIT_ATTENTION);
+            tries += 1;
+            if !ua || tries > 4 {
+                return Ok(r);
+            }
+            tracing::debug!("unit attention, retrying");
+        }
+    }
+
+    async fn command_once(&self, lun: u16, cdb: &[u8], write: Option<Bytes>, read_len: u32) -> Result<CommandResult, Error> {
+        let lun = Lun::from_number(lun).unwrap_or_default();
+        let write_len = write.as_ref().map_or(0, |w| w.len() as u32);
+        let mut ahs = Vec::new();
+        if cdb.len() > 16 {
+            extended_cdb_ahs(&mut ahs, &cdb[16..]);
+        }
+        let (cmd, link, rx, gate) = self.start_command(lun, cdb, read_len, write_len).await?;
+        if let Err(e) = link.dm.send_command(cmd, ahs.into(), read_len, write).await {
+            tracing::debug!(itt = cmd.itt, %e, "command not sent");
+            self.forget(cmd.itt, &link);
+            return Err(Error::ConnectionLost);
+        }
+        drop(gate);
+        match self.wait(cmd.itt, rx, &link).await? {
+            Reply::Scsi(r) => Ok(r),
+            Reply::Aborted => Err(Error::Aborted),
+            Reply::Rejected(r) => Err(Error::Rejected(r)),
+            other => Err(Error::Protocol(format!("unexpected answer to a command: {other:?}"))),
+        }
+    }
+
+    /// A task management function; `ref_itt` names the task for ABORT TASK (its RefCmdSN is
+    /// that command's CmdSN). The commands it ends fail with [`Error::Aborted`].
+    pub async fn task_management(&self, lun: u16, function: TmfFunction, ref_itt: u32) -> Result<(), Error> {
+        let lun = Lun::from_number(lun).unwrap_or_default();
+        let gate = self.inner.send_gate.write().await;
+        let (itt, link, rx) = self.start_immediate(|m| m.task_management(function, lun, ref_itt)).await?;
+        let sent = self.send_request(itt, &link).await;
+        drop(gate);
+        sent?;
+        match self.wait(itt, rx, &link).await? {
+            Reply::TaskManagement(TmfResponse::COMPLETE) => Ok(()),
+            Reply::TaskManagement(r) => Err(Error::TaskManagement(r)),
+            Reply::Rejected(r) => Err(Error::Rejected(r)),
+            other => Err(Error::Protocol(format!("unexpected answer to a task management request: {other:?}"))),
+        }
+    }
+
+    /// NOP-Out ping; returns the round-trip time.
+    pub async fn ping(&self) -> Result<Duration, Error> {
+        let start = Instant::now();
+        let (itt, link, rx) = self.start_immediate(|m| m.ping(Bytes::new())).await?;
+        self.send_request(itt, &link).await?;
+        match self.wait(itt, rx, &link).await? {
+            Reply::Pong => Ok(start.elapsed()),
+            Reply::Rejected(r) => Err(Error::Rejected(r)),
+            other => Err(Error::Protocol(format!("unexpected answer to a NOP-Out: {other:?}"))),
+        }
+    }
+
+    /// Log out (close the session) and drop the connection.
+    pub async fn logout(&self) -> Result<(), Error> {
+        let (itt, link, rx) = self.start_immediate(|m| m.logout()).await?;
+        self.send_request(itt, &link).await?;
+        let r = self.wait(itt, rx, &link).await;
+        lock(&self.inner.state).closed = true;
+        self.dm().terminate();
+        match r? {
+            Reply::LoggedOut => Ok(()),
+            Reply::Rejected(r) => Err(Error::Rejected(r)),
+            other => Err(Error::Protocol(format!("unexpected answer to a Logout: {other:?}"))),
+        }
+    }
+}
