@@ -2,9 +2,7 @@
 
 use crate::Error;
 use riser_datamover::{BoxFuture, SharedDatamover};
-use riser_iscsi::keys::{Role, Transport};
-use std::sync::Arc;
-use tokio::net::TcpStream;
+use riser_iscsi::keys::Transport;
 
 /// Makes the connections of a session: a transport connection and its datamover, ready for
 /// the first Login Request.
@@ -16,12 +14,14 @@ pub trait Connector: Send + Sync + std::fmt::Debug {
 }
 
 /// iSER over an RDMA provider (the software iWARP RNIC, or rdma-core).
+#[cfg(feature = "iser")]
 #[derive(Debug)]
 pub struct IserConnector<P: riser_verbs::Provider> {
     provider: P,
     config: riser_iser::IserConfig,
 }
 
+#[cfg(feature = "iser")]
 impl<P: riser_verbs::Provider + Clone + 'static> IserConnector<P> {
     /// Connections through `provider` with `config` (each with a protection domain of its own).
     pub fn new(provider: P, config: riser_iser::IserConfig) -> Self {
@@ -29,6 +29,7 @@ impl<P: riser_verbs::Provider + Clone + 'static> IserConnector<P> {
     }
 }
 
+#[cfg(feature = "iser")]
 impl<P: riser_verbs::Provider + Clone + 'static> Connector for IserConnector<P> {
     fn connect(&self, addr: std::net::SocketAddr) -> BoxFuture<'_, Result<SharedDatamover, Error>> {
         Box::pin(async move {
@@ -38,7 +39,7 @@ impl<P: riser_verbs::Provider + Clone + 'static> Connector for IserConnector<P> 
                 .map_err(|e| Error::Connect(std::io::Error::other(e)))?
                 .map_err(|e| Error::Connect(std::io::Error::other(e)))?;
             tokio::spawn(dm.driver());
-            Ok(Arc::new(dm) as SharedDatamover)
+            Ok(std::sync::Arc::new(dm) as SharedDatamover)
         })
     }
     fn transport(&self) -> Transport {
@@ -47,16 +48,39 @@ impl<P: riser_verbs::Provider + Clone + 'static> Connector for IserConnector<P> 
 }
 
 /// iSCSI over TCP.
+#[cfg(feature = "tcp")]
 #[derive(Debug, Default)]
 pub struct TcpConnector;
 
+#[cfg(feature = "tcp")]
 impl Connector for TcpConnector {
     fn connect(&self, addr: std::net::SocketAddr) -> BoxFuture<'_, Result<SharedDatamover, Error>> {
         Box::pin(async move {
-            let stream = TcpStream::connect(addr).await.map_err(Error::Connect)?;
-            let (dm, driver) = riser_tcp::datamover(stream, Role::Initiator);
+            let stream = tokio::net::TcpStream::connect(addr).await.map_err(Error::Connect)?;
+            let (dm, driver) = riser_tcp::datamover(stream, riser_iscsi::keys::Role::Initiator);
             tokio::spawn(driver);
-            Ok(Arc::new(dm) as SharedDatamover)
+            Ok(std::sync::Arc::new(dm) as SharedDatamover)
+        })
+    }
+    fn transport(&self) -> Transport {
+        Transport::Tcp
+    }
+}
+
+/// The connector of a [`crate::SessionConfig`] in a build without the `tcp` feature: every
+/// connection fails until the embedder sets one (an [`IserConnector`] or its own).
+#[cfg(not(feature = "tcp"))]
+#[derive(Debug, Default)]
+pub struct NoConnector;
+
+#[cfg(not(feature = "tcp"))]
+impl Connector for NoConnector {
+    fn connect(&self, _: std::net::SocketAddr) -> BoxFuture<'_, Result<SharedDatamover, Error>> {
+        Box::pin(async {
+            Err(Error::Connect(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "built without the tcp feature: set SessionConfig::connector",
+            )))
         })
     }
     fn transport(&self) -> Transport {

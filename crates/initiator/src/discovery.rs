@@ -2,14 +2,13 @@
 //! through [`InitiatorSession`] (numbering, the answer gathered across continuations, the
 //! target's pings answered) on a connection of its own.
 
-use crate::login::{login, resolve};
-use crate::{Connector, Error, SessionConfig, TcpConnector};
+use crate::login::login;
+use crate::{Connector, Error, SessionConfig};
 use riser_datamover::{ControlPdu, DmEvent, SharedDatamover};
 use riser_iscsi::login::{InitiatorAuth, InitiatorLoginConfig};
 use riser_iscsi::session::{InitiatorEvent, InitiatorSession};
 use riser_iscsi::text::{TextBuilder, parse_pairs};
 use std::time::Duration;
-use tokio::net::ToSocketAddrs;
 
 /// How long the target has for each answer of a discovery session.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(15);
@@ -17,8 +16,13 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(15);
 const LOGOUT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// SendTargets discovery over TCP: the targets and their addresses (`host:port,tpgt`).
-pub async fn discover(addr: impl ToSocketAddrs, initiator_name: &str, auth: InitiatorAuth) -> Result<Vec<(String, Vec<String>)>, Error> {
-    discover_via(&TcpConnector, resolve(addr).await?, initiator_name, auth).await
+#[cfg(feature = "tcp")]
+pub async fn discover(
+    addr: impl tokio::net::ToSocketAddrs,
+    initiator_name: &str,
+    auth: InitiatorAuth,
+) -> Result<Vec<(String, Vec<String>)>, Error> {
+    discover_via(&crate::TcpConnector, crate::login::resolve(addr).await?, initiator_name, auth).await
 }
 
 /// SendTargets discovery over any transport (a discovery session on iSER runs over iSER).

@@ -35,8 +35,16 @@ mod login;
 mod scsi;
 mod session;
 
-pub use connector::{Connector, IserConnector, TcpConnector};
-pub use discovery::{discover, discover_via};
+pub use connector::Connector;
+#[cfg(feature = "iser")]
+pub use connector::IserConnector;
+#[cfg(not(feature = "tcp"))]
+pub use connector::NoConnector;
+#[cfg(feature = "tcp")]
+pub use connector::TcpConnector;
+#[cfg(feature = "tcp")]
+pub use discovery::discover;
+pub use discovery::discover_via;
 pub use session::Session;
 
 use bytes::Bytes;
@@ -123,7 +131,10 @@ impl SessionConfig {
             operational: OperationalConfig::default(),
             isid: random_isid(),
             timeout: Duration::from_secs(30),
+            #[cfg(feature = "tcp")]
             connector: Arc::new(TcpConnector),
+            #[cfg(not(feature = "tcp"))]
+            connector: Arc::new(NoConnector),
         }
     }
 
@@ -178,9 +189,8 @@ impl CommandResult {
 /// The ISID is no secret, only needs to be unique: where the OS generator fails, the clock and
 /// the process id stand in rather than a constructor that fails.
 fn random_isid() -> Isid {
-    use rand::TryRngCore as _;
     let mut b = [0u8; 5];
-    if rand::rngs::OsRng.try_fill_bytes(&mut b).is_err() {
+    if riser_iscsi::entropy::fill(&mut b).is_err() {
         let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
         b.copy_from_slice(&(t ^ u64::from(std::process::id()) << 20).to_be_bytes()[3..]);
     }

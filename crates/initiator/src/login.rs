@@ -11,12 +11,7 @@ use tokio::net::ToSocketAddrs;
 /// The login's seed for CHAP identifiers and mutual CHAP challenges, from the OS generator.
 /// There is no fallback: a predictable challenge would let a recorded response be replayed.
 fn entropy() -> Result<[u8; 32], Error> {
-    use rand::TryRngCore as _;
-    let mut seed = [0u8; 32];
-    rand::rngs::OsRng
-        .try_fill_bytes(&mut seed)
-        .map_err(|e| Error::Connect(std::io::Error::other(format!("no OS random generator for the login: {e}"))))?;
-    Ok(seed)
+    riser_iscsi::entropy::entropy().map_err(|e| Error::Connect(std::io::Error::other(format!("{e}: no login without it"))))
 }
 
 /// Log in on a fresh connection; returns the datamover (enabled for the full feature phase)
