@@ -323,6 +323,11 @@ impl TargetSession {
 
     /// Queue a response, stamping StatSN (consumed when `advance`), ExpCmdSN and MaxCmdSN.
     fn respond(&mut self, mut header: Header, data: Bytes, advance: bool) {
+        if self.closed {
+            // The connection is over: nothing more goes out (the application may still answer
+            // what it had in hand).
+            return;
+        }
         let s = self.stamp_now(advance);
         stamp(&mut header, s);
         self.transmit.push_back(Transmit { header, data });
@@ -364,8 +369,20 @@ impl TargetSession {
         }
         match *header {
             Header::ScsiCommand(c) if !self.discovery => self.command(c, ahs, immediate, header),
+            Header::ScsiCommand(c) => {
+                // A discovery session runs no SCSI command; the datamover frees its buffers.
+                self.events.push_back(TargetEvent::Discard { itt: c.itt });
+                if c.immediate || self.admit_request(c.cmd_sn) {
+                    self.reject_header(RejectReason::COMMAND_NOT_SUPPORTED, header);
+                }
+            }
+            Header::TaskMgmtRequest(t) if self.discovery => {
+                if t.immediate || self.admit_request(t.cmd_sn) {
+                    self.reject_header(RejectReason::COMMAND_NOT_SUPPORTED, header);
+                }
+            }
             Header::NopOut(n) => {
-                if !n.immediate && !self.window.admit(n.cmd_sn) {
+                if !n.immediate && !self.admit_request(n.cmd_sn) {
                     return;
                 }
                 if n.itt != RESERVED_TAG {
@@ -374,13 +391,13 @@ impl TargetSession {
                 }
             }
             Header::TextRequest(t) => {
-                if !t.immediate && !self.window.admit(t.cmd_sn) {
+                if !t.immediate && !self.admit_request(t.cmd_sn) {
                     return;
                 }
                 self.text(t, data, header);
             }
-            Header::TaskMgmtRequest(t) if !self.discovery => {
-                if !t.immediate && !self.window.admit(t.cmd_sn) {
+            Header::TaskMgmtRequest(t) => {
+                if !t.immediate && !self.admit_request(t.cmd_sn) {
                     return;
                 }
                 self.task_management(t);
@@ -429,6 +446,17 @@ impl TargetSession {
                 }
             }
         }
+    }
+
+    /// Account the CmdSN of a non-immediate request that holds no task (NOP-Out, text, task
+    /// management, a rejected command): received, so ExpCmdSN passes it, and its slot is free
+    /// again at once. `false`: outside the window or a duplicate, ignored.
+    fn admit_request(&mut self, cmd_sn: u32) -> bool {
+        let admitted = self.window.admit(cmd_sn);
+        if admitted {
+            self.window.open_one();
+        }
+        admitted
     }
 
     fn command(&mut self, c: ScsiCommand, ahs: Bytes, immediate: u32, header: &Header) {
@@ -511,13 +539,15 @@ impl TargetSession {
 
     /// End task `itt` and take the StatSN for its status, for a status the driver sends itself
     /// (in the last Data-In, phase collapse). The driver must send it before anything polled
-    /// later. `None`: the task is no longer the session's (aborted), nothing may be sent.
+    /// later. `None`: the task is no longer the session's (aborted), or the session closed (the
+    /// task ends all the same); nothing may be sent.
     pub fn take_status(&mut self, task: TaskId) -> Option<Stamp> {
-        self.end(task).then(|| self.stamp_now(true))
+        (self.end(task) && !self.closed).then(|| self.stamp_now(true))
     }
 
     /// End task `itt` with its SCSI Response. `sense` is the sense data (without its length
-    /// prefix). `false`: the task was aborted meanwhile and no response goes out.
+    /// prefix). `false`: the task was aborted meanwhile, or the session closed, and no response
+    /// goes out.
     pub fn finish_command(&mut self, task: TaskId, status: Status, sense: Option<&[u8]>, residual: Residual, exp_data_sn: u32) -> bool {
         let Some(s) = self.take_status(task) else { return false };
         self.transmit.push_back(Self::scsi_response(task.itt, status, sense, residual, exp_data_sn, s));
