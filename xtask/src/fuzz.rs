@@ -5,7 +5,7 @@ use crate::root;
 use riser_iscsi::wire::{Opcode, Pdu};
 use std::process::Command;
 
-pub(crate) const FUZZ_TARGETS: [&str; 12] = [
+pub(crate) const FUZZ_TARGETS: [&str; 13] = [
     "pdu",
     "text",
     "cdb",
@@ -13,6 +13,7 @@ pub(crate) const FUZZ_TARGETS: [&str; 12] = [
     "login_target",
     "login_initiator",
     "target_session",
+    "session_pair",
     "mpa",
     "ddp_rdmap",
     "iwarp_rx",
@@ -133,8 +134,198 @@ pub(crate) fn fuzz_seeds() -> Result<(), String> {
         write("iser_header", name, &h)?;
     }
     write("iwarp_rx", "stream-crc", &iwarp_stream(true))?;
+    for (name, script) in session_pair_seeds() {
+        write("session_pair", name, &script)?;
+    }
     println!("wrote seeds under {}", seeds.display());
     Ok(())
+}
+
+/// Scripts for the `session_pair` target (both session machines against each other). The
+/// encoding is the target's (fuzz/fuzz_targets/session_pair.rs): 10 bytes of configuration
+/// (queue depth mod 9; flags: 0..=1 immediate allowance, 0x04 keepalive, 0x18 both set discovery,
+/// 0x20 a 512-byte initiator receive limit, 0x40 no ImmediateData, 0x80 InitialR2T; then the
+/// first CmdSN and StatSN, big-endian), then operations: an opcode byte (mod 21) and its
+/// arguments.
+pub(crate) fn session_pair_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    // Operations.
+    let cmd = |lun: u8, mode: u8, len: u16| {
+        let [h, l] = len.to_be_bytes();
+        vec![0, lun | (mode << 2), h, l]
+    };
+    const READ: u8 = 1;
+    const WRITE: u8 = 2;
+    const PING: [u8; 2] = [2, 8];
+    let tmf = |function: u8, lun: u8, ref_index: u8| vec![3, function, lun, ref_index];
+    const TEXT: [u8; 2] = [4, 16];
+    const LOGOUT: [u8; 2] = [5, 0];
+    const TO_TARGET: [u8; 2] = [6, 0];
+    const TO_INITIATOR: [u8; 2] = [8, 0];
+    const FINISH: [u8; 5] = [11, 0, 0, 0, 0];
+    const SENSE_UNDERFLOW: [u8; 5] = [11, 0, 0x19, 0x01, 0x00];
+    const DROP_TASK: [u8; 2] = [12, 0];
+    const COLLAPSE: [u8; 3] = [13, 0, 0];
+    let answer_text = |len: u16| {
+        let [h, l] = len.to_be_bytes();
+        vec![14, 0, h, l]
+    };
+    const COMPLETE_TMF: [u8; 2] = [15, 0];
+    const ANSWER_LOGOUT: [u8; 2] = [16, 0];
+    const PLAN_WRITE: [u8; 5] = [17, 0, 0x10, 0x00, 4];
+    let clock_secs = |s: u8| vec![18, (s << 2) | 1];
+    const CLOCK_TO_TIMER: [u8; 2] = [18, 2];
+    let config = |depth: u8, flags: u8, cmd_sn: u32, stat_sn: u32| {
+        let mut v = vec![depth, flags];
+        v.extend_from_slice(&cmd_sn.to_be_bytes());
+        v.extend_from_slice(&stat_sn.to_be_bytes());
+        v
+    };
+    let script = |head: Vec<u8>, ops: &[&[u8]]| {
+        let mut v = head;
+        ops.iter().for_each(|op| v.extend_from_slice(op));
+        v
+    };
+    let (c0r, c1w, c1r) = (cmd(0, READ, 512), cmd(1, WRITE, 4096), cmd(1, READ, 4096));
+    let mut raw_target = vec![19, 0, 0x01];
+    let mut nop = [0u8; 48];
+    nop[0] = 0x40;
+    nop[16..20].copy_from_slice(&7u32.to_be_bytes());
+    nop[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
+    raw_target.extend_from_slice(&nop);
+    raw_target.extend_from_slice(&[4, 0, 0]);
+    let mut raw_initiator = vec![19, 1, 0x03];
+    let mut rsp = [0u8; 48];
+    rsp[0] = 0x21;
+    rsp[1] = 0x80;
+    rsp[28..32].copy_from_slice(&1u32.to_be_bytes());
+    rsp[32..36].copy_from_slice(&64u32.to_be_bytes());
+    raw_initiator.extend_from_slice(&rsp);
+    raw_initiator.push(0);
+    vec![
+        (
+            "commands",
+            script(
+                config(4, 0, 1, 100),
+                &[
+                    &c0r,
+                    &c1w,
+                    &c1r,
+                    &TO_TARGET,
+                    &TO_TARGET,
+                    &TO_TARGET,
+                    &FINISH,
+                    &SENSE_UNDERFLOW,
+                    &COLLAPSE,
+                    &TO_INITIATOR,
+                    &TO_INITIATOR,
+                    &TO_INITIATOR,
+                ],
+            ),
+        ),
+        ("write-r2t", script(config(2, 0x80, 7, 7), &[&c1w, &TO_TARGET, &PLAN_WRITE, &TO_INITIATOR, &FINISH, &TO_INITIATOR])),
+        (
+            "task-management",
+            script(
+                config(8, 0, 1, 1),
+                &[
+                    &c0r,
+                    &c1r,
+                    &c0r,
+                    &tmf(1, 0, 0),
+                    &tmf(2, 1, 0),
+                    &tmf(6, 0, 0),
+                    &tmf(0x80 | 0x55, 0, 0),
+                    &TO_TARGET,
+                    &TO_TARGET,
+                    &TO_TARGET,
+                    &TO_TARGET,
+                    &TO_TARGET,
+                    &TO_TARGET,
+                    &TO_TARGET,
+                    &COMPLETE_TMF,
+                    &COMPLETE_TMF,
+                    &COMPLETE_TMF,
+                    &COMPLETE_TMF,
+                    &TO_INITIATOR,
+                    &TO_INITIATOR,
+                    &TO_INITIATOR,
+                    &TO_INITIATOR,
+                ],
+            ),
+        ),
+        (
+            "text-continued",
+            script(
+                config(4, 0x20, 1, 1),
+                &[
+                    &TEXT,
+                    &TO_TARGET,
+                    &answer_text(1500),
+                    &TO_INITIATOR,
+                    &TO_TARGET,
+                    &TO_INITIATOR,
+                    &TO_TARGET,
+                    &TO_INITIATOR,
+                    &PING,
+                    &TO_TARGET,
+                    &TO_INITIATOR,
+                ],
+            ),
+        ),
+        (
+            "keepalive",
+            script(
+                config(4, 0x04, 1, 1),
+                &[&clock_secs(5), &TO_INITIATOR, &TO_TARGET, &c0r, &clock_secs(6), &CLOCK_TO_TIMER, &CLOCK_TO_TIMER, &FINISH],
+            ),
+        ),
+        (
+            "logout",
+            script(
+                config(4, 0, 1, 1),
+                &[&c0r, &c1r, &TO_TARGET, &TO_TARGET, &FINISH, &LOGOUT, &TO_TARGET, &ANSWER_LOGOUT, &TO_INITIATOR, &TO_INITIATOR],
+            ),
+        ),
+        ("wrap", {
+            let mut ops: Vec<&[u8]> = Vec::new();
+            for _ in 0..6 {
+                ops.extend_from_slice(&[&c0r, &TO_TARGET, &FINISH, &TO_INITIATOR]);
+            }
+            script(config(2, 0, u32::MAX - 2, u32::MAX - 1), &ops)
+        }),
+        (
+            "network",
+            script(
+                config(4, 0, 1, 1),
+                &[&c0r, &c0r, &[10, 0, 0], &[6, 1], &[6, 1], &[6, 0], &FINISH, &[10, 3, 0], &TO_INITIATOR, &DROP_TASK],
+            ),
+        ),
+        (
+            "raw",
+            script(
+                config(4, 0x01, 1, 1),
+                &[&c0r, &TO_TARGET, &raw_target, &raw_initiator, &[20, 0, 0], &[20, 1, 8], &TO_TARGET, &TO_TARGET, &FINISH],
+            ),
+        ),
+        (
+            "discovery",
+            script(
+                config(4, 0x18, 1, 1),
+                &[
+                    &c0r,
+                    &TEXT,
+                    &tmf(2, 0, 0),
+                    &TO_TARGET,
+                    &TO_TARGET,
+                    &TO_TARGET,
+                    &answer_text(40),
+                    &TO_INITIATOR,
+                    &TO_INITIATOR,
+                    &TO_INITIATOR,
+                ],
+            ),
+        ),
+    ]
 }
 
 /// MPA frames and DDP/RDMAP headers of every kind (after the MPA length field).
