@@ -19,7 +19,7 @@ fn login() -> bool {
         [1; 32],
     );
     let mut t = TargetLogin::new(
-        TargetLoginConfig { targets: vec![TargetNode::open(TARGET)], ..TargetLoginConfig::default() },
+        TargetLoginConfig::default().target(TargetNode::open(TARGET)),
         TargetLoginParams { new_tsih: 1, initial_stat_sn: 1, cmd_window: 64, entropy: [2; 32] },
     );
     let mut buf = Vec::new();

@@ -74,7 +74,7 @@ fn raw_tcp(size: usize, count: u64) -> f64 {
 }
 
 fn rdma(op: &str, size: usize, count: u64, depth: usize, crc: bool) -> f64 {
-    let cfg = RnicConfig { crc, ..RnicConfig::default() };
+    let cfg = RnicConfig::default().crc(crc);
     let server = SoftRnic::new(cfg.clone());
     let listener = server.listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = listener.local_addr().unwrap();

@@ -333,7 +333,7 @@ fn main() {
     }
     let r = match a.rdma_provider.as_str() {
         "soft" => {
-            let rnic = SoftRnic::new(RnicConfig { crc: a.crc, p2p: a.p2p, ..RnicConfig::default() });
+            let rnic = SoftRnic::new(RnicConfig::default().crc(a.crc).p2p(a.p2p));
             if a.server { server(&rnic, &a) } else { client(&rnic, &a) }
         }
         "rdma-core" => rdma_core(&a),

@@ -26,8 +26,8 @@ async fn start() -> SocketAddr {
 async fn start_with(f: impl FnOnce(&mut TargetConfig)) -> SocketAddr {
     let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_test_writer().try_init();
     let lu = Arc::new(LogicalUnit::new(Arc::new(RamBackend::new(64 << 20, 512)), Lun::ZERO, 9));
-    let n = Node { name: TARGET.into(), alias: None, luns: vec![lu], acl: vec![], chap: None, mutual_chap: None };
-    let mut c = TargetConfig { nodes: vec![n], queue_depth: 64, ..TargetConfig::default() };
+    let n = Node::new(TARGET).lun(lu);
+    let mut c = TargetConfig::default().node(n).queue_depth(64);
     f(&mut c);
     let rnic = SoftRnic::default();
     let l = rnic.listen("127.0.0.1:0".parse().unwrap()).unwrap();
@@ -175,7 +175,7 @@ async fn immediate_unsolicited_and_rdma_read_data_in_one_write() {
     // As the Linux initiator: InitialR2T=No, so up to FirstBurstLength goes unsolicited: 8 KiB of
     // immediate data, then Data-Out Sends to 64 KiB, then the target RDMA Reads the rest.
     cfg.operational.first_burst_length = 65_536;
-    let iser = IserConfig { unsolicited_data_out: true, ..IserConfig::default() };
+    let iser = IserConfig::default().unsolicited_data_out(true);
     cfg.connector = Arc::new(IserConnector::new(SoftRnic::default(), iser));
     let s = Session::connect(addr, cfg).await.unwrap();
     assert!(!s.params().initial_r2t && s.params().immediate_data);
@@ -264,7 +264,7 @@ async fn a_window_of_writes_from_a_linux_like_initiator_never_outruns_the_target
     let addr = start().await;
     let mut cfg = SessionConfig::new(ME, TARGET);
     cfg.operational.first_burst_length = 262_144;
-    cfg.connector = Arc::new(IserConnector::new(SoftRnic::default(), IserConfig { unsolicited_data_out: true, ..IserConfig::default() }));
+    cfg.connector = Arc::new(IserConnector::new(SoftRnic::default(), IserConfig::default().unsolicited_data_out(true)));
     let s = Session::connect(addr, cfg).await.unwrap();
     assert!(s.params().initial_r2t, "the target answers InitialR2T=Yes over iSER");
     let mut tasks = Vec::new();
@@ -420,7 +420,7 @@ async fn an_unsolicited_burst_ended_early_fails_the_task() {
     let send = async |dm: &SharedDatamover, h: Header, data: Vec<u8>| dm.send_control(ControlPdu::new(h, data.into())).await.unwrap();
 
     // InitialR2T=No, FirstBurstLength 64 KiB: 8 KiB immediate, then a Data-Out of 8 KiB with F=1.
-    let op = OperationalConfig { initial_r2t: false, immediate_data: true, first_burst_length: 65_536, ..OperationalConfig::default() };
+    let op = OperationalConfig::default().initial_r2t(false).immediate_data(true).first_burst_length(65_536);
     let addr = start_with(|c| {
         c.operational = op.clone();
         c.iser_unsolicited_data = true;
@@ -524,7 +524,7 @@ async fn unsolicited_data_that_never_comes_ends_the_command_not_the_connection()
     use riser::datamover::ControlPdu;
     use riser::iscsi::wire::{Header, ScsiCommand};
     use riser::scsi::sense::{AscAscq, Status};
-    let op = OperationalConfig { initial_r2t: false, immediate_data: true, first_burst_length: 65_536, ..OperationalConfig::default() };
+    let op = OperationalConfig::default().initial_r2t(false).immediate_data(true).first_burst_length(65_536);
     let addr = start_with(|c| {
         c.operational = op.clone();
         c.iser_unsolicited_data = true;

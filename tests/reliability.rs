@@ -273,8 +273,8 @@ async fn connection_cuts_lose_no_acknowledged_write() {
     let want_cuts = env_u64("RISER_CUTS", 40);
     let path = scratch("cuts");
     let lu = file_lun(&path, 64 << 20);
-    let node = Node { name: TARGET.into(), alias: None, luns: vec![lu], acl: vec![], chap: None, mutual_chap: None };
-    let t = Target::new(TargetConfig { nodes: vec![node], ..TargetConfig::default() });
+    let node = Node::new(TARGET).lun(lu);
+    let t = Target::new(TargetConfig::default().node(node));
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let direct = l.local_addr().unwrap();
     tokio::spawn(t.serve(l));
@@ -347,15 +347,8 @@ fn reliability_child_target() {
     let bytes = env_u64("RISER_CHILD_LUN_BYTES", 256 << 20);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
-        let node = Node {
-            name: TARGET.into(),
-            alias: None,
-            luns: vec![file_lun(Path::new(&path), bytes)],
-            acl: vec![],
-            chap: None,
-            mutual_chap: None,
-        };
-        let t = Target::new(TargetConfig { nodes: vec![node], ..TargetConfig::default() });
+        let node = Node::new(TARGET).lun(file_lun(Path::new(&path), bytes));
+        let t = Target::new(TargetConfig::default().node(node));
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let tcp = l.local_addr().unwrap();
         tokio::spawn(t.clone().serve(l));

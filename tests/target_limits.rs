@@ -101,8 +101,8 @@ impl BlockBackend for Gated {
 async fn start_with(backend: Arc<dyn BlockBackend>, cfg: impl FnOnce(&mut TargetConfig)) -> SocketAddr {
     let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_test_writer().try_init();
     let lu = Arc::new(LogicalUnit::new(backend, Lun::ZERO, 3));
-    let n = Node { name: TARGET.into(), alias: None, luns: vec![lu], acl: vec![], chap: None, mutual_chap: None };
-    let mut c = TargetConfig { nodes: vec![n], ..TargetConfig::default() };
+    let n = Node::new(TARGET).lun(lu);
+    let mut c = TargetConfig::default().node(n);
     cfg(&mut c);
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -272,7 +272,7 @@ fn sense(data: &[u8]) -> Sense {
 async fn the_window_slides_when_commands_end_not_when_they_arrive() {
     let gated = Gated::new();
     let addr = start_with(gated.clone(), |c| c.queue_depth = 4).await;
-    let op = OperationalConfig { initial_r2t: false, immediate_data: true, ..OperationalConfig::default() };
+    let op = OperationalConfig::default().initial_r2t(false).immediate_data(true);
     let mut r = Raw::login(addr, op, [0x80, 0, 0, 0, 0, 1]).await;
     let first_max = r.o.max_cmd_sn;
     assert_eq!(first_max, r.o.exp_cmd_sn.wrapping_add(3));
@@ -309,7 +309,7 @@ async fn the_window_slides_when_commands_end_not_when_they_arrive() {
 async fn immediate_commands_beyond_their_allowance_are_rejected() {
     let gated = Gated::new();
     let addr = start_with(gated.clone(), |c| c.max_immediate_commands = 2).await;
-    let op = OperationalConfig { initial_r2t: false, immediate_data: true, ..OperationalConfig::default() };
+    let op = OperationalConfig::default().initial_r2t(false).immediate_data(true);
     let mut r = Raw::login(addr, op, [0x80, 0, 0, 0, 0, 2]).await;
     gated.hold(true);
     for i in 0..3u32 {
@@ -444,7 +444,7 @@ async fn a_stalled_data_segment_ends_the_connection() {
     sock.write_all(&bytes[..58]).await.unwrap();
     assert!(eof_within(sock, Duration::from_secs(5)).await, "a stalled login PDU is dropped");
     // Full feature phase: a command announcing 4096 bytes of immediate data, 100 sent.
-    let op = OperationalConfig { initial_r2t: false, immediate_data: true, ..OperationalConfig::default() };
+    let op = OperationalConfig::default().initial_r2t(false).immediate_data(true);
     let mut r = Raw::login(addr, op, [0x80, 0, 0, 0, 0, 6]).await;
     let h = r.command(0x600, &write10(0, 8), 4096, true, true, false);
     let mut bytes = Vec::new();
@@ -477,7 +477,7 @@ async fn connections_beyond_the_cap_are_closed() {
 async fn task_management_waits_for_the_aborted_writes_backend_io() {
     let gated = Gated::new();
     let addr = start_with(gated.clone(), |_| {}).await;
-    let op = OperationalConfig { initial_r2t: false, immediate_data: true, ..OperationalConfig::default() };
+    let op = OperationalConfig::default().initial_r2t(false).immediate_data(true);
     let mut r = Raw::login(addr, op, [0x80, 0, 0, 0, 0, 10]).await;
     for (i, function) in [TmfFunction::ABORT_TASK, TmfFunction::LOGICAL_UNIT_RESET].into_iter().enumerate() {
         gated.hold(true);
@@ -523,7 +523,7 @@ async fn task_management_waits_for_the_aborted_writes_backend_io() {
 async fn task_management_does_not_wait_for_a_sanitize() {
     let gated = Gated::new();
     let addr = start_with(gated.clone(), |_| {}).await;
-    let op = OperationalConfig { initial_r2t: false, immediate_data: true, ..OperationalConfig::default() };
+    let op = OperationalConfig::default().initial_r2t(false).immediate_data(true);
     let mut r = Raw::login(addr, op, [0x80, 0, 0, 0, 0, 0x41]).await;
     gated.hold(true);
     // SANITIZE OVERWRITE without IMMED: one pass of one 512-byte pattern.
@@ -561,7 +561,7 @@ async fn task_management_does_not_wait_for_a_sanitize() {
 async fn reinstatement_waits_for_the_old_sessions_write() {
     let gated = Gated::new();
     let addr = start_with(gated.clone(), |_| {}).await;
-    let op = OperationalConfig { initial_r2t: false, immediate_data: true, ..OperationalConfig::default() };
+    let op = OperationalConfig::default().initial_r2t(false).immediate_data(true);
     let isid = [0x80, 0, 0, 0, 0, 11];
     let mut old = Raw::login(addr, op.clone(), isid).await;
     gated.hold(true);
@@ -596,13 +596,7 @@ async fn reinstatement_waits_for_the_old_sessions_write() {
 /// length, millions, and then left the command unanswered).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tiny_max_burst_with_a_huge_edtl_solicits_only_what_the_cdb_needs() {
-    let small = OperationalConfig {
-        initial_r2t: true,
-        immediate_data: false,
-        max_burst_length: 512,
-        first_burst_length: 512,
-        ..OperationalConfig::default()
-    };
+    let small = OperationalConfig::default().initial_r2t(true).immediate_data(false).max_burst_length(512).first_burst_length(512);
     let addr = start(|c| c.operational = small.clone()).await;
     let mut r = Raw::login(addr, small.clone(), [0x80, 0, 0, 0, 0, 12]).await;
     assert_eq!(r.o.params.max_burst_length, 512);
@@ -625,7 +619,7 @@ async fn a_tiny_max_burst_with_a_huge_edtl_solicits_only_what_the_cdb_needs() {
 /// longer than the expected length (both were left unanswered).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn impossible_write_lengths_get_check_condition() {
-    let op = OperationalConfig { initial_r2t: false, immediate_data: true, ..OperationalConfig::default() };
+    let op = OperationalConfig::default().initial_r2t(false).immediate_data(true);
     let addr = start(|_| {}).await;
     let mut r = Raw::login(addr, op, [0x80, 0, 0, 0, 0, 13]).await;
     let h = r.command(0xa00, &write10(0, 1), 1 << 30, true, true, false);
@@ -647,7 +641,7 @@ async fn impossible_write_lengths_get_check_condition() {
 /// same hole. Both now fail the task, and the connection stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unsolicited_burst_ended_early_fails_the_task() {
-    let op = OperationalConfig { initial_r2t: false, immediate_data: true, first_burst_length: 65536, ..OperationalConfig::default() };
+    let op = OperationalConfig::default().initial_r2t(false).immediate_data(true).first_burst_length(65536);
     let addr = start(|c| c.operational = op.clone()).await;
     let mut r = Raw::login(addr, op, [0x80, 0, 0, 0, 0, 14]).await;
     assert_eq!(r.o.params.first_burst_length, 65536);
@@ -661,7 +655,7 @@ async fn an_unsolicited_burst_ended_early_fails_the_task() {
     assert_eq!(sense(&d).asc, AscAscq::DATA_PHASE_ERROR);
     r.ping(0xb01).await;
 
-    let strict = OperationalConfig { initial_r2t: true, immediate_data: true, ..OperationalConfig::default() };
+    let strict = OperationalConfig::default().initial_r2t(true).immediate_data(true);
     let addr = start(|c| c.operational = strict.clone()).await;
     let mut r = Raw::login(addr, strict, [0x80, 0, 0, 0, 0, 15]).await;
     assert!(r.o.params.initial_r2t);
@@ -701,7 +695,7 @@ async fn a_command_whose_flags_contradict_its_cdb_gets_an_answer() {
 /// CHECK CONDITION; the connection stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_data_that_never_comes_ends_the_command_not_the_session() {
-    let op = OperationalConfig { initial_r2t: true, immediate_data: false, ..OperationalConfig::default() };
+    let op = OperationalConfig::default().initial_r2t(true).immediate_data(false);
     let addr = start(|c| {
         c.operational = op.clone();
         c.data_timeout = Duration::from_millis(500);

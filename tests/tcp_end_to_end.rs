@@ -26,9 +26,9 @@ fn creds(u: &str, s: &str) -> ChapCredentials {
 
 async fn start(node: impl FnOnce(&mut Node), cfg: impl FnOnce(&mut TargetConfig)) -> SocketAddr {
     let lu = Arc::new(LogicalUnit::new(Arc::new(RamBackend::new(64 << 20, 512)), Lun::ZERO, 7));
-    let mut n = Node { name: TARGET.into(), alias: None, luns: vec![lu], acl: vec![], chap: None, mutual_chap: None };
+    let mut n = Node::new(TARGET).lun(lu);
     node(&mut n);
-    let mut c = TargetConfig { nodes: vec![n], ..TargetConfig::default() };
+    let mut c = TargetConfig::default().node(n);
     cfg(&mut c);
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -83,14 +83,12 @@ async fn read_write_every_size_and_queue_depth() {
 async fn r2t_path_with_small_segments_and_bursts() {
     // InitialR2T=Yes, no immediate data, 4 KiB segments, 16 KiB bursts: every write is
     // solicited through several R2Ts and many Data-Out PDUs; reads come in many Data-Ins.
-    let op = OperationalConfig {
-        initial_r2t: true,
-        immediate_data: false,
-        max_recv_data_segment_length: 4096,
-        max_burst_length: 16_384,
-        first_burst_length: 8192,
-        ..OperationalConfig::default()
-    };
+    let op = OperationalConfig::default()
+        .initial_r2t(true)
+        .immediate_data(false)
+        .max_recv_data_segment_length(4096)
+        .max_burst_length(16_384)
+        .first_burst_length(8192);
     let addr = start(|_| {}, |c| c.operational = op).await;
     let mut cfg = SessionConfig::new(ME, TARGET);
     cfg.operational.max_recv_data_segment_length = 4096;
@@ -103,13 +101,8 @@ async fn r2t_path_with_small_segments_and_bursts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unsolicited_data_and_immediate_data() {
-    let op = OperationalConfig {
-        initial_r2t: false,
-        immediate_data: true,
-        first_burst_length: 65_536,
-        max_recv_data_segment_length: 8192,
-        ..OperationalConfig::default()
-    };
+    let op =
+        OperationalConfig::default().initial_r2t(false).immediate_data(true).first_burst_length(65_536).max_recv_data_segment_length(8192);
     let addr = start(|_| {}, |c| c.operational = op).await;
     let s = Session::connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
     assert!(!s.params().initial_r2t);
@@ -128,7 +121,7 @@ async fn unsolicited_bursts_racing_their_r2ts_lose_no_task() {
     // evaluate`'s parameter sweep: the target took a Data-Out's task out of its table while
     // reading the data, so a Get_Data that looked meanwhile found no task and failed the
     // command with CHECK CONDITION, DATA PHASE ERROR.)
-    let op = OperationalConfig { max_recv_data_segment_length: 8192, ..OperationalConfig::default() };
+    let op = OperationalConfig::default().max_recv_data_segment_length(8192);
     let addr = start(|_| {}, |c| c.operational = op).await;
     let s = Session::connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
     assert!(!s.params().initial_r2t && s.params().immediate_data);
@@ -414,7 +407,7 @@ async fn data_out_outside_its_sequence_ends_only_that_task() {
     use riser::datamover::{ControlPdu, Datamover, DmEvent};
     use riser::iscsi::wire::{DataOut, ScsiCommand};
     use riser::scsi::sense::Sense;
-    let op = OperationalConfig { initial_r2t: true, immediate_data: false, ..OperationalConfig::default() };
+    let op = OperationalConfig::default().initial_r2t(true).immediate_data(false);
     let addr = start(|_| {}, |c| c.operational = op).await;
     let (dm, o) = raw_session(addr).await;
     let write10 = |itt: u32, cmd_sn: u32| {
@@ -478,7 +471,7 @@ async fn sendtargets_longer_than_one_pdu_uses_continuation() {
         |_| {},
         |c| {
             for n in &names {
-                c.nodes.push(Node { name: n.clone(), alias: None, luns: vec![], acl: vec![], chap: None, mutual_chap: None });
+                c.nodes.push(Node::new(n.clone()));
             }
         },
     )
@@ -605,10 +598,10 @@ async fn abort_task_set_ends_the_commands_before_it_not_those_after() {
         waiting: std::sync::atomic::AtomicUsize::new(0),
     });
     let lu = Arc::new(LogicalUnit::new(disk.clone(), Lun::ZERO, 9));
-    let n = Node { name: TARGET.into(), alias: None, luns: vec![lu], acl: vec![], chap: None, mutual_chap: None };
+    let n = Node::new(TARGET).lun(lu);
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
-    tokio::spawn(Target::new(TargetConfig { nodes: vec![n], ..TargetConfig::default() }).serve(l));
+    tokio::spawn(Target::new(TargetConfig::default().node(n)).serve(l));
     let mut cfg = SessionConfig::new(ME, TARGET);
     cfg.timeout = std::time::Duration::from_secs(10);
     let s = Session::connect(addr, cfg).await.unwrap();
@@ -654,7 +647,7 @@ async fn tgt_iser_like_connection(mut sock: tokio::net::TcpStream) {
         Pdu::new(h, &[][..], data).encode(&mut bytes);
         sock.write_all(&bytes).await.unwrap();
     }
-    let cfg = TargetLoginConfig { targets: vec![TargetNode::open(TARGET)], ..TargetLoginConfig::default() };
+    let cfg = TargetLoginConfig::default().target(TargetNode::open(TARGET));
     let mut login = TargetLogin::new(cfg, TargetLoginParams { new_tsih: 7, initial_stat_sn: 1, cmd_window: 32, entropy: [9; 32] });
     let (mut exp_cmd_sn, mut stat_sn) = loop {
         let Some((h, d)) = read_pdu(&mut sock).await else { return };
@@ -725,7 +718,7 @@ async fn discovery_logout_acknowledges_the_last_status() {
     let (tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let (mut sock, _) = l.accept().await.unwrap();
-        let cfg = TargetLoginConfig { targets: vec![TargetNode::open(TARGET)], ..TargetLoginConfig::default() };
+        let cfg = TargetLoginConfig::default().target(TargetNode::open(TARGET));
         let mut login = TargetLogin::new(cfg, TargetLoginParams { new_tsih: 3, initial_stat_sn: 100, cmd_window: 8, entropy: [1; 32] });
         let stat_sn = loop {
             let (h, d) = read_pdu(&mut sock).await.unwrap();
@@ -860,7 +853,7 @@ async fn sendtargets_lists_only_permitted_targets_unless_told_to_list_all() {
     const THEIRS: &str = "iqn.2026-11.io.riser:theirs";
     let nodes = |c: &mut TargetConfig| {
         for (name, acl) in [(MINE, ME), (THEIRS, OTHER)] {
-            c.nodes.push(Node { name: name.into(), alias: None, luns: vec![], acl: vec![acl.into()], chap: None, mutual_chap: None });
+            c.nodes.push(Node::new(name).allow(acl));
         }
     };
     let names = |found: Vec<(String, Vec<String>)>| found.into_iter().map(|(n, _)| n).collect::<Vec<_>>();

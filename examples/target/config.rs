@@ -136,7 +136,7 @@ impl Limits {
         let rnic = match &self.max_mpa_handshakes {
             Some(v) => {
                 let max_handshakes = integer("max_mpa_handshakes", v, 1, MAX_MPA_HANDSHAKES)? as usize;
-                Some(riser::iwarp::RnicConfig { max_handshakes, ..riser::iwarp::RnicConfig::default() })
+                Some(riser::iwarp::RnicConfig::default().max_handshakes(max_handshakes))
             }
             None => None,
         };

@@ -52,7 +52,7 @@ use config::Credentials;
 use riser::scsi::lun::Lun;
 use riser::target::backend::{BlockBackend, FileBackend, RamBackend};
 use riser::target::lu::LogicalUnit;
-use riser::target::server::{DiscoveryScope, Node, Target, TargetConfig};
+use riser::target::server::{DiscoveryScope, Node, Target};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -220,14 +220,15 @@ async fn run() -> Result<(), String> {
     if discovery_mutual_chap.is_some() && discovery_chap.is_none() {
         return Err("discovery mutual CHAP needs discovery CHAP (--discovery-chap-file, RISER_DISCOVERY_CHAP or discovery_chap)".into());
     }
-    let node = Node { name: target_name.clone(), alias: None, luns, acl: args.acl.clone(), chap, mutual_chap };
-    let target = Target::new(TargetConfig {
-        nodes: vec![node],
-        discovery_chap,
-        discovery_mutual_chap,
-        discovery_scope: discovery_scope(args.discovery_scope.as_deref())?,
-        ..tuning.target
-    });
+    let node = Node::new(target_name.clone()).luns(luns).acl(args.acl.clone()).chap(chap).mutual_chap(mutual_chap);
+    let target = Target::new(
+        tuning
+            .target
+            .node(node)
+            .discovery_chap(discovery_chap)
+            .discovery_mutual_chap(discovery_mutual_chap)
+            .discovery_scope(discovery_scope(args.discovery_scope.as_deref())?),
+    );
     let mut servers = Vec::new();
     for p in args.portal.iter().filter(|p| p.as_str() != "none") {
         let listener = tokio::net::TcpListener::bind(p).await.map_err(|e| format!("cannot listen on {p}: {e}"))?;

@@ -17,7 +17,7 @@ fuzz_target!(|data: &[u8]| {
     if ctl & 2 == 2 {
         node.mutual_chap = Some(ChapCredentials::new("target", *b"anothersecret123").unwrap());
     }
-    let cfg = TargetLoginConfig { targets: vec![node], ..TargetLoginConfig::default() };
+    let cfg = TargetLoginConfig::default().target(node);
     let mut t = TargetLogin::new(cfg, TargetLoginParams { new_tsih: 1, initial_stat_sn: 0, cmd_window: 8, entropy: [1; 32] });
     let mut now = Duration::ZERO;
     while let Ok((pdu, used)) = Pdu::parse(rest) {

@@ -19,8 +19,8 @@ fn target() -> Arc<Target> {
     static T: OnceLock<Arc<Target>> = OnceLock::new();
     T.get_or_init(|| {
         let lun = |n: u16| Arc::new(LogicalUnit::new(Arc::new(RamBackend::new(1 << 20, 512)), Lun::from_number(n).unwrap(), u64::from(n)));
-        let node = Node { name: "iqn.2026-11.io.riser.test:capture".into(), alias: None, luns: vec![lun(0), lun(1)], acl: vec![], chap: None, mutual_chap: None };
-        Target::new(TargetConfig { nodes: vec![node], ..TargetConfig::default() })
+        let node = Node::new("iqn.2026-11.io.riser.test:capture").lun(lun(0)).lun(lun(1));
+        Target::new(TargetConfig::default().node(node))
     })
     .clone()
 }

@@ -104,6 +104,7 @@ pub enum Error {
 
 /// How to log in.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct SessionConfig {
     /// Our iSCSI name.
     pub initiator_name: String,
@@ -156,6 +157,34 @@ impl SessionConfig {
         algorithms: Vec<riser_iscsi::chap::ChapAlgorithm>,
     ) -> Self {
         self.auth = InitiatorAuth::Chap { credentials, algorithms, mutual };
+        self
+    }
+
+    /// Offer these operational values.
+    #[must_use]
+    pub fn operational(mut self, operational: OperationalConfig) -> Self {
+        self.operational = operational;
+        self
+    }
+
+    /// Login and command timeout.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Use this ISID (to reinstate a session, say).
+    #[must_use]
+    pub fn isid(mut self, isid: Isid) -> Self {
+        self.isid = isid;
+        self
+    }
+
+    /// Make connections with this connector (iSER, say).
+    #[must_use]
+    pub fn connector(mut self, connector: impl Connector + 'static) -> Self {
+        self.connector = Arc::new(connector);
         self
     }
 }

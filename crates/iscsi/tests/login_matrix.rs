@@ -57,14 +57,12 @@ fn c04_target_requiring_digest_gets_it_from_a_list() {
 #[test]
 fn c05_target_limits_win() {
     let mut t = target_cfg();
-    t.operational = OperationalConfig {
-        max_burst_length: 65_536,
-        first_burst_length: 8192,
-        immediate_data: false,
-        initial_r2t: true,
-        max_recv_data_segment_length: 8192,
-        ..OperationalConfig::default()
-    };
+    t.operational = OperationalConfig::default()
+        .max_burst_length(65_536)
+        .first_burst_length(8192)
+        .immediate_data(false)
+        .initial_r2t(true)
+        .max_recv_data_segment_length(8192);
     let (p, _) = run(initiator_cfg(), t).completed();
     assert_eq!((p.max_burst_length, p.first_burst_length, p.immediate_data, p.initial_r2t), (65_536, 8192, false, true));
     assert_eq!(p.target_recv_data_segment_length, 8192);
@@ -88,8 +86,7 @@ fn c07_target_offers_keys_the_initiator_left_at_default() {
     // An initiator that offers nothing operational (like a minimal one); the target must offer
     // what its limits do not allow at the defaults, and the initiator answers.
     let mut i = initiator_cfg();
-    i.operational =
-        OperationalConfig { max_burst_length: 262_144, first_burst_length: 65_536, initial_r2t: true, ..OperationalConfig::default() };
+    i.operational = OperationalConfig::default().max_burst_length(262_144).first_burst_length(65_536).initial_r2t(true);
     let mut t = target_cfg();
     t.operational.immediate_data = false;
     t.operational.max_burst_length = 131_072;

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 #[test]
 fn rev1_p2p_and_no_crc_connections_work() {
     for (client, server) in [
-        (RnicConfig { mpa_rev: 1, ..RnicConfig::default() }, RnicConfig::default()),
-        (RnicConfig { p2p: true, ..RnicConfig::default() }, RnicConfig::default()),
-        (RnicConfig { crc: false, ..RnicConfig::default() }, RnicConfig { crc: false, ..RnicConfig::default() }),
+        (RnicConfig::default().mpa_rev(1), RnicConfig::default()),
+        (RnicConfig::default().p2p(true), RnicConfig::default()),
+        (RnicConfig::default().crc(false), RnicConfig::default().crc(false)),
     ] {
         let (c, s) = pair_with(client, server, |_| {});
         let target = s.mr(vec![0u8; 100], ALL);
@@ -159,7 +159,7 @@ fn trickler(addr: SocketAddr, every: Duration, give_up: Duration) -> std::thread
 
 #[test]
 fn idle_and_trickling_connections_do_not_delay_a_well_behaved_request() {
-    let (addr, requests) = portal(RnicConfig { setup_timeout: Duration::from_secs(3), ..RnicConfig::default() });
+    let (addr, requests) = portal(RnicConfig::default().setup_timeout(Duration::from_secs(3)));
     // Two connections that send nothing, one that stops half-way through the header, and two
     // that trickle a byte at a time.
     let idle: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
@@ -184,7 +184,7 @@ fn idle_and_trickling_connections_do_not_delay_a_well_behaved_request() {
 
 #[test]
 fn a_trickler_is_dropped_at_the_handshake_deadline() {
-    let (addr, _requests) = portal(RnicConfig { setup_timeout: Duration::from_secs(1), ..RnicConfig::default() });
+    let (addr, _requests) = portal(RnicConfig::default().setup_timeout(Duration::from_secs(1)));
     // A byte every 50 ms: each read would restart a per-read timeout; one deadline does not.
     let dropped = trickler(addr, Duration::from_millis(50), Duration::from_secs(5)).join().unwrap();
     let dropped = dropped.expect("the trickler was dropped");
@@ -195,7 +195,7 @@ fn a_trickler_is_dropped_at_the_handshake_deadline() {
 fn handshakes_beyond_the_bound_wait_for_a_slot() {
     // With room for two handshakes, two idle connections hold both slots: the next request is
     // read (not refused, not lost) once their deadline frees the slots.
-    let (addr, requests) = portal(RnicConfig { setup_timeout: Duration::from_secs(1), max_handshakes: 2, ..RnicConfig::default() });
+    let (addr, requests) = portal(RnicConfig::default().setup_timeout(Duration::from_secs(1)).max_handshakes(2));
     let idle: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
     std::thread::sleep(Duration::from_millis(100));
     let t0 = Instant::now();

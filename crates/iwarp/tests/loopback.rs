@@ -19,7 +19,7 @@ use std::time::Duration;
 #[test]
 fn send_receive_every_size_with_gather_and_scatter() {
     for crc in [true, false] {
-        let cfg = RnicConfig { crc, ..RnicConfig::default() };
+        let cfg = RnicConfig::default().crc(crc);
         let sizes = [0usize, 1, 3, 100, 65516, 65517, 200_000];
         let bufs: Vec<_> = sizes.iter().map(|&n| vec![0u8; n + 8]).collect();
         let (c, s) = pair_with(cfg.clone(), cfg, move |s| {

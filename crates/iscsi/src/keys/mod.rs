@@ -208,6 +208,7 @@ impl Digest {
 /// What this side wants (or accepts) for each operational key. The initiator offers these; the
 /// target uses them as its limits when answering.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct OperationalConfig {
     /// HeaderDigest values in preference order.
     pub header_digest: Vec<Digest>,
@@ -278,6 +279,62 @@ fn yes_no(b: bool) -> &'static str {
 }
 
 impl OperationalConfig {
+    /// InitialR2T: `true` forbids unsolicited Data-Out.
+    #[must_use]
+    pub fn initial_r2t(mut self, yes: bool) -> Self {
+        self.initial_r2t = yes;
+        self
+    }
+
+    /// ImmediateData.
+    #[must_use]
+    pub fn immediate_data(mut self, yes: bool) -> Self {
+        self.immediate_data = yes;
+        self
+    }
+
+    /// What this side receives per PDU.
+    #[must_use]
+    pub fn max_recv_data_segment_length(mut self, bytes: u32) -> Self {
+        self.max_recv_data_segment_length = bytes;
+        self
+    }
+
+    /// MaxBurstLength.
+    #[must_use]
+    pub fn max_burst_length(mut self, bytes: u32) -> Self {
+        self.max_burst_length = bytes;
+        self
+    }
+
+    /// FirstBurstLength.
+    #[must_use]
+    pub fn first_burst_length(mut self, bytes: u32) -> Self {
+        self.first_burst_length = bytes;
+        self
+    }
+
+    /// MaxOutstandingR2T.
+    #[must_use]
+    pub fn max_outstanding_r2t(mut self, n: u32) -> Self {
+        self.max_outstanding_r2t = n;
+        self
+    }
+
+    /// HeaderDigest values, in preference order.
+    #[must_use]
+    pub fn header_digest(mut self, digests: Vec<Digest>) -> Self {
+        self.header_digest = digests;
+        self
+    }
+
+    /// DataDigest values, in preference order.
+    #[must_use]
+    pub fn data_digest(mut self, digests: Vec<Digest>) -> Self {
+        self.data_digest = digests;
+        self
+    }
+
     /// Our value for a negotiated (non-declarative) key under a transport, as text; `None` for
     /// keys we do not take part in.
     pub fn local_value(&self, key: &str, transport: Transport) -> Option<String> {

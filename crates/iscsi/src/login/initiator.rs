@@ -30,6 +30,7 @@ pub enum InitiatorAuth {
 
 /// What the initiator's login needs.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct InitiatorLoginConfig {
     /// InitiatorName.
     pub initiator_name: String,
@@ -77,6 +78,49 @@ impl InitiatorLoginConfig {
             itt: 0,
             exp_stat_sn: 0,
         }
+    }
+
+    /// With this InitiatorAlias.
+    #[must_use]
+    pub fn initiator_alias(mut self, alias: impl Into<String>) -> Self {
+        self.initiator_alias = Some(alias.into());
+        self
+    }
+
+    /// Authenticate this way.
+    #[must_use]
+    pub fn auth(mut self, auth: InitiatorAuth) -> Self {
+        self.auth = auth;
+        self
+    }
+
+    /// Offer these operational values.
+    #[must_use]
+    pub fn operational(mut self, operational: OperationalConfig) -> Self {
+        self.operational = operational;
+        self
+    }
+
+    /// Log in over this transport.
+    #[must_use]
+    pub fn transport(mut self, transport: Transport) -> Self {
+        self.transport = transport;
+        self
+    }
+
+    /// Time the whole login may take.
+    #[must_use]
+    pub fn login_timeout(mut self, timeout: Duration) -> Self {
+        self.login_timeout = timeout;
+        self
+    }
+
+    /// Add a connection to the session with this TSIH, as connection `cid`.
+    #[must_use]
+    pub fn add_connection(mut self, tsih: u16, cid: u16) -> Self {
+        self.tsih = tsih;
+        self.cid = cid;
+        self
     }
 }
 

@@ -13,6 +13,7 @@ use core::time::Duration;
 
 /// A target node the portal serves.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TargetNode {
     /// iSCSI name (iqn./eui./naa.).
     pub name: String,
@@ -32,10 +33,39 @@ impl TargetNode {
     pub fn open(name: impl Into<String>) -> Self {
         Self { name: name.into(), alias: None, allowed_initiators: Vec::new(), chap: None, mutual_chap: None }
     }
+
+    /// With this TargetAlias.
+    #[must_use]
+    pub fn alias(mut self, alias: impl Into<String>) -> Self {
+        self.alias = Some(alias.into());
+        self
+    }
+
+    /// Admit this initiator name (once any is named, only the named ones may log in).
+    #[must_use]
+    pub fn allow(mut self, initiator: impl Into<String>) -> Self {
+        self.allowed_initiators.push(initiator.into());
+        self
+    }
+
+    /// Require CHAP with these credentials (`None`: no authentication).
+    #[must_use]
+    pub fn chap(mut self, credentials: impl Into<Option<ChapCredentials>>) -> Self {
+        self.chap = credentials.into();
+        self
+    }
+
+    /// Answer (and so require) mutual CHAP with these credentials.
+    #[must_use]
+    pub fn mutual_chap(mut self, credentials: impl Into<Option<ChapCredentials>>) -> Self {
+        self.mutual_chap = credentials.into();
+        self
+    }
 }
 
 /// What a portal's login machine needs to know.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct TargetLoginConfig {
     /// The targets behind this portal.
     pub targets: Vec<TargetNode>,
@@ -67,6 +97,64 @@ impl Default for TargetLoginConfig {
             transport: Transport::Tcp,
             login_timeout: Duration::from_secs(15),
         }
+    }
+}
+
+impl TargetLoginConfig {
+    /// Add a target behind the portal.
+    #[must_use]
+    pub fn target(mut self, node: TargetNode) -> Self {
+        self.targets.push(node);
+        self
+    }
+
+    /// With these operational limits.
+    #[must_use]
+    pub fn operational(mut self, operational: OperationalConfig) -> Self {
+        self.operational = operational;
+        self
+    }
+
+    /// The portal's transport.
+    #[must_use]
+    pub fn transport(mut self, transport: Transport) -> Self {
+        self.transport = transport;
+        self
+    }
+
+    /// The portal's TargetPortalGroupTag.
+    #[must_use]
+    pub fn portal_group_tag(mut self, tag: u16) -> Self {
+        self.portal_group_tag = tag;
+        self
+    }
+
+    /// Time the whole login may take.
+    #[must_use]
+    pub fn login_timeout(mut self, timeout: Duration) -> Self {
+        self.login_timeout = timeout;
+        self
+    }
+
+    /// CHAP required on discovery sessions (`None`: discovery is open).
+    #[must_use]
+    pub fn discovery_chap(mut self, credentials: impl Into<Option<ChapCredentials>>) -> Self {
+        self.discovery_chap = credentials.into();
+        self
+    }
+
+    /// Credentials for mutual CHAP on discovery sessions.
+    #[must_use]
+    pub fn discovery_mutual_chap(mut self, credentials: impl Into<Option<ChapCredentials>>) -> Self {
+        self.discovery_mutual_chap = credentials.into();
+        self
+    }
+
+    /// CHAP algorithms accepted.
+    #[must_use]
+    pub fn chap_algorithms(mut self, algorithms: Vec<ChapAlgorithm>) -> Self {
+        self.chap_algorithms = algorithms;
+        self
     }
 }
 

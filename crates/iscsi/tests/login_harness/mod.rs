@@ -21,7 +21,7 @@ pub(crate) fn creds(user: &str, secret: &str) -> ChapCredentials {
 }
 
 pub(crate) fn target_cfg() -> TargetLoginConfig {
-    TargetLoginConfig { targets: vec![TargetNode::open(TARGET)], ..TargetLoginConfig::default() }
+    TargetLoginConfig::default().target(TargetNode::open(TARGET))
 }
 
 pub(crate) fn initiator_cfg() -> InitiatorLoginConfig {

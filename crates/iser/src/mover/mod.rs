@@ -39,6 +39,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Sizing and options of an iSER connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct IserConfig {
     /// Largest data segment this side receives: what it declares as
     /// InitiatorRecvDataSegmentLength / TargetRecvDataSegmentLength (login PDUs need 8192).
@@ -79,6 +80,57 @@ impl Default for IserConfig {
             send_depth: None,
             signal_every: DEFAULT_SIGNAL_EVERY,
         }
+    }
+}
+
+impl IserConfig {
+    /// Largest data segment this side receives.
+    #[must_use]
+    pub fn recv_dsl(mut self, bytes: u32) -> Self {
+        self.recv_dsl = bytes;
+        self
+    }
+
+    /// Receives kept posted in full-feature phase.
+    #[must_use]
+    pub fn recv_depth(mut self, n: u32) -> Self {
+        self.recv_depth = n;
+        self
+    }
+
+    /// Allow Send with Invalidate.
+    #[must_use]
+    pub fn send_invalidate(mut self, yes: bool) -> Self {
+        self.send_invalidate = yes;
+        self
+    }
+
+    /// Initiator: send unsolicited Data-Out where InitialR2T=No allows it.
+    #[must_use]
+    pub fn unsolicited_data_out(mut self, yes: bool) -> Self {
+        self.unsolicited_data_out = yes;
+        self
+    }
+
+    /// Inbound RDMA Reads accepted outstanding.
+    #[must_use]
+    pub fn ird(mut self, n: u8) -> Self {
+        self.ird = n;
+        self
+    }
+
+    /// RDMA Reads issued outstanding.
+    #[must_use]
+    pub fn ord(mut self, n: u8) -> Self {
+        self.ord = n;
+        self
+    }
+
+    /// Send queue entries (`None`: derived from the receive depth).
+    #[must_use]
+    pub fn send_depth(mut self, n: Option<u32>) -> Self {
+        self.send_depth = n;
+        self
     }
 }
 

@@ -55,6 +55,7 @@ pub const MAX_IRD_ORD: u8 = 128;
 
 /// How the software RNIC connects.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct RnicConfig {
     /// Ask for MPA CRC32C on FPDUs. The connection uses CRC when either side asks; off by
     /// default, as Linux siw (TCP's checksum already covers the stream; CRC costs a pass over
@@ -88,6 +89,48 @@ impl Default for RnicConfig {
 }
 
 impl RnicConfig {
+    /// Ask for MPA CRC32C.
+    #[must_use]
+    pub fn crc(mut self, yes: bool) -> Self {
+        self.crc = yes;
+        self
+    }
+
+    /// MPA revision to request (2 or 1).
+    #[must_use]
+    pub fn mpa_rev(mut self, rev: u8) -> Self {
+        self.mpa_rev = rev;
+        self
+    }
+
+    /// As initiator, ask for peer-to-peer mode.
+    #[must_use]
+    pub fn p2p(mut self, yes: bool) -> Self {
+        self.p2p = yes;
+        self
+    }
+
+    /// Payload bytes per FPDU.
+    #[must_use]
+    pub fn max_segment(mut self, bytes: usize) -> Self {
+        self.max_segment = bytes;
+        self
+    }
+
+    /// Time allowed for TCP connect and the MPA exchange.
+    #[must_use]
+    pub fn setup_timeout(mut self, timeout: Duration) -> Self {
+        self.setup_timeout = timeout;
+        self
+    }
+
+    /// MPA handshakes a listener runs at once.
+    #[must_use]
+    pub fn max_handshakes(mut self, n: usize) -> Self {
+        self.max_handshakes = n;
+        self
+    }
+
     /// How long a listener waits for a whole MPA request (see [`RnicConfig::setup_timeout`]).
     fn handshake_time(&self) -> Duration {
         self.setup_timeout.min(Duration::from_secs(5))

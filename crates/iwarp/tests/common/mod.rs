@@ -108,7 +108,7 @@ pub(crate) fn pair() -> (End, End) {
 
 /// Connect a raw TCP peer to a riser server queue pair (IRD 1) and complete MPA.
 pub(crate) fn raw_peer(crc: bool, setup: impl FnOnce(&End) + Send + 'static) -> (TcpStream, std::thread::JoinHandle<End>) {
-    let (srnic, spd, scq, srcq) = end(SoftRnic::new(RnicConfig { crc: false, ..RnicConfig::default() }));
+    let (srnic, spd, scq, srcq) = end(SoftRnic::new(RnicConfig::default().crc(false)));
     let listener = srnic.listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr: SocketAddr = listener.local_addr().unwrap();
     let server = std::thread::spawn(move || {

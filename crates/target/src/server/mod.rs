@@ -29,6 +29,7 @@ use tracing::{info, warn};
 
 /// A target node served by the portal.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Node {
     /// iSCSI name.
     pub name: String,
@@ -46,6 +47,7 @@ pub struct Node {
 
 /// Server configuration.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct TargetConfig {
     /// Target nodes.
     pub nodes: Vec<Node>,
@@ -136,6 +138,163 @@ impl Default for TargetConfig {
             discovery_mutual_chap: None,
             discovery_scope: DiscoveryScope::Permitted,
         }
+    }
+}
+
+impl Node {
+    /// A node named `name`, open to every initiator, without authentication and without
+    /// logical units.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self { name: name.into(), alias: None, luns: Vec::new(), acl: Vec::new(), chap: None, mutual_chap: None }
+    }
+
+    /// With this alias.
+    #[must_use]
+    pub fn alias(mut self, alias: impl Into<String>) -> Self {
+        self.alias = Some(alias.into());
+        self
+    }
+
+    /// Add a logical unit (it takes the next LUN).
+    #[must_use]
+    pub fn lun(mut self, lu: Arc<LogicalUnit>) -> Self {
+        self.luns.push(lu);
+        self
+    }
+
+    /// These logical units, in LUN order.
+    #[must_use]
+    pub fn luns(mut self, luns: Vec<Arc<LogicalUnit>>) -> Self {
+        self.luns = luns;
+        self
+    }
+
+    /// Admit this initiator (once any is named, only the named ones may log in).
+    #[must_use]
+    pub fn allow(mut self, initiator: impl Into<String>) -> Self {
+        self.acl.push(initiator.into());
+        self
+    }
+
+    /// Admit these initiators (empty: all).
+    #[must_use]
+    pub fn acl(mut self, acl: Vec<String>) -> Self {
+        self.acl = acl;
+        self
+    }
+
+    /// Require CHAP with these credentials (`None`: no authentication).
+    #[must_use]
+    pub fn chap(mut self, credentials: impl Into<Option<ChapCredentials>>) -> Self {
+        self.chap = credentials.into();
+        self
+    }
+
+    /// Answer (and so require) mutual CHAP with these credentials.
+    #[must_use]
+    pub fn mutual_chap(mut self, credentials: impl Into<Option<ChapCredentials>>) -> Self {
+        self.mutual_chap = credentials.into();
+        self
+    }
+}
+
+impl TargetConfig {
+    /// Add a target node.
+    #[must_use]
+    pub fn node(mut self, node: Node) -> Self {
+        self.nodes.push(node);
+        self
+    }
+
+    /// Operational limits offered to initiators.
+    #[must_use]
+    pub fn operational(mut self, operational: OperationalConfig) -> Self {
+        self.operational = operational;
+        self
+    }
+
+    /// TargetPortalGroupTag.
+    #[must_use]
+    pub fn portal_group_tag(mut self, tag: u16) -> Self {
+        self.portal_group_tag = tag;
+        self
+    }
+
+    /// Commands per session the CmdSN window admits.
+    #[must_use]
+    pub fn queue_depth(mut self, depth: u32) -> Self {
+        self.queue_depth = depth;
+        self
+    }
+
+    /// Login timeout.
+    #[must_use]
+    pub fn login_timeout(mut self, timeout: Duration) -> Self {
+        self.login_timeout = timeout;
+        self
+    }
+
+    /// Keepalive interval (`None`: no keepalive).
+    #[must_use]
+    pub fn nop_interval(mut self, interval: Option<Duration>) -> Self {
+        self.nop_interval = interval;
+        self
+    }
+
+    /// Connections served at once.
+    #[must_use]
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.max_connections = n;
+        self
+    }
+
+    /// Bytes of command data a session may hold at once.
+    #[must_use]
+    pub fn max_session_bytes(mut self, bytes: u64) -> Self {
+        self.max_session_bytes = bytes;
+        self
+    }
+
+    /// Bytes of command data all sessions together may hold at once.
+    #[must_use]
+    pub fn max_target_bytes(mut self, bytes: u64) -> Self {
+        self.max_target_bytes = bytes;
+        self
+    }
+
+    /// Time allowed for write data and data segments to arrive.
+    #[must_use]
+    pub fn data_timeout(mut self, timeout: Duration) -> Self {
+        self.data_timeout = timeout;
+        self
+    }
+
+    /// iSER: accept unsolicited Data-Out (see the field).
+    #[must_use]
+    pub fn iser_unsolicited_data(mut self, yes: bool) -> Self {
+        self.iser_unsolicited_data = yes;
+        self
+    }
+
+    /// CHAP required on discovery sessions (`None`: discovery is open).
+    #[must_use]
+    pub fn discovery_chap(mut self, credentials: impl Into<Option<ChapCredentials>>) -> Self {
+        self.discovery_chap = credentials.into();
+        self
+    }
+
+    /// Credentials for mutual CHAP on discovery sessions.
+    #[must_use]
+    pub fn discovery_mutual_chap(mut self, credentials: impl Into<Option<ChapCredentials>>) -> Self {
+        self.discovery_mutual_chap = credentials.into();
+        self
+    }
+
+    /// Which targets SendTargets lists on a discovery session.
+    #[must_use]
+    pub fn discovery_scope(mut self, scope: DiscoveryScope) -> Self {
+        self.discovery_scope = scope;
+        self
     }
 }
 
@@ -246,27 +405,20 @@ impl Target {
             // No unsolicited Data-Out over iSER (see `TargetConfig::iser_unsolicited_data`).
             operational.initial_r2t = true;
         }
-        TargetLoginConfig {
-            targets: self
-                .config
-                .nodes
-                .iter()
-                .map(|n| TargetNode {
-                    name: n.name.clone(),
-                    alias: n.alias.clone(),
-                    allowed_initiators: n.acl.clone(),
-                    chap: n.chap.clone(),
-                    mutual_chap: n.mutual_chap.clone(),
-                })
-                .collect(),
-            discovery_chap: self.config.discovery_chap.clone(),
-            discovery_mutual_chap: self.config.discovery_mutual_chap.clone(),
-            portal_group_tag: self.config.portal_group_tag,
-            operational,
-            transport,
-            login_timeout: self.config.login_timeout,
-            ..TargetLoginConfig::default()
+        let mut config = TargetLoginConfig::default()
+            .discovery_chap(self.config.discovery_chap.clone())
+            .discovery_mutual_chap(self.config.discovery_mutual_chap.clone())
+            .portal_group_tag(self.config.portal_group_tag)
+            .operational(operational)
+            .transport(transport)
+            .login_timeout(self.config.login_timeout);
+        for n in &self.config.nodes {
+            let mut node = TargetNode::open(n.name.clone()).chap(n.chap.clone()).mutual_chap(n.mutual_chap.clone());
+            node.alias = n.alias.clone();
+            node.allowed_initiators = n.acl.clone();
+            config = config.target(node);
         }
+        config
     }
 
     /// Serve one connection on a datamover: login (with the key set of `transport`), then the
