@@ -514,7 +514,7 @@ impl TargetSession {
     /// solicit up to `end` (what the CDB uses; at least the unsolicited part) in bursts of
     /// MaxBurstLength, with Target Transfer Tags taken from the session.
     pub fn plan_write(&mut self, cmd: &ScsiCommand, split: WriteSplit, end: u32) -> R2tPlan {
-        let s = Stamp { stat_sn: self.stat_sn, exp_cmd_sn: self.window.exp_cmd_sn(), max_cmd_sn: self.window.max_cmd_sn() };
+        let s = self.stamp_now(false);
         let mut plan = R2tPlan {
             itt: cmd.itt,
             lun: cmd.lun,
@@ -568,15 +568,7 @@ impl TargetSession {
             ..ScsiResponse::default()
         });
         stamp(&mut header, s);
-        let data = match sense {
-            Some(sense) => {
-                let mut d = Vec::with_capacity(2 + sense.len());
-                d.extend_from_slice(&(sense.len() as u16).to_be_bytes());
-                d.extend_from_slice(sense);
-                Bytes::from(d)
-            }
-            None => Bytes::new(),
-        };
+        let data = sense.map(|sense| Bytes::from(riser_scsi::sense::with_length_prefix(sense))).unwrap_or_default();
         Transmit { header, data }
     }
 
@@ -657,7 +649,7 @@ impl TargetSession {
         }
         // The initiator fetching the next piece of a long answer.
         match self.text_rest.take() {
-            Some((ttt, rest)) if ttt == t.ttt => self.send_text(t, rest),
+            Some((ttt, rest)) if ttt == t.ttt => self.answer_text(t, rest),
             other => {
                 self.text_rest = other;
                 self.reject_header(RejectReason::INVALID_PDU_FIELD, header);
@@ -668,11 +660,7 @@ impl TargetSession {
     /// Answer text request `req` with `text`: one Text Response, or the first piece of a
     /// C-bit sequence when it exceeds what the initiator receives in one PDU (RFC 7143
     /// §11.10.2); the rest goes out as the initiator asks for it (same ITT, our TTT).
-    pub fn answer_text(&mut self, req: TextRequest, text: Vec<u8>) {
-        self.send_text(req, text);
-    }
-
-    fn send_text(&mut self, t: TextRequest, mut text: Vec<u8>) {
+    pub fn answer_text(&mut self, t: TextRequest, mut text: Vec<u8>) {
         let max = self.limits.send_segment();
         let ttt = if text.len() > max {
             let rest = text.split_off(max);
