@@ -7,7 +7,7 @@ use crate::header::{ISER_HDR_LEN, ISER_HEADERS_LEN, IserHeader, IserOpcode, RFC5
 use bytes::Bytes;
 use riser_datamover::{ControlPdu, DmError, DmEvent, Terminated, Violation};
 use riser_iscsi::keys::Role;
-use riser_iscsi::wire::{BHS_LEN, Header, Pdu, Reaction};
+use riser_iscsi::wire::{BHS_LEN, Bhs, Header, Pdu, Reaction};
 use riser_verbs::{
     Access, CompletionQueue, MemoryRegion, ProtectionDomain, Provider, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
@@ -136,6 +136,12 @@ impl<P: Provider + 'static> Shared<P> {
             }
             IserOpcode::Other(n) => return Err(Violation::IserOpcode(n).into()),
         }
+        // A remote invalidation is judged before the PDU is: whatever the PDU holds, the key is
+        // already gone, so it must have been one of the task's own.
+        if self.role == Role::Initiator {
+            let itt = msg.get(ISER_HDR_LEN..).and_then(|b| Bhs::new_checked(b).ok()).map(|b| b.itt());
+            self.check_invalidation(itt, invalidated)?;
+        }
         let pdu = match Pdu::parse_limited(&msg[ISER_HDR_LEN..], self.cfg.recv_dsl.max(8192), false) {
             Ok((p, _)) => p,
             Err(e) => {
@@ -169,7 +175,6 @@ impl<P: Provider + 'static> Shared<P> {
                 }
             }
             (Role::Target, Header::DataOut(d)) => return self.receive_unsolicited_data_out(d, pdu.data),
-            (Role::Initiator, h) => self.check_invalidation(h, invalidated)?,
             _ => {}
         }
         let data = Bytes::copy_from_slice(pdu.data);

@@ -12,15 +12,17 @@ use std::sync::atomic::Ordering;
 
 impl<P: Provider + 'static> Shared<P> {
     /// A received Send that invalidated key `k` (initiator): only with remote invalidation
-    /// negotiated, and only a key of the task it came with.
-    pub(super) fn check_invalidation(&self, h: &Header, invalidated: Option<u32>) -> Result<(), DmError> {
+    /// negotiated, and only a key of the task it came with (`itt`, read from the PDU's header
+    /// before it is parsed; `None` when the message is too short to hold one).
+    pub(super) fn check_invalidation(&self, itt: Option<u32>, invalidated: Option<u32>) -> Result<(), DmError> {
         if let Some(k) = invalidated {
             if !self.send_inv.load(Ordering::Acquire) {
                 return Err(Violation::UnexpectedInvalidation.into());
             }
-            let ok = lock(&self.tasks).get(&h.itt()).is_some_and(|t| [&t.read, &t.write].into_iter().flatten().any(|mr| mr.rkey() == k));
+            let itt = itt.unwrap_or(RESERVED_TAG);
+            let ok = lock(&self.tasks).get(&itt).is_some_and(|t| [&t.read, &t.write].into_iter().flatten().any(|mr| mr.rkey() == k));
             if !ok {
-                return Err(Violation::ForeignInvalidation { key: k, itt: h.itt() }.into());
+                return Err(Violation::ForeignInvalidation { key: k, itt }.into());
             }
         }
         Ok(())
