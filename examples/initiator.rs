@@ -25,7 +25,7 @@
 
 use bytes::Bytes;
 use clap::Parser;
-use riser::initiator::{Error, IserConnector, Session, SessionConfig, discover_via};
+use riser::initiator::{Error, IserConnector, Lun, Session, SessionConfig, discover_via};
 use riser::iser::IserConfig;
 use riser::iwarp::SoftRnic;
 use std::sync::Arc;
@@ -107,7 +107,7 @@ struct Url {
     iser: bool,
     host: String,
     target: Option<String>,
-    lun: u16,
+    lun: Lun,
 }
 
 fn parse_url(u: &str, provider: riser::cli::RdmaProvider) -> Result<Url, String> {
@@ -126,8 +126,11 @@ fn parse_url(u: &str, provider: riser::cli::RdmaProvider) -> Result<Url, String>
     let host = riser::cli::with_default_port(&host, if iser { provider.default_port() } else { 3260 });
     let target = parts.next().filter(|t| !t.is_empty()).map(str::to_string);
     let lun = match parts.next() {
-        Some(l) if !l.is_empty() => l.parse().map_err(|_| format!("bad LUN {l:?}"))?,
-        _ => 0,
+        Some(l) if !l.is_empty() => {
+            let n: u16 = l.parse().map_err(|_| format!("bad LUN {l:?}"))?;
+            Lun::try_from(n).map_err(|e| e.to_string())?
+        }
+        _ => Lun::ZERO,
     };
     Ok(Url { iser, host, target, lun })
 }
@@ -437,7 +440,7 @@ impl Rw {
 /// blocks of `bs` bytes.
 #[derive(Clone, Copy)]
 struct Where {
-    lun: u16,
+    lun: Lun,
     bs: u32,
     offset: u64,
     span: u64,
@@ -511,7 +514,7 @@ async fn load(s: &Session, at: Where, io: u64, qd: usize, rw: Rw, seconds: f64, 
 /// block, reads it back and compares. Failures (a target gone, a connection lost) are reported
 /// once when they start, with their cause, and once when the session works again; the session
 /// reconnects by itself. Exits non-zero on any data mismatch, or if the last round failed.
-async fn soak(s: &Session, lun: u16, bs: u32, offset: u64, span: u64, io: u64, a: &Args) -> Result<(), String> {
+async fn soak(s: &Session, lun: Lun, bs: u32, offset: u64, span: u64, io: u64, a: &Args) -> Result<(), String> {
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     #[derive(Default)]
     struct Log {
@@ -605,4 +608,20 @@ async fn soak(s: &Session, lun: u16, bs: u32, offset: u64, span: u64, io: u64, a
         return Err("the last round failed".into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use riser::cli::RdmaProvider;
+
+    #[test]
+    fn a_url_names_a_single_level_lun_or_is_refused() {
+        let u = parse_url("iscsi://127.0.0.1/iqn.2026-11.io.riser:t/300", RdmaProvider::Soft).unwrap();
+        assert_eq!((u.host.as_str(), u.lun), ("127.0.0.1:3260", Lun::from_number(300).unwrap()));
+        assert_eq!(parse_url("iser://h/iqn.x", RdmaProvider::Soft).unwrap().lun, Lun::ZERO);
+        // Beyond flat addressing: an error, never another LUN.
+        let e = parse_url("iscsi://h/iqn.x/16384", RdmaProvider::Soft).err().unwrap();
+        assert!(e.contains("16384"), "{e}");
+    }
 }

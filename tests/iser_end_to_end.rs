@@ -54,14 +54,14 @@ async fn discovery_login_and_every_transfer_size() {
     assert_eq!(found[0].0, TARGET);
     let s = Session::connect(addr, config()).await.unwrap();
     assert!(s.params().rdma_extensions, "RDMAExtensions=Yes negotiated");
-    let (blocks, bs) = s.read_capacity(0).await.unwrap();
+    let (blocks, bs) = s.read_capacity(Lun::ZERO).await.unwrap();
     assert_eq!((blocks, bs), (131_072, 512));
     // 512 B to 16 MiB, written (immediate data + RDMA Read) and read back (RDMA Write).
     let mut lba = 0;
     for (i, len) in [512usize, 4096, 8192, 8704, 65_536, 262_144, 1 << 20, 4 << 20, 16 << 20].into_iter().enumerate() {
         let data = pattern(i as u8, len);
-        s.write(0, lba, data.clone(), bs).await.unwrap();
-        let back = s.read(0, lba, (len / 512) as u32, bs).await.unwrap();
+        s.write(Lun::ZERO, lba, data.clone(), bs).await.unwrap();
+        let back = s.read(Lun::ZERO, lba, (len / 512) as u32, bs).await.unwrap();
         assert_eq!(back, data, "{len} bytes");
         // Read buffers go back to the datamover; the next (smaller or larger) reads reuse them.
         s.recycle(back);
@@ -69,8 +69,8 @@ async fn discovery_login_and_every_transfer_size() {
     }
     // A recycled buffer never shows its old bytes: a read of fresh data into one.
     let fresh = pattern(200, 8192);
-    s.write(0, 40_000, fresh.clone(), bs).await.unwrap();
-    assert_eq!(s.read(0, 40_000, 16, bs).await.unwrap(), fresh);
+    s.write(Lun::ZERO, 40_000, fresh.clone(), bs).await.unwrap();
+    assert_eq!(s.read(Lun::ZERO, 40_000, 16, bs).await.unwrap(), fresh);
     s.ping().await.unwrap();
     s.logout().await.unwrap();
 }
@@ -85,11 +85,11 @@ async fn a_connection_dropped_by_the_initiator_is_replaced() {
     c.timeout = std::time::Duration::from_secs(5);
     let s = Session::connect(addr, c).await.unwrap();
     let data = pattern(7, 1 << 20);
-    s.write(0, 0, data.clone(), 512).await.unwrap();
+    s.write(Lun::ZERO, 0, data.clone(), 512).await.unwrap();
     let reads: Vec<_> = (0..8)
         .map(|_| {
             let s = s.clone();
-            tokio::spawn(async move { s.read(0, 0, 2048, 512).await })
+            tokio::spawn(async move { s.read(Lun::ZERO, 0, 2048, 512).await })
         })
         .collect();
     s.drop_connection();
@@ -101,7 +101,7 @@ async fn a_connection_dropped_by_the_initiator_is_replaced() {
             Err(e) => assert!(matches!(e, riser::initiator::Error::ConnectionLost), "{e}"),
         }
     }
-    assert_eq!(s.read(0, 0, 2048, 512).await.unwrap(), data);
+    assert_eq!(s.read(Lun::ZERO, 0, 2048, 512).await.unwrap(), data);
     s.logout().await.unwrap();
 }
 
@@ -114,15 +114,15 @@ async fn sixty_four_commands_in_flight() {
         let s = s.clone();
         tasks.push(tokio::spawn(async move {
             let data = pattern(i as u8, 32_768);
-            s.write(0, 1000 + i * 64, data.clone(), 512).await.unwrap();
-            assert_eq!(s.read(0, 1000 + i * 64, 64, 512).await.unwrap(), data);
+            s.write(Lun::ZERO, 1000 + i * 64, data.clone(), 512).await.unwrap();
+            assert_eq!(s.read(Lun::ZERO, 1000 + i * 64, 64, 512).await.unwrap(), data);
         }));
     }
     for t in tasks {
         t.await.unwrap();
     }
-    s.task_management(0, TmfFunction::LOGICAL_UNIT_RESET, 0).await.unwrap();
-    s.test_unit_ready(0).await.unwrap();
+    s.task_management(Lun::ZERO, TmfFunction::LOGICAL_UNIT_RESET, 0).await.unwrap();
+    s.test_unit_ready(Lun::ZERO).await.unwrap();
     s.logout().await.unwrap();
 }
 
@@ -140,22 +140,22 @@ async fn resets_during_transfers_and_teardown_leave_no_registration_behind() {
         let s = s.clone();
         tasks.push(tokio::spawn(async move {
             let data = pattern(i as u8, 4 << 20);
-            if s.write(0, i * 8192, data.clone(), 512).await.is_ok()
-                && let Ok(back) = s.read(0, i * 8192, 8192, 512).await
+            if s.write(Lun::ZERO, i * 8192, data.clone(), 512).await.is_ok()
+                && let Ok(back) = s.read(Lun::ZERO, i * 8192, 8192, 512).await
             {
                 assert_eq!(back, data);
             }
         }));
     }
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    s.task_management(0, TmfFunction::LOGICAL_UNIT_RESET, 0).await.unwrap();
-    s.task_management(0, TmfFunction::ABORT_TASK_SET, 0).await.unwrap();
+    s.task_management(Lun::ZERO, TmfFunction::LOGICAL_UNIT_RESET, 0).await.unwrap();
+    s.task_management(Lun::ZERO, TmfFunction::ABORT_TASK_SET, 0).await.unwrap();
     for t in tasks {
         tokio::time::timeout(std::time::Duration::from_secs(30), t).await.expect("no command hangs").unwrap();
     }
     let data = pattern(99, 1 << 20);
-    s.write(0, 100_000, data.clone(), 512).await.unwrap();
-    assert_eq!(s.read(0, 100_000, 2048, 512).await.unwrap(), data);
+    s.write(Lun::ZERO, 100_000, data.clone(), 512).await.unwrap();
+    assert_eq!(s.read(Lun::ZERO, 100_000, 2048, 512).await.unwrap(), data);
     assert!(rnic.registered_regions() > 0, "receive buffers are registered while connected");
     s.logout().await.unwrap();
     drop(s);
@@ -182,8 +182,8 @@ async fn immediate_unsolicited_and_rdma_read_data_in_one_write() {
     assert_eq!(s.params().first_burst_length, 65_536);
     for (i, len) in [4096usize, 65_536, 70_000 / 512 * 512, 1 << 20].into_iter().enumerate() {
         let data = pattern(40 + i as u8, len);
-        s.write(0, 4096, data.clone(), 512).await.unwrap();
-        assert_eq!(s.read(0, 4096, (len / 512) as u32, 512).await.unwrap(), data, "{len} bytes");
+        s.write(Lun::ZERO, 4096, data.clone(), 512).await.unwrap();
+        assert_eq!(s.read(Lun::ZERO, 4096, (len / 512) as u32, 512).await.unwrap(), data, "{len} bytes");
     }
     s.logout().await.unwrap();
 }
@@ -250,7 +250,7 @@ async fn a_buffer_smaller_than_the_command_says_is_protected_by_the_rnic() {
     assert!(ended.is_ok(), "the out-of-bounds write ends the connection");
     // The target is unharmed: a well-behaved session works.
     let s = Session::connect(addr, config()).await.unwrap();
-    s.test_unit_ready(0).await.unwrap();
+    s.test_unit_ready(Lun::ZERO).await.unwrap();
     s.logout().await.unwrap();
 }
 
@@ -272,8 +272,8 @@ async fn a_window_of_writes_from_a_linux_like_initiator_never_outruns_the_target
         let s = s.clone();
         tasks.push(tokio::spawn(async move {
             let data = pattern(i as u8, 512 << 10);
-            s.write(0, i * 1024, data.clone(), 512).await.unwrap();
-            assert_eq!(s.read(0, i * 1024, 1024, 512).await.unwrap(), data);
+            s.write(Lun::ZERO, i * 1024, data.clone(), 512).await.unwrap();
+            assert_eq!(s.read(Lun::ZERO, i * 1024, 1024, 512).await.unwrap(), data);
         }));
     }
     for t in tasks {

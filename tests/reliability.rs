@@ -155,7 +155,7 @@ impl Region {
 async fn read_back(s: &Session, r: &mut Region, off: u64, n: u64, resolve: bool, patience: Duration) -> Result<(), String> {
     let until = Instant::now() + patience;
     loop {
-        match s.read(0, r.start + off, n as u32, BS as u32).await {
+        match s.read(Lun::ZERO, r.start + off, n as u32, BS as u32).await {
             Ok(data) => {
                 let c = r.check(off, &data, resolve);
                 s.recycle(data);
@@ -177,7 +177,7 @@ async fn write_and_check(s: &Session, r: &mut Region, rng: &mut Rng, tags: &Atom
     let off = rng.below(r.len() - n + 1);
     let tag = tags.fetch_add(1, Ordering::Relaxed);
     r.issue(off, n, tag);
-    let w = s.write(0, r.start + off, payload(r.start + off, n, tag), BS as u32).await;
+    let w = s.write(Lun::ZERO, r.start + off, payload(r.start + off, n, tag), BS as u32).await;
     let ok = w.is_ok();
     match w {
         Ok(()) => r.settle(off, n, tag),
@@ -456,21 +456,21 @@ async fn sigkill_keeps_every_durable_write() {
                     match rng.below(3) {
                         0 => {
                             let c = write16_fua(r.start + off, n as u32);
-                            if s.command(0, &c, Some(data), 0).await.and_then(|c| c.into_good()).is_ok() {
+                            if s.command(Lun::ZERO, &c, Some(data), 0).await.and_then(|c| c.into_good()).is_ok() {
                                 fua += 1;
                                 r.settle(off, n, tag);
                             }
                         }
                         1 => {
-                            if s.write(0, r.start + off, data, BS as u32).await.is_ok() {
+                            if s.write(Lun::ZERO, r.start + off, data, BS as u32).await.is_ok() {
                                 unsynced.push((off, n, tag));
                             }
                         }
                         _ => {
-                            if s.write(0, r.start + off, data, BS as u32).await.is_ok() {
+                            if s.write(Lun::ZERO, r.start + off, data, BS as u32).await.is_ok() {
                                 unsynced.push((off, n, tag));
                             }
-                            if s.sync(0).await.is_ok() {
+                            if s.sync(Lun::ZERO).await.is_ok() {
                                 syncs += 1;
                                 // Durable now: each block's last acknowledged write, in order.
                                 for (o, n, t) in unsynced.drain(..) {
@@ -595,7 +595,7 @@ async fn soak() {
                     _ => rng.below(2) == 0,
                 };
                 if abort {
-                    if s.task_management(0, TmfFunction::ABORT_TASK_SET, 0).await.is_ok() {
+                    if s.task_management(Lun::ZERO, TmfFunction::ABORT_TASK_SET, 0).await.is_ok() {
                         tmfs.fetch_add(1, Ordering::Relaxed);
                     }
                 } else {

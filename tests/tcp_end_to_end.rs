@@ -44,16 +44,16 @@ fn pattern(seed: u8, len: usize) -> Bytes {
 async fn read_write_every_size_and_queue_depth() {
     let addr = start(|_| {}, |_| {}).await;
     let s = Session::connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
-    let (blocks, bs) = s.read_capacity(0).await.unwrap();
+    let (blocks, bs) = s.read_capacity(Lun::ZERO).await.unwrap();
     assert_eq!((blocks, bs), (131_072, 512));
-    let inq = s.inquiry(0).await.unwrap();
+    let inq = s.inquiry(Lun::ZERO).await.unwrap();
     assert_eq!(&inq.vendor, b"RISER   ");
     // Sizes from one block to 4 MiB, each written and read back byte for byte.
     let mut lba = 0;
     for (i, len) in [512usize, 4096, 8192, 65_536, 262_144, 1 << 20, 4 << 20].into_iter().enumerate() {
         let data = pattern(i as u8, len);
-        s.write(0, lba, data.clone(), bs).await.unwrap();
-        let back = s.read(0, lba, (len / 512) as u32, bs).await.unwrap();
+        s.write(Lun::ZERO, lba, data.clone(), bs).await.unwrap();
+        let back = s.read(Lun::ZERO, lba, (len / 512) as u32, bs).await.unwrap();
         assert_eq!(back, data, "{len} bytes");
         // Read buffers go back to the datamover for later reads.
         s.recycle(back);
@@ -65,16 +65,16 @@ async fn read_write_every_size_and_queue_depth() {
         let s = s.clone();
         tasks.push(tokio::spawn(async move {
             let data = pattern(i as u8, 16_384);
-            s.write(0, 20_000 + i * 32, data.clone(), 512).await.unwrap();
-            assert_eq!(s.read(0, 20_000 + i * 32, 32, 512).await.unwrap(), data);
+            s.write(Lun::ZERO, 20_000 + i * 32, data.clone(), 512).await.unwrap();
+            assert_eq!(s.read(Lun::ZERO, 20_000 + i * 32, 32, 512).await.unwrap(), data);
         }));
     }
     for t in tasks {
         t.await.unwrap();
     }
-    s.sync(0).await.unwrap();
-    s.unmap(0, 0, 8).await.unwrap();
-    assert_eq!(s.read(0, 0, 8, 512).await.unwrap(), vec![0u8; 4096]);
+    s.sync(Lun::ZERO).await.unwrap();
+    s.unmap(Lun::ZERO, 0, 8).await.unwrap();
+    assert_eq!(s.read(Lun::ZERO, 0, 8, 512).await.unwrap(), vec![0u8; 4096]);
     s.ping().await.unwrap();
     s.logout().await.unwrap();
 }
@@ -95,8 +95,8 @@ async fn r2t_path_with_small_segments_and_bursts() {
     let s = Session::connect(addr, cfg).await.unwrap();
     assert!(s.params().initial_r2t && !s.params().immediate_data);
     let data = pattern(9, 300 * 512);
-    s.write(0, 1000, data.clone(), 512).await.unwrap();
-    assert_eq!(s.read(0, 1000, 300, 512).await.unwrap(), data);
+    s.write(Lun::ZERO, 1000, data.clone(), 512).await.unwrap();
+    assert_eq!(s.read(Lun::ZERO, 1000, 300, 512).await.unwrap(), data);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,8 +108,8 @@ async fn unsolicited_data_and_immediate_data() {
     assert!(!s.params().initial_r2t);
     // 8 KiB immediate, up to 64 KiB unsolicited Data-Out, the rest by R2T.
     let data = pattern(3, 200 * 1024);
-    s.write(0, 77, data.clone(), 512).await.unwrap();
-    assert_eq!(s.read(0, 77, 400, 512).await.unwrap(), data);
+    s.write(Lun::ZERO, 77, data.clone(), 512).await.unwrap();
+    assert_eq!(s.read(Lun::ZERO, 77, 400, 512).await.unwrap(), data);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -129,14 +129,14 @@ async fn unsolicited_bursts_racing_their_r2ts_lose_no_task() {
         let mut writes = Vec::new();
         for i in 0..8u8 {
             let (s, data) = (s.clone(), pattern(round * 8 + i, 1 << 20));
-            writes.push(tokio::spawn(async move { s.write(0, u64::from(i) * 2048, data, 512).await }));
+            writes.push(tokio::spawn(async move { s.write(Lun::ZERO, u64::from(i) * 2048, data, 512).await }));
         }
         for (i, w) in writes.into_iter().enumerate() {
             w.await.unwrap().unwrap_or_else(|e| panic!("round {round}, write {i}: {e}"));
         }
         for i in 0..8u8 {
             assert_eq!(
-                s.read(0, u64::from(i) * 2048, 2048, 512).await.unwrap(),
+                s.read(Lun::ZERO, u64::from(i) * 2048, 2048, 512).await.unwrap(),
                 pattern(round * 8 + i, 1 << 20),
                 "round {round}, write {i}"
             );
@@ -176,7 +176,7 @@ async fn chap_one_way_mutual_and_wrong_secret() {
     )
     .await
     .unwrap();
-    s.test_unit_ready(0).await.unwrap();
+    s.test_unit_ready(Lun::ZERO).await.unwrap();
     let e = Session::connect(
         addr,
         SessionConfig::new(ME, TARGET).with_chap(creds("alice", "alicesecret12"), Some(creds("target", "impostorsecret"))),
@@ -196,18 +196,18 @@ async fn acl_and_unknown_target_and_lun() {
 
     let addr = start(|_| {}, |_| {}).await;
     let s = Session::connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
-    match s.test_unit_ready(3).await.unwrap_err() {
+    match s.test_unit_ready(Lun::from(3)).await.unwrap_err() {
         Error::Scsi { sense: Some(sense), .. } => {
             assert_eq!((sense.key, sense.asc), (SenseKey::ILLEGAL_REQUEST, AscAscq::LOGICAL_UNIT_NOT_SUPPORTED))
         }
         e => panic!("{e}"),
     }
     // Out of range and unknown opcode get the SBC answers.
-    match s.read(0, 1 << 30, 1, 512).await.unwrap_err() {
+    match s.read(Lun::ZERO, 1 << 30, 1, 512).await.unwrap_err() {
         Error::Scsi { sense: Some(sense), .. } => assert_eq!(sense.asc, AscAscq::LBA_OUT_OF_RANGE),
         e => panic!("{e}"),
     }
-    let r = s.command(0, &[0xc7, 0, 0, 0, 0, 0], None, 0).await.unwrap();
+    let r = s.command(Lun::ZERO, &[0xc7, 0, 0, 0, 0, 0], None, 0).await.unwrap();
     assert_eq!(riser::scsi::sense::Sense::parse(&r.sense.unwrap()).unwrap().asc, AscAscq::INVALID_COMMAND_OPERATION_CODE);
 }
 
@@ -217,14 +217,14 @@ async fn task_management_and_unit_attention() {
     let s = Session::connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
     // ABORT TASK naming a task the session does not hold: its RefCmdSN is one the target has
     // seen, so the task does not exist (RFC 7143 §11.5.1).
-    match s.task_management(0, TmfFunction::ABORT_TASK, 0x7777).await {
+    match s.task_management(Lun::ZERO, TmfFunction::ABORT_TASK, 0x7777).await {
         Err(Error::TaskManagement(TmfResponse::TASK_DOES_NOT_EXIST)) => {}
         other => panic!("{other:?}"),
     }
-    s.task_management(0, TmfFunction::LOGICAL_UNIT_RESET, 0).await.unwrap();
+    s.task_management(Lun::ZERO, TmfFunction::LOGICAL_UNIT_RESET, 0).await.unwrap();
     // The reset's UNIT ATTENTION is reported once and retried past by the initiator.
-    s.test_unit_ready(0).await.unwrap();
-    let r = s.command(0, &[0, 0, 0, 0, 0, 0], None, 0).await.unwrap();
+    s.test_unit_ready(Lun::ZERO).await.unwrap();
+    let r = s.command(Lun::ZERO, &[0, 0, 0, 0, 0, 0], None, 0).await.unwrap();
     assert_eq!(r.status, riser::scsi::sense::Status::GOOD);
 }
 
@@ -233,16 +233,16 @@ async fn session_reinstatement_closes_the_old_connection() {
     let addr = start(|_| {}, |_| {}).await;
     let cfg = SessionConfig::new(ME, TARGET);
     let first = Session::connect(addr, cfg.clone()).await.unwrap();
-    first.test_unit_ready(0).await.unwrap();
+    first.test_unit_ready(Lun::ZERO).await.unwrap();
     let second = Session::connect(addr, cfg).await.unwrap();
-    second.test_unit_ready(0).await.unwrap();
+    second.test_unit_ready(Lun::ZERO).await.unwrap();
     // The target closed the first connection; the first session notices, logs in again
     // (reinstating the session in turn) and its command goes through.
     let data = pattern(1, 4096);
-    first.write(0, 0, data.clone(), 512).await.unwrap();
-    assert_eq!(first.read(0, 0, 8, 512).await.unwrap(), data);
+    first.write(Lun::ZERO, 0, data.clone(), 512).await.unwrap();
+    assert_eq!(first.read(Lun::ZERO, 0, 8, 512).await.unwrap(), data);
     first.logout().await.unwrap();
-    assert!(matches!(first.test_unit_ready(0).await.unwrap_err(), Error::ConnectionLost));
+    assert!(matches!(first.test_unit_ready(Lun::ZERO).await.unwrap_err(), Error::ConnectionLost));
 }
 
 async fn raw(addr: SocketAddr) -> tokio::net::TcpStream {
@@ -299,8 +299,8 @@ async fn bad_input_gets_the_rfc_reaction_and_spares_other_sessions() {
 
     // The well-behaved session never noticed.
     let data = pattern(5, 8192);
-    good.write(0, 5, data.clone(), 512).await.unwrap();
-    assert_eq!(good.read(0, 5, 16, 512).await.unwrap(), data);
+    good.write(Lun::ZERO, 5, data.clone(), 512).await.unwrap();
+    assert_eq!(good.read(Lun::ZERO, 5, 16, 512).await.unwrap(), data);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -313,8 +313,8 @@ async fn crc32c_header_and_data_digests() {
     let s = Session::connect(addr, cfg).await.unwrap();
     assert_eq!((s.params().header_digest, s.params().data_digest), (Digest::Crc32c, Digest::Crc32c));
     let data = pattern(11, 1 << 20);
-    s.write(0, 300, data.clone(), 512).await.unwrap();
-    assert_eq!(s.read(0, 300, 2048, 512).await.unwrap(), data);
+    s.write(Lun::ZERO, 300, data.clone(), 512).await.unwrap();
+    assert_eq!(s.read(Lun::ZERO, 300, 2048, 512).await.unwrap(), data);
     s.logout().await.unwrap();
 }
 
@@ -392,7 +392,7 @@ async fn nop_in_keepalive_answered_keeps_the_session_unanswered_drops_it() {
     let addr = start(|_| {}, quick).await;
     let s = Session::connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    s.test_unit_ready(0).await.unwrap();
+    s.test_unit_ready(Lun::ZERO).await.unwrap();
 
     // A silent initiator is dropped after the timeout.
     let (dm, _) = raw_session(addr).await;
@@ -493,7 +493,7 @@ async fn commands_aborted_by_a_lun_reset_end_at_once() {
         let s = s.clone();
         tasks.push(tokio::spawn(async move {
             let data = pattern(i as u8, 4 << 20);
-            match s.write(0, i * 8192, data.clone(), 512).await {
+            match s.write(Lun::ZERO, i * 8192, data.clone(), 512).await {
                 Ok(()) | Err(Error::Aborted) => {}
                 Err(e) => panic!("write: {e}"),
             }
@@ -501,13 +501,13 @@ async fn commands_aborted_by_a_lun_reset_end_at_once() {
     }
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     let t0 = std::time::Instant::now();
-    s.task_management(0, TmfFunction::LOGICAL_UNIT_RESET, 0).await.unwrap();
+    s.task_management(Lun::ZERO, TmfFunction::LOGICAL_UNIT_RESET, 0).await.unwrap();
     for t in tasks {
         t.await.unwrap();
     }
     // Aborted commands get no response from the target: they end with the reset, not a timeout.
     assert!(t0.elapsed() < std::time::Duration::from_secs(10));
-    s.test_unit_ready(0).await.unwrap();
+    s.test_unit_ready(Lun::ZERO).await.unwrap();
 }
 
 /// ABORT TASK of a command that has ended: the session names the command's own CmdSN as
@@ -517,21 +517,21 @@ async fn commands_aborted_by_a_lun_reset_end_at_once() {
 async fn abort_task_of_a_finished_command_says_it_does_not_exist() {
     let addr = start(|_| {}, |_| {}).await;
     let s = Session::connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
-    s.test_unit_ready(0).await.unwrap();
+    s.test_unit_ready(Lun::ZERO).await.unwrap();
     // The session's first task tag (riser_iscsi's InitiatorSession starts at 0x100): the TEST
     // UNIT READY above, or the first try of it before a UNIT ATTENTION. The riser target drops
     // a task from its table just after its response has left, so an abort right behind the
     // response may still find it there ("complete"); it is asked again until that is over.
     let mut answers = Vec::new();
     for _ in 0..20 {
-        match s.task_management(0, TmfFunction::ABORT_TASK, 0x100).await {
+        match s.task_management(Lun::ZERO, TmfFunction::ABORT_TASK, 0x100).await {
             Err(Error::TaskManagement(TmfResponse::TASK_DOES_NOT_EXIST)) => break,
             other => answers.push(format!("{other:?}")),
         }
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
     assert!(answers.len() < 20, "the abort of an ended command completes: {answers:?}");
-    s.test_unit_ready(0).await.unwrap();
+    s.test_unit_ready(Lun::ZERO).await.unwrap();
     s.logout().await.unwrap();
 }
 
@@ -605,10 +605,10 @@ async fn abort_task_set_ends_the_commands_before_it_not_those_after() {
     let mut cfg = SessionConfig::new(ME, TARGET);
     cfg.timeout = std::time::Duration::from_secs(10);
     let s = Session::connect(addr, cfg).await.unwrap();
-    s.test_unit_ready(0).await.unwrap();
+    s.test_unit_ready(Lun::ZERO).await.unwrap();
     let held = tokio::spawn({
         let s = s.clone();
-        async move { s.write(0, 0, pattern(1, 512), 512).await }
+        async move { s.write(Lun::ZERO, 0, pattern(1, 512), 512).await }
     });
     let t0 = std::time::Instant::now();
     while disk.waiting.load(SeqCst) == 0 {
@@ -617,14 +617,14 @@ async fn abort_task_set_ends_the_commands_before_it_not_those_after() {
     }
     let tmf = tokio::spawn({
         let s = s.clone();
-        async move { s.task_management(0, TmfFunction::ABORT_TASK_SET, 0).await }
+        async move { s.task_management(Lun::ZERO, TmfFunction::ABORT_TASK_SET, 0).await }
     });
     // The function waits at the target for the held write; a read goes out meanwhile.
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     assert!(!tmf.is_finished(), "answered while the aborted write still runs");
     let after = tokio::spawn({
         let s = s.clone();
-        async move { s.read(0, 64, 1, 512).await }
+        async move { s.read(Lun::ZERO, 64, 1, 512).await }
     });
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     disk.hold(false);
@@ -697,7 +697,7 @@ async fn commands_reach_a_target_whose_login_responses_overstate_expcmdsn() {
     let s = Session::connect(addr, cfg).await.unwrap();
     // The first command carries the login's CmdSN (RFC 7143 §11.12.8), then the sequence goes on.
     for _ in 0..3 {
-        s.test_unit_ready(0).await.unwrap();
+        s.test_unit_ready(Lun::ZERO).await.unwrap();
     }
     s.logout().await.unwrap();
 }
@@ -808,9 +808,9 @@ async fn discovery_in_a_victims_names_leaves_its_reservation_and_session() {
     cfg.isid = Isid([0x80, 0x11, 0x22, 0x33, 0x44, 0x55]);
     let victim = Session::connect(addr, cfg.clone()).await.unwrap();
     let reserve6 = [0x16, 0, 0, 0, 0, 0];
-    assert_eq!(victim.command(0, &reserve6, None, 0).await.unwrap().status, Status::GOOD);
+    assert_eq!(victim.command(Lun::ZERO, &reserve6, None, 0).await.unwrap().status, Status::GOOD);
     let other = Session::connect(addr, SessionConfig::new(OTHER, TARGET)).await.unwrap();
-    let tur = |s: Session| async move { s.command(0, &[0; 6], None, 0).await.unwrap().status };
+    let tur = |s: Session| async move { s.command(Lun::ZERO, &[0; 6], None, 0).await.unwrap().status };
     assert_eq!(tur(other.clone()).await, Status::RESERVATION_CONFLICT);
 
     // A discovery session with the victim's InitiatorName, ISID and TargetName, ending with a
@@ -843,7 +843,7 @@ async fn discovery_in_a_victims_names_leaves_its_reservation_and_session() {
     // The victim still holds the unit (a reinstatement or a closed session would have ended
     // its nexus, and the reservation with it) and releases it.
     assert_eq!(tur(victim.clone()).await, Status::GOOD);
-    assert_eq!(victim.command(0, &[0x17, 0, 0, 0, 0, 0], None, 0).await.unwrap().status, Status::GOOD);
+    assert_eq!(victim.command(Lun::ZERO, &[0x17, 0, 0, 0, 0, 0], None, 0).await.unwrap().status, Status::GOOD);
     assert_eq!(tur(other).await, Status::GOOD, "RELEASE(6) by the victim frees the unit");
 }
 
@@ -891,7 +891,7 @@ async fn discovery_chap_required_refused_and_mutual() {
     assert!(matches!(e, Error::Login(LoginFailure::Status(LoginStatus::AUTHENTICATION_FAILURE))), "{e}");
     assert_eq!(discover(addr, ME, chap("discoverysecret", None)).await.unwrap().len(), 1);
     // Discovery CHAP is not the targets' CHAP: a normal session to the open node needs none.
-    Session::connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap().test_unit_ready(0).await.unwrap();
+    Session::connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap().test_unit_ready(Lun::ZERO).await.unwrap();
 
     let addr = start(
         |_| {},

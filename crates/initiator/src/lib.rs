@@ -8,10 +8,11 @@
 //!
 //! ```no_run
 //! # async fn f() -> Result<(), riser_initiator::Error> {
-//! use riser_initiator::{Session, SessionConfig};
+//! use riser_initiator::{Lun, Session, SessionConfig};
 //! let s = Session::connect("127.0.0.1:3260", SessionConfig::new("iqn.2026-11.io.riser:me", "iqn.2026-11.io.riser:target0")).await?;
-//! let (blocks, block_size) = s.read_capacity(0).await?;
-//! let data = s.read(0, 0, 8, block_size).await?;
+//! let lun = Lun::try_from(0u16).expect("single-level LUN");
+//! let (blocks, block_size) = s.read_capacity(lun).await?;
+//! let data = s.read(lun, 0, 8, block_size).await?;
 //! s.logout().await?;
 //! # let _ = (blocks, data); Ok(()) }
 //! ```
@@ -45,6 +46,7 @@ pub use connector::TcpConnector;
 #[cfg(feature = "tcp")]
 pub use discovery::discover;
 pub use discovery::discover_via;
+pub use riser_scsi::lun::Lun;
 pub use session::Session;
 
 use bytes::Bytes;

@@ -414,7 +414,7 @@ impl Session {
     /// Submit a CDB to `lun` with optional write data, expecting up to `read_len` bytes back.
     /// A UNIT ATTENTION (power on, reset, parameters changed…) is reported once by targets and
     /// then cleared; the command is retried after it, as Linux's SCSI layer does.
-    pub async fn command(&self, lun: u16, cdb: &[u8], write: Option<Bytes>, read_len: u32) -> Result<CommandResult, Error> {
+    pub async fn command(&self, lun: Lun, cdb: &[u8], write: Option<Bytes>, read_len: u32) -> Result<CommandResult, Error> {
         let mut tries = 0;
         loop {
             let r = match self.command_once(lun, cdb, write.clone(), read_len).await {
@@ -437,8 +437,7 @@ impl Session {
         }
     }
 
-    async fn command_once(&self, lun: u16, cdb: &[u8], write: Option<Bytes>, read_len: u32) -> Result<CommandResult, Error> {
-        let lun = Lun::from_number(lun).unwrap_or_default();
+    async fn command_once(&self, lun: Lun, cdb: &[u8], write: Option<Bytes>, read_len: u32) -> Result<CommandResult, Error> {
         let write_len = write.as_ref().map_or(0, |w| w.len() as u32);
         let mut ahs = Vec::new();
         if cdb.len() > 16 {
@@ -461,8 +460,7 @@ impl Session {
 
     /// A task management function; `ref_itt` names the task for ABORT TASK (its RefCmdSN is
     /// that command's CmdSN). The commands it ends fail with [`Error::Aborted`].
-    pub async fn task_management(&self, lun: u16, function: TmfFunction, ref_itt: u32) -> Result<(), Error> {
-        let lun = Lun::from_number(lun).unwrap_or_default();
+    pub async fn task_management(&self, lun: Lun, function: TmfFunction, ref_itt: u32) -> Result<(), Error> {
         let gate = self.inner.send_gate.write().await;
         let (itt, link, rx) = self.start_immediate(|m| m.task_management(function, lun, ref_itt)).await?;
         let sent = self.send_request(itt, &link).await;

@@ -53,6 +53,33 @@ impl Lun {
     }
 }
 
+/// A LUN number that single-level addressing cannot hold (16384 and above).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LunOutOfRange(pub u16);
+
+impl fmt::Display for LunOutOfRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LUN {} is beyond single-level addressing (0..=16383)", self.0)
+    }
+}
+
+impl core::error::Error for LunOutOfRange {}
+
+/// LUNs 0 to 255: peripheral device addressing, always representable.
+impl From<u8> for Lun {
+    fn from(n: u8) -> Self {
+        Self([0, n, 0, 0, 0, 0, 0, 0])
+    }
+}
+
+/// As [`Lun::from_number`]: peripheral addressing below 256, flat space up to 16383.
+impl TryFrom<u16> for Lun {
+    type Error = LunOutOfRange;
+    fn try_from(n: u16) -> Result<Self, LunOutOfRange> {
+        Self::from_number(n).ok_or(LunOutOfRange(n))
+    }
+}
+
 impl fmt::Debug for Lun {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.number() {
@@ -74,6 +101,14 @@ impl fmt::Display for Lun {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn conversions_from_numbers() {
+        assert_eq!(Lun::from(7u8), Lun::from_number(7).unwrap());
+        assert_eq!(Lun::try_from(300u16), Ok(Lun::from_number(300).unwrap()));
+        assert_eq!(Lun::try_from(16383u16).map(|l| l.number()), Ok(Some(16383)));
+        assert_eq!(Lun::try_from(16384u16), Err(LunOutOfRange(16384)));
+    }
 
     #[test]
     fn peripheral_and_flat() {
