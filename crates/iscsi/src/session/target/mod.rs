@@ -15,11 +15,13 @@
 use super::residual::Residual;
 use super::transfer::{R2tPlan, TransferLimits, WriteSplit};
 use super::window::CommandWindow;
+
+mod tmf;
 use crate::keys::{NegotiatedParams, Role, SessionType};
 use crate::login::LoginOutcome;
 use crate::wire::{
     BHS_LEN, DecodeError, Header, LogoutRequest, LogoutResponse, LogoutResponseCode, NopIn, RESERVED_TAG, Reaction, Reject, RejectReason,
-    ScsiCommand, ScsiResponse, TaskMgmtRequest, TaskMgmtResponse, TextRequest, TextResponse, TmfFunction, TmfResponse,
+    ScsiCommand, ScsiResponse, TextRequest, TextResponse,
 };
 use alloc::collections::{BTreeMap, VecDeque};
 use alloc::vec::Vec;
@@ -187,13 +189,10 @@ pub struct TaskId {
 struct Task {
     serial: u64,
     lun: Lun,
+    /// Its CmdSN (an immediate command's: the one it carried).
+    cmd_sn: u32,
     /// Holds a slot of the immediate allowance rather than of the window.
     immediate: bool,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum PendingTmf {
-    Answer { response: TmfResponse, cold: bool },
 }
 
 /// The target's full-feature session machine (one connection per session).
@@ -207,7 +206,7 @@ pub struct TargetSession {
     immediate_in_flight: u32,
     tasks: BTreeMap<u32, Task>,
     next_serial: u64,
-    tmfs: BTreeMap<u32, PendingTmf>,
+    tmfs: tmf::Tmfs,
     next_ttt: u32,
     last_heard: Duration,
     ping: Option<(u32, Duration)>,
@@ -251,7 +250,7 @@ impl TargetSession {
             immediate_in_flight: 0,
             tasks: BTreeMap::new(),
             next_serial: 0,
-            tmfs: BTreeMap::new(),
+            tmfs: tmf::Tmfs::default(),
             next_ttt: 1,
             last_heard: now,
             ping: None,
@@ -412,6 +411,7 @@ impl TargetSession {
             Header::Snack(_) | Header::LoginRequest(_) => self.reject_header(RejectReason::PROTOCOL_ERROR, header),
             ref other => self.reject_header(RejectReason::COMMAND_NOT_SUPPORTED, other),
         }
+        self.run_waiting_task_management();
     }
 
     /// A well-framed PDU whose header breaks a rule: the RFC's reaction (a Reject, or the end
@@ -486,7 +486,7 @@ impl TargetSession {
         }
         self.next_serial += 1;
         let task = TaskId { itt: c.itt, serial: self.next_serial };
-        self.tasks.insert(c.itt, Task { serial: task.serial, lun: c.lun, immediate: c.immediate });
+        self.tasks.insert(c.itt, Task { serial: task.serial, lun: c.lun, cmd_sn: c.cmd_sn, immediate: c.immediate });
         let split = self.limits.incoming_write(c.expected_data_len, immediate, c.final_);
         self.events.push_back(TargetEvent::Command { task, cmd: c, ahs, split });
     }
@@ -584,60 +584,6 @@ impl TargetSession {
             self.end_task(*itt);
         }
         victims
-    }
-
-    fn has_lun(&self, lun: Lun) -> bool {
-        lun.number().is_some_and(|n| self.cfg.luns.iter().any(|l| l.number() == Some(n)))
-    }
-
-    fn task_management(&mut self, t: TaskMgmtRequest) {
-        let mut aborted = Vec::new();
-        let mut reset = Reset::None;
-        let response = match t.function {
-            TmfFunction::ABORT_TASK => {
-                if self.end_task(t.ref_task_tag) {
-                    aborted.push(t.ref_task_tag);
-                    TmfResponse::COMPLETE
-                } else if self.window.not_yet_received(t.ref_cmd_sn) {
-                    // RFC 7143 §11.5.1: a command not arrived yet counts as aborted; one that
-                    // already completed does not exist.
-                    TmfResponse::COMPLETE
-                } else {
-                    TmfResponse::TASK_DOES_NOT_EXIST
-                }
-            }
-            TmfFunction::ABORT_TASK_SET | TmfFunction::CLEAR_TASK_SET if self.has_lun(t.lun) => {
-                aborted = self.abort_where(|task| task.lun == t.lun);
-                TmfResponse::COMPLETE
-            }
-            TmfFunction::LOGICAL_UNIT_RESET if self.has_lun(t.lun) => {
-                aborted = self.abort_where(|task| task.lun == t.lun);
-                reset = Reset::Unit(t.lun);
-                TmfResponse::COMPLETE
-            }
-            TmfFunction::ABORT_TASK_SET | TmfFunction::CLEAR_TASK_SET | TmfFunction::LOGICAL_UNIT_RESET => TmfResponse::LUN_DOES_NOT_EXIST,
-            TmfFunction::TARGET_WARM_RESET | TmfFunction::TARGET_COLD_RESET => {
-                aborted = self.abort_where(|_| true);
-                reset = Reset::Target;
-                TmfResponse::COMPLETE
-            }
-            TmfFunction::TASK_REASSIGN => TmfResponse::REASSIGNMENT_NOT_SUPPORTED,
-            TmfFunction::CLEAR_ACA => TmfResponse::NOT_SUPPORTED,
-            _ => TmfResponse::REJECTED,
-        };
-        let cold = t.function == TmfFunction::TARGET_COLD_RESET;
-        self.tmfs.insert(t.itt, PendingTmf::Answer { response, cold });
-        self.events.push_back(TargetEvent::TaskManagement { itt: t.itt, aborted, reset });
-    }
-
-    /// The aborted tasks' backend I/O is over and the resets are done: answer task management
-    /// request `itt` (no aborted write can land after the answer).
-    pub fn complete_task_management(&mut self, itt: u32) {
-        let Some(PendingTmf::Answer { response, cold }) = self.tmfs.remove(&itt) else { return };
-        self.respond(Header::TaskMgmtResponse(TaskMgmtResponse { response, itt, ..TaskMgmtResponse::default() }), Bytes::new(), true);
-        if cold {
-            self.close(CloseReason::ColdReset);
-        }
     }
 
     fn text(&mut self, t: TextRequest, data: Bytes, header: &Header) {
