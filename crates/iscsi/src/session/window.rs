@@ -6,12 +6,17 @@ use crate::wire::{Header, RESERVED_TAG};
 /// The target's CmdSN window. A non-immediate command is accepted once, in any order, when its
 /// CmdSN lies in `[ExpCmdSN, MaxCmdSN]`; ExpCmdSN advances over every contiguous CmdSN
 /// received. MaxCmdSN moves up by one as a command *ends* (not when it arrives), so the window
-/// bounds the commands the session holds at once.
+/// bounds the commands the session holds at once. Behind a gap (a CmdSN that never comes)
+/// MaxCmdSN stops at twice the depth beyond ExpCmdSN, so what the window remembers stays
+/// bounded whatever an initiator sends.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CommandWindow {
     exp: SerialNumber,
+    /// MaxCmdSN as the slots given back allow it.
     max: SerialNumber,
-    /// CmdSNs received beyond ExpCmdSN (a gap before them); at most the window's size.
+    /// How far beyond ExpCmdSN MaxCmdSN may reach: twice the depth, less one.
+    reach: u32,
+    /// CmdSNs received beyond ExpCmdSN (a gap before them); at most `reach`.
     ahead: alloc::collections::BTreeSet<u32>,
 }
 
@@ -20,7 +25,13 @@ impl CommandWindow {
     /// as the final Login Response announced it (MaxCmdSN = ExpCmdSN + depth − 1).
     pub fn new(exp_cmd_sn: u32, depth: u32) -> Self {
         let exp = SerialNumber(exp_cmd_sn);
-        Self { exp, max: exp.add(depth.max(1) - 1), ahead: Default::default() }
+        let depth = depth.clamp(1, 1 << 29);
+        Self { exp, max: exp.add(depth - 1), reach: 2 * depth - 1, ahead: Default::default() }
+    }
+
+    fn max(&self) -> SerialNumber {
+        let limit = self.exp.add(self.reach);
+        if self.max.gt(limit) { limit } else { self.max }
     }
 
     /// ExpCmdSN.
@@ -30,14 +41,14 @@ impl CommandWindow {
 
     /// MaxCmdSN.
     pub fn max_cmd_sn(&self) -> u32 {
-        self.max.0
+        self.max().0
     }
 
     /// Account a non-immediate PDU's CmdSN. `false`: outside the window or a duplicate, which
     /// the target ignores silently (§4.2.2.1).
     pub fn admit(&mut self, cmd_sn: u32) -> bool {
         let sn = SerialNumber(cmd_sn);
-        if !sn.in_window(self.exp, self.max) || self.ahead.contains(&cmd_sn) {
+        if !sn.in_window(self.exp, self.max()) || self.ahead.contains(&cmd_sn) {
             return false;
         }
         if sn == self.exp {
@@ -54,7 +65,7 @@ impl CommandWindow {
     /// Whether `cmd_sn` may still arrive: in the window and not yet received (a task
     /// management function naming it as RefCmdSN treats the task as aborted, §11.5.1).
     pub fn not_yet_received(&self, cmd_sn: u32) -> bool {
-        SerialNumber(cmd_sn).in_window(self.exp, self.max) && !self.ahead.contains(&cmd_sn)
+        SerialNumber(cmd_sn).in_window(self.exp, self.max()) && !self.ahead.contains(&cmd_sn)
     }
 
     /// A command ended: the window opens by one.
@@ -188,6 +199,23 @@ mod tests {
         assert!(!w.not_yet_received(7), "received");
         assert!(!w.not_yet_received(4), "before the window: it came and went");
         assert!(!w.not_yet_received(13), "beyond the window");
+    }
+
+    #[test]
+    fn behind_a_gap_the_window_stops_at_twice_its_depth() {
+        // An initiator that never sends CmdSN 10 but keeps sending (and finishing) the rest.
+        let mut w = CommandWindow::new(10, 4);
+        let mut sn = 11;
+        while w.admit(sn) {
+            w.open_one();
+            sn += 1;
+        }
+        assert_eq!((w.exp_cmd_sn(), w.max_cmd_sn(), sn), (10, 17, 18), "MaxCmdSN stops at ExpCmdSN + 2 x 4 - 1");
+        assert_eq!(w.ahead.len(), 7);
+        // The gap closes: ExpCmdSN passes everything received, and the slots given back count.
+        assert!(w.admit(10));
+        assert_eq!((w.exp_cmd_sn(), w.max_cmd_sn()), (18, 20));
+        assert!(w.ahead.is_empty());
     }
 
     #[test]

@@ -150,7 +150,16 @@ mod tests {
 
     /// An immediate task management request, as initiators send them.
     fn tmf(s: &mut TargetSession, function: TmfFunction, itt: u32, cmd_sn: u32, lun: Lun, ref_itt: u32, ref_cmd_sn: u32) {
-        let t = TaskMgmtRequest { immediate: true, function, lun, itt, ref_task_tag: ref_itt, cmd_sn, ref_cmd_sn, ..TaskMgmtRequest::default() };
+        let t = TaskMgmtRequest {
+            immediate: true,
+            function,
+            lun,
+            itt,
+            ref_task_tag: ref_itt,
+            cmd_sn,
+            ref_cmd_sn,
+            ..TaskMgmtRequest::default()
+        };
         s.handle_pdu(Duration::ZERO, &Header::TaskMgmtRequest(t), Bytes::new(), Bytes::new(), 0);
     }
 
