@@ -382,6 +382,8 @@ impl Session {
     async fn send_request(&self, itt: u32, link: &Link) -> Result<(), Error> {
         let sent = self.inner.pump(link).await;
         if sent.is_err() {
+            // A request not sent may leave a CmdSN gap behind it: the connection is done.
+            link.dm.terminate();
             self.forget(itt, link);
         }
         sent
@@ -446,6 +448,9 @@ impl Session {
         let (cmd, link, rx, gate) = self.start_command(lun, cdb, read_len, write_len).await?;
         if let Err(e) = link.dm.send_command(cmd, ahs.into(), read_len, write).await {
             tracing::debug!(itt = cmd.itt, %e, "command not sent");
+            // Its CmdSN is taken and the target would wait for it (ExpCmdSN stuck, task-set
+            // functions unanswered): this connection is done, whatever the datamover's reason.
+            link.dm.terminate();
             self.forget(cmd.itt, &link);
             return Err(Error::ConnectionLost);
         }
