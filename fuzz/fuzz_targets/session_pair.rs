@@ -652,6 +652,14 @@ impl Pair {
                     // was sent after the function, which then waits for it forever.
                     self.lossless = false;
                 }
+                if self.to_t.get(k).is_some_and(|w| matches!(w.header, Header::TaskMgmtRequest(t) if t.function == TmfFunction::ABORT_TASK))
+                    && self.to_t.range(..k).any(|w| matches!(w.header, Header::ScsiCommand(_)))
+                {
+                    // An ABORT TASK overtakes a command sent before it (impossible too): for a
+                    // task its initiator no longer holds, RefCmdSN names the last command sent,
+                    // which the target then counts as received and never runs (RFC 7143 §11.5.1).
+                    self.lossless = false;
+                }
                 if let Some(w) = Self::take(&mut self.to_t, sel, &mut self.in_order) {
                     self.deliver_to_target(w);
                 }
