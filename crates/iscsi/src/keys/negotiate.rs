@@ -346,7 +346,7 @@ impl Negotiator {
             // 7145 default, what it assumes of the target until the target declares its own).
             // LIO proposes the key itself and holds the login in the operational stage (T=0,
             // forever) until the initiator has sent it.
-            self.declare("TargetRecvDataSegmentLength", "8192".into(), out);
+            self.declare("TargetRecvDataSegmentLength", DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH.to_string(), out);
         }
     }
 

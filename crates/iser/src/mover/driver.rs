@@ -142,7 +142,7 @@ impl<P: Provider + 'static> Shared<P> {
             let itt = msg.get(ISER_HDR_LEN..).and_then(|b| Bhs::new_checked(b).ok()).map(|b| b.itt());
             self.check_invalidation(itt, invalidated)?;
         }
-        let pdu = match Pdu::parse_limited(&msg[ISER_HDR_LEN..], self.cfg.recv_dsl.max(8192), false) {
+        let pdu = match Pdu::parse_limited(&msg[ISER_HDR_LEN..], self.cfg.recv_segment(), false) {
             Ok((p, _)) => p,
             Err(e) => {
                 let rfc5046 = msg.len() >= RFC5046_HDR_LEN + 48 && Pdu::parse_limited(&msg[RFC5046_HDR_LEN..], u32::MAX, false).is_ok();

@@ -55,8 +55,8 @@ impl<P: Provider + 'static> IserDatamover<P> {
         let mut unsolicited = Bytes::new();
         if let Some(data) = write.filter(|d| !d.is_empty()) {
             let len = data.len();
-            let imm = if l.immediate_data { len.min(l.first_burst as usize).min(l.max_send_dsl as usize) } else { 0 };
-            let unsolicited_end = if s.cfg.unsolicited_data_out && !l.initial_r2t { len.min(l.first_burst as usize).max(imm) } else { imm };
+            let split = l.outgoing_write(len as u32, s.cfg.unsolicited_data_out);
+            let (imm, unsolicited_end) = (split.immediate as usize, split.unsolicited_end as usize);
             if unsolicited_end < len {
                 // The caller's bytes themselves, registered read-only for the target's RDMA Read.
                 let mr = s.pd.register_shared(data.clone(), Access::REMOTE_READ).map_err(rdma("register write data"))?;
@@ -73,7 +73,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
         lock(&s.tasks).insert(itt, task);
         let mut r = s.send_pdu(ih, &Header::ScsiCommand(cmd), &ahs, &[&immediate], None).await;
         // Unsolicited Data-Out PDUs as Sends, each within the target's receive size.
-        let seg = (l.max_send_dsl as usize).max(512);
+        let seg = l.send_segment();
         let (mut at, mut data_sn) = (0usize, 0u32);
         while r.is_ok() && at < unsolicited.len() {
             let n = seg.min(unsolicited.len() - at);

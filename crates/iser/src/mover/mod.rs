@@ -20,7 +20,8 @@ use riser_datamover::{
     BoxFuture, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer,
     Terminated,
 };
-use riser_iscsi::keys::{NegotiatedParams, Role};
+use riser_iscsi::keys::{DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH, NegotiatedParams, Role};
+use riser_iscsi::session::transfer::TransferLimits;
 use riser_iscsi::wire::{Header, ScsiCommand};
 use riser_verbs::{ConnParam, ConnectionRequest, MemoryRegion, ProtectionDomain, Provider, QpCaps, QueuePair, WcStatus};
 use std::collections::HashMap;
@@ -71,7 +72,7 @@ pub struct IserConfig {
 impl Default for IserConfig {
     fn default() -> Self {
         Self {
-            recv_dsl: 8192,
+            recv_dsl: DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH,
             recv_depth: 128,
             send_invalidate: true,
             unsolicited_data_out: false,
@@ -84,6 +85,12 @@ impl Default for IserConfig {
 }
 
 impl IserConfig {
+    /// The largest data segment received, in login or full feature: `recv_dsl`, but never
+    /// below the RFC default (what a peer may send before the values are negotiated).
+    pub(crate) fn recv_segment(&self) -> u32 {
+        self.recv_dsl.max(DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH)
+    }
+
     /// Largest data segment this side receives.
     #[must_use]
     pub fn recv_dsl(mut self, bytes: u32) -> Self {
@@ -162,14 +169,6 @@ struct InitTask<P: Provider> {
     write: Option<Arc<Mr<P>>>,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Limits {
-    max_send_dsl: u32,
-    first_burst: u32,
-    immediate_data: bool,
-    initial_r2t: bool,
-}
-
 /// Memory of unsignaled requests, released in order as later requests complete.
 struct Unsignaled<P: Provider> {
     held: std::collections::VecDeque<(u64, Arc<Mr<P>>)>,
@@ -205,7 +204,7 @@ struct Shared<P: Provider> {
     pool: riser_datamover::BufferPool,
     writes_changed: Notify,
     tasks: Mutex<HashMap<u32, InitTask<P>>>,
-    limits: Mutex<Limits>,
+    limits: Mutex<TransferLimits>,
     unexpected: Mutex<Unexpected>,
     ff_posted: AtomicBool,
     closed: AtomicBool,
@@ -245,7 +244,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             cq,
             qp,
             send_inv: AtomicBool::new(false),
-            recv_size: ISER_HEADERS_LEN + cfg.recv_dsl.max(8192) as usize,
+            recv_size: ISER_HEADERS_LEN + cfg.recv_segment() as usize,
             recvs: Mutex::new(HashMap::new()),
             next_wr: AtomicU64::new(1),
             waiting: Mutex::new(HashMap::new()),
@@ -257,7 +256,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             pool: riser_datamover::BufferPool::default(),
             writes_changed: Notify::new(),
             tasks: Mutex::new(HashMap::new()),
-            limits: Mutex::new(Limits { max_send_dsl: 8192, first_burst: 0, immediate_data: false, initial_r2t: true }),
+            limits: Mutex::new(TransferLimits::default()),
             unexpected: Mutex::new(Unexpected::default()),
             ff_posted: AtomicBool::new(false),
             closed: AtomicBool::new(false),
@@ -314,12 +313,7 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
     }
 
     fn notice_key_values(&self, p: &NegotiatedParams) {
-        let send = match self.s.role {
-            Role::Target => p.initiator_recv_data_segment_length,
-            Role::Initiator => p.target_recv_data_segment_length,
-        };
-        *lock(&self.s.limits) =
-            Limits { max_send_dsl: send, first_burst: p.first_burst_length, immediate_data: p.immediate_data, initial_r2t: p.initial_r2t };
+        *lock(&self.s.limits) = p.transfer_limits(self.s.role);
     }
 
     fn allocate_connection_resources(&self, _res: ConnectionResources) -> Result<(), DmError> {
@@ -393,7 +387,7 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
     }
 
     fn max_recv_data_segment_length(&self) -> Option<u32> {
-        Some(self.s.cfg.recv_dsl.max(8192))
+        Some(self.s.cfg.recv_segment())
     }
 
     fn can_put_data(&self, itt: u32) -> bool {

@@ -34,7 +34,7 @@ impl<P: Provider + 'static> Shared<P> {
         // Every byte is written before use: immediate data here, unsolicited
         // Data-Out in order after it, RDMA Reads for the rest. Only the unsolicited
         // part is taken now; Get_Data takes the rest within the core's budget.
-        let first = if !l.initial_r2t && !c.final_ { (l.first_burst as usize).min(edtl).max(imm) } else { imm };
+        let first = l.incoming_write(c.expected_data_len, imm as u32, c.final_).unsolicited_end as usize;
         let mut buf = self.pool.take_dirty_vec(first);
         buf[..imm].copy_from_slice(&immediate_data[..imm]);
         let task = WriteTask {
