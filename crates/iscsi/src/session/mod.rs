@@ -2,7 +2,7 @@
 //!
 //! * [`TargetSession`] and [`InitiatorSession`]: the two roles' session machines, in the login
 //!   machines' style (`handle_*` inputs, application calls, `poll_*` outputs; no I/O, no
-//!   clock, no runtime). Tested against each other in memory (`tests/session_pair.rs`).
+//!   clock, no runtime). Tested against each other in memory (`tests/session_pair/`).
 //! * [`window`]: CmdSN numbering — the target's window, the initiator's view of it.
 //! * [`transfer`]: the data-transfer arithmetic of RFC 7143 §13 as one value per connection
 //!   ([`TransferLimits`]: whose MaxRecvDataSegmentLength bounds whose PDUs, how a write splits
