@@ -118,6 +118,9 @@ pub(crate) fn bench_iser(reps: usize) -> Result<(), String> {
 
 pub(crate) fn bench(args: &[String]) -> Result<(), String> {
     let reps: usize = arg_value(args, "--reps").and_then(|r| r.parse().ok()).unwrap_or(3);
+    if arg_value(args, "--against").is_some() {
+        return crate::ab::bench_against(args);
+    }
     if args.iter().any(|a| a == "--rdma-only") {
         return bench_rdma(reps);
     }

@@ -44,6 +44,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Duration;
 
+mod ab;
 mod bench;
 mod evaluate;
 mod fuzz;
@@ -81,7 +82,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo | interop | lab [--quick] [CELL...] | soak [--minutes N | --seconds N] [--sessions N] [--queue-depth N] | faults [--cuts N] [--kills N] | evaluate [--quick] [--lab] [--reps N] [--out DIR] [--only SECTIONS] [--publish] | evaluate --plot-only DIR [--publish] | bench [--full] [--reps N] [--runtime S] [--rdma-only | --iser-only] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>"
+                "usage: cargo xtask <demo | interop | lab [--quick] [CELL...] | soak [--minutes N | --seconds N] [--sessions N] [--queue-depth N] | faults [--cuts N] [--kills N] | evaluate [--quick] [--lab] [--reps N] [--out DIR] [--only SECTIONS] [--publish] | evaluate --plot-only DIR [--publish] | bench [--full] [--reps N] [--runtime S] [--rdma-only | --iser-only | --against DIR] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>"
             );
             return ExitCode::from(2);
         }
@@ -179,9 +180,14 @@ struct RunningTarget {
 impl RunningTarget {
     fn start(args: &[&str]) -> Result<Self, String> {
         build_examples()?;
+        Self::start_from(&root().join("target/release/examples"), args)
+    }
+
+    /// The example target of the build in `examples` (a directory holding `target`).
+    fn start_from(examples: &Path, args: &[&str]) -> Result<Self, String> {
         let port = free_port()?;
         let portal = format!("127.0.0.1:{port}");
-        let child = Command::new(root().join("target/release/examples/target"))
+        let child = Command::new(examples.join("target"))
             .args(["--portal", &portal])
             .args(args)
             .stdout(std::process::Stdio::null())

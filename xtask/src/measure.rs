@@ -56,9 +56,24 @@ pub(crate) struct Sample {
 /// the MiB/s it reports, and the CPU seconds the target process `target_pid` and the
 /// initiator spent meanwhile.
 pub(crate) fn initiator_run(target_pid: u32, op: &str, url: &str, size: u64, bs: u64, qd: u32, extra: &[&str]) -> Result<Sample, String> {
+    initiator_run_from(&root().join("target/release/examples"), target_pid, op, url, size, bs, qd, extra)
+}
+
+/// [`initiator_run`] with the example initiator of the build in `examples`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn initiator_run_from(
+    examples: &std::path::Path,
+    target_pid: u32,
+    op: &str,
+    url: &str,
+    size: u64,
+    bs: u64,
+    qd: u32,
+    extra: &[&str],
+) -> Result<Sample, String> {
     let m = measured(
         target_pid,
-        Command::new(root().join("target/release/examples/initiator"))
+        Command::new(examples.join("initiator"))
             .args([op, url, "--size", &size.to_string(), "--block-size", &bs.to_string(), "--queue-depth", &qd.to_string()])
             .args(extra),
     )?;
