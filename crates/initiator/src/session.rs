@@ -141,17 +141,8 @@ impl Inner {
                     return;
                 }
                 let Some(e) = s.session.poll_event() else { return };
-                let itt = match e {
-                    InitiatorEvent::CommandDone { itt, .. }
-                    | InitiatorEvent::Aborted { itt }
-                    | InitiatorEvent::Pong { itt, .. }
-                    | InitiatorEvent::TaskManagementDone { itt, .. }
-                    | InitiatorEvent::TextDone { itt, .. }
-                    | InitiatorEvent::LoggedOut { itt }
-                    | InitiatorEvent::Rejected { itt, .. } => Some(itt),
-                    _ => None,
-                };
-                (e, itt.and_then(|i| s.pending.remove(&i)))
+                let waiter = e.itt().and_then(|i| s.pending.remove(&i));
+                (e, waiter)
             };
             let reply = match event {
                 InitiatorEvent::CommandDone { itt, status, sense, residual } => {

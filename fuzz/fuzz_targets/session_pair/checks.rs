@@ -98,19 +98,13 @@ impl Pair {
             assert!(self.t.has_task(l.task.itt));
         }
         while let Some(e) = self.i.poll_event() {
-            let itt = match e {
-                InitiatorEvent::CommandDone { itt, .. }
-                | InitiatorEvent::Aborted { itt }
-                | InitiatorEvent::Pong { itt, .. }
-                | InitiatorEvent::TaskManagementDone { itt, .. }
-                | InitiatorEvent::TextDone { itt, .. }
-                | InitiatorEvent::LoggedOut { itt }
-                | InitiatorEvent::Rejected { itt, .. } => itt,
-                InitiatorEvent::Unexpected(h) => {
+            let itt = match (e.itt(), e) {
+                (Some(itt), _) => itt,
+                (None, InitiatorEvent::Unexpected(h)) => {
                     assert!(!self.in_order, "delivered in order, the initiator did not expect {h:?}");
                     continue;
                 }
-                _ => continue,
+                (None, _) => continue,
             };
             assert!(self.issued_set.contains(&itt), "an event for tag {itt:#x} the initiator never used");
             assert!(self.terminated.insert(itt), "task {itt:#x} ended twice at the initiator");

@@ -99,6 +99,22 @@ pub enum InitiatorEvent {
     WindowOpen,
 }
 
+impl InitiatorEvent {
+    /// The task the event ends (`None`: a PDU matched to no task, or the window opening).
+    pub fn itt(&self) -> Option<u32> {
+        match *self {
+            Self::CommandDone { itt, .. }
+            | Self::Aborted { itt }
+            | Self::Pong { itt, .. }
+            | Self::TaskManagementDone { itt, .. }
+            | Self::TextDone { itt, .. }
+            | Self::LoggedOut { itt }
+            | Self::Rejected { itt, .. } => Some(itt),
+            Self::Unexpected(_) | Self::WindowOpen => None,
+        }
+    }
+}
+
 /// Why a request cannot start now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Busy {
