@@ -37,7 +37,8 @@ pub struct TargetSessionConfig {
     /// Commands in the CmdSN window (the login announced MaxCmdSN = ExpCmdSN + this − 1).
     pub queue_depth: u32,
     /// Immediate SCSI commands in flight beyond the window; more get an Immediate Command
-    /// Reject (RFC 7143 §11.17.1).
+    /// Reject (RFC 7143 §11.17.1). Also the most task-set functions (ABORT/CLEAR TASK SET)
+    /// waiting for commands numbered before them; more are answered Function rejected.
     pub max_immediate_commands: u32,
     /// Idle time after which a NOP-In ping is sent; `None`: never.
     pub nop_interval: Option<Duration>,
