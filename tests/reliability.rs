@@ -17,6 +17,9 @@
 //!   `cargo test`; `cargo xtask soak` runs it).
 //! - `RISER_SEED`: the random seed (printed by every test, for a rerun).
 
+// The child target serves iSER too, and the soak drives half its sessions over it.
+#![cfg(all(feature = "target", feature = "rdma"))]
+
 use bytes::Bytes;
 use riser::initiator::{Error, IserConnector, Session, SessionConfig};
 use riser::iscsi::wire::TmfFunction;

@@ -1,0 +1,120 @@
+//! What only iSER has: the RNIC's memory protection and registrations, receives the target
+//! must keep posted, and commands that advertise no buffer for their data.
+
+use crate::support::{ME, TARGET, Transport, pattern, read10, sense};
+use riser::initiator::{IserConnector, Session, SessionConfig};
+use riser::iscsi::keys::OperationalConfig;
+use riser::iscsi::wire::TmfFunction;
+use riser::iser::IserConfig;
+use riser::iwarp::SoftRnic;
+use riser::scsi::lun::Lun;
+use riser::scsi::sense::{AscAscq, SenseKey, Status};
+use std::sync::Arc;
+use std::time::Duration;
+
+const T: Transport = Transport::Iser;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resets_during_transfers_and_teardown_leave_no_registration_behind() {
+    let addr = T.start(|_| {}, |_| {}).await;
+    let rnic = SoftRnic::default();
+    let mut cfg = SessionConfig::new(ME, TARGET);
+    cfg.connector = Arc::new(IserConnector::new(rnic.clone(), IserConfig::default()));
+    let s = Session::connect(addr, cfg).await.unwrap();
+    // Large transfers in flight while the LU is reset: each command either completes with its
+    // data intact or fails; none hangs, and the session carries on.
+    let mut tasks = Vec::new();
+    for i in 0..8u64 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            let data = pattern(i as u8, 4 << 20);
+            if s.write(Lun::ZERO, i * 8192, data.clone(), 512).await.is_ok()
+                && let Ok(back) = s.read(Lun::ZERO, i * 8192, 8192, 512).await
+            {
+                assert_eq!(back, data);
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    s.task_management(Lun::ZERO, TmfFunction::LOGICAL_UNIT_RESET, 0).await.unwrap();
+    s.task_management(Lun::ZERO, TmfFunction::ABORT_TASK_SET, 0).await.unwrap();
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(30), t).await.expect("no command hangs").unwrap();
+    }
+    let data = pattern(99, 1 << 20);
+    s.write(Lun::ZERO, 100_000, data.clone(), 512).await.unwrap();
+    assert_eq!(s.read(Lun::ZERO, 100_000, 2048, 512).await.unwrap(), data);
+    assert!(rnic.registered_regions() > 0, "receive buffers are registered while connected");
+    s.logout().await.unwrap();
+    drop(s);
+    // Every per-command registration was revoked and deregistered; with the connection gone
+    // its receive buffers are too.
+    let t0 = std::time::Instant::now();
+    while rnic.registered_regions() != 0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{} regions still registered", rnic.registered_regions());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// READ(10) of 128 blocks (64 KiB) with EDTL 64 KiB, but only 4 KiB registered and advertised:
+/// the target's RDMA Write runs past the region and the initiator's RNIC refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buffer_smaller_than_the_command_says_is_protected_by_the_rnic() {
+    let addr = T.start(|_| {}, |_| {}).await;
+    let mut r = T.raw(addr, OperationalConfig::default().max_recv_data_segment_length(8192), 0x42).await;
+    let h = r.command(0x42, &read10(0, 128), 65_536, false, true, false);
+    r.submit(h, 4096, None).await;
+    assert!(r.ends_within(Duration::from_secs(10)).await, "the out-of-bounds write ends the connection");
+    // The target is unharmed: a well-behaved session works.
+    let s = T.session(addr).await;
+    s.test_unit_ready(Lun::ZERO).await.unwrap();
+    s.logout().await.unwrap();
+}
+
+/// The Linux initiator offers InitialR2T=No with a 256 KiB FirstBurstLength and sends the
+/// unsolicited part as 8 KiB Data-Out Sends, each needing a receive the target posted. By
+/// default the target answers InitialR2T=Yes over iSER (as LIO), so a full window of writes
+/// never outruns its receives; it used to accept, and ran out (Terminate: Send with no receive
+/// posted) under a window of concurrent writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_of_writes_from_a_linux_like_initiator_never_outruns_the_targets_receives() {
+    let addr = T.start(|_| {}, |_| {}).await;
+    let mut cfg = SessionConfig::new(ME, TARGET);
+    cfg.operational.first_burst_length = 262_144;
+    cfg.connector = T.linux_like_connector();
+    let s = Session::connect(addr, cfg).await.unwrap();
+    assert!(s.params().initial_r2t, "the target answers InitialR2T=Yes over iSER");
+    let mut tasks = Vec::new();
+    for i in 0..64u64 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            let data = pattern(i as u8, 512 << 10);
+            s.write(Lun::ZERO, i * 1024, data.clone(), 512).await.unwrap();
+            assert_eq!(s.read(Lun::ZERO, i * 1024, 1024, 512).await.unwrap(), data);
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    s.logout().await.unwrap();
+}
+
+/// A read that advertised no read buffer (STag) gets CHECK CONDITION before the medium is read
+/// (it was left unanswered: its read data had nowhere to go), with the whole length as
+/// residual; the connection goes on. (The other contradictions of flags and CDB, on every
+/// transport: `bad_input::a_command_whose_flags_contradict_its_cdb_gets_an_answer`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_without_a_buffer_gets_check_condition() {
+    let addr = T.start(|_| {}, |_| {}).await;
+    let mut r = T.raw(addr, OperationalConfig::default(), 0x41).await;
+    // As a control PDU: no STag in the iSER header, whatever the flags say.
+    let h = r.command(1, &read10(0, 1), 512, false, true, false);
+    r.send(h, &[]).await;
+    let (resp, d) = r.response(1, |_| {}).await;
+    assert_eq!(
+        (resp.status, sense(&d).key, sense(&d).asc),
+        (Status::CHECK_CONDITION, SenseKey::ABORTED_COMMAND, AscAscq::DATA_PHASE_ERROR)
+    );
+    assert!(resp.underflow && resp.residual == 512, "{resp:?}");
+    r.ping(9).await;
+}

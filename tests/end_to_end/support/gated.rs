@@ -1,0 +1,90 @@
+//! A RAM disk whose I/O the test controls: a command the target is still executing.
+
+use riser::target::backend::{BlockBackend, RamBackend};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+/// A 64 MiB RAM disk on the blocking pool (not in memory, as a file would be) whose writes can
+/// be held at a gate, and which counts writes waiting and done, and reads running at once (each
+/// read takes 150 ms).
+#[derive(Debug)]
+pub(crate) struct Gated {
+    ram: RamBackend,
+    hold: Mutex<bool>,
+    moved: Condvar,
+    pub(crate) writes_waiting: AtomicUsize,
+    pub(crate) writes_done: AtomicUsize,
+    reads_now: AtomicUsize,
+    pub(crate) reads_max: AtomicUsize,
+    read_pause: Duration,
+}
+
+impl Gated {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            ram: RamBackend::new(64 << 20, 512),
+            hold: Mutex::new(false),
+            moved: Condvar::new(),
+            writes_waiting: AtomicUsize::new(0),
+            writes_done: AtomicUsize::new(0),
+            reads_now: AtomicUsize::new(0),
+            reads_max: AtomicUsize::new(0),
+            read_pause: Duration::from_millis(150),
+        })
+    }
+
+    /// Hold writes at the gate (`true`) or let them through.
+    pub(crate) fn hold(&self, on: bool) {
+        *self.hold.lock().unwrap() = on;
+        self.moved.notify_all();
+    }
+
+    pub(crate) fn waiting(&self) -> usize {
+        self.writes_waiting.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn done(&self) -> usize {
+        self.writes_done.load(Ordering::SeqCst)
+    }
+}
+
+impl BlockBackend for Gated {
+    fn block_size(&self) -> u32 {
+        512
+    }
+    fn num_blocks(&self) -> u64 {
+        self.ram.num_blocks()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        let now = self.reads_now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.reads_max.fetch_max(now, Ordering::SeqCst);
+        std::thread::sleep(self.read_pause);
+        self.reads_now.fetch_sub(1, Ordering::SeqCst);
+        self.ram.read(offset, buf)
+    }
+    fn write(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+        self.writes_waiting.fetch_add(1, Ordering::SeqCst);
+        let mut held = self.hold.lock().unwrap();
+        while *held {
+            held = self.moved.wait(held).unwrap();
+        }
+        drop(held);
+        self.writes_waiting.fetch_sub(1, Ordering::SeqCst);
+        let r = self.ram.write(offset, buf);
+        self.writes_done.fetch_add(1, Ordering::SeqCst);
+        r
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn unmap(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.ram.unmap(offset, len)
+    }
+    fn is_mapped(&self, offset: u64) -> bool {
+        self.ram.is_mapped(offset)
+    }
+    fn thin(&self) -> bool {
+        false
+    }
+}

@@ -1,0 +1,201 @@
+//! Task management on every transport: the RFC's answers, commands ended by an abort or a
+//! reset, and an abort answered only once the aborted I/O is over.
+
+use crate::support::{Gated, ME, TARGET, Transport, WAIT, pattern, until, write10};
+use riser::initiator::{Error, SessionConfig};
+use riser::iscsi::keys::OperationalConfig;
+use riser::iscsi::wire::{Header, TaskMgmtRequest, TmfFunction, TmfResponse};
+use riser::scsi::lun::Lun;
+use std::time::Duration;
+
+on_every_transport!(
+    task_management_and_unit_attention,
+    commands_aborted_by_a_lun_reset_end_at_once,
+    abort_task_of_a_finished_command_says_it_does_not_exist,
+    abort_task_set_ends_the_commands_before_it_not_those_after,
+    task_management_waits_for_the_aborted_writes_backend_io,
+    task_management_does_not_wait_for_a_sanitize,
+);
+
+async fn task_management_and_unit_attention(t: Transport) {
+    let addr = t.start(|_| {}, |_| {}).await;
+    let s = t.session(addr).await;
+    // ABORT TASK naming a task the session does not hold: its RefCmdSN is one the target has
+    // seen, so the task does not exist (RFC 7143 §11.5.1).
+    match s.task_management(Lun::ZERO, TmfFunction::ABORT_TASK, 0x7777).await {
+        Err(Error::TaskManagement(TmfResponse::TASK_DOES_NOT_EXIST)) => {}
+        other => panic!("{other:?}"),
+    }
+    s.task_management(Lun::ZERO, TmfFunction::LOGICAL_UNIT_RESET, 0).await.unwrap();
+    // The reset's UNIT ATTENTION is reported once and retried past by the initiator.
+    s.test_unit_ready(Lun::ZERO).await.unwrap();
+    let r = s.command(Lun::ZERO, &[0, 0, 0, 0, 0, 0], None, 0).await.unwrap();
+    assert_eq!(r.status, riser::scsi::sense::Status::GOOD);
+}
+
+/// Large writes in flight while the LU is reset: aborted commands get no response from the
+/// target, and end with the reset, not a timeout.
+async fn commands_aborted_by_a_lun_reset_end_at_once(t: Transport) {
+    let addr = t.start(|_| {}, |_| {}).await;
+    let mut cfg = SessionConfig::new(ME, TARGET);
+    cfg.timeout = Duration::from_secs(20);
+    let s = t.connect(addr, cfg).await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..8u64 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            let data = pattern(i as u8, 4 << 20);
+            match s.write(Lun::ZERO, i * 8192, data.clone(), 512).await {
+                Ok(()) | Err(Error::Aborted) => {}
+                Err(e) => panic!("write: {e}"),
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let t0 = std::time::Instant::now();
+    s.task_management(Lun::ZERO, TmfFunction::LOGICAL_UNIT_RESET, 0).await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    s.test_unit_ready(Lun::ZERO).await.unwrap();
+}
+
+/// ABORT TASK of a command that has ended: the session names the command's own CmdSN as
+/// RefCmdSN, which the target has received, so the task does not exist (riser's initiator once
+/// sent its next CmdSN, and the target took the abort for one of a command not arrived yet).
+async fn abort_task_of_a_finished_command_says_it_does_not_exist(t: Transport) {
+    let addr = t.start(|_| {}, |_| {}).await;
+    let s = t.session(addr).await;
+    s.test_unit_ready(Lun::ZERO).await.unwrap();
+    // The session's first task tag (riser_iscsi's InitiatorSession starts at 0x100): the TEST
+    // UNIT READY above, or the first try of it before a UNIT ATTENTION. The riser target drops
+    // a task from its table just after its response has left, so an abort right behind the
+    // response may still find it there ("complete"); it is asked again until that is over.
+    let mut answers = Vec::new();
+    for _ in 0..20 {
+        match s.task_management(Lun::ZERO, TmfFunction::ABORT_TASK, 0x100).await {
+            Err(Error::TaskManagement(TmfResponse::TASK_DOES_NOT_EXIST)) => break,
+            other => answers.push(format!("{other:?}")),
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(answers.len() < 20, "the abort of an ended command completes: {answers:?}");
+    s.test_unit_ready(Lun::ZERO).await.unwrap();
+    s.logout().await.unwrap();
+}
+
+/// ABORT TASK SET ends the command the target is executing (its caller gets `Aborted` once the
+/// function completes), and not a command sent after the function while it was pending.
+async fn abort_task_set_ends_the_commands_before_it_not_those_after(t: Transport) {
+    let disk = Gated::new();
+    let addr = t.start_on(disk.clone(), |_| {}, |_| {}).await;
+    let mut cfg = SessionConfig::new(ME, TARGET);
+    cfg.timeout = Duration::from_secs(10);
+    let s = t.connect(addr, cfg).await.unwrap();
+    s.test_unit_ready(Lun::ZERO).await.unwrap();
+    disk.hold(true);
+    let held = tokio::spawn({
+        let s = s.clone();
+        async move { s.write(Lun::ZERO, 0, pattern(1, 512), 512).await }
+    });
+    until("the write never reached the disk", || disk.waiting() > 0).await;
+    let tmf = tokio::spawn({
+        let s = s.clone();
+        async move { s.task_management(Lun::ZERO, TmfFunction::ABORT_TASK_SET, 0).await }
+    });
+    // The function waits at the target for the held write; a read goes out meanwhile.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!tmf.is_finished(), "answered while the aborted write still runs");
+    let after = tokio::spawn({
+        let s = s.clone();
+        async move { s.read(Lun::ZERO, 64, 1, 512).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    disk.hold(false);
+    tmf.await.unwrap().unwrap();
+    assert!(matches!(held.await.unwrap(), Err(Error::Aborted)));
+    assert_eq!(after.await.unwrap().unwrap(), vec![0u8; 512], "the read sent after the function is not its victim");
+    s.logout().await.unwrap();
+}
+
+/// ABORT TASK and LUN RESET are answered only once the aborted write's backend I/O is over (a
+/// write on the blocking pool cannot be stopped; answering earlier let a stale write land on
+/// blocks the initiator had rewritten since).
+async fn task_management_waits_for_the_aborted_writes_backend_io(t: Transport) {
+    let gated = Gated::new();
+    let addr = t.start_on(gated.clone(), |_| {}, |_| {}).await;
+    let op = OperationalConfig::default().initial_r2t(false).immediate_data(true);
+    let mut r = t.raw(addr, op, 10).await;
+    for (i, function) in [TmfFunction::ABORT_TASK, TmfFunction::LOGICAL_UNIT_RESET].into_iter().enumerate() {
+        gated.hold(true);
+        let itt = 0x700 + i as u32;
+        let h = r.command(itt, &write10(0, 1), 512, true, true, false);
+        let ref_cmd_sn = r.cmd_sn.wrapping_sub(1);
+        r.send(h, &[3; 512]).await;
+        until("the write reached the disk", || gated.waiting() > 0).await;
+        let done_before = gated.done();
+        let tmf = TaskMgmtRequest {
+            immediate: true,
+            function,
+            lun: Lun::ZERO,
+            itt: 0x7f0 + i as u32,
+            ref_task_tag: itt,
+            cmd_sn: r.cmd_sn,
+            exp_stat_sn: r.o.stat_sn,
+            ref_cmd_sn,
+            ..TaskMgmtRequest::default()
+        };
+        r.send(Header::TaskMgmtRequest(tmf), &[]).await;
+        assert!(r.next_within(Duration::from_millis(400)).await.is_none(), "{function:?} answered while the write still runs");
+        gated.hold(false);
+        match r.next().await {
+            (Header::TaskMgmtResponse(t), _) => assert_eq!(t.response, TmfResponse::COMPLETE),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(gated.done(), done_before + 1, "the write ended before the answer");
+        // (A LUN RESET leaves a UNIT ATTENTION: collect it before the next round.)
+        let h = r.command(0x7e0 + i as u32, &[0; 6], 0, false, true, false);
+        r.send(h, &[]).await;
+        let _ = r.response(0x7e0 + i as u32, |_| {}).await;
+    }
+}
+
+/// A SANITIZE goes on across task management (SBC-4; libiscsi's Sanitize.Reset checks it): task
+/// management answers at once and does not wait for it, as it waits for a write. The LU fences
+/// the medium meanwhile.
+async fn task_management_does_not_wait_for_a_sanitize(t: Transport) {
+    let gated = Gated::new();
+    let addr = t.start_on(gated.clone(), |_| {}, |_| {}).await;
+    let op = OperationalConfig::default().initial_r2t(false).immediate_data(true);
+    let mut r = t.raw(addr, op, 0x41).await;
+    gated.hold(true);
+    // SANITIZE OVERWRITE without IMMED: one pass of one 512-byte pattern.
+    let cdb = [0x48, 0x01, 0, 0, 0, 0, 0, 0x02, 0x04, 0];
+    let mut params = vec![0x01, 0, 0x02, 0x00];
+    params.extend_from_slice(&[0x5a; 512]);
+    let h = r.command(0xc00, &cdb, params.len() as u32, true, true, false);
+    r.send(h, &params).await;
+    let t0 = std::time::Instant::now();
+    while gated.waiting() == 0 && t0.elapsed() < WAIT {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(gated.waiting() > 0, "the sanitize is writing");
+    let tmf = TaskMgmtRequest {
+        immediate: true,
+        function: TmfFunction::ABORT_TASK_SET,
+        lun: Lun::ZERO,
+        itt: 0xc01,
+        cmd_sn: r.cmd_sn,
+        exp_stat_sn: r.o.stat_sn,
+        ..TaskMgmtRequest::default()
+    };
+    r.send(Header::TaskMgmtRequest(tmf), &[]).await;
+    let answer = r.next_within(Duration::from_secs(3)).await;
+    // Let the sanitize go before judging (a held blocking thread would hold the test's runtime).
+    gated.hold(false);
+    match answer {
+        Some((Header::TaskMgmtResponse(t), _)) => assert_eq!(t.response, TmfResponse::COMPLETE),
+        other => panic!("ABORT TASK SET waited for the sanitize: {other:?}"),
+    }
+}
