@@ -16,18 +16,8 @@ on_every_transport!(
     an_unsolicited_burst_ended_early_fails_the_task,
     a_command_whose_flags_contradict_its_cdb_gets_an_answer,
     unsolicited_data_that_never_comes_ends_the_command_not_the_connection,
+    a_header_with_an_impossible_field_is_rejected_and_the_session_goes_on,
 );
-
-// TCP only for now. Over iSER the target's datamover takes the Login Request with T and C
-// for a PDU framed with RFC 5046's 12-byte iSER header (its BHS parses at offset 12, where the
-// zero STags of a control PDU look like a NOP-Out) and ends the connection with
-// `Violation::Rfc5046Header` instead of handing the session the decode error to reject.
-mod a_header_with_an_impossible_field_is_rejected_and_the_session_goes_on {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn tcp() {
-        super::a_header_with_an_impossible_field_is_rejected_and_the_session_goes_on(crate::support::Transport::Tcp).await
-    }
-}
 
 async fn cmdsn_window_snack_and_stray_data_out(t: Transport) {
     let addr = t.start(|_| {}, |_| {}).await;

@@ -145,7 +145,11 @@ impl<P: Provider + 'static> Shared<P> {
         let pdu = match Pdu::parse_limited(&msg[ISER_HDR_LEN..], self.cfg.recv_segment(), false) {
             Ok((p, _)) => p,
             Err(e) => {
-                let rfc5046 = msg.len() >= RFC5046_HDR_LEN + 48 && Pdu::parse_limited(&msg[RFC5046_HDR_LEN..], u32::MAX, false).is_ok();
+                // Only a message that is exactly one PDU behind a 12-byte header: a control PDU's
+                // zero STags and VAs also parse as a (NOP-Out) header at that offset.
+                let rfc5046 = msg.len() >= RFC5046_HDR_LEN + 48
+                    && matches!(Pdu::parse_limited(&msg[RFC5046_HDR_LEN..], u32::MAX, false),
+                        Ok((_, need)) if (need..need + 4).contains(&(msg.len() - RFC5046_HDR_LEN)));
                 if rfc5046 {
                     return Err(Violation::Rfc5046Header.into());
                 }
