@@ -300,7 +300,11 @@ impl Session {
                 _ => {}
             }
         }
-        self.flush().await;
+        // Most PDUs (commands, Data-Out) queue nothing to send: the receive loop must not then
+        // wait for the send order lock, which a command may hold while its data goes out.
+        if lock(&self.core).has_transmit() {
+            self.flush().await;
+        }
         true
     }
 

@@ -297,6 +297,12 @@ impl TargetSession {
         self.transmit.pop_front()
     }
 
+    /// Whether [`poll_transmit`](Self::poll_transmit) has something (a driver need not take its
+    /// send order lock when nothing waits).
+    pub fn has_transmit(&self) -> bool {
+        !self.transmit.is_empty()
+    }
+
     /// What the driver must do next.
     pub fn poll_event(&mut self) -> Option<TargetEvent> {
         self.events.pop_front()
