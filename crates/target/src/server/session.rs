@@ -95,6 +95,9 @@ impl Drop for Slot {
     }
 }
 
+/// The least size of the running-command table at which ended commands are swept out.
+const SWEEP_MIN: usize = 64;
+
 /// Granularity of the memory budgets.
 pub(super) const BUDGET_UNIT: u64 = 64 << 10;
 
@@ -116,8 +119,11 @@ pub(super) struct Session {
     target_name: String,
     /// Serialises sending: PDUs leave in the order the machine stamped them.
     pub(super) tx: tokio::sync::Mutex<()>,
-    /// The running commands: the handle to abort each, and its backend I/O's gate.
+    /// The running commands: the handle to abort each, and its backend I/O's gate (ended ones
+    /// linger until the next sweep).
     running: Mutex<HashMap<TaskId, (AbortHandle, Arc<IoGate>)>>,
+    /// Size of `running` at which ended commands are swept out.
+    sweep_at: AtomicUsize,
     /// The session's memory budget for command data, in [`BUDGET_UNIT`]s.
     pub(super) budget: Arc<tokio::sync::Semaphore>,
     pub(super) budget_units: u32,
@@ -159,6 +165,7 @@ impl Session {
             target_name: o.params.target_name,
             tx: tokio::sync::Mutex::new(()),
             running: Mutex::new(HashMap::new()),
+            sweep_at: AtomicUsize::new(SWEEP_MIN),
             budget: Arc::new(tokio::sync::Semaphore::new(budget_units as usize)),
             budget_units,
             target_budget,
@@ -248,7 +255,7 @@ impl Session {
                 break;
             }
         }
-        let tasks: Vec<TaskId> = lock(&self.running).keys().copied().collect();
+        let tasks: Vec<TaskId> = lock(&self.running).iter().filter(|(_, (h, _))| !h.is_finished()).map(|(t, _)| *t).collect();
         self.abort(&tasks);
         for t in tasks {
             self.dm.deallocate_task_resources(t.itt);
@@ -321,12 +328,18 @@ impl Session {
         let gate = Arc::new(IoGate::default());
         let g = gate.clone();
         // Registered before the future can run, so its removal at the end always follows.
-        let mut running = lock(&self.running);
+        // The command is spawned before its registration, and does not unregister itself: a
+        // lock held across the spawn, and one more at its end, cost a cross-thread wake-up per
+        // command. Ended commands are swept out as the table grows (a stale entry is harmless:
+        // its TaskId is never reused, aborting it does nothing and its gate is idle).
         let handle = tokio::spawn(async move {
             me.command(cmd, full_cdb, split, &slot, &g).await;
-            drop(slot);
-            lock(&me.running).remove(&task);
         });
+        let mut running = lock(&self.running);
+        if running.len() >= self.sweep_at.load(Ordering::Relaxed) {
+            running.retain(|_, (h, _)| !h.is_finished());
+            self.sweep_at.store((2 * running.len()).max(SWEEP_MIN), Ordering::Relaxed);
+        }
         running.insert(task, (handle.abort_handle(), gate));
     }
 

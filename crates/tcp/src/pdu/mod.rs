@@ -211,6 +211,12 @@ impl PduDatamover {
             return;
         }
         let Some(mut rx) = shared.login_rx.lock().await.take() else { return };
+        // One wait for a local close for the whole loop: a new one per PDU registered and
+        // dropped a waiter on the phase every time.
+        let closed = async {
+            let _ = phase.wait_for(|p| *p == Phase::Closed).await;
+        };
+        tokio::pin!(closed);
         let why = loop {
             // New framing (digests, limits) applies from the next PDU.
             if let Some(p) = lock(&shared.pending_rx_params).take() {
@@ -218,7 +224,7 @@ impl PduDatamover {
             }
             let next = tokio::select! {
                 r = rx.read_header() => r,
-                _ = phase.wait_for(|p| *p == Phase::Closed) => break Terminated::Local,
+                () = &mut closed => break Terminated::Local,
             };
             let h = match next {
                 Ok(Some(h)) => h,
@@ -235,7 +241,7 @@ impl PduDatamover {
                     Ok(Err(e)) => break Terminated::Error(e),
                     Err(_) => break Terminated::Error(Violation::SegmentStalled { len, secs: limit.as_secs() }.into()),
                 },
-                _ = phase.wait_for(|p| *p == Phase::Closed) => break Terminated::Local,
+                () = &mut closed => break Terminated::Local,
             }
         };
         // Fail every waiting Get_Data (also one waiting for a Data-Out's read to end).
@@ -366,7 +372,10 @@ impl Datamover for PduDatamover {
 
     fn next_event(&self) -> BoxFuture<'_, DmEvent> {
         Box::pin(async move {
-            if let Some(ev) = Self::login_event(&self.shared).await {
+            // In full feature phase (every PDU but the login's) the receive loop's queue alone.
+            if *self.shared.phase.borrow() == Phase::Login
+                && let Some(ev) = Self::login_event(&self.shared).await
+            {
                 return ev;
             }
             match self.shared.events_rx.lock().await.recv().await {

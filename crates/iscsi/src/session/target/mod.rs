@@ -23,6 +23,7 @@ use crate::wire::{
     BHS_LEN, DecodeError, Header, LogoutRequest, LogoutResponse, LogoutResponseCode, NopIn, RESERVED_TAG, Reaction, Reject, RejectReason,
     ScsiCommand, ScsiResponse, TextRequest, TextResponse,
 };
+use alloc::collections::btree_map::Entry;
 use alloc::collections::{BTreeMap, VecDeque};
 use alloc::vec::Vec;
 use bytes::Bytes;
@@ -179,11 +180,19 @@ pub struct Stamp {
 
 /// A task of the session: its Initiator Task Tag and a number of its own, so a late call about
 /// an ended task can never touch a newer task that reuses the tag.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TaskId {
     /// Initiator Task Tag.
     pub itt: u32,
     serial: u64,
+}
+
+/// Hashed by the tag alone (live tasks never share one): consistent with `Eq`, and cheaper
+/// in a driver's tables.
+impl core::hash::Hash for TaskId {
+    fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
+        self.itt.hash(state);
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -478,7 +487,8 @@ impl TargetSession {
             self.events.push_back(TargetEvent::Discard { itt: c.itt });
             return;
         }
-        if self.tasks.contains_key(&c.itt) {
+        // One look-up of the tag: the table is walked once per command.
+        let Entry::Vacant(slot) = self.tasks.entry(c.itt) else {
             // A tag in use names another task (RFC 7143 §11.17.1, Task in progress); the
             // command took no slot.
             if !c.immediate {
@@ -487,33 +497,45 @@ impl TargetSession {
             self.events.push_back(TargetEvent::Discard { itt: c.itt });
             self.reject_header(RejectReason::TASK_IN_PROGRESS, header);
             return;
-        }
+        };
+        self.next_serial += 1;
+        let task = TaskId { itt: c.itt, serial: self.next_serial };
+        slot.insert(Task { serial: task.serial, lun: c.lun, cmd_sn: c.cmd_sn, immediate: c.immediate });
         if c.immediate {
             self.immediate_in_flight += 1;
         }
-        self.next_serial += 1;
-        let task = TaskId { itt: c.itt, serial: self.next_serial };
-        self.tasks.insert(c.itt, Task { serial: task.serial, lun: c.lun, cmd_sn: c.cmd_sn, immediate: c.immediate });
         let split = self.limits.incoming_write(c.expected_data_len, immediate, c.final_);
         self.events.push_back(TargetEvent::Command { task, cmd: c, ahs, split });
     }
 
     /// Give back a task's slot; `false` if the task is not the session's any more.
     fn end(&mut self, task: TaskId) -> bool {
-        if self.tasks.get(&task.itt).is_some_and(|t| t.serial == task.serial) { self.end_task(task.itt) } else { false }
+        match self.tasks.entry(task.itt) {
+            Entry::Occupied(e) if e.get().serial == task.serial => {
+                let t = e.remove();
+                self.free_slot(&t);
+                true
+            }
+            _ => false,
+        }
     }
 
     fn end_task(&mut self, itt: u32) -> bool {
         match self.tasks.remove(&itt) {
             Some(t) => {
-                if t.immediate {
-                    self.immediate_in_flight -= 1;
-                } else {
-                    self.window.open_one();
-                }
+                self.free_slot(&t);
                 true
             }
             None => false,
+        }
+    }
+
+    /// An ended task's slot: of the immediate allowance, or of the window.
+    fn free_slot(&mut self, t: &Task) {
+        if t.immediate {
+            self.immediate_in_flight -= 1;
+        } else {
+            self.window.open_one();
         }
     }
 
