@@ -331,3 +331,48 @@ pub fn fuzz_receive<P: Provider + 'static>(pd: Arc<P::Pd>, cq: Arc<P::Cq>, qp: A
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use riser_iscsi::wire::{LoginRequest, NopOut, RESERVED_TAG};
+
+    /// A target-side datamover on an unconnected software-RNIC queue pair (the RNIC is kept
+    /// alive beside it).
+    fn target() -> (riser_iwarp::SoftRnic, IserDatamover<riser_iwarp::SoftRnic>) {
+        let (rnic, pd, cq, qp) = riser_iwarp::fuzzing::detached_qp();
+        (rnic, IserDatamover::new(Role::Target, IserConfig::default(), pd, cq, qp).expect("datamover"))
+    }
+
+    fn pdu_bytes(h: Header, data: &[u8]) -> Vec<u8> {
+        let mut v = Vec::new();
+        Pdu::new(h, &[][..], data).encode(&mut v);
+        v
+    }
+
+    #[test]
+    fn an_rfc_5046_header_is_told_apart_from_a_pdu_with_a_bad_field() {
+        let (_rnic, dm) = target();
+        // RFC 7145 header, then a Login Request with both T and C (an invalid field): one PDU
+        // the session rejects; the connection goes on.
+        let bad = Header::LoginRequest(LoginRequest { transit: true, cont: true, itt: 7, ..LoginRequest::default() });
+        let mut msg = IserHeader::CONTROL.emit().to_vec();
+        msg.extend(pdu_bytes(bad, b"x"));
+        assert_eq!(dm.s.on_message(&msg, None), Ok(()));
+        let ev = dm.s.events_rx.try_lock().expect("events").try_recv().expect("an event");
+        assert!(matches!(ev, DmEvent::Malformed { bhs, .. } if bhs[0] & 0x3f == 0x03), "{ev:?}");
+        // A peer speaking RFC 5046: a 12-byte header, then a whole PDU. Named as such.
+        let nop = Header::NopOut(NopOut {
+            immediate: true,
+            lun: Default::default(),
+            itt: 0x3f00_0001,
+            ttt: RESERVED_TAG,
+            cmd_sn: 1,
+            exp_stat_sn: 1,
+        });
+        let mut old = vec![0x10u8; 1];
+        old.extend([0u8; RFC5046_HDR_LEN - 1]);
+        old.extend(pdu_bytes(nop, &[]));
+        assert_eq!(dm.s.on_message(&old, None), Err(Violation::Rfc5046Header.into()));
+    }
+}
