@@ -327,7 +327,6 @@ impl Session {
         let full_cdb = riser_iscsi::wire::Pdu::new(Header::ScsiCommand(cmd), ahs, Bytes::new()).full_cdb().unwrap_or_default();
         let gate = Arc::new(IoGate::default());
         let g = gate.clone();
-        // Registered before the future can run, so its removal at the end always follows.
         // The command is spawned before its registration, and does not unregister itself: a
         // lock held across the spawn, and one more at its end, cost a cross-thread wake-up per
         // command. Ended commands are swept out as the table grows (a stale entry is harmless:
