@@ -3,7 +3,7 @@
 
 use crate::support::{ME, OTHER, TARGET, Transport, creds};
 use bytes::Bytes;
-use riser::datamover::{ControlPdu, DmEvent, SharedDatamover};
+use riser::datamover::{ConnectionResources, ControlPdu, DmEvent, SharedDatamover};
 use riser::initiator::{Error, SessionConfig};
 use riser::iscsi::chap::{ChapAlgorithm, ChapCredentials};
 use riser::iscsi::login::{
@@ -132,6 +132,9 @@ async fn discovery_session_naming(
         while let Some(mut p) = l.poll_transmit() {
             if std::mem::take(&mut first) {
                 p.data.extend_from_slice(format!("TargetName={target}\0").as_bytes());
+            }
+            if p.asks_for_full_feature() {
+                dm.allocate_connection_resources(ConnectionResources::default()).unwrap();
             }
             dm.send_control(ControlPdu::new(Header::LoginRequest(p.header), p.data.into())).await.unwrap();
         }

@@ -4,7 +4,7 @@
 
 use super::{ME, TARGET, WAIT};
 use bytes::Bytes;
-use riser::datamover::{ControlPdu, DmEvent, SharedDatamover};
+use riser::datamover::{ConnectionResources, ControlPdu, DmEvent, SharedDatamover};
 use riser::initiator::Connector;
 use riser::iscsi::keys::OperationalConfig;
 use riser::iscsi::login::{InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent, LoginOutcome};
@@ -81,6 +81,12 @@ impl Raw {
         let mut l = InitiatorLogin::new(cfg, Duration::ZERO, [7; 32]);
         loop {
             while let Some(p) = l.poll_transmit() {
+                // As the initiator does: full-feature resources (iSER: its receives) before
+                // the request the final Login Response may answer. Without them an iSER
+                // link has only its login receives, and a burst of responses overruns them.
+                if p.asks_for_full_feature() {
+                    dm.allocate_connection_resources(ConnectionResources::default()).unwrap();
+                }
                 dm.send_control(ControlPdu::new(Header::LoginRequest(p.header), p.data.into())).await.unwrap();
             }
             match l.poll_event() {

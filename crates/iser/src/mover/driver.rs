@@ -45,7 +45,7 @@ impl<P: Provider + 'static> Shared<P> {
         Ok(())
     }
 
-    fn fail(&self, why: DmError) {
+    pub(super) fn fail(&self, why: DmError) {
         if !self.closed.swap(true, Ordering::AcqRel) {
             warn!("iSER connection ended: {why}");
             let _ = self.events_tx.send(DmEvent::Terminated(Terminated::Error(why)));
@@ -374,5 +374,23 @@ mod tests {
         old.extend([0u8; RFC5046_HDR_LEN - 1]);
         old.extend(pdu_bytes(nop, &[]));
         assert_eq!(dm.s.on_message(&old, None), Err(Violation::Rfc5046Header.into()));
+    }
+
+    /// The full-feature receives go up once: at allocate_connection_resources, or at enable
+    /// for a consumer that skipped it (it used to run on the four login receives, and a burst
+    /// of responses ended the connection: Send with no receive posted).
+    #[test]
+    fn full_feature_receives_are_posted_once_even_without_allocation() {
+        use riser_datamover::{ConnectionResources, Datamover};
+        let posted = |dm: &IserDatamover<riser_iwarp::SoftRnic>| lock(&dm.s.recvs).len() as u32;
+        let depth = IserConfig::default().recv_depth;
+        let (_rnic, dm) = target();
+        assert!(posted(&dm) < depth);
+        dm.enable();
+        assert_eq!(posted(&dm), depth);
+        let (_rnic, dm) = target();
+        dm.allocate_connection_resources(ConnectionResources::default()).unwrap();
+        dm.enable();
+        assert_eq!(posted(&dm), depth);
     }
 }

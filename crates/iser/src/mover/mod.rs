@@ -328,6 +328,11 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
 
     fn enable(&self) {
         // The receives went up in allocate_connection_resources, before the final login PDU.
+        // A consumer that skipped that step gets them now (late: a burst may already have
+        // overrun the login receives), rather than a connection that runs on four.
+        if let Err(why) = self.s.post_ff_recvs() {
+            self.s.fail(why);
+        }
     }
 
     fn release_task_buffer(&self, buf: TaskBuffer) {
