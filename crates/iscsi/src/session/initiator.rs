@@ -22,9 +22,10 @@ use crate::wire::{
     Bhs, Header, LogoutReason, LogoutRequest, NopOut, RESERVED_TAG, RejectReason, ScsiCommand, TaskMgmtRequest, TextRequest, TmfFunction,
     TmfResponse,
 };
-use alloc::collections::{BTreeMap, VecDeque};
+use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 use bytes::Bytes;
+use hashbrown::HashMap;
 use riser_scsi::lun::Lun;
 use riser_scsi::sense::Status;
 
@@ -127,7 +128,7 @@ pub enum Busy {
 pub struct InitiatorSession {
     window: InitiatorWindow,
     next_itt: u32,
-    tasks: BTreeMap<u32, Kind>,
+    tasks: HashMap<u32, Kind>,
     transmit: VecDeque<Transmit>,
     events: VecDeque<InitiatorEvent>,
 }
@@ -143,7 +144,7 @@ impl InitiatorSession {
         Self {
             window: InitiatorWindow::new(cmd_sn, max_cmd_sn, exp_stat_sn),
             next_itt: 0x100,
-            tasks: BTreeMap::new(),
+            tasks: HashMap::new(),
             transmit: VecDeque::new(),
             events: VecDeque::new(),
         }
