@@ -228,15 +228,36 @@ impl Session {
                 lu.nexus_seen(&self.nexus);
             }
         }
+        // One timer for the connection, re-armed only when the machine wants to be woken
+        // earlier than it is set for. Its deadline moves later with every PDU (keepalive counts
+        // from the last one heard); arming a timer per PDU cost ~500 instructions. Woken early,
+        // `handle_timeout` finds nothing due and the timer is armed anew.
+        let timer = tokio::time::sleep_until(tokio::time::Instant::now());
+        tokio::pin!(timer);
+        let mut armed: Option<Instant> = None;
         loop {
-            let deadline = lock(&self.core).poll_timeout();
-            let event = match deadline {
-                Some(at) => {
-                    let wait = at.saturating_sub(self.now());
-                    tokio::time::timeout(wait, self.dm.next_event()).await.ok()
+            let deadline = lock(&self.core).poll_timeout().and_then(|at| self.epoch.checked_add(at));
+            match (deadline, armed) {
+                (Some(d), Some(a)) if d >= a => {}
+                (Some(d), _) => {
+                    timer.as_mut().reset(d.into());
+                    armed = Some(d);
                 }
-                None => Some(self.dm.next_event().await),
+                (None, _) => armed = None,
+            }
+            let event = if armed.is_some() {
+                tokio::select! {
+                    biased;
+                    e = self.dm.next_event() => Some(e),
+                    () = &mut timer => {
+                        armed = None;
+                        None
+                    }
+                }
+            } else {
+                Some(self.dm.next_event().await)
             };
+            // The one clock reading per PDU.
             let now = self.now();
             match event {
                 None => lock(&self.core).handle_timeout(now),
