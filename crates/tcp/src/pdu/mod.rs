@@ -211,18 +211,24 @@ impl PduDatamover {
             return;
         }
         let Some(mut rx) = shared.login_rx.lock().await.take() else { return };
-        // One wait for a local close for the whole loop: a new one per PDU registered and
-        // dropped a waiter on the phase every time.
+        // One wait for a local close for the whole loop (a new one per PDU registered and
+        // dropped a waiter on the phase every time), polled only while the link has nothing
+        // ready (`biased`); a close that comes while PDUs keep arriving is seen by the check
+        // at the top of each turn.
         let closed = async {
             let _ = phase.wait_for(|p| *p == Phase::Closed).await;
         };
         tokio::pin!(closed);
         let why = loop {
+            if *shared.phase.borrow() == Phase::Closed {
+                break Terminated::Local;
+            }
             // New framing (digests, limits) applies from the next PDU.
             if let Some(p) = lock(&shared.pending_rx_params).take() {
                 rx.set_params(p);
             }
             let next = tokio::select! {
+                biased;
                 r = rx.read_header() => r,
                 () = &mut closed => break Terminated::Local,
             };
@@ -236,6 +242,7 @@ impl PduDatamover {
             let limit = Duration::from_millis(shared.segment_timeout_ms.load(Ordering::Relaxed));
             let len = h.data_len as u32;
             tokio::select! {
+                biased;
                 r = tokio::time::timeout(limit, Self::receive(&shared, rx.as_mut(), h)) => match r {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => break Terminated::Error(e),
