@@ -59,8 +59,8 @@ impl Session {
             return None;
         }
         let units = bytes.div_ceil(BUDGET_UNIT);
-        let mine = self.budget.clone().acquire_many_owned(units.min(u64::from(self.budget_units)) as u32).await.ok()?;
-        let all = self.target_budget.clone().acquire_many_owned(units.min(u64::from(self.target_budget_units)) as u32).await.ok()?;
+        let mine = take_units(&self.budget, units.min(u64::from(self.budget_units)) as u32).await?;
+        let all = take_units(&self.target_budget, units.min(u64::from(self.target_budget_units)) as u32).await?;
         Some((mine, all))
     }
 
@@ -278,5 +278,16 @@ impl Session {
                 self.scsi_response(&o, Residual::between(c.expected_data_len, 0), 0, slot).await;
             }
         }
+    }
+}
+
+/// `n` permits of `budget`, waiting in line if there is no room (`None`: closed). Taken at once
+/// when there is room (no waiter is passed: released permits go to waiters first), which
+/// costs a fraction of a queued acquisition.
+async fn take_units(budget: &Arc<tokio::sync::Semaphore>, n: u32) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    match budget.clone().try_acquire_many_owned(n) {
+        Ok(p) => Some(p),
+        Err(tokio::sync::TryAcquireError::NoPermits) => budget.clone().acquire_many_owned(n).await.ok(),
+        Err(tokio::sync::TryAcquireError::Closed) => None,
     }
 }
