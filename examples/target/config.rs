@@ -115,7 +115,7 @@ impl Limits {
             t.max_target_bytes = session_bytes("max_target_bytes", v)?;
         }
         if let Some(v) = &self.login_timeout {
-            t.login_timeout = seconds("login_timeout", v)?;
+            t.login.login_timeout = seconds("login_timeout", v)?;
         }
         if let Some(v) = &self.data_timeout {
             t.data_timeout = seconds("data_timeout", v)?;
@@ -302,7 +302,7 @@ impl Args {
         if self.param.is_empty() {
             self.param = file.param;
         }
-        tuning.target.operational = operational(&tuning.target.operational, &self.param)?;
+        tuning.target.login.operational = operational(&tuning.target.login.operational, &self.param)?;
         self.rdma_provider = self.rdma_provider.or(file.rdma_provider).or(Some("soft".into()));
         self.rdma_keys = self.rdma_keys.or(file.rdma_keys);
         self.target_name = self.target_name.or(file.target_name).or(Some("iqn.2026-11.io.riser:target0".into()));
@@ -366,7 +366,7 @@ mod tests {
         assert_eq!(c.max_immediate_commands, 0);
         assert_eq!(c.max_session_bytes, 64 << 20);
         assert_eq!(c.max_target_bytes, 1 << 30);
-        assert_eq!(c.login_timeout, Duration::from_secs(5));
+        assert_eq!(c.login.login_timeout, Duration::from_secs(5));
         assert_eq!(c.data_timeout, Duration::from_millis(2500));
         assert_eq!(c.send_timeout, Duration::from_secs(60));
         assert_eq!(c.nop_interval, Some(Duration::from_secs(3)));
@@ -385,7 +385,7 @@ mod tests {
             assert_eq!(c.queue_depth, d.queue_depth);
             assert_eq!(c.max_immediate_commands, d.max_immediate_commands);
             assert_eq!(c.max_session_bytes, d.max_session_bytes);
-            assert_eq!(c.login_timeout, d.login_timeout);
+            assert_eq!(c.login.login_timeout, d.login.login_timeout);
             assert_eq!(c.data_timeout, d.data_timeout);
             assert_eq!(c.send_timeout, d.send_timeout);
             assert_eq!(c.nop_interval, d.nop_interval);
@@ -439,7 +439,7 @@ mod tests {
     #[test]
     fn params_from_the_config_file_set_the_offered_keys() {
         let file = parse_config("param = [\"MaxRecvDataSegmentLength=512KiB\", \"InitialR2T=Yes\"]\n", "target.toml").unwrap();
-        let o = operational(&TargetConfig::default().operational, &file.param).unwrap();
+        let o = operational(&TargetConfig::default().login.operational, &file.param).unwrap();
         assert_eq!(o.max_recv_data_segment_length, 512 << 10);
         assert!(o.initial_r2t);
         let e = operational(&o, &["MaxBurstLength=1".into()]).unwrap_err();

@@ -52,7 +52,7 @@ use config::Credentials;
 use riser::scsi::lun::Lun;
 use riser::target::backend::{BlockBackend, FileBackend, RamBackend};
 use riser::target::lu::LogicalUnit;
-use riser::target::server::{DiscoveryScope, Node, Target};
+use riser::target::server::{DiscoveryScope, Node, Target, TargetNode};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -220,15 +220,12 @@ async fn run() -> Result<(), String> {
     if discovery_mutual_chap.is_some() && discovery_chap.is_none() {
         return Err("discovery mutual CHAP needs discovery CHAP (--discovery-chap-file, RISER_DISCOVERY_CHAP or discovery_chap)".into());
     }
-    let node = Node::new(target_name.clone()).luns(luns).acl(args.acl.clone()).chap(chap).mutual_chap(mutual_chap);
-    let target = Target::new(
-        tuning
-            .target
-            .node(node)
-            .discovery_chap(discovery_chap)
-            .discovery_mutual_chap(discovery_mutual_chap)
-            .discovery_scope(discovery_scope(args.discovery_scope.as_deref())?),
-    );
+    let mut node = TargetNode::open(target_name.clone()).chap(chap).mutual_chap(mutual_chap);
+    node.allowed_initiators = args.acl.clone();
+    let mut config = tuning.target.node(Node::from(node).luns(luns)).discovery_scope(discovery_scope(args.discovery_scope.as_deref())?);
+    config.login.discovery_chap = discovery_chap;
+    config.login.discovery_mutual_chap = discovery_mutual_chap;
+    let target = Target::new(config);
     let mut servers = Vec::new();
     for p in args.portal.iter().filter(|p| p.as_str() != "none") {
         let listener = tokio::net::TcpListener::bind(p).await.map_err(|e| format!("cannot listen on {p}: {e}"))?;

@@ -49,7 +49,7 @@ async fn cmdsn_window_snack_and_stray_data_out(t: Transport) {
 
 async fn data_out_outside_its_sequence_ends_only_that_task(t: Transport) {
     let op = OperationalConfig::default().initial_r2t(true).immediate_data(false);
-    let addr = t.start(|_| {}, |c| c.operational = op.clone()).await;
+    let addr = t.start(|_| {}, |c| c.login.operational = op.clone()).await;
     let mut r = t.raw(addr, op, 2).await;
     // Data-Out for a Target Transfer Tag the target never issued.
     let h = r.command(0x10, &write10(256, 8), 4096, true, true, false);
@@ -118,7 +118,7 @@ async fn an_unsolicited_burst_ended_early_fails_the_task(t: Transport) {
         .start(
             |_| {},
             |c| {
-                c.operational = op.clone();
+                c.login.operational = op.clone();
                 c.iser_unsolicited_data = true;
             },
         )
@@ -140,7 +140,7 @@ async fn an_unsolicited_burst_ended_early_fails_the_task(t: Transport) {
 
     // InitialR2T=Yes (the target's iSER default): F=0 announces Data-Out that may not come.
     let strict = OperationalConfig::default().initial_r2t(true).immediate_data(true);
-    let addr = t.start(|_| {}, |c| c.operational = strict.clone()).await;
+    let addr = t.start(|_| {}, |c| c.login.operational = strict.clone()).await;
     let mut r = t.raw(addr, strict, 15).await;
     assert!(r.o.params.initial_r2t);
     let h = r.command(0xb10, &write10(0, 64), 32768, true, false, false);
@@ -190,7 +190,7 @@ async fn unsolicited_data_that_never_comes_ends_the_command_not_the_connection(t
         .start(
             |_| {},
             |c| {
-                c.operational = op.clone();
+                c.login.operational = op.clone();
                 c.iser_unsolicited_data = true;
                 c.data_timeout = Duration::from_millis(500);
             },

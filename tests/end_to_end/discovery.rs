@@ -12,7 +12,7 @@ use riser::iscsi::login::{
 use riser::iscsi::wire::{Header, Isid, LogoutReason, LogoutRequest};
 use riser::scsi::lun::Lun;
 use riser::scsi::sense::Status;
-use riser::target::server::{DiscoveryScope, Node, TargetConfig};
+use riser::target::server::{DiscoveryScope, Node, TargetConfig, TargetNode};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -37,7 +37,7 @@ async fn sendtargets_lists_only_permitted_targets_unless_told_to_list_all(t: Tra
     const THEIRS: &str = "iqn.2026-11.io.riser:theirs";
     let nodes = |c: &mut TargetConfig| {
         for (name, acl) in [(MINE, ME), (THEIRS, OTHER)] {
-            c.nodes.push(Node::new(name).allow(acl));
+            c.nodes.push(Node::from(TargetNode::open(name).allow(acl)));
         }
     };
     let names = |found: Vec<(String, Vec<String>)>| found.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
@@ -67,7 +67,7 @@ async fn discovery_chap_required_refused_and_mutual(t: Transport) {
         algorithms: ChapAlgorithm::ALL.to_vec(),
         mutual,
     };
-    let addr = t.start(|_| {}, |c| c.discovery_chap = Some(creds("disc", "discoverysecret"))).await;
+    let addr = t.start(|_| {}, |c| c.login.discovery_chap = Some(creds("disc", "discoverysecret"))).await;
     let e = t.discover(addr, ME, InitiatorAuth::None).await.unwrap_err();
     assert!(matches!(e, Error::Login(LoginFailure::Status(LoginStatus::AUTHENTICATION_FAILURE))), "{e}");
     let e = t.discover(addr, ME, chap("wrongsecret1234", None)).await.unwrap_err();
@@ -80,8 +80,8 @@ async fn discovery_chap_required_refused_and_mutual(t: Transport) {
         .start(
             |_| {},
             |c| {
-                c.discovery_chap = Some(creds("disc", "discoverysecret"));
-                c.discovery_mutual_chap = Some(creds("portal", "portalsecret12"));
+                c.login.discovery_chap = Some(creds("disc", "discoverysecret"));
+                c.login.discovery_mutual_chap = Some(creds("portal", "portalsecret12"));
             },
         )
         .await;
@@ -153,7 +153,7 @@ async fn discovery_session_naming(
 }
 
 async fn discovery_in_a_victims_names_leaves_its_reservation_and_session(t: Transport) {
-    let addr = t.start(|n| n.acl = vec![ME.into(), OTHER.into()], |_| {}).await;
+    let addr = t.start(|n| n.target.allowed_initiators = vec![ME.into(), OTHER.into()], |_| {}).await;
     let mut cfg = SessionConfig::new(ME, TARGET);
     cfg.isid = Isid([0x80, 0x11, 0x22, 0x33, 0x44, 0x55]);
     let victim = t.connect(addr, cfg.clone()).await.unwrap();

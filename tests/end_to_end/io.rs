@@ -77,7 +77,7 @@ async fn r2t_path_with_small_segments_and_bursts(t: Transport) {
         .max_recv_data_segment_length(4096)
         .max_burst_length(16_384)
         .first_burst_length(8192);
-    let addr = t.start(|_| {}, |c| c.operational = op).await;
+    let addr = t.start(|_| {}, |c| c.login.operational = op).await;
     let mut cfg = SessionConfig::new(ME, TARGET);
     cfg.operational.max_recv_data_segment_length = 4096;
     let s = t.connect(addr, cfg).await.unwrap();
@@ -96,7 +96,7 @@ async fn immediate_unsolicited_and_solicited_data_in_one_write(t: Transport) {
         .start(
             |_| {},
             |c| {
-                c.operational = op;
+                c.login.operational = op;
                 c.iser_unsolicited_data = true;
             },
         )
@@ -128,7 +128,7 @@ async fn unsolicited_bursts_racing_their_r2ts_lose_no_task(t: Transport) {
         .start(
             |_| {},
             |c| {
-                c.operational = op;
+                c.login.operational = op;
                 c.iser_unsolicited_data = true;
             },
         )

@@ -25,7 +25,7 @@ async fn chap_one_way_mutual_and_wrong_secret(t: Transport) {
     let chap = |secret: &str, mutual: Option<(&str, &str)>| {
         SessionConfig::new(ME, TARGET).with_chap(creds("alice", secret), mutual.map(|(u, s)| creds(u, s)))
     };
-    let addr = t.start(|n| n.chap = Some(creds("alice", "alicesecret12")), |_| {}).await;
+    let addr = t.start(|n| n.target.chap = Some(creds("alice", "alicesecret12")), |_| {}).await;
     t.connect(addr, chap("alicesecret12", None)).await.unwrap();
     let e = t.connect(addr, chap("wrongsecret12", None)).await.unwrap_err();
     assert!(matches!(e, Error::Login(LoginFailure::Status(LoginStatus::AUTHENTICATION_FAILURE))), "{e}");
@@ -35,8 +35,8 @@ async fn chap_one_way_mutual_and_wrong_secret(t: Transport) {
     let addr = t
         .start(
             |n| {
-                n.chap = Some(creds("alice", "alicesecret12"));
-                n.mutual_chap = Some(creds("target", "targetsecret1"));
+                n.target.chap = Some(creds("alice", "alicesecret12"));
+                n.target.mutual_chap = Some(creds("target", "targetsecret1"));
             },
             |_| {},
         )
@@ -48,7 +48,7 @@ async fn chap_one_way_mutual_and_wrong_secret(t: Transport) {
 }
 
 async fn acl_and_unknown_target_and_lun(t: Transport) {
-    let addr = t.start(|n| n.acl = vec!["iqn.2026-11.io.riser:someone-else".into()], |_| {}).await;
+    let addr = t.start(|n| n.target.allowed_initiators = vec!["iqn.2026-11.io.riser:someone-else".into()], |_| {}).await;
     let e = t.connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap_err();
     assert!(matches!(e, Error::Login(LoginFailure::Status(LoginStatus::AUTHORIZATION_FAILURE))), "{e}");
     let e = t.connect(addr, SessionConfig::new(ME, "iqn.2026-11.io.riser:nothing")).await.unwrap_err();

@@ -69,7 +69,7 @@ async fn the_keepalive_fires_while_the_send_side_is_stuck() {
 async fn a_stalled_data_segment_ends_the_connection() {
     let addr = start(|c| {
         c.data_timeout = Duration::from_millis(500);
-        c.login_timeout = Duration::from_millis(800);
+        c.login.login_timeout = Duration::from_millis(800);
         c.nop_interval = None;
     })
     .await;
@@ -157,7 +157,7 @@ fn accept_errors_child() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tiny_max_burst_with_a_huge_edtl_solicits_only_what_the_cdb_needs() {
     let small = OperationalConfig::default().initial_r2t(true).immediate_data(false).max_burst_length(512).first_burst_length(512);
-    let addr = start(|c| c.operational = small.clone()).await;
+    let addr = start(|c| c.login.operational = small.clone()).await;
     let mut r = Raw::login_tcp(addr, small.clone(), 12).await;
     assert_eq!(r.o.params.max_burst_length, 512);
     let edtl = 60 << 20;
@@ -182,7 +182,7 @@ async fn a_tiny_max_burst_with_a_huge_edtl_solicits_only_what_the_cdb_needs() {
 async fn write_data_that_never_comes_ends_the_command_not_the_session() {
     let op = OperationalConfig::default().initial_r2t(true).immediate_data(false);
     let addr = start(|c| {
-        c.operational = op.clone();
+        c.login.operational = op.clone();
         c.data_timeout = Duration::from_millis(500);
     })
     .await;

@@ -69,15 +69,18 @@ impl TargetNode {
 pub struct TargetLoginConfig {
     /// The targets behind this portal.
     pub targets: Vec<TargetNode>,
-    /// CHAP required on discovery sessions, if any.
+    /// CHAP a discovery session must pass, if any (`None`: discovery is open, the default of LIO
+    /// (`enforce_discovery_auth=0`) and of tgt (no account bound to discovery)). Independent
+    /// of the targets' CHAP: a normal session authenticates with its target's credentials.
     pub discovery_chap: Option<ChapCredentials>,
-    /// Mutual CHAP on discovery sessions.
+    /// Credentials the target answers mutual CHAP with on discovery sessions; when set, mutual
+    /// CHAP is required there (needs `discovery_chap`).
     pub discovery_mutual_chap: Option<ChapCredentials>,
     /// CHAP algorithms accepted, in the target's preference (the initiator's order decides).
     pub chap_algorithms: Vec<ChapAlgorithm>,
     /// TargetPortalGroupTag of this portal.
     pub portal_group_tag: u16,
-    /// Operational limits.
+    /// Operational limits offered to initiators.
     pub operational: OperationalConfig,
     /// Transport of the portal.
     pub transport: Transport,

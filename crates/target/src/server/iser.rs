@@ -21,7 +21,7 @@ impl Target {
         // A receive per command in the window, and per unsolicited Data-Out Send when those are
         // allowed, plus room for immediate PDUs (NOP-Out, task management, text, logout).
         let per_command = if self.config.iser_unsolicited_data {
-            1 + self.config.operational.first_burst_length.div_ceil(cfg.recv_dsl.max(DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH))
+            1 + self.config.login.operational.first_burst_length.div_ceil(cfg.recv_dsl.max(DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH))
         } else {
             1
         };

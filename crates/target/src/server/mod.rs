@@ -16,9 +16,9 @@ use session::{Session, units_of};
 
 use crate::lu::LogicalUnit;
 use riser_datamover::{ConnectionResources, ControlPdu, DmEvent, SharedDatamover};
-use riser_iscsi::chap::ChapCredentials;
-use riser_iscsi::keys::{OperationalConfig, SessionType, Transport};
-use riser_iscsi::login::{TargetLogin, TargetLoginConfig, TargetLoginEvent, TargetLoginParams, TargetNode};
+use riser_iscsi::keys::{SessionType, Transport};
+use riser_iscsi::login::{TargetLogin, TargetLoginEvent, TargetLoginParams};
+pub use riser_iscsi::login::{TargetLoginConfig, TargetNode};
 use riser_iscsi::wire::*;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -31,18 +31,10 @@ use tracing::{info, warn};
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Node {
-    /// iSCSI name.
-    pub name: String,
-    /// Alias.
-    pub alias: Option<String>,
+    /// What login knows of the node: name, alias, initiators allowed, CHAP.
+    pub target: TargetNode,
     /// Logical units, in LUN order.
     pub luns: Vec<Arc<LogicalUnit>>,
-    /// Initiators allowed (empty: all).
-    pub acl: Vec<String>,
-    /// CHAP required from initiators.
-    pub chap: Option<ChapCredentials>,
-    /// Mutual CHAP credentials of the target.
-    pub mutual_chap: Option<ChapCredentials>,
 }
 
 /// Server configuration.
@@ -51,14 +43,13 @@ pub struct Node {
 pub struct TargetConfig {
     /// Target nodes.
     pub nodes: Vec<Node>,
-    /// Operational limits offered to initiators.
-    pub operational: OperationalConfig,
-    /// TargetPortalGroupTag.
-    pub portal_group_tag: u16,
+    /// The portals' login settings: operational limits offered to initiators,
+    /// TargetPortalGroupTag, login timeout, discovery CHAP, CHAP algorithms. Its `targets` and
+    /// `transport` are filled per connection (from `nodes` and the portal's transport): what is
+    /// put there is ignored.
+    pub login: TargetLoginConfig,
     /// Commands per session the CmdSN window admits.
     pub queue_depth: u32,
-    /// Login timeout.
-    pub login_timeout: Duration,
     /// After this long without a PDU from the initiator the target pings it with a NOP-In;
     /// `None` disables the keepalive.
     pub nop_interval: Option<Duration>,
@@ -84,21 +75,14 @@ pub struct TargetConfig {
     /// or the command ends with CHECK CONDITION; a PDU's data segment must arrive within it once
     /// its header has, or the connection ends.
     pub data_timeout: Duration,
-    /// iSER: accept unsolicited Data-Out (InitialR2T=No as negotiated by `operational`). Every
-    /// Send needs a receive posted in advance, and an initiator may send FirstBurstLength of
+    /// iSER: accept unsolicited Data-Out (InitialR2T=No as negotiated by `login.operational`).
+    /// Every Send needs a receive posted in advance, and an initiator may send FirstBurstLength of
     /// unsolicited data per command in receive-sized pieces (Linux: 256 KiB in 8 KiB Sends, 33
-    /// receives per command), so allowing it costs `queue_depth × (1 + FirstBurstLength /
-    /// receive size)` receives per connection. Off by default: iSER connections answer
-    /// InitialR2T=Yes, as LIO does, and the target RDMA Reads everything beyond the immediate
-    /// data (one receive per command).
+    /// receives per command), so allowing it costs `queue_depth × (1 + FirstBurstLength / receive
+    /// size)` receives per connection. Off by default: iSER connections answer InitialR2T=Yes, as
+    /// LIO does, and the target RDMA Reads everything beyond the immediate data (one receive per
+    /// command).
     pub iser_unsolicited_data: bool,
-    /// CHAP a discovery session must pass, if any (`None`: discovery is open, the default of LIO
-    /// (`enforce_discovery_auth=0`) and of tgt (no account bound to discovery)). Independent
-    /// of the nodes' CHAP: a normal session authenticates with its target's credentials.
-    pub discovery_chap: Option<ChapCredentials>,
-    /// Credentials the target answers mutual CHAP with on discovery sessions; when set, mutual
-    /// CHAP is required there (needs `discovery_chap`).
-    pub discovery_mutual_chap: Option<ChapCredentials>,
     /// Which targets SendTargets lists on a discovery session.
     pub discovery_scope: DiscoveryScope,
 }
@@ -121,12 +105,10 @@ impl Default for TargetConfig {
     fn default() -> Self {
         Self {
             nodes: Vec::new(),
-            operational: OperationalConfig::default(),
-            portal_group_tag: 1,
+            login: TargetLoginConfig::default(),
             queue_depth: 128,
             nop_interval: Some(Duration::from_secs(10)),
             nop_timeout: Duration::from_secs(15),
-            login_timeout: Duration::from_secs(15),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_immediate_commands: 16,
             max_session_bytes: 256 << 20,
@@ -134,8 +116,6 @@ impl Default for TargetConfig {
             send_timeout: Duration::from_secs(30),
             data_timeout: Duration::from_secs(30),
             iser_unsolicited_data: false,
-            discovery_chap: None,
-            discovery_mutual_chap: None,
             discovery_scope: DiscoveryScope::Permitted,
         }
     }
@@ -145,14 +125,7 @@ impl Node {
     /// A node named `name`, open to every initiator, without authentication and without
     /// logical units.
     pub fn new(name: impl Into<String>) -> Self {
-        Self { name: name.into(), alias: None, luns: Vec::new(), acl: Vec::new(), chap: None, mutual_chap: None }
-    }
-
-    /// With this alias.
-    #[must_use]
-    pub fn alias(mut self, alias: impl Into<String>) -> Self {
-        self.alias = Some(alias.into());
-        self
+        Self::from(TargetNode::open(name))
     }
 
     /// Add a logical unit (it takes the next LUN).
@@ -168,33 +141,12 @@ impl Node {
         self.luns = luns;
         self
     }
+}
 
-    /// Admit this initiator (once any is named, only the named ones may log in).
-    #[must_use]
-    pub fn allow(mut self, initiator: impl Into<String>) -> Self {
-        self.acl.push(initiator.into());
-        self
-    }
-
-    /// Admit these initiators (empty: all).
-    #[must_use]
-    pub fn acl(mut self, acl: Vec<String>) -> Self {
-        self.acl = acl;
-        self
-    }
-
-    /// Require CHAP with these credentials (`None`: no authentication).
-    #[must_use]
-    pub fn chap(mut self, credentials: impl Into<Option<ChapCredentials>>) -> Self {
-        self.chap = credentials.into();
-        self
-    }
-
-    /// Answer (and so require) mutual CHAP with these credentials.
-    #[must_use]
-    pub fn mutual_chap(mut self, credentials: impl Into<Option<ChapCredentials>>) -> Self {
-        self.mutual_chap = credentials.into();
-        self
+impl From<TargetNode> for Node {
+    /// This target node, without logical units.
+    fn from(target: TargetNode) -> Self {
+        Self { target, luns: Vec::new() }
     }
 }
 
@@ -206,17 +158,10 @@ impl TargetConfig {
         self
     }
 
-    /// Operational limits offered to initiators.
+    /// These login settings (their `targets` and `transport` are ignored: see the field).
     #[must_use]
-    pub fn operational(mut self, operational: OperationalConfig) -> Self {
-        self.operational = operational;
-        self
-    }
-
-    /// TargetPortalGroupTag.
-    #[must_use]
-    pub fn portal_group_tag(mut self, tag: u16) -> Self {
-        self.portal_group_tag = tag;
+    pub fn login(mut self, login: TargetLoginConfig) -> Self {
+        self.login = login;
         self
     }
 
@@ -224,13 +169,6 @@ impl TargetConfig {
     #[must_use]
     pub fn queue_depth(mut self, depth: u32) -> Self {
         self.queue_depth = depth;
-        self
-    }
-
-    /// Login timeout.
-    #[must_use]
-    pub fn login_timeout(mut self, timeout: Duration) -> Self {
-        self.login_timeout = timeout;
         self
     }
 
@@ -273,20 +211,6 @@ impl TargetConfig {
     #[must_use]
     pub fn iser_unsolicited_data(mut self, yes: bool) -> Self {
         self.iser_unsolicited_data = yes;
-        self
-    }
-
-    /// CHAP required on discovery sessions (`None`: discovery is open).
-    #[must_use]
-    pub fn discovery_chap(mut self, credentials: impl Into<Option<ChapCredentials>>) -> Self {
-        self.discovery_chap = credentials.into();
-        self
-    }
-
-    /// Credentials for mutual CHAP on discovery sessions.
-    #[must_use]
-    pub fn discovery_mutual_chap(mut self, credentials: impl Into<Option<ChapCredentials>>) -> Self {
-        self.discovery_mutual_chap = credentials.into();
         self
     }
 
@@ -399,24 +323,13 @@ impl Target {
         p
     }
 
+    /// The login settings of one connection on a portal of `transport`.
     fn login_config(&self, transport: Transport) -> TargetLoginConfig {
-        let mut operational = self.config.operational.clone();
+        let mut config = self.config.login.clone().transport(transport);
+        config.targets = self.config.nodes.iter().map(|n| n.target.clone()).collect();
         if transport == Transport::Iser && !self.config.iser_unsolicited_data {
             // No unsolicited Data-Out over iSER (see `TargetConfig::iser_unsolicited_data`).
-            operational.initial_r2t = true;
-        }
-        let mut config = TargetLoginConfig::default()
-            .discovery_chap(self.config.discovery_chap.clone())
-            .discovery_mutual_chap(self.config.discovery_mutual_chap.clone())
-            .portal_group_tag(self.config.portal_group_tag)
-            .operational(operational)
-            .transport(transport)
-            .login_timeout(self.config.login_timeout);
-        for n in &self.config.nodes {
-            let mut node = TargetNode::open(n.name.clone()).chap(n.chap.clone()).mutual_chap(n.mutual_chap.clone());
-            node.alias = n.alias.clone();
-            node.allowed_initiators = n.acl.clone();
-            config = config.target(node);
+            config.operational.initial_r2t = true;
         }
         config
     }
@@ -446,7 +359,7 @@ impl Target {
             TargetLoginParams { new_tsih: tsih, initial_stat_sn: stat_sn, cmd_window: self.config.queue_depth, entropy: seed },
         );
         let outcome = loop {
-            let deadline = login.poll_timeout().map(|d| d.saturating_sub(start.elapsed())).unwrap_or(self.config.login_timeout);
+            let deadline = login.poll_timeout().map(|d| d.saturating_sub(start.elapsed())).unwrap_or(self.config.login.login_timeout);
             let ev = match tokio::time::timeout(deadline, dm.next_event()).await {
                 Ok(ev) => ev,
                 Err(_) => {
@@ -517,7 +430,8 @@ impl Target {
                 }
             }
         }
-        let node = if normal { self.config.nodes.iter().find(|n| n.name.eq_ignore_ascii_case(&p.target_name)).cloned() } else { None };
+        let node =
+            if normal { self.config.nodes.iter().find(|n| n.target.name.eq_ignore_ascii_case(&p.target_name)).cloned() } else { None };
         let session = Arc::new(Session::new(dm.clone(), outcome, node, &self.config, self.budget.clone()));
         session.run(&self, portal).await;
         session.quiesce().await;
@@ -546,6 +460,20 @@ mod tests {
             assert_ne!(u32::from_le_bytes([seed[0], seed[1], seed[2], seed[3]]) & 0x0fff_ffff, stat_sn);
             assert!(seeds.insert(seed), "a seed repeated");
         }
+    }
+
+    #[test]
+    fn login_settings_come_from_login_the_targets_from_the_nodes() {
+        let mut login = TargetLoginConfig::default().portal_group_tag(7).target(TargetNode::open("iqn.2026-11.io.riser:ignored"));
+        login.operational.initial_r2t = false;
+        let node = Node::from(TargetNode::open("iqn.2026-11.io.riser:t").allow("iqn.2026-11.io.riser:i"));
+        let t = Target::new(TargetConfig::default().login(login).node(node.clone()));
+        let tcp = t.login_config(Transport::Tcp);
+        assert_eq!((tcp.portal_group_tag, tcp.transport, tcp.targets), (7, Transport::Tcp, vec![node.target]));
+        assert!(!tcp.operational.initial_r2t);
+        let iser = t.login_config(Transport::Iser);
+        assert_eq!(iser.transport, Transport::Iser);
+        assert!(iser.operational.initial_r2t, "no unsolicited Data-Out over iSER unless asked for");
     }
 
     #[test]

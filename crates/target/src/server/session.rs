@@ -421,14 +421,15 @@ impl Session {
                 out.push(k, "NotUnderstood");
                 continue;
             }
-            for n in &target.config.nodes {
+            for n in target.config.nodes.iter().map(|n| &n.target) {
                 let wanted = if self.discovery {
                     v == "All" || n.name.eq_ignore_ascii_case(v)
                 } else {
                     // A normal session learns only about its own target.
                     n.name.eq_ignore_ascii_case(&self.target_name) && (v.is_empty() || v == "All" || n.name.eq_ignore_ascii_case(v))
                 };
-                let permitted = n.acl.is_empty() || n.acl.iter().any(|a| a.eq_ignore_ascii_case(&self.initiator_name));
+                let acl = &n.allowed_initiators;
+                let permitted = acl.is_empty() || acl.iter().any(|a| a.eq_ignore_ascii_case(&self.initiator_name));
                 let listed = permitted || (self.discovery && target.config.discovery_scope == DiscoveryScope::All);
                 if wanted && listed {
                     out.push("TargetName", &n.name);
@@ -436,7 +437,7 @@ impl Session {
                         SocketAddr::V4(a) => format!("{}:{}", a.ip(), a.port()),
                         SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
                     };
-                    out.push("TargetAddress", &format!("{addr},{}", target.config.portal_group_tag));
+                    out.push("TargetAddress", &format!("{addr},{}", target.config.login.portal_group_tag));
                 }
             }
         }
