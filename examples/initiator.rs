@@ -225,7 +225,7 @@ async fn run() -> Result<(), String> {
     let url = parse_url(&a.url, provider)?;
     let mut cfg = SessionConfig::new(a.initiator_name.clone(), url.target.clone().unwrap_or_default());
     for kv in &a.param {
-        riser::cli::set_operational(&mut cfg.operational, kv)?;
+        riser::cli::set_operational(&mut cfg.login.operational, kv)?;
     }
     let chap = riser::cli::chap_credentials("--chap", a.chap.as_deref(), a.chap_file.as_deref(), "RISER_CHAP")?;
     let mutual =
@@ -249,7 +249,7 @@ async fn run() -> Result<(), String> {
     }
     if a.command == "discover" {
         let addr = tokio::net::lookup_host(&url.host).await.map_err(|e| e.to_string())?.next().ok_or("no address")?;
-        let found = discover_via(&*cfg.connector, addr, &a.initiator_name, cfg.auth.clone()).await.map_err(fmt_err)?;
+        let found = discover_via(&*cfg.connector, addr, &a.initiator_name, cfg.login.auth.clone()).await.map_err(fmt_err)?;
         for (t, addrs) in found {
             println!("{t}");
             for ad in addrs {

@@ -284,8 +284,7 @@ async fn connection_cuts_lose_no_acknowledged_write() {
     let cuts = Arc::new(AtomicU64::new(0));
     let armed = Arc::new(AtomicBool::new(true));
     let proxy = cutting_proxy(direct, rng.fork(), cuts.clone(), armed.clone()).await;
-    let mut cfg = SessionConfig::new(ME, TARGET);
-    cfg.timeout = Duration::from_secs(20);
+    let cfg = SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(20));
     let s = loop {
         // The login itself may be cut.
         if let Ok(s) = Session::connect(proxy, cfg.clone()).await {
@@ -427,8 +426,7 @@ async fn sigkill_keeps_every_durable_write() {
     let (mut durable, mut synced) = (0u64, 0u64);
     for round in 0..=kills {
         let child = Child::start(&path, LUN);
-        let mut cfg = SessionConfig::new(ME, TARGET);
-        cfg.timeout = Duration::from_secs(10);
+        let cfg = SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(10));
         let s = Session::connect(child.tcp, cfg).await.unwrap();
         // After a restart: each block holds a durable write or one issued after it, whole.
         for r in &mut regions {
@@ -566,8 +564,7 @@ async fn soak() {
     let (mut tasks, mut all) = (Vec::new(), Vec::new());
     for n in 0..sessions {
         let iser = n % 2 == 1;
-        let mut cfg = SessionConfig::new(ME, TARGET);
-        cfg.timeout = Duration::from_secs(60);
+        let mut cfg = SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(60));
         let addr = if iser {
             cfg.connector = Arc::new(IserConnector::new(SoftRnic::default(), IserConfig::default()));
             child.iser

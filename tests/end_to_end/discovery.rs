@@ -155,7 +155,7 @@ async fn discovery_session_naming(
 async fn discovery_in_a_victims_names_leaves_its_reservation_and_session(t: Transport) {
     let addr = t.start(|n| n.target.allowed_initiators = vec![ME.into(), OTHER.into()], |_| {}).await;
     let mut cfg = SessionConfig::new(ME, TARGET);
-    cfg.isid = Isid([0x80, 0x11, 0x22, 0x33, 0x44, 0x55]);
+    cfg.login.isid = Isid([0x80, 0x11, 0x22, 0x33, 0x44, 0x55]);
     let victim = t.connect(addr, cfg.clone()).await.unwrap();
     let reserve6 = [0x16, 0, 0, 0, 0, 0];
     assert_eq!(victim.command(Lun::ZERO, &reserve6, None, 0).await.unwrap().status, Status::GOOD);
@@ -165,7 +165,7 @@ async fn discovery_in_a_victims_names_leaves_its_reservation_and_session(t: Tran
 
     // A discovery session with the victim's InitiatorName, ISID and TargetName, ending with a
     // Logout (the target releases what the nexus holds before it answers)...
-    let (dm, o) = discovery_session_naming(t, addr, ME, cfg.isid, TARGET).await;
+    let (dm, o) = discovery_session_naming(t, addr, ME, cfg.login.isid, TARGET).await;
     let logout = LogoutRequest {
         immediate: true,
         reason: LogoutReason::CLOSE_SESSION,
@@ -185,7 +185,7 @@ async fn discovery_in_a_victims_names_leaves_its_reservation_and_session(t: Tran
     assert_eq!(tur(other.clone()).await, Status::RESERVATION_CONFLICT, "a discovery Logout released the victim's RESERVE(6)");
 
     // ...and one that just drops its connection.
-    let (dm, _) = discovery_session_naming(t, addr, ME, cfg.isid, TARGET).await;
+    let (dm, _) = discovery_session_naming(t, addr, ME, cfg.login.isid, TARGET).await;
     dm.terminate();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(tur(other.clone()).await, Status::RESERVATION_CONFLICT, "a discovery session's end released the victim's RESERVE(6)");

@@ -79,7 +79,7 @@ async fn r2t_path_with_small_segments_and_bursts(t: Transport) {
         .first_burst_length(8192);
     let addr = t.start(|_| {}, |c| c.login.operational = op).await;
     let mut cfg = SessionConfig::new(ME, TARGET);
-    cfg.operational.max_recv_data_segment_length = 4096;
+    cfg.login.operational.max_recv_data_segment_length = 4096;
     let s = t.connect(addr, cfg).await.unwrap();
     assert!(s.params().initial_r2t && !s.params().immediate_data);
     let data = pattern(9, 300 * 512);
@@ -102,7 +102,7 @@ async fn immediate_unsolicited_and_solicited_data_in_one_write(t: Transport) {
         )
         .await;
     let mut cfg = SessionConfig::new(ME, TARGET);
-    cfg.operational.first_burst_length = 65_536;
+    cfg.login.operational.first_burst_length = 65_536;
     cfg.connector = t.linux_like_connector();
     let s = Session::connect(addr, cfg).await.unwrap();
     assert!(!s.params().initial_r2t && s.params().immediate_data);
@@ -176,8 +176,7 @@ async fn session_reinstatement_closes_the_old_connection(t: Transport) {
 /// session waited for its commands until they timed out.
 async fn a_connection_dropped_by_the_initiator_is_replaced(t: Transport) {
     let addr = t.start(|_| {}, |_| {}).await;
-    let mut c = SessionConfig::new(ME, TARGET);
-    c.timeout = std::time::Duration::from_secs(5);
+    let c = SessionConfig::new(ME, TARGET).timeout(std::time::Duration::from_secs(5));
     let s = t.connect(addr, c).await.unwrap();
     let data = pattern(7, 1 << 20);
     s.write(Lun::ZERO, 0, data.clone(), 512).await.unwrap();

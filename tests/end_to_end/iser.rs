@@ -80,7 +80,7 @@ async fn a_buffer_smaller_than_the_command_says_is_protected_by_the_rnic() {
 async fn a_window_of_writes_from_a_linux_like_initiator_never_outruns_the_targets_receives() {
     let addr = T.start(|_| {}, |_| {}).await;
     let mut cfg = SessionConfig::new(ME, TARGET);
-    cfg.operational.first_burst_length = 262_144;
+    cfg.login.operational.first_burst_length = 262_144;
     cfg.connector = T.linux_like_connector();
     let s = Session::connect(addr, cfg).await.unwrap();
     assert!(s.params().initial_r2t, "the target answers InitialR2T=Yes over iSER");

@@ -37,8 +37,7 @@ async fn task_management_and_unit_attention(t: Transport) {
 /// target, and end with the reset, not a timeout.
 async fn commands_aborted_by_a_lun_reset_end_at_once(t: Transport) {
     let addr = t.start(|_| {}, |_| {}).await;
-    let mut cfg = SessionConfig::new(ME, TARGET);
-    cfg.timeout = Duration::from_secs(20);
+    let cfg = SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(20));
     let s = t.connect(addr, cfg).await.unwrap();
     let mut tasks = Vec::new();
     for i in 0..8u64 {
@@ -90,8 +89,7 @@ async fn abort_task_of_a_finished_command_says_it_does_not_exist(t: Transport) {
 async fn abort_task_set_ends_the_commands_before_it_not_those_after(t: Transport) {
     let disk = Gated::new();
     let addr = t.start_on(disk.clone(), |_| {}, |_| {}).await;
-    let mut cfg = SessionConfig::new(ME, TARGET);
-    cfg.timeout = Duration::from_secs(10);
+    let cfg = SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(10));
     let s = t.connect(addr, cfg).await.unwrap();
     s.test_unit_ready(Lun::ZERO).await.unwrap();
     disk.hold(true);

@@ -21,8 +21,8 @@ use tokio::net::{TcpListener, TcpStream};
 async fn crc32c_header_and_data_digests() {
     let addr = Transport::Tcp.start(|_| {}, |_| {}).await;
     let mut cfg = SessionConfig::new(ME, TARGET);
-    cfg.operational.header_digest = vec![Digest::Crc32c];
-    cfg.operational.data_digest = vec![Digest::Crc32c];
+    cfg.login.operational.header_digest = vec![Digest::Crc32c];
+    cfg.login.operational.data_digest = vec![Digest::Crc32c];
     let s = Session::connect(addr, cfg).await.unwrap();
     assert_eq!((s.params().header_digest, s.params().data_digest), (Digest::Crc32c, Digest::Crc32c));
     let data = pattern(11, 1 << 20);
@@ -120,8 +120,7 @@ async fn commands_reach_a_target_whose_login_responses_overstate_expcmdsn() {
             tokio::spawn(tgt_iser_like_connection(sock));
         }
     });
-    let mut cfg = SessionConfig::new(ME, TARGET);
-    cfg.timeout = Duration::from_secs(3);
+    let cfg = SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(3));
     let s = Session::connect(addr, cfg).await.unwrap();
     // The first command carries the login's CmdSN (RFC 7143 §11.12.8), then the sequence goes on.
     for _ in 0..3 {

@@ -3,14 +3,14 @@
 //! target's pings answered) on a connection of its own.
 
 use crate::login::login;
-use crate::{Connector, Error, SessionConfig};
+use crate::{Connector, Error};
 use riser_datamover::{ControlPdu, DmEvent, SharedDatamover};
 use riser_iscsi::login::{InitiatorAuth, InitiatorLoginConfig};
 use riser_iscsi::session::{InitiatorEvent, InitiatorSession};
 use riser_iscsi::text::{TextBuilder, parse_pairs};
 use std::time::Duration;
 
-/// How long the target has for each answer of a discovery session.
+/// How long the target has for each answer of a discovery session (and for the login).
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long the Logout Response is waited for once the list is in.
 const LOGOUT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -32,9 +32,8 @@ pub async fn discover_via(
     initiator_name: &str,
     auth: InitiatorAuth,
 ) -> Result<Vec<(String, Vec<String>)>, Error> {
-    let mut cfg = InitiatorLoginConfig::new(initiator_name, None, SessionConfig::new(initiator_name, "").isid);
-    cfg.auth = auth;
-    let (dm, o) = login(connector, addr, cfg, ANSWER_TIMEOUT).await?;
+    let cfg = InitiatorLoginConfig::new(initiator_name, None, crate::random_isid()).auth(auth).login_timeout(ANSWER_TIMEOUT);
+    let (dm, o) = login(connector, addr, cfg).await?;
     let mut m = InitiatorSession::new(&o);
     let mut text = TextBuilder::new();
     text.push("SendTargets", "All");

@@ -46,14 +46,14 @@ pub use connector::TcpConnector;
 #[cfg(feature = "tcp")]
 pub use discovery::discover;
 pub use discovery::discover_via;
+pub use riser_iscsi::login::{InitiatorAuth, InitiatorLoginConfig};
 pub use riser_scsi::lun::Lun;
 pub use session::Session;
 
 use bytes::Bytes;
 use riser_datamover::DmError;
 use riser_iscsi::chap::ChapCredentials;
-use riser_iscsi::keys::OperationalConfig;
-use riser_iscsi::login::{InitiatorAuth, LoginFailure};
+use riser_iscsi::login::LoginFailure;
 use riser_iscsi::wire::{Isid, RejectReason, TmfResponse};
 use riser_scsi::sense::{Sense, Status};
 use std::sync::Arc;
@@ -104,36 +104,46 @@ pub enum Error {
     Datamover(DmError),
 }
 
-/// How to log in.
+/// How to log in, and how long the session's requests may take.
+///
+/// The login settings live in [`InitiatorLoginConfig`] (`login`); the session adds its command
+/// timeout and how its connections are made.
+///
+/// ```
+/// # use riser_initiator::SessionConfig;
+/// # use std::time::Duration;
+/// let mut cfg = SessionConfig::new("iqn.2026-11.io.riser:me", "iqn.2026-11.io.riser:target0").timeout(Duration::from_secs(10));
+/// cfg.login.operational.max_recv_data_segment_length = 65_536;
+/// cfg.login.isid = riser_iscsi::wire::Isid([0x80, 1, 2, 3, 4, 5]);
+/// ```
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct SessionConfig {
-    /// Our iSCSI name.
-    pub initiator_name: String,
-    /// Target name.
-    pub target_name: String,
-    /// Authentication.
-    pub auth: InitiatorAuth,
-    /// Operational offers.
-    pub operational: OperationalConfig,
-    /// ISID (6 bytes, random-qualifier format by default).
-    pub isid: Isid,
-    /// Login and command timeout.
+    /// The login, and every login again after a connection loss: our name, the target's, the
+    /// ISID (random-qualifier format by default), authentication, operational offers and the
+    /// login timeout (it also bounds making the connection). Its `transport` is set per
+    /// connection from `connector` (what is put there is ignored); `target_name` must name the
+    /// target (`None` would make a discovery session: see [`discover_via`]),
+    /// and `tsih`, `cid`, `cmd_sn`, `itt` and `exp_stat_sn` are a new session's: leave them at
+    /// their defaults.
+    pub login: InitiatorLoginConfig,
+    /// How long a request (a command, a task management function, a ping, the logout) waits
+    /// for its answer, and a command for room in the target's CmdSN window. The
+    /// [`SessionConfig::timeout`] setter sets this and `login.login_timeout` together.
     pub timeout: Duration,
     /// How connections are made (default: iSCSI over TCP).
     pub connector: Arc<dyn Connector>,
 }
 
 impl SessionConfig {
-    /// Defaults: no authentication, riser's operational offers, a fresh ISID.
+    /// A session of `initiator_name` with `target_name`. Defaults: no authentication,
+    /// riser's operational offers, a fresh random ISID, 30 s for the login and for each
+    /// request, iSCSI over TCP.
     pub fn new(initiator_name: impl Into<String>, target_name: impl Into<String>) -> Self {
+        const TIMEOUT: Duration = Duration::from_secs(30);
         Self {
-            initiator_name: initiator_name.into(),
-            target_name: target_name.into(),
-            auth: InitiatorAuth::None,
-            operational: OperationalConfig::default(),
-            isid: random_isid(),
-            timeout: Duration::from_secs(30),
+            login: InitiatorLoginConfig::new(initiator_name, Some(target_name.into()), random_isid()).login_timeout(TIMEOUT),
+            timeout: TIMEOUT,
             #[cfg(feature = "tcp")]
             connector: Arc::new(TcpConnector),
             #[cfg(not(feature = "tcp"))]
@@ -158,28 +168,23 @@ impl SessionConfig {
         mutual: Option<ChapCredentials>,
         algorithms: Vec<riser_iscsi::chap::ChapAlgorithm>,
     ) -> Self {
-        self.auth = InitiatorAuth::Chap { credentials, algorithms, mutual };
+        self.login.auth = InitiatorAuth::Chap { credentials, algorithms, mutual };
         self
     }
 
-    /// Offer these operational values.
+    /// Log in with these settings (see the `login` field: `transport` is ignored).
     #[must_use]
-    pub fn operational(mut self, operational: OperationalConfig) -> Self {
-        self.operational = operational;
+    pub fn login(mut self, login: InitiatorLoginConfig) -> Self {
+        self.login = login;
         self
     }
 
-    /// Login and command timeout.
+    /// The login timeout and the command timeout: `login.login_timeout` and `timeout` both.
+    /// (Set the fields to tell them apart.)
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
-        self
-    }
-
-    /// Use this ISID (to reinstate a session, say).
-    #[must_use]
-    pub fn isid(mut self, isid: Isid) -> Self {
-        self.isid = isid;
+        self.login.login_timeout = timeout;
         self
     }
 
@@ -237,8 +242,20 @@ mod tests {
         // ISIDs used to be the clock's nanoseconds (xor the process id): configurations made
         // together shared all but their low bits, and anyone could guess the next one. From the
         // OS generator, eight in a row sharing their first 16 random bits has odds of 2^-112.
-        let isids: Vec<Isid> = (0..8).map(|_| SessionConfig::new("iqn.2026-11.io.riser:i", "iqn.2026-11.io.riser:t").isid).collect();
+        let isids: Vec<Isid> = (0..8).map(|_| SessionConfig::new("iqn.2026-11.io.riser:i", "iqn.2026-11.io.riser:t").login.isid).collect();
         assert!(isids.iter().all(|i| i.0[0] == 0x80), "type 10b (random) ISIDs");
         assert!(isids.iter().any(|i| i.0[1..3] != isids[0].0[1..3]), "ISIDs share their high bits: {isids:?}");
+    }
+
+    #[test]
+    fn the_login_timeout_is_the_session_timeout_unless_set_apart() {
+        let c = SessionConfig::new("iqn.2026-11.io.riser:i", "iqn.2026-11.io.riser:t");
+        assert_eq!((c.timeout, c.login.login_timeout), (Duration::from_secs(30), Duration::from_secs(30)));
+        assert_eq!(
+            (c.login.initiator_name.as_str(), c.login.target_name.as_deref()),
+            ("iqn.2026-11.io.riser:i", Some("iqn.2026-11.io.riser:t"))
+        );
+        let c = c.timeout(Duration::from_secs(5));
+        assert_eq!((c.timeout, c.login.login_timeout), (Duration::from_secs(5), Duration::from_secs(5)));
     }
 }

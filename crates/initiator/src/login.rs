@@ -15,14 +15,15 @@ fn entropy() -> Result<[u8; 32], Error> {
 }
 
 /// Log in on a fresh connection; returns the datamover (enabled for the full feature phase)
-/// and the outcome.
+/// and the outcome. Connecting and the login both must end within `cfg.login_timeout`
+/// (each from its start); `cfg.transport` is the connector's.
 pub(crate) async fn login(
     connector: &dyn Connector,
     addr: std::net::SocketAddr,
     mut cfg: InitiatorLoginConfig,
-    timeout: Duration,
 ) -> Result<(SharedDatamover, LoginOutcome), Error> {
     cfg.transport = connector.transport();
+    let timeout = cfg.login_timeout;
     let seed = entropy()?;
     let dm = tokio::time::timeout(timeout, connector.connect(addr)).await.map_err(|_| Error::Timeout)??;
     if let Some(m) = dm.max_recv_data_segment_length() {

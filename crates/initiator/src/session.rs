@@ -191,17 +191,13 @@ impl Inner {
 impl Session {
     /// Connect and log in.
     pub async fn connect(addr: impl ToSocketAddrs, cfg: SessionConfig) -> Result<Self, Error> {
-        let mut lc = InitiatorLoginConfig::new(cfg.initiator_name.clone(), Some(cfg.target_name.clone()), cfg.isid);
-        lc.auth = cfg.auth.clone();
-        lc.operational = cfg.operational.clone();
-        lc.login_timeout = cfg.timeout;
         let addr = resolve(addr).await?;
-        let (dm, o) = login(&*cfg.connector, addr, lc.clone(), cfg.timeout).await?;
+        let (dm, o) = login(&*cfg.connector, addr, cfg.login.clone()).await?;
         let link = Link { dm, generation: 0 };
         let inner = Arc::new(Inner {
-            connector: cfg.connector.clone(),
+            connector: cfg.connector,
             addr,
-            login: lc,
+            login: cfg.login,
             reconnecting: tokio::sync::Mutex::new(()),
             params: o.params.clone(),
             state: Mutex::new(State::after_login(&o, link.clone())),
@@ -251,7 +247,7 @@ impl Session {
         if !lock(&self.inner.state).dead {
             return Ok(());
         }
-        let (dm, o) = login(&*self.inner.connector, self.inner.addr, self.inner.login.clone(), self.inner.timeout).await?;
+        let (dm, o) = login(&*self.inner.connector, self.inner.addr, self.inner.login.clone()).await?;
         let link = {
             let mut s = lock(&self.inner.state);
             let link = Link { dm, generation: s.link.generation.wrapping_add(1) };
