@@ -207,19 +207,12 @@ async fn rdma_core_connector(_: &str, _: Option<&str>, _: IserConfig) -> Result<
 
 #[tokio::main]
 async fn main() {
-    if let Err(e) = run().await {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
+    // Diagnostics (RUST_LOG=debug or trace) go to stderr; only warnings by default.
+    riser::cli::init_tracing("warn");
+    riser::cli::exit_on_error(run().await);
 }
 
 async fn run() -> Result<(), String> {
-    // Diagnostics (RUST_LOG=debug or trace) go to stderr; only warnings by default.
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
-        .with_target(false)
-        .with_writer(std::io::stderr)
-        .init();
     let a = Args::parse();
     let provider = riser::cli::RdmaProvider::parse(&a.rdma_provider)?;
     let url = parse_url(&a.url, provider)?;

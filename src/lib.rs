@@ -20,7 +20,8 @@
 //! Features: `std` (default) — standard-library support in the layers (CRC32C digests with
 //! hardware acceleration, `std::error::Error`); `target` and `rdma` (default) — the tokio-based
 //! layers; `rdma-core` — the rdma-core provider in `verbs::rdma_core` (real RDMA devices, rxe,
-//! siw).
+//! siw); `cli-tracing` (default) — `cli::init_tracing`, the example programs' log setup
+//! (tracing-subscriber).
 #![cfg_attr(not(feature = "std"), no_std)]
 #![warn(missing_docs)]
 
@@ -202,6 +203,27 @@ pub mod cli {
             _ => return Err(format!("--iser-param {key}: not a setting (signal_every, send_depth)")),
         }
         Ok(())
+    }
+
+    /// Log with `tracing` to stderr (stdout is left to a program's results), as `RUST_LOG` says
+    /// or else at `default` (a filter such as `"warn"` or `"info,riser_iwarp=debug"`), without
+    /// the module path of each event. Once, at the start of `main`.
+    #[cfg(feature = "cli-tracing")]
+    pub fn init_tracing(default: &str) {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into()))
+            .with_target(false)
+            .with_writer(std::io::stderr)
+            .init();
+    }
+
+    /// End an example program as its outcome says: on an error, `error: …` on stderr and exit
+    /// status 1.
+    pub fn exit_on_error(outcome: Result<(), impl core::fmt::Display>) {
+        if let Err(e) = outcome {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
     }
 
     /// Parse CHAP credentials text (the format of [`riser_iscsi::chap::ChapCredentials::parse`]),

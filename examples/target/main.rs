@@ -192,17 +192,12 @@ fn rdma_core_portal(
 
 #[tokio::main]
 async fn main() {
-    if let Err(e) = run().await {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
+    // The log (RUST_LOG, info by default) goes to stderr.
+    riser::cli::init_tracing("info");
+    riser::cli::exit_on_error(run().await);
 }
 
 async fn run() -> Result<(), String> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_target(false)
-        .init();
     let (args, creds, tuning) = Args::parse().merged()?;
     let target_name = args.target_name.clone().unwrap_or_default();
     let block_size = args.block_size.unwrap_or(512);
