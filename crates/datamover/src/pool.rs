@@ -6,21 +6,38 @@ use std::sync::Mutex;
 /// Buffers kept for reuse, and the largest one kept.
 const POOL_BUFFERS: usize = 32;
 const POOL_MAX_BUFFER: usize = 8 << 20;
+/// Bytes kept for reuse, in all (see [`BufferPool`]).
+pub const POOL_MAX_BYTES: usize = 8 << 20;
 
 /// A small pool of data buffers. Large buffers from the allocator are fresh mappings, page-
 /// faulted in on first touch; for a write-heavy stream of large commands that costs more than
 /// the copy itself, so datamovers take their task buffers from here and get them back through
 /// [`Datamover::release_task_buffer`](crate::Datamover::release_task_buffer).
+///
+/// A pool keeps at most 32 buffers and [`POOL_MAX_BYTES`] in all: enough for 32 commands of
+/// 256 KiB or 8 of 1 MiB in flight. The memory budgets of a target count command data while
+/// commands run; what a connection keeps afterwards is bounded by this (it used to be 32
+/// buffers of up to 8 MiB each: 256 MiB per connection, 64 GiB at 256 connections).
 #[derive(Debug, Default)]
 pub struct BufferPool {
-    free: Mutex<Vec<Vec<u8>>>,
+    free: Mutex<Free>,
+}
+
+#[derive(Debug, Default)]
+struct Free {
+    buffers: Vec<Vec<u8>>,
+    /// Their capacities, summed.
+    bytes: usize,
 }
 
 impl BufferPool {
     /// A pooled buffer with room for `len` bytes, if there is one.
     fn pooled(&self, len: usize) -> Option<Vec<u8>> {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        free.iter().position(|b| b.capacity() >= len).map(|i| free.swap_remove(i))
+        let i = free.buffers.iter().position(|b| b.capacity() >= len)?;
+        let b = free.buffers.swap_remove(i);
+        free.bytes -= b.capacity();
+        Some(b)
     }
 
     /// A zeroed buffer of `len` bytes, from the pool when one is large enough.
@@ -47,12 +64,15 @@ impl BufferPool {
         into_bytes_mut(self.take_dirty_vec(len))
     }
 
-    /// Keep `buf` for a later take, unless the pool is full or it is too large.
+    /// Keep `buf` for a later take, unless the pool is full (in buffers or bytes) or it is too
+    /// large.
     pub fn give_vec(&self, buf: Vec<u8>) {
-        if buf.capacity() <= POOL_MAX_BUFFER {
+        let cap = buf.capacity();
+        if cap <= POOL_MAX_BUFFER {
             let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-            if free.len() < POOL_BUFFERS {
-                free.push(buf);
+            if free.buffers.len() < POOL_BUFFERS && free.bytes + cap <= POOL_MAX_BYTES {
+                free.bytes += cap;
+                free.buffers.push(buf);
             }
         }
     }
@@ -105,5 +125,30 @@ mod tests {
         assert_eq!(d.as_ptr(), vp);
         assert_eq!(&d[..50], &[7; 50]);
         assert_eq!(&d[50..], &[0; 10]);
+    }
+
+    /// What a connection keeps once its commands end is bounded in bytes, not only in buffers
+    /// (32 buffers of 8 MiB used to stay: 256 MiB per connection, outside every budget).
+    #[test]
+    fn the_pool_keeps_at_most_its_byte_bound() {
+        let pool = BufferPool::default();
+        let kept = |p: &BufferPool| {
+            let f = p.free.lock().unwrap();
+            (f.buffers.len(), f.bytes, f.buffers.iter().map(Vec::capacity).sum::<usize>())
+        };
+        let mib = 1 << 20;
+        for _ in 0..12 {
+            pool.give_vec(vec![0u8; mib]);
+        }
+        let n = POOL_MAX_BYTES / mib;
+        assert_eq!(kept(&pool), (n, POOL_MAX_BYTES, POOL_MAX_BYTES));
+        // A take makes room for one more.
+        let b = pool.take_vec(4096);
+        assert_eq!(b.capacity(), mib);
+        assert_eq!(kept(&pool), (n - 1, POOL_MAX_BYTES - mib, POOL_MAX_BYTES - mib));
+        pool.give_vec(vec![0u8; 2 * mib]);
+        assert_eq!(kept(&pool).0, n - 1, "no room for 2 MiB");
+        pool.give_vec(b);
+        assert_eq!(kept(&pool), (n, POOL_MAX_BYTES, POOL_MAX_BYTES));
     }
 }
