@@ -148,9 +148,7 @@ async fn an_unsolicited_burst_ended_early_fails_the_task(t: Transport) {
     let (resp, d) = r.response(0xb10, |_| {}).await;
     assert_eq!((resp.status, sense(&d).asc), (Status::CHECK_CONDITION, AscAscq::DATA_PHASE_ERROR));
     r.ping(0xb11).await;
-    let h = r.command(0xb12, &write10(0, 16), 8192, true, true, false);
-    r.send(h, &[5; 8192]).await;
-    assert_eq!(r.response(0xb12, |_| {}).await.0.status, Status::GOOD);
+    r.whole_write_succeeds(0xb12).await;
 }
 
 /// Every command gets an answer whatever its flags say against its CDB: data the CDB wants but
@@ -204,10 +202,7 @@ async fn unsolicited_data_that_never_comes_ends_the_command_not_the_connection(t
     let (resp, d) = r.response(0xe00, |_| {}).await;
     assert_eq!((resp.status, sense(&d).asc), (Status::CHECK_CONDITION, AscAscq::DATA_PHASE_ERROR));
     assert!(started.elapsed() >= Duration::from_millis(400), "answered at the data timeout, not before");
-    // The connection lives: a whole write (all immediate, F=1) succeeds.
-    let h = r.command(0xe01, &write10(0, 16), 8192, true, true, false);
-    r.send(h, &[7; 8192]).await;
-    assert_eq!(r.response(0xe01, |_| {}).await.0.status, Status::GOOD);
+    r.whole_write_succeeds(0xe01).await;
 }
 
 /// A header that is well framed but holds an impossible field (here a Login Request with both

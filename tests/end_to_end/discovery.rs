@@ -3,12 +3,10 @@
 
 use crate::support::{ME, OTHER, TARGET, Transport, creds};
 use bytes::Bytes;
-use riser::datamover::{ConnectionResources, ControlPdu, DmEvent, SharedDatamover};
+use riser::datamover::{ControlPdu, DmEvent, SharedDatamover};
 use riser::initiator::{Error, SessionConfig};
 use riser::iscsi::chap::{ChapAlgorithm, ChapCredentials};
-use riser::iscsi::login::{
-    AuthFailure, InitiatorAuth, InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent, LoginFailure, LoginOutcome, LoginStatus,
-};
+use riser::iscsi::login::{AuthFailure, InitiatorAuth, InitiatorLoginConfig, LoginFailure, LoginOutcome, LoginStatus};
 use riser::iscsi::wire::{Header, Isid, LogoutReason, LogoutRequest};
 use riser::scsi::lun::Lun;
 use riser::scsi::sense::Status;
@@ -126,30 +124,8 @@ async fn discovery_session_naming(
     let dm = connector.connect(addr).await.unwrap();
     let mut cfg = InitiatorLoginConfig::new(initiator, None, isid);
     cfg.transport = connector.transport();
-    let mut l = InitiatorLogin::new(cfg, Duration::ZERO, [5; 32]);
-    let mut first = true;
-    loop {
-        while let Some(mut p) = l.poll_transmit() {
-            if std::mem::take(&mut first) {
-                p.data.extend_from_slice(format!("TargetName={target}\0").as_bytes());
-            }
-            if p.asks_for_full_feature() {
-                dm.allocate_connection_resources(ConnectionResources::default()).unwrap();
-            }
-            dm.send_control(ControlPdu::new(Header::LoginRequest(p.header), p.data.into())).await.unwrap();
-        }
-        match l.poll_event() {
-            Some(InitiatorLoginEvent::Complete(o)) => {
-                dm.notice_key_values(&o.params);
-                dm.enable();
-                return (dm, o);
-            }
-            Some(e) => panic!("discovery login: {e:?}"),
-            None => {}
-        }
-        let DmEvent::Control(p) = dm.next_event().await else { panic!("connection ended during login") };
-        l.handle_pdu(Duration::ZERO, &p.header, &p.data);
-    }
+    let o = crate::support::raw::login_over(&dm, cfg, format!("TargetName={target}\0").as_bytes()).await;
+    (dm, o)
 }
 
 async fn discovery_in_a_victims_names_leaves_its_reservation_and_session(t: Transport) {

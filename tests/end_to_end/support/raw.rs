@@ -71,6 +71,41 @@ pub(crate) async fn ends_within(sock: &mut TcpStream, t: Duration) -> bool {
     .is_ok()
 }
 
+/// Log in over `dm` with the sans-IO machine (`first_keys` appended to the first request),
+/// taking the initiator's steps at the end of login; the datamover is enabled. Panics unless
+/// the login succeeds.
+pub(crate) async fn login_over(dm: &SharedDatamover, cfg: InitiatorLoginConfig, first_keys: &[u8]) -> LoginOutcome {
+    let mut l = InitiatorLogin::new(cfg, Duration::ZERO, [7; 32]);
+    let mut first = true;
+    loop {
+        while let Some(mut p) = l.poll_transmit() {
+            if std::mem::take(&mut first) {
+                p.data.extend_from_slice(first_keys);
+            }
+            // As the initiator does: full-feature resources (iSER: its receives) before the
+            // request the final Login Response may answer. Without them an iSER link has only
+            // its login receives, and a burst of responses overruns them.
+            if p.asks_for_full_feature() {
+                dm.allocate_connection_resources(ConnectionResources::default()).unwrap();
+            }
+            dm.send_control(ControlPdu::new(Header::LoginRequest(p.header), p.data.into())).await.unwrap();
+        }
+        match l.poll_event() {
+            Some(InitiatorLoginEvent::Complete(o)) => {
+                dm.notice_key_values(&o.params);
+                dm.enable();
+                return o;
+            }
+            Some(e) => panic!("login: {e:?}"),
+            None => {}
+        }
+        match tokio::time::timeout(WAIT, dm.next_event()).await.expect("a login answer") {
+            DmEvent::Control(p) => l.handle_pdu(Duration::ZERO, &p.header, &p.data),
+            other => panic!("login: {other:?}"),
+        }
+    }
+}
+
 impl Raw {
     /// Log in through a datamover of `connector`.
     pub(crate) async fn login(connector: std::sync::Arc<dyn Connector>, addr: SocketAddr, op: OperationalConfig, isid: u8) -> Self {
@@ -78,31 +113,8 @@ impl Raw {
         let mut cfg = InitiatorLoginConfig::new(ME, Some(TARGET.into()), Isid([0x80, 0, 0, 0, 0, isid]));
         cfg.transport = connector.transport();
         cfg.operational = op;
-        let mut l = InitiatorLogin::new(cfg, Duration::ZERO, [7; 32]);
-        loop {
-            while let Some(p) = l.poll_transmit() {
-                // As the initiator does: full-feature resources (iSER: its receives) before
-                // the request the final Login Response may answer. Without them an iSER
-                // link has only its login receives, and a burst of responses overruns them.
-                if p.asks_for_full_feature() {
-                    dm.allocate_connection_resources(ConnectionResources::default()).unwrap();
-                }
-                dm.send_control(ControlPdu::new(Header::LoginRequest(p.header), p.data.into())).await.unwrap();
-            }
-            match l.poll_event() {
-                Some(InitiatorLoginEvent::Complete(o)) => {
-                    dm.notice_key_values(&o.params);
-                    dm.enable();
-                    return Self { link: Link::Dm(dm), cmd_sn: o.exp_cmd_sn, o, stash: Vec::new() };
-                }
-                Some(InitiatorLoginEvent::Failed(f)) => panic!("login failed: {f:?}"),
-                _ => {}
-            }
-            match tokio::time::timeout(WAIT, dm.next_event()).await.expect("a login answer") {
-                DmEvent::Control(p) => l.handle_pdu(Duration::ZERO, &p.header, &p.data),
-                other => panic!("login: {other:?}"),
-            }
-        }
+        let o = login_over(&dm, cfg, b"").await;
+        Self { link: Link::Dm(dm), cmd_sn: o.exp_cmd_sn, o, stash: Vec::new() }
     }
 
     /// Log in over a TCP socket of its own, PDUs written and read as bytes.
@@ -206,6 +218,14 @@ impl Raw {
             self.cmd_sn = self.cmd_sn.wrapping_add(1);
         }
         h
+    }
+
+    /// The connection lives: a whole write (8 KiB, all immediate data, F=1) as task `itt`
+    /// ends GOOD. (Needs ImmediateData=Yes.)
+    pub(crate) async fn whole_write_succeeds(&mut self, itt: u32) {
+        let h = self.command(itt, &super::write10(0, 16), 8192, true, true, false);
+        self.send(h, &[7; 8192]).await;
+        assert_eq!(self.response(itt, |_| {}).await.0.status, riser::scsi::sense::Status::GOOD);
     }
 
     /// Wait for the status of `itt` — a SCSI Response, or a Data-In carrying it (phase
