@@ -14,7 +14,7 @@
 //! [`InitiatorSession::poll_event`].
 
 use super::residual::Residual;
-use super::target::Transmit;
+use super::target_session::Transmit;
 use super::window::InitiatorWindow;
 use crate::login::LoginOutcome;
 use crate::serial::SerialNumber;

@@ -13,12 +13,12 @@
 
 pub mod initiator;
 mod residual;
-pub mod target;
+pub mod target_session;
 pub mod transfer;
 pub mod window;
 
 pub use initiator::{Busy, InitiatorEvent, InitiatorSession};
 pub use residual::Residual;
-pub use target::{CloseReason, Reset, Stamp, TargetEvent, TargetSession, TargetSessionConfig, TaskId, Transmit};
+pub use target_session::{CloseReason, Reset, Stamp, TargetEvent, TargetSession, TargetSessionConfig, TaskId, Transmit};
 pub use transfer::{R2tDesc, R2tPlan, TransferLimits, WriteSplit};
 pub use window::{CommandWindow, InitiatorWindow};
