@@ -201,7 +201,7 @@ async fn write_and_check(s: &Session, r: &mut Region, rng: &mut Rng, tags: &Atom
 
 fn file_lun(path: &Path, bytes: u64) -> Arc<LogicalUnit> {
     let backend = FileBackend::open(path, Some(bytes), BS as u32).unwrap();
-    Arc::new(LogicalUnit::new(Arc::new(backend), Lun::ZERO, 77))
+    Arc::new(LogicalUnit::new(Arc::new(backend), riser::target::lu::LuIdentity::random()))
 }
 
 fn scratch(name: &str) -> PathBuf {

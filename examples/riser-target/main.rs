@@ -205,8 +205,8 @@ async fn run() -> Result<(), String> {
     let mut luns = Vec::new();
     for (i, spec) in args.lun.iter().enumerate() {
         let b = backend(spec, block_size)?;
-        let lun = Lun::from_number(i as u16).ok_or("too many LUNs")?;
-        luns.push(Arc::new(LogicalUnit::new(b, lun, i as u64 + 1).with_sanitize_rate(sanitize_rate)));
+        Lun::from_number(i as u16).ok_or("too many LUNs")?;
+        luns.push(Arc::new(LogicalUnit::new(b, riser::target::lu::LuIdentity::random()).with_sanitize_rate(sanitize_rate)));
     }
     let Credentials { chap, mutual_chap, discovery_chap, discovery_mutual_chap } = creds;
     if mutual_chap.is_some() && chap.is_none() {
@@ -216,7 +216,9 @@ async fn run() -> Result<(), String> {
         return Err("discovery mutual CHAP needs discovery CHAP (--discovery-chap-file, RISER_DISCOVERY_CHAP or discovery_chap)".into());
     }
     let mut node = TargetNode::open(target_name.clone()).chap(chap).mutual_chap(mutual_chap);
-    node.allowed_initiators = args.acl.clone();
+    for a in &args.acl {
+        node = node.allow(a.clone());
+    }
     let mut config = tuning.target.node(Node::from(node).luns(luns)).discovery_scope(discovery_scope(args.discovery_scope.as_deref())?);
     config.login.discovery_chap = discovery_chap;
     config.login.discovery_mutual_chap = discovery_mutual_chap;

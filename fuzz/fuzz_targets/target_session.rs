@@ -8,9 +8,8 @@ use riser_tcp::PduDatamover;
 use riser_tcp::loopback::{RawEnd, pair};
 use riser_iscsi::keys::Role;
 use riser_iscsi::wire::Pdu;
-use riser_scsi::lun::Lun;
 use riser_target::backend::RamBackend;
-use riser_target::lu::LogicalUnit;
+use riser_target::lu::{LogicalUnit, LuIdentity};
 use riser_target::server::{Node, Target, TargetConfig};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -18,7 +17,7 @@ use std::time::Duration;
 fn target() -> Arc<Target> {
     static T: OnceLock<Arc<Target>> = OnceLock::new();
     T.get_or_init(|| {
-        let lun = |n: u16| Arc::new(LogicalUnit::new(Arc::new(RamBackend::new(1 << 20, 512)), Lun::from_number(n).unwrap(), u64::from(n)));
+        let lun = |_| Arc::new(LogicalUnit::new(Arc::new(RamBackend::new(1 << 20, 512)), LuIdentity::random()));
         let node = Node::new("iqn.2026-11.io.riser.test:capture").lun(lun(0)).lun(lun(1));
         Target::new(TargetConfig::default().node(node))
     })

@@ -129,7 +129,7 @@ async fn discovery_session_naming(
 }
 
 async fn discovery_in_a_victims_names_leaves_its_reservation_and_session(t: Transport) {
-    let addr = t.start(|n| n.target.allowed_initiators = vec![ME.into(), OTHER.into()], |_| {}).await;
+    let addr = t.start(|n| n.target = n.target.clone().allow(ME).allow(OTHER), |_| {}).await;
     let mut cfg = SessionConfig::new(ME, TARGET);
     cfg.login.isid = Isid([0x80, 0x11, 0x22, 0x33, 0x44, 0x55]);
     let victim = t.connect(addr, cfg.clone()).await.unwrap();

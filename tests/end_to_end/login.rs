@@ -48,7 +48,7 @@ async fn chap_one_way_mutual_and_wrong_secret(t: Transport) {
 }
 
 async fn acl_and_unknown_target_and_lun(t: Transport) {
-    let addr = t.start(|n| n.target.allowed_initiators = vec!["iqn.2026-11.io.riser:someone-else".into()], |_| {}).await;
+    let addr = t.start(|n| n.target = n.target.clone().allow("iqn.2026-11.io.riser:someone-else"), |_| {}).await;
     let e = t.connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap_err();
     assert!(matches!(e, Error::Login(LoginFailure::Status(LoginStatus::AUTHORIZATION_FAILURE))), "{e}");
     let e = t.connect(addr, SessionConfig::new(ME, "iqn.2026-11.io.riser:nothing")).await.unwrap_err();

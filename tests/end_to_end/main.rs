@@ -33,6 +33,7 @@ mod io;
 #[cfg(feature = "rdma")]
 mod iser;
 mod limits;
+mod live;
 mod login;
 mod task_management;
 mod tcp;

@@ -23,6 +23,13 @@ impl Session {
         riser_scsi::inquiry::StandardInquiry::parse(&d).map_err(|e| Error::Protocol(e.to_string()))
     }
 
+    /// REPORT LUNS (sent to LUN 0, as hosts do): the LUNs the target shows this I_T nexus.
+    pub async fn report_luns(&self) -> Result<Vec<Lun>, Error> {
+        let alloc = 16 + 8 * 1024;
+        let d = self.run(Lun::ZERO, &Cdb::ReportLuns { select: 0, alloc_len: alloc, control: 0 }, None, alloc).await?;
+        riser_scsi::report::parse_report_luns(&d).map_err(|e| Error::Protocol(e.to_string()))
+    }
+
     /// A VPD page's body.
     pub async fn vpd(&self, lun: Lun, page: u8) -> Result<Bytes, Error> {
         let d = self.run(lun, &Cdb::Inquiry { evpd: true, page_code: page, alloc_len: 4096, control: 0 }, None, 4096).await?;

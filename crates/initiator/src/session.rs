@@ -426,7 +426,10 @@ impl Session {
         }
     }
 
-    async fn command_once(&self, lun: Lun, cdb: &[u8], write: Option<Bytes>, read_len: u32) -> Result<CommandResult, Error> {
+    /// As [`command`](Self::command), once: a UNIT ATTENTION comes back as the command's result
+    /// and a lost connection as [`Error::ConnectionLost`] (for callers that must see them, such
+    /// as tests of what a target reports).
+    pub async fn command_once(&self, lun: Lun, cdb: &[u8], write: Option<Bytes>, read_len: u32) -> Result<CommandResult, Error> {
         let write_len = write.as_ref().map_or(0, |w| w.len() as u32);
         let mut ahs = Vec::new();
         if cdb.len() > 16 {

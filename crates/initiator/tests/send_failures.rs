@@ -86,7 +86,7 @@ const TARGET: &str = "iqn.2026-11.io.riser:send-failures";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_that_could_not_be_sent_leaves_no_cmdsn_gap() {
-    let lu = Arc::new(LogicalUnit::new(Arc::new(RamBackend::new(1 << 20, 512)), Lun::ZERO, 1));
+    let lu = Arc::new(LogicalUnit::new(Arc::new(RamBackend::new(1 << 20, 512)), riser_target::lu::LuIdentity::random()));
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(Target::new(TargetConfig::default().node(Node::new(TARGET).lun(lu))).serve(l));

@@ -251,15 +251,78 @@ fn c25_target_not_found() {
 #[test]
 fn c26_acl_refusal() {
     let mut t = target_cfg();
-    t.targets[0].allowed_initiators = vec!["iqn.2026-11.io.riser:someone-else".into()];
+    t.targets[0] = t.targets[0].clone().allow("iqn.2026-11.io.riser:someone-else");
     assert_eq!(run(initiator_cfg(), t).target_failed(), LoginStatus::AUTHORIZATION_FAILURE);
 }
 
 #[test]
 fn c27_acl_admits_listed_initiator() {
     let mut t = target_cfg();
-    t.targets[0].allowed_initiators = vec![INITIATOR.to_uppercase()];
+    t.targets[0] = t.targets[0].clone().allow(INITIATOR.to_uppercase());
     run(initiator_cfg(), t).completed();
+}
+
+#[test]
+fn c27b_acl_entry_credentials_replace_the_nodes() {
+    // The node's CHAP is alice's; this initiator has credentials of its own in the ACL, and only
+    // those open the door (mutual CHAP answered with the entry's target credentials).
+    let mut t = chap_target("alicesecret123", None);
+    t.targets[0] = t.targets[0]
+        .clone()
+        .acl_entry(AclEntry::new(INITIATOR).chap(creds("bob", "bobsecret12345")).mutual_chap(creds("target-b", "targetbsecret1")))
+        .allow("iqn.2026-11.io.riser:someone-else");
+    let mut i = initiator_cfg();
+    i.auth = chap("bob", "bobsecret12345", &[ChapAlgorithm::Sha256], Some(creds("target-b", "targetbsecret1")));
+    run(i, t.clone()).completed();
+    let mut i = initiator_cfg();
+    i.auth = chap("alice", "alicesecret123", &[ChapAlgorithm::Sha256], None);
+    assert_eq!(run(i, t).target_failed(), LoginStatus::AUTHENTICATION_FAILURE);
+}
+
+#[test]
+fn c27c_acl_entry_without_credentials_uses_the_nodes() {
+    let mut t = chap_target("alicesecret123", None);
+    t.targets[0] =
+        t.targets[0].clone().allow(INITIATOR).acl_entry(AclEntry::new("iqn.2026-11.io.riser:x").chap(creds("x", "xsecret1234567")));
+    let mut i = initiator_cfg();
+    i.auth = chap("alice", "alicesecret123", &[ChapAlgorithm::Md5], None);
+    run(i, t.clone()).completed();
+    // Without CHAP the node still requires it.
+    assert_eq!(run(initiator_cfg(), t).target_failed(), LoginStatus::AUTHENTICATION_FAILURE);
+}
+
+#[test]
+fn c27e_an_open_node_admits_everyone_and_named_initiators_keep_their_credentials() {
+    let mut t = target_cfg();
+    let mut node = t.targets[0].clone().acl_entry(AclEntry::new(INITIATOR).chap(creds("bob", "bobsecret12345")));
+    assert!(!node.open, "naming an initiator closes the node");
+    node.open = true;
+    t.targets[0] = node;
+    // Named: its own credentials are required.
+    assert_eq!(run(initiator_cfg(), t.clone()).target_failed(), LoginStatus::AUTHENTICATION_FAILURE);
+    let mut i = initiator_cfg();
+    i.auth = chap("bob", "bobsecret12345", &[ChapAlgorithm::Md5], None);
+    run(i, t.clone()).completed();
+    // Not named: admitted without authentication (the node has no CHAP of its own).
+    let mut i = initiator_cfg();
+    i.initiator_name = "iqn.2026-11.io.riser:stranger".into();
+    run(i, t).completed();
+}
+
+#[test]
+fn c27f_a_closed_node_without_entries_admits_nobody() {
+    let mut t = target_cfg();
+    t.targets[0].open = false;
+    assert_eq!(run(initiator_cfg(), t).target_failed(), LoginStatus::AUTHORIZATION_FAILURE);
+}
+
+#[test]
+fn c27d_a_node_declares_its_own_portal_group_tag() {
+    let mut t = target_cfg();
+    t.targets[0].portal_group_tag = Some(7);
+    let r = run(initiator_cfg(), t);
+    assert_eq!(r.completed().0.target_portal_group_tag, Some(7));
+    assert!(r.transcript[1].1.iter().any(|(k, v)| k == "TargetPortalGroupTag" && v == "7"));
 }
 
 // ---- iSER keys ----------------------------------------------------------------------------

@@ -21,7 +21,7 @@ fn c09b_discovery_session_declaring_a_target_name_is_bound_to_no_target() {
     // target, or a server would treat the session as that target's I_T nexus (here one the ACL
     // does not even admit).
     let mut t = target_cfg();
-    t.targets[0].allowed_initiators = vec!["iqn.2026-11.io.riser:someone-else".into()];
+    t.targets[0] = t.targets[0].clone().allow("iqn.2026-11.io.riser:someone-else");
     let mut raw = Raw::new(t);
     let (rsp, _) = raw.send(
         req(Stage::SECURITY, Stage::OPERATIONAL, true),

@@ -3,9 +3,10 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::Path;
 use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// What a logical unit stores its blocks in. Offsets and lengths are in bytes and always lie
 /// within the device (the SCSI core checks ranges first).
@@ -43,6 +44,25 @@ pub trait BlockBackend: Send + Sync + std::fmt::Debug {
     fn atomic_writes(&self) -> bool {
         false
     }
+    /// Grow to `size` bytes (rounded down to whole blocks), keeping every block written. A
+    /// smaller size is refused (`InvalidInput`: shrinking would drop data an initiator wrote);
+    /// stores that cannot grow say `Unsupported` (the default).
+    fn resize(&self, size: u64) -> io::Result<()> {
+        let _ = size;
+        Err(io::Error::new(io::ErrorKind::Unsupported, "this store cannot be resized"))
+    }
+}
+
+/// The check every growing store makes: `size` in whole blocks, not below `blocks`.
+fn grown_blocks(size: u64, block_size: u32, blocks: u64) -> io::Result<u64> {
+    let want = size / u64::from(block_size);
+    if want < blocks {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{size} bytes is smaller than the store ({} bytes): stores only grow", blocks * u64::from(block_size)),
+        ));
+    }
+    Ok(want)
 }
 
 /// A RAM disk. Memory is touched only when written (the kernel zero-fills pages lazily), and
@@ -132,6 +152,19 @@ impl BlockBackend for RamBackend {
     fn in_memory(&self) -> bool {
         true
     }
+    fn resize(&self, size: u64) -> io::Result<()> {
+        let mut d = self.data.write().unwrap_or_else(|e| e.into_inner());
+        let bs = u64::from(self.block_size);
+        let blocks = grown_blocks(size, self.block_size, d.len() as u64 / bs)?;
+        let bytes = usize::try_from(blocks * bs).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "too large"))?;
+        // New memory is zero, as unmapped blocks read; reads and writes wait while it grows.
+        let more = bytes - d.len();
+        d.try_reserve_exact(more).map_err(|_| io::Error::new(io::ErrorKind::OutOfMemory, "no memory to grow the RAM disk"))?;
+        d.resize(bytes, 0);
+        let mut m = self.mapped.write().unwrap_or_else(|e| e.into_inner());
+        m.resize((blocks as usize).div_ceil(64), 0);
+        Ok(())
+    }
 }
 
 /// A regular file or a block device, accessed with positioned reads and writes; `flush` is
@@ -140,7 +173,8 @@ impl BlockBackend for RamBackend {
 pub struct FileBackend {
     file: File,
     block_size: u32,
-    blocks: u64,
+    blocks: AtomicU64,
+    device: bool,
 }
 
 impl FileBackend {
@@ -154,13 +188,24 @@ impl FileBackend {
             file.set_len(s)?;
             len = s;
         }
-        if len == 0 {
+        let device = file.metadata()?.file_type().is_block_device();
+        if device {
             // Block devices report 0 in metadata: ask the device itself.
-            use std::io::{Seek, SeekFrom};
-            len = (&file).seek(SeekFrom::End(0))?;
+            len = device_size(&file)?;
         }
-        Ok(Self { file, block_size, blocks: len / u64::from(block_size) })
+        Ok(Self { file, block_size, blocks: AtomicU64::new(len / u64::from(block_size)), device })
     }
+
+    /// Whether this is a block device (else a regular file).
+    pub fn is_device(&self) -> bool {
+        self.device
+    }
+}
+
+fn device_size(file: &File) -> io::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    let mut f = file;
+    f.seek(SeekFrom::End(0))
 }
 
 impl BlockBackend for FileBackend {
@@ -168,7 +213,7 @@ impl BlockBackend for FileBackend {
         self.block_size
     }
     fn num_blocks(&self) -> u64 {
-        self.blocks
+        self.blocks.load(Ordering::Relaxed)
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.file.read_exact_at(buf, offset)
@@ -196,6 +241,20 @@ impl BlockBackend for FileBackend {
     fn thin(&self) -> bool {
         false
     }
+    fn resize(&self, size: u64) -> io::Result<()> {
+        let blocks = grown_blocks(size, self.block_size, self.num_blocks())?;
+        if self.device {
+            // A device's size is the device's: it must have grown to this size already.
+            let have = device_size(&self.file)? / u64::from(self.block_size);
+            if have < blocks {
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("the device holds only {have} blocks")));
+            }
+        } else {
+            self.file.set_len(blocks * u64::from(self.block_size))?;
+        }
+        self.blocks.store(blocks, Ordering::Relaxed);
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -216,6 +275,31 @@ mod tests {
         r.read(1024, &mut b).unwrap();
         assert_eq!(b, [0; 512]);
         assert!(r.read((1 << 20) - 10, &mut b).is_err());
+    }
+
+    #[test]
+    fn stores_grow_and_never_shrink() {
+        let r = RamBackend::new(1 << 20, 512);
+        r.write(4096, &[9; 512]).unwrap();
+        assert_eq!(r.resize(1 << 19).unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        r.resize((2 << 20) + 100).unwrap();
+        assert_eq!(r.num_blocks(), 4096, "whole blocks");
+        let mut b = [1; 512];
+        r.read((2 << 20) - 512, &mut b).unwrap();
+        assert_eq!(b, [0; 512], "new blocks read as zeros");
+        assert!(!r.is_mapped((2 << 20) - 512));
+        r.read(4096, &mut b).unwrap();
+        assert_eq!(b, [9; 512], "old data kept");
+
+        let path = std::env::temp_dir().join(format!("riser-grow-{}", std::process::id()));
+        let f = FileBackend::open(&path, Some(1 << 16), 512).unwrap();
+        f.write(512, &[3; 512]).unwrap();
+        assert!(f.resize(1 << 15).is_err());
+        f.resize(1 << 17).unwrap();
+        assert_eq!((f.num_blocks(), std::fs::metadata(&path).unwrap().len()), (256, 1 << 17));
+        f.read(512, &mut b).unwrap();
+        assert_eq!(b, [3; 512]);
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

@@ -194,6 +194,29 @@ impl Designator {
         Self { protocol: 0, code_set: 1, piv: false, association: association::LOGICAL_UNIT, kind: designator_type::NAA, value: v }
     }
 
+    /// NAA Locally Assigned (NAA 3, SPC-5 §7.7.6.6.3): 8 bytes, the NAA nibble then a 60-bit
+    /// value the assigner keeps unique (no IEEE company ID), association logical unit.
+    pub fn naa_locally_assigned(value: u64) -> Self {
+        let mut v = alloc::vec![0u8; 8];
+        put_u64(&mut v, 0, (3u64 << 60) | (value & 0x0fff_ffff_ffff_ffff));
+        Self { protocol: 0, code_set: 1, piv: false, association: association::LOGICAL_UNIT, kind: designator_type::NAA, value: v }
+    }
+
+    /// Target port group designator (association target port): the ALUA target port group
+    /// the port belongs to.
+    pub fn target_port_group(group: u16) -> Self {
+        let mut v = alloc::vec![0u8; 4];
+        put_u16(&mut v, 2, group);
+        Self {
+            protocol: 0,
+            code_set: 1,
+            piv: false,
+            association: association::TARGET_PORT,
+            kind: designator_type::TARGET_PORT_GROUP,
+            value: v,
+        }
+    }
+
     /// T10 vendor ID based designator: 8-byte vendor then an identifier (ASCII).
     pub fn t10_vendor(vendor: &str, id: &str) -> Self {
         let mut v = ascii_field::<8>(vendor).to_vec();
@@ -457,6 +480,17 @@ mod tests {
         assert_eq!(code, 0x83);
         assert_eq!(parse_device_identification(body2).unwrap(), ds);
         assert!(parse_device_identification(&[1, 3, 0, 16, 0]).is_err());
+    }
+
+    #[test]
+    fn naa_locally_assigned_and_target_port_group_layout() {
+        let d = Designator::naa_locally_assigned(0xffff_0123_4567_89ab);
+        let body = device_identification(&[d.clone(), Designator::target_port_group(0x0102)]);
+        // Binary, association LU, type NAA, 8 bytes; NAA 3 in the top nibble, 60 bits kept.
+        assert_eq!(&body[..12], &[0x01, 0x03, 0, 8, 0x3f, 0xff, 0x01, 0x23, 0x45, 0x67, 0x89, 0xab]);
+        // Association target port (01b), type 5, 4 bytes, the group in the last two.
+        assert_eq!(&body[12..], &[0x01, 0x15, 0, 4, 0, 0, 0x01, 0x02]);
+        assert_eq!(parse_device_identification(&body).unwrap()[0], d);
     }
 
     #[test]

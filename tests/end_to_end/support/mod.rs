@@ -11,7 +11,6 @@ use bytes::Bytes;
 use riser::initiator::{Connector, Error, Session, SessionConfig, TcpConnector, discover_via};
 use riser::iscsi::chap::ChapCredentials;
 use riser::iscsi::login::InitiatorAuth;
-use riser::scsi::lun::Lun;
 use riser::scsi::sense::Sense;
 use riser::target::backend::{BlockBackend, RamBackend};
 use riser::target::lu::LogicalUnit;
@@ -41,6 +40,15 @@ pub(crate) enum Transport {
 }
 
 impl Transport {
+    /// The transport as riser names it.
+    pub(crate) fn iscsi(self) -> riser::iscsi::keys::Transport {
+        match self {
+            Self::Tcp => riser::iscsi::keys::Transport::Tcp,
+            #[cfg(feature = "rdma")]
+            Self::Iser => riser::iscsi::keys::Transport::Iser,
+        }
+    }
+
     /// The initiator's connections over this transport.
     pub(crate) fn connector(self) -> Arc<dyn Connector> {
         match self {
@@ -97,29 +105,46 @@ impl Transport {
         node: impl FnOnce(&mut Node),
         cfg: impl FnOnce(&mut TargetConfig),
     ) -> SocketAddr {
-        let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_test_writer().try_init();
-        let lu = Arc::new(LogicalUnit::new(backend, Lun::ZERO, 7));
+        let lu = Arc::new(LogicalUnit::new(backend, riser::target::lu::LuIdentity::random()));
         let mut n = Node::new(TARGET).lun(lu);
         node(&mut n);
-        let mut c = TargetConfig::default().node(n);
+        let mut c = self.config().node(n);
+        cfg(&mut c);
+        self.serve(c).await.0
+    }
+
+    /// The target configuration tests start from on this transport (iSER: a window of 64, as
+    /// each command in it costs a posted receive).
+    pub(crate) fn config(self) -> TargetConfig {
+        let c = TargetConfig::default();
+        match self {
+            Self::Tcp => c,
+            #[cfg(feature = "rdma")]
+            Self::Iser => c.queue_depth(64),
+        }
+    }
+
+    /// A target configured as `cfg` says (its nodes included), on a portal of this transport:
+    /// its address, and the target (for changes while it serves).
+    pub(crate) async fn serve(self, c: TargetConfig) -> (SocketAddr, Arc<Target>) {
+        let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_test_writer().try_init();
         match self {
             Self::Tcp => {
-                cfg(&mut c);
                 let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 let addr = l.local_addr().unwrap();
-                tokio::spawn(Target::new(c).serve(l));
-                addr
+                let target = Target::new(c);
+                tokio::spawn(target.clone().serve(l));
+                (addr, target)
             }
             #[cfg(feature = "rdma")]
             Self::Iser => {
                 use riser::verbs::Provider;
-                c.queue_depth = 64;
-                cfg(&mut c);
                 let rnic = riser::iwarp::SoftRnic::default();
                 let l = rnic.listen("127.0.0.1:0".parse().unwrap()).unwrap();
                 let addr = riser::verbs::Listener::local_addr(&l).unwrap();
-                tokio::spawn(Target::new(c).serve_iser(rnic, l, riser::iser::IserConfig::default()));
-                addr
+                let target = Target::new(c);
+                tokio::spawn(target.clone().serve_iser(rnic, l, riser::iser::IserConfig::default()));
+                (addr, target)
             }
         }
     }

@@ -14,7 +14,7 @@ mod target;
 #[doc(inline)]
 pub use crate::wire::LoginStatus;
 pub use initiator::{AuthFailure, InitiatorAuth, InitiatorLogin, InitiatorLoginConfig, InitiatorLoginEvent, LoginFailure, LoginViolation};
-pub use target::{TargetLogin, TargetLoginConfig, TargetLoginEvent, TargetLoginParams, TargetNode};
+pub use target::{AclEntry, TargetLogin, TargetLoginConfig, TargetLoginEvent, TargetLoginParams, TargetNode};
 
 use crate::keys::{Kind, NegotiatedParams, lookup};
 use crate::wire::Isid;

@@ -11,6 +11,45 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use core::time::Duration;
 
+/// An initiator a target node admits, with the CHAP credentials of its own, if any.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AclEntry {
+    /// The initiator's iSCSI name (compared without regard to case).
+    pub initiator: String,
+    /// CHAP this initiator must pass (one-way); `None`: the node's [`TargetNode::chap`].
+    pub chap: Option<ChapCredentials>,
+    /// Credentials the target answers this initiator's mutual CHAP with (then required). Used
+    /// only with this entry's own `chap`; without it the node's pair applies.
+    pub mutual_chap: Option<ChapCredentials>,
+}
+
+impl AclEntry {
+    /// Admit `initiator`, authenticated as the node says.
+    pub fn new(initiator: impl Into<String>) -> Self {
+        Self { initiator: initiator.into(), chap: None, mutual_chap: None }
+    }
+
+    /// This initiator's own CHAP credentials (`None`: the node's).
+    #[must_use]
+    pub fn chap(mut self, credentials: impl Into<Option<ChapCredentials>>) -> Self {
+        self.chap = credentials.into();
+        self
+    }
+
+    /// Answer (and so require) this initiator's mutual CHAP with these credentials.
+    #[must_use]
+    pub fn mutual_chap(mut self, credentials: impl Into<Option<ChapCredentials>>) -> Self {
+        self.mutual_chap = credentials.into();
+        self
+    }
+
+    /// Whether this entry names `initiator`.
+    pub fn admits(&self, initiator: &str) -> bool {
+        self.initiator.eq_ignore_ascii_case(initiator)
+    }
+}
+
 /// A target node the portal serves.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -19,19 +58,28 @@ pub struct TargetNode {
     pub name: String,
     /// TargetAlias, if any.
     pub alias: Option<String>,
-    /// Initiator names allowed to log in; empty = everyone.
-    pub allowed_initiators: Vec<String>,
-    /// CHAP the initiator must pass (one-way), if any.
+    /// The initiators allowed to log in, each with its own CHAP credentials if it has some.
+    pub acl: Vec<AclEntry>,
+    /// Every initiator may log in, named in `acl` or not (those named there still use their own
+    /// credentials). [`TargetNode::open`] makes an open node; naming an initiator with
+    /// [`allow`](Self::allow) or [`acl_entry`](Self::acl_entry) closes it to the others.
+    pub open: bool,
+    /// CHAP the initiator must pass (one-way), if any: for initiators without credentials of
+    /// their own in the ACL.
     pub chap: Option<ChapCredentials>,
     /// Credentials the target answers with when the initiator asks for mutual CHAP. When set,
     /// mutual CHAP is required.
     pub mutual_chap: Option<ChapCredentials>,
+    /// TargetPortalGroupTag declared for this node on this portal (`None`: the portal's,
+    /// [`TargetLoginConfig::portal_group_tag`]). Servers whose targets sit in different
+    /// portal groups set it per connection.
+    pub portal_group_tag: Option<u16>,
 }
 
 impl TargetNode {
     /// A node open to every initiator, without authentication.
     pub fn open(name: impl Into<String>) -> Self {
-        Self { name: name.into(), alias: None, allowed_initiators: Vec::new(), chap: None, mutual_chap: None }
+        Self { name: name.into(), alias: None, acl: Vec::new(), open: true, chap: None, mutual_chap: None, portal_group_tag: None }
     }
 
     /// With this TargetAlias.
@@ -43,8 +91,17 @@ impl TargetNode {
 
     /// Admit this initiator name (once any is named, only the named ones may log in).
     #[must_use]
-    pub fn allow(mut self, initiator: impl Into<String>) -> Self {
-        self.allowed_initiators.push(initiator.into());
+    pub fn allow(self, initiator: impl Into<String>) -> Self {
+        self.acl_entry(AclEntry::new(initiator))
+    }
+
+    /// Admit an initiator as `entry` says (replacing an entry for the same name); the node
+    /// admits only the initiators named from then on.
+    #[must_use]
+    pub fn acl_entry(mut self, entry: AclEntry) -> Self {
+        self.acl.retain(|e| !e.admits(&entry.initiator));
+        self.acl.push(entry);
+        self.open = false;
         self
     }
 
@@ -60,6 +117,20 @@ impl TargetNode {
     pub fn mutual_chap(mut self, credentials: impl Into<Option<ChapCredentials>>) -> Self {
         self.mutual_chap = credentials.into();
         self
+    }
+
+    /// Whether `initiator` may log in: the node is open, or its ACL names it.
+    pub fn admits(&self, initiator: &str) -> bool {
+        self.open || self.acl.iter().any(|e| e.admits(initiator))
+    }
+
+    /// The CHAP credentials `initiator` must pass and the ones the target answers its mutual
+    /// CHAP with: its ACL entry's own, else the node's.
+    pub fn credentials_for(&self, initiator: &str) -> (Option<&ChapCredentials>, Option<&ChapCredentials>) {
+        match self.acl.iter().find(|e| e.admits(initiator) && e.chap.is_some()) {
+            Some(e) => (e.chap.as_ref(), e.mutual_chap.as_ref()),
+            None => (self.chap.as_ref(), self.mutual_chap.as_ref()),
+        }
     }
 }
 
@@ -516,14 +587,15 @@ impl TargetLogin {
                     return fail(LoginStatus::NOT_FOUND, "no such target");
                 };
                 let node = &self.config.targets[idx];
-                if !node.allowed_initiators.is_empty() && !node.allowed_initiators.iter().any(|a| a.eq_ignore_ascii_case(&initiator)) {
+                if !node.admits(&initiator) {
                     return fail(LoginStatus::AUTHORIZATION_FAILURE, "initiator not in the target's ACL");
                 }
                 self.target = Some(idx);
+                let tag = node.portal_group_tag.unwrap_or(self.config.portal_group_tag);
                 if let Some(alias) = node.alias.clone() {
                     self.neg.declare("TargetAlias", alias, out);
                 }
-                self.neg.declare("TargetPortalGroupTag", self.config.portal_group_tag.to_string(), out);
+                self.neg.declare("TargetPortalGroupTag", tag.to_string(), out);
             }
         }
         Ok(())
@@ -531,7 +603,7 @@ impl TargetLogin {
 
     fn credentials(&self) -> (Option<&ChapCredentials>, Option<&ChapCredentials>) {
         match self.target {
-            Some(i) => (self.config.targets[i].chap.as_ref(), self.config.targets[i].mutual_chap.as_ref()),
+            Some(i) => self.config.targets[i].credentials_for(self.neg.peer_declared("InitiatorName").unwrap_or_default()),
             None => (self.config.discovery_chap.as_ref(), self.config.discovery_mutual_chap.as_ref()),
         }
     }

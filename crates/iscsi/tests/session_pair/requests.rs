@@ -3,10 +3,12 @@
 
 use crate::harness::*;
 use bytes::Bytes;
+use core::time::Duration;
 use riser_iscsi::keys::{NegotiatedParams, SessionType};
 use riser_iscsi::session::{CloseReason, InitiatorEvent, TargetEvent, TargetSessionConfig};
 use riser_iscsi::wire::{
-    BHS_LEN, DecodeError, Header, LoginRequest, NopOut, RESERVED_TAG, RejectReason, ScsiCommand, Snack, TextRequest, TmfFunction,
+    AsyncEvent, BHS_LEN, DecodeError, Header, LoginRequest, NopOut, RESERVED_TAG, RejectReason, ScsiCommand, Snack, TextRequest,
+    TmfFunction,
 };
 
 #[test]
@@ -144,4 +146,45 @@ fn an_unexpected_answer_is_reported_not_matched() {
     p.i.handle_pdu(&Header::NopIn(stray), Bytes::new());
     assert!(matches!(p.i.poll_event(), Some(InitiatorEvent::Unexpected(_))));
     assert!(p.i.has_task(itt), "the command is still waiting for its status");
+}
+
+#[test]
+fn a_requested_logout_is_an_async_message_that_takes_a_statsn_and_a_deadline() {
+    let mut p = Pair::new(4);
+    let t = p.command(LUN0, 512);
+    p.t.request_logout(p.now, Duration::from_secs(5));
+    assert!(p.t.logout_requested());
+    p.pump();
+    let Some(Header::AsyncMessage(a)) = p.t_sent.last() else { panic!("{:?}", p.t_sent) };
+    assert_eq!((a.event, a.param3, a.itt, a.stat_sn), (AsyncEvent::REQUEST_LOGOUT, 5, RESERVED_TAG, 100));
+    // The initiator hears it (the application decides) and takes the next StatSN after it.
+    assert!(p.take_i_events().iter().any(|e| matches!(e, InitiatorEvent::Unexpected(Header::AsyncMessage(_)))));
+    assert!(p.finish(t));
+    assert_eq!(p.stat_sns(), vec![101]);
+    // Asking again keeps the first deadline and sends nothing more.
+    p.t.request_logout(Duration::from_secs(1), Duration::from_secs(60));
+    assert!(p.t.poll_transmit().is_none());
+    assert_eq!(p.t.poll_timeout(), Some(Duration::from_secs(5)));
+    p.t.handle_timeout(Duration::from_millis(4999));
+    assert!(!p.t.is_closed());
+    p.t.handle_timeout(Duration::from_secs(5));
+    assert_eq!(p.t.poll_event(), Some(TargetEvent::Close(CloseReason::LogoutTimeout)));
+}
+
+#[test]
+fn a_requested_logout_that_comes_in_time_ends_the_session_as_any_logout() {
+    let mut p = Pair::new(4);
+    p.t.request_logout(p.now, Duration::ZERO);
+    p.pump();
+    assert!(matches!(p.t_sent.last(), Some(Header::AsyncMessage(a)) if a.param3 == 1), "at least a second");
+    let itt = p.i.logout();
+    p.pump();
+    let Some(TargetEvent::Logout { req, .. }) = p.take_t_events().into_iter().find(|e| matches!(e, TargetEvent::Logout { .. })) else {
+        panic!()
+    };
+    p.t.answer_logout(&req);
+    p.pump();
+    assert!(p.take_i_events().contains(&InitiatorEvent::LoggedOut { itt }));
+    assert_eq!(p.take_t_events(), vec![TargetEvent::Close(CloseReason::Logout)]);
+    assert_eq!(p.t.poll_timeout(), None);
 }

@@ -1,12 +1,12 @@
 //! INQUIRY: the standard data and the VPD pages (serial number, device identification, block
 //! limits, block device characteristics, logical block provisioning).
 
-use super::{LogicalUnit, MAX_ATOMIC_BLOCKS, MAX_TRANSFER_BLOCKS, bad_field};
+use super::{LogicalUnit, MAX_ATOMIC_BLOCKS, MAX_TRANSFER_BLOCKS, Nexus, bad_field};
 use riser_scsi::inquiry::{self, BlockDeviceCharacteristics, BlockLimits, Designator, LogicalBlockProvisioning, StandardInquiry, vpd};
 use riser_scsi::sense::Sense;
 
 impl LogicalUnit {
-    pub(super) fn inquiry(&self, evpd: bool, page: u8) -> Result<Vec<u8>, Sense> {
+    pub(super) fn inquiry(&self, evpd: bool, page: u8, nexus: &Nexus) -> Result<Vec<u8>, Sense> {
         let dev = inquiry::DEVICE_TYPE_DISK;
         if !evpd {
             if page != 0 {
@@ -18,11 +18,14 @@ impl LogicalUnit {
         }
         let body = match page {
             vpd::SUPPORTED_PAGES => vec![0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2],
-            vpd::UNIT_SERIAL_NUMBER => self.serial.as_bytes().to_vec(),
+            vpd::UNIT_SERIAL_NUMBER => self.identity.serial().into_bytes(),
+            // The unit's designators come from its identity alone (no IEEE company ID: the NAA
+            // is locally assigned), so every gateway exporting one store presents one device;
+            // the target port's are the nexus's.
             vpd::DEVICE_IDENTIFICATION => inquiry::device_identification(&[
-                Designator::naa_registered_extended(0x00_1405, self.naa.0, self.naa.1),
-                Designator::t10_vendor("RISER", &self.serial),
-                Designator::relative_target_port(1),
+                Designator::naa_locally_assigned(self.identity.naa()),
+                Designator::t10_vendor("RISER", &self.identity.serial()),
+                Designator::relative_target_port(nexus.relative_port()),
             ]),
             vpd::BLOCK_LIMITS => {
                 let thin = self.backend.thin();

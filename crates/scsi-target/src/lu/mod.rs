@@ -8,6 +8,7 @@
 //! `inquiry`, `mode`, `pr` (reservations), `sanitize`, `rsoc` and `report` (REQUEST SENSE,
 //! REPORT LUNS).
 
+mod identity;
 mod inquiry;
 mod medium;
 mod mode;
@@ -23,15 +24,14 @@ use crate::backend::BlockBackend;
 use bytes::Bytes;
 use pr::Pr;
 use riser_scsi::cdb::{Cdb, CdbSize, rw_flags};
-use riser_scsi::lun::Lun;
 use riser_scsi::sense::{AscAscq, Sense, SenseKey, Status};
 use rw::RangeLocks;
 use sanitize::{SanitizeJob, SanitizeState};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// An I_T nexus: the initiator port (name + ISID) as a string.
-pub type Nexus = String;
+pub use identity::{LuIdentity, Nexus};
+pub use report::report_luns;
 
 /// Most blocks one WRITE ATOMIC may write.
 pub const MAX_ATOMIC_BLOCKS: u32 = 2048;
@@ -77,9 +77,11 @@ struct State {
     wce: bool,
     d_sense: bool,
     swp: bool,
-    reserved_by: Option<Nexus>,
+    /// The RESERVE(6/10) holder's nexus key.
+    reserved_by: Option<String>,
     pr: Pr,
-    unit_attention: HashMap<Nexus, Vec<AscAscq>>,
+    /// Pending unit attentions by nexus key (a nexus is here once it has seen the unit).
+    unit_attention: HashMap<String, Vec<AscAscq>>,
     prevent: bool,
     stopped: bool,
     sanitize: Option<Arc<SanitizeJob>>,
@@ -92,9 +94,7 @@ struct State {
 #[derive(Debug)]
 pub struct LogicalUnit {
     backend: Arc<dyn BlockBackend>,
-    lun: Lun,
-    serial: String,
-    naa: (u64, u64),
+    identity: LuIdentity,
     state: Mutex<State>,
     read_modify_write: RangeLocks,
     sanitize_rate: Option<u64>,
@@ -115,13 +115,13 @@ fn truncate(mut v: Vec<u8>, alloc: u32) -> Bytes {
 }
 
 impl LogicalUnit {
-    /// A logical unit over `backend`; `id` makes its serial number and NAA designator unique.
-    pub fn new(backend: Arc<dyn BlockBackend>, lun: Lun, id: u64) -> Self {
+    /// A logical unit over `backend` with this identity (its serial number and designators).
+    /// The unit knows no LUN: a target maps LUN numbers to units, and one unit may be
+    /// exported under several.
+    pub fn new(backend: Arc<dyn BlockBackend>, identity: LuIdentity) -> Self {
         Self {
             backend,
-            lun,
-            serial: format!("RISER{id:011X}"),
-            naa: (id & 0xf_ffff_ffff, 0x5249_5345_5200_0000 | id),
+            identity,
             state: Mutex::new(State { wce: true, ..State::default() }),
             read_modify_write: RangeLocks::default(),
             sanitize_rate: None,
@@ -157,9 +157,9 @@ impl LogicalUnit {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The LUN.
-    pub fn lun(&self) -> Lun {
-        self.lun
+    /// The unit's identity.
+    pub fn identity(&self) -> &LuIdentity {
+        &self.identity
     }
 
     /// The backend.
@@ -167,11 +167,30 @@ impl LogicalUnit {
         &self.backend
     }
 
+    /// Grow the unit's store to `size` bytes (whole blocks); every nexus that has seen the unit
+    /// gets CAPACITY DATA HAS CHANGED. Returns the new number of blocks. Stores never shrink
+    /// (see [`BlockBackend::resize`]).
+    pub fn resize(&self, size: u64) -> std::io::Result<u64> {
+        let before = self.blocks();
+        self.backend.resize(size)?;
+        let after = self.blocks();
+        if after != before {
+            self.unit_attention(AscAscq::CAPACITY_DATA_CHANGED, None);
+        }
+        Ok(after)
+    }
+
+    /// Make everything written so far durable (the backend's flush), as a server does before
+    /// it stops.
+    pub fn sync(&self) -> std::io::Result<()> {
+        self.backend.flush()
+    }
+
     /// Queue a unit attention for every nexus (or one).
-    pub fn unit_attention(&self, asc: AscAscq, only: Option<&str>) {
+    pub fn unit_attention(&self, asc: AscAscq, only: Option<&Nexus>) {
         let mut s = self.st();
         match only {
-            Some(n) => s.unit_attention.entry(n.into()).or_default().push(asc),
+            Some(n) => s.unit_attention.entry(n.key().into()).or_default().push(asc),
             None => s.unit_attention.values_mut().for_each(|v| v.push(asc)),
         }
     }
@@ -190,17 +209,17 @@ impl LogicalUnit {
     }
 
     /// Register a nexus so unit attentions can be queued for it.
-    pub fn nexus_seen(&self, nexus: &str) {
-        self.st().unit_attention.entry(nexus.into()).or_default();
+    pub fn nexus_seen(&self, nexus: &Nexus) {
+        self.st().unit_attention.entry(nexus.key().into()).or_default();
     }
 
     /// Forget a nexus (session ended): drop its RESERVE(6) reservation and pending UAs.
-    pub fn nexus_lost(&self, nexus: &str) {
+    pub fn nexus_lost(&self, nexus: &Nexus) {
         let mut s = self.st();
-        if s.reserved_by.as_deref() == Some(nexus) {
+        if s.reserved_by.as_deref() == Some(nexus.key()) {
             s.reserved_by = None;
         }
-        s.unit_attention.remove(nexus);
+        s.unit_attention.remove(nexus.key());
     }
 
     /// Encode sense in the format the Control mode page selects.
@@ -221,7 +240,7 @@ impl LogicalUnit {
 
     /// Decode a CDB and work out how much data-out it needs. An error outcome (CHECK
     /// CONDITION) means the command must not run and no data may be solicited.
-    pub fn plan(&self, cdb: &[u8], nexus: &str) -> Result<Plan, Outcome> {
+    pub fn plan(&self, cdb: &[u8], nexus: &Nexus) -> Result<Plan, Outcome> {
         let c = match Cdb::parse(cdb) {
             Ok(c) => c,
             Err(e) => return Err(self.check(e.sense(true))),
@@ -243,7 +262,7 @@ impl LogicalUnit {
                 }
                 SanitizeState::Failed => {}
             }
-            if let Some(v) = s.unit_attention.get_mut(nexus)
+            if let Some(v) = s.unit_attention.get_mut(nexus.key())
                 && !v.is_empty()
             {
                 let asc = v.remove(0);
@@ -259,14 +278,14 @@ impl LogicalUnit {
     }
 
     /// Run a planned command with its data-out.
-    pub fn execute(&self, plan: &Plan, data_out: &[u8], nexus: &str) -> Outcome {
+    pub fn execute(&self, plan: &Plan, data_out: &[u8], nexus: &Nexus) -> Outcome {
         self.execute_into(plan, data_out, nexus, Vec::new())
     }
 
     /// [`execute`](Self::execute), reading a READ's data into `read_buf` (a buffer from the
     /// datamover's pool, of any length: it is resized), so read data is carried in memory the
     /// datamover gets back with `release_task_buffer` once it has sent it.
-    pub fn execute_into(&self, plan: &Plan, data_out: &[u8], nexus: &str, read_buf: Vec<u8>) -> Outcome {
+    pub fn execute_into(&self, plan: &Plan, data_out: &[u8], nexus: &Nexus, read_buf: Vec<u8>) -> Outcome {
         if let Some(conflict) = self.reservation_conflict(&plan.cdb, nexus) {
             return conflict;
         }
@@ -290,12 +309,12 @@ impl LogicalUnit {
     }
 
     /// Route a command to the handler of its family.
-    fn run(&self, c: &Cdb, out: &[u8], nexus: &str, read_buf: Vec<u8>) -> R {
+    fn run(&self, c: &Cdb, out: &[u8], nexus: &Nexus, read_buf: Vec<u8>) -> R {
         match c {
             Cdb::TestUnitReady { .. } => Ok(Outcome::good(Bytes::new())),
             Cdb::RequestSense { desc, alloc_len, .. } => self.request_sense(*desc, *alloc_len),
             Cdb::Inquiry { evpd, page_code, alloc_len, .. } => {
-                self.inquiry(*evpd, *page_code).map(|b| Outcome::good(truncate(b, u32::from(*alloc_len))))
+                self.inquiry(*evpd, *page_code, nexus).map(|b| Outcome::good(truncate(b, u32::from(*alloc_len))))
             }
             Cdb::ReadCapacity10 { lba, pmi, .. } => self.read_capacity_10(*lba, *pmi),
             Cdb::ReadCapacity16 { alloc_len, .. } => self.read_capacity_16(*alloc_len),
@@ -317,7 +336,7 @@ impl LogicalUnit {
             Cdb::GetLbaStatus { lba, alloc_len, .. } => self.get_lba_status(*lba, *alloc_len),
             Cdb::ModeSense(m) => self.mode_sense(m),
             Cdb::ModeSelect(m) => self.mode_select(m, out),
-            Cdb::ReportLuns { select, alloc_len, .. } => self.report_luns(*select, *alloc_len),
+            // The LUN inventory is the I_T nexus's, not a unit's: the server answers REPORT LUNS.
             Cdb::ReportSupportedOpcodes { rctd, options, opcode, service_action, alloc_len, .. } => {
                 self.rsoc(*rctd, *options, *opcode, *service_action, *alloc_len)
             }

@@ -18,7 +18,7 @@ fn all_registrants(t: u8) -> bool {
 }
 
 impl LogicalUnit {
-    pub(super) fn reservation_conflict(&self, c: &Cdb, nexus: &str) -> Option<Outcome> {
+    pub(super) fn reservation_conflict(&self, c: &Cdb, nexus: &Nexus) -> Option<Outcome> {
         let s = self.st();
         let allowed_always = matches!(
             c,
@@ -33,7 +33,7 @@ impl LogicalUnit {
                 | Cdb::Release10 { .. }
         );
         if let Some(holder) = &s.reserved_by
-            && holder != nexus
+            && holder != nexus.key()
             && !allowed_always
         {
             return Some(Outcome::conflict());
@@ -74,21 +74,21 @@ impl LogicalUnit {
     }
 
     /// RESERVE (6/10): reserve the LU for `nexus`, unless another nexus holds it.
-    pub(super) fn reserve(&self, nexus: &str) -> Outcome {
+    pub(super) fn reserve(&self, nexus: &Nexus) -> Outcome {
         let mut s = self.st();
         match &s.reserved_by {
-            Some(h) if h != nexus => Outcome::conflict(),
+            Some(h) if h != nexus.key() => Outcome::conflict(),
             _ => {
-                s.reserved_by = Some(nexus.into());
+                s.reserved_by = Some(nexus.key().into());
                 Outcome::good(Bytes::new())
             }
         }
     }
 
     /// RELEASE (6/10): drop `nexus`'s reservation, if it holds one.
-    pub(super) fn release(&self, nexus: &str) -> Outcome {
+    pub(super) fn release(&self, nexus: &Nexus) -> Outcome {
         let mut s = self.st();
-        if s.reserved_by.as_deref() == Some(nexus) {
+        if s.reserved_by.as_deref() == Some(nexus.key()) {
             s.reserved_by = None;
         }
         Outcome::good(Bytes::new())
@@ -116,7 +116,7 @@ impl LogicalUnit {
         for (n, k) in &pr.registrations {
             let holder = pr.holder.as_ref().filter(|(h, _, t)| h == n || all_registrants(*t));
             // iSCSI TransportID, format 00b: the initiator name, NUL-terminated, padded to 4.
-            let name = n.split(",i,").next().unwrap_or(n);
+            let name = n.initiator_name();
             let mut tid = vec![0x05, 0, 0, 0];
             tid.extend_from_slice(name.as_bytes());
             tid.push(0);
@@ -129,7 +129,7 @@ impl LogicalUnit {
                 d[12] = 0x01;
                 d[13] = *t;
             }
-            d[18..20].copy_from_slice(&1u16.to_be_bytes());
+            d[18..20].copy_from_slice(&n.relative_port().to_be_bytes());
             d[20..24].copy_from_slice(&(tid.len() as u32).to_be_bytes());
             body.extend_from_slice(&d);
             body.extend_from_slice(&tid);
@@ -141,7 +141,7 @@ impl LogicalUnit {
         v
     }
 
-    pub(super) fn pr_out(&self, sa: u8, scope: u8, ty: u8, out: &[u8], nexus: &str) -> R {
+    pub(super) fn pr_out(&self, sa: u8, scope: u8, ty: u8, out: &[u8], nexus: &Nexus) -> R {
         use riser_scsi::pr::*;
         let p = PrOutParams::parse(out).map_err(|e| e.sense(false))?;
         if out.len() != 24 && !p.spec_i_pt {
@@ -163,7 +163,7 @@ impl LogicalUnit {
                     if let Some(i) = mine {
                         s.pr.registrations.remove(i);
                         if let Some((n, _, t)) = s.pr.holder.clone()
-                            && n == nexus
+                            && &n == nexus
                         {
                             // An all-registrants reservation survives while anyone is registered.
                             s.pr.holder = match (all_registrants(t), s.pr.registrations.first()) {
@@ -178,7 +178,7 @@ impl LogicalUnit {
                         h.1 = p.sa_key;
                     }
                 } else {
-                    s.pr.registrations.push((nexus.into(), p.sa_key));
+                    s.pr.registrations.push((nexus.clone(), p.sa_key));
                 }
                 s.pr.generation = s.pr.generation.wrapping_add(1);
             }
@@ -192,7 +192,7 @@ impl LogicalUnit {
                 match &s.pr.holder {
                     Some((n, _, t)) if n != nexus || *t != ty => return Ok(Outcome::conflict()),
                     Some(_) => {}
-                    None => s.pr.holder = Some((nexus.into(), p.key, ty)),
+                    None => s.pr.holder = Some((nexus.clone(), p.key, ty)),
                 }
             }
             out_sa::RELEASE => {
@@ -226,7 +226,7 @@ impl LogicalUnit {
                     if !valid_type(ty) {
                         return Err(bad_field(2, None));
                     }
-                    s.pr.holder = Some((nexus.into(), p.key, ty));
+                    s.pr.holder = Some((nexus.clone(), p.key, ty));
                 }
                 s.pr.generation = s.pr.generation.wrapping_add(1);
             }

@@ -80,7 +80,7 @@ impl LogicalUnit {
         if let Err(e) = &result
             && !s.flush_failed
         {
-            tracing::error!(lun = %self.lun, "flush failed, failing every flush until a LUN reset: {e}");
+            tracing::error!(unit = %self.identity, "flush failed, failing every flush until a LUN reset: {e}");
             s.flush_failed = true;
         }
         if s.flush_failed { Err(self.io_error(false)) } else { Ok(()) }

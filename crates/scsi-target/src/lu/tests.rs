@@ -95,7 +95,10 @@ impl BlockBackend for Flaky {
     }
 }
 
-const N: &str = "iqn.test,i,0x1";
+/// The nexus the tests' commands come through.
+fn n() -> Nexus {
+    Nexus::new("iqn.test,i,0x1", "iqn.target,t,0x1", 1)
+}
 
 fn lu(size: u64, rate: Option<u64>) -> (Arc<Flaky>, LogicalUnit) {
     let b = Arc::new(Flaky {
@@ -105,12 +108,12 @@ fn lu(size: u64, rate: Option<u64>) -> (Arc<Flaky>, LogicalUnit) {
         flushes: AtomicU64::new(0),
         stall: Stall::default(),
     });
-    (b.clone(), LogicalUnit::new(b, Lun::ZERO, 1).with_sanitize_rate(rate))
+    (b.clone(), LogicalUnit::new(b, LuIdentity::random()).with_sanitize_rate(rate))
 }
 
 fn run(lu: &LogicalUnit, cdb: &[u8], out: &[u8]) -> Outcome {
-    match lu.plan(cdb, N) {
-        Ok(p) => lu.execute(&p, out, N),
+    match lu.plan(cdb, &n()) {
+        Ok(p) => lu.execute(&p, out, &n()),
         Err(o) => o,
     }
 }
@@ -193,8 +196,8 @@ fn sanitize_without_immed_reports_at_the_end_with_inverted_passes() {
     let mut all = vec![0u8; 1 << 20];
     b.read(0, &mut all).unwrap();
     assert!(all.iter().all(|&x| x == 0xf0), "the second pass writes the inverted pattern");
-    assert!(lu.may_block(&lu.plan(&sanitize_cdb(false, 5), N).unwrap()));
-    assert!(!lu.may_block(&lu.plan(&sanitize_cdb(true, 5), N).unwrap()));
+    assert!(lu.may_block(&lu.plan(&sanitize_cdb(false, 5), &n()).unwrap()));
+    assert!(!lu.may_block(&lu.plan(&sanitize_cdb(true, 5), &n()).unwrap()));
 }
 
 #[test]
@@ -335,7 +338,7 @@ fn failures(lu: &LogicalUnit, cmds: Vec<(&'static str, Vec<u8>, Vec<u8>)>) -> Ve
 #[test]
 fn a_failed_flush_fails_every_later_flush_until_a_reset() {
     let (b, lu) = lu(1 << 20, None);
-    lu.nexus_seen(N);
+    lu.nexus_seen(&n());
     b.fail_flush.store(true, Ordering::Relaxed);
     let s = sense_of(&run(&lu, &SYNC_CACHE_10, &[]));
     assert_eq!((s.key, s.asc), WRITE_ERROR);
@@ -425,9 +428,9 @@ fn overlapping_read_modify_writes_stay_atomic() {
     let (b, lu) = lu(1 << 20, None);
     // They may wait for one another, so the server keeps them off its async workers even
     // on a memory-speed backend.
-    assert!(lu.may_block(&lu.plan(&cdb16(op::COMPARE_AND_WRITE, 0, 8, 1), N).unwrap()));
-    assert!(lu.may_block(&lu.plan(&cdb16(op::ORWRITE_16, 0, 8, 1), N).unwrap()));
-    assert!(!lu.may_block(&lu.plan(&READ10, N).unwrap()));
+    assert!(lu.may_block(&lu.plan(&cdb16(op::COMPARE_AND_WRITE, 0, 8, 1), &n()).unwrap()));
+    assert!(lu.may_block(&lu.plan(&cdb16(op::ORWRITE_16, 0, 8, 1), &n()).unwrap()));
+    assert!(!lu.may_block(&lu.plan(&READ10, &n()).unwrap()));
     b.stall.arm(8 * 512);
     let caw = |write: u8| {
         let mut out = vec![0u8; 512];
@@ -472,4 +475,54 @@ fn progress_indication_scales_to_65536() {
     assert_eq!(fixed[15] & 0x80, 0x80, "SKSV");
     assert_eq!(&fixed[16..18], &[0x80, 0]);
     assert_eq!(Sense::not_ready_in_progress(AscAscq::SANITIZE_IN_PROGRESS, 5, 5).key_specific, Some([0, 0xff, 0xff]));
+}
+
+fn inquiry_vpd(lu: &LogicalUnit, page: u8, nexus: &Nexus) -> Vec<u8> {
+    let cdb = [op::INQUIRY, 1, page, 0x10, 0, 0];
+    let p = lu.plan(&cdb, nexus).unwrap();
+    let o = lu.execute(&p, &[], nexus);
+    assert_eq!(o.status, Status::GOOD);
+    o.data.to_vec()
+}
+
+#[test]
+fn the_identity_pages_derive_from_the_uuid_and_the_port_from_the_nexus() {
+    use riser_scsi::inquiry::{designator_type, parse_device_identification, parse_vpd};
+    let uuid = uuid::Uuid::parse_str("0b7f3c52-9a7e-4d0e-8f35-2c6a1d9e4b10").unwrap();
+    let unit = |_| LogicalUnit::new(Arc::new(RamBackend::new(1 << 20, 512)), LuIdentity::new(uuid));
+    let (a, b) = (unit(0), unit(1));
+    let port5 = Nexus::new("iqn.test,i,0x1", "iqn.target,t,0x5", 5);
+    let serial = inquiry_vpd(&a, 0x80, &port5);
+    assert_eq!(&serial[4..], b"0b7f3c52-9a7e-4d0e-8f35-2c6a1d9e4b10");
+    let ids = inquiry_vpd(&a, 0x83, &port5);
+    let ds = parse_device_identification(parse_vpd(&ids).unwrap().1).unwrap();
+    assert_eq!(ds[0].kind, designator_type::NAA);
+    assert_eq!((ds[0].value.len(), ds[0].value[0] >> 4), (8, 3), "NAA 3, locally assigned: no borrowed IEEE company ID");
+    assert_eq!(u64::from_be_bytes(ds[0].value[..8].try_into().unwrap()) & 0x0fff_ffff_ffff_ffff, a.identity().naa());
+    assert_eq!(ds[1].kind, designator_type::T10_VENDOR_ID);
+    assert_eq!(&ds[1].value[..], b"RISER   0b7f3c52-9a7e-4d0e-8f35-2c6a1d9e4b10");
+    assert_eq!((ds[2].kind, &ds[2].value[..]), (designator_type::RELATIVE_TARGET_PORT, &[0u8, 0, 0, 5][..]));
+    // Another unit (another gateway) with the same UUID presents byte-identical pages.
+    assert_eq!(inquiry_vpd(&b, 0x80, &port5), serial);
+    assert_eq!(inquiry_vpd(&b, 0x83, &port5), ids);
+    // A unit of another UUID presents another identity.
+    let c = LogicalUnit::new(Arc::new(RamBackend::new(1 << 20, 512)), LuIdentity::random());
+    assert_ne!(inquiry_vpd(&c, 0x83, &port5), ids);
+}
+
+#[test]
+fn a_resize_shows_in_read_capacity_after_capacity_data_has_changed() {
+    let lu = LogicalUnit::new(Arc::new(RamBackend::new(1 << 20, 512)), LuIdentity::random());
+    lu.nexus_seen(&n());
+    let rc16 = [op::SERVICE_ACTION_IN_16, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0];
+    let last_lba = |o: &Outcome| u64::from_be_bytes(o.data[..8].try_into().unwrap());
+    assert_eq!(last_lba(&run(&lu, &rc16, &[])), 2047);
+    assert_eq!(lu.resize(1 << 19).unwrap_err().kind(), std::io::ErrorKind::InvalidInput, "no shrinking");
+    assert_eq!(lu.resize(4 << 20).unwrap(), 8192);
+    let s = sense_of(&run(&lu, &rc16, &[]));
+    assert_eq!((s.key, s.asc), (SenseKey::UNIT_ATTENTION, AscAscq::CAPACITY_DATA_CHANGED));
+    assert_eq!(last_lba(&run(&lu, &rc16, &[])), 8191);
+    // The same size again changes nothing and says nothing.
+    lu.resize(4 << 20).unwrap();
+    assert_eq!(run(&lu, &rc16, &[]).status, Status::GOOD);
 }

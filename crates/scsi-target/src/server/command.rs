@@ -10,6 +10,7 @@ use bytes::Bytes;
 use riser_datamover::SequenceError;
 use riser_iscsi::session::{Residual, TargetSession, WriteSplit};
 use riser_iscsi::wire::ScsiCommand;
+use riser_scsi::lun::Lun;
 use riser_scsi::sense::{AscAscq, Sense, SenseKey, Status};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -33,6 +34,7 @@ impl Session {
     /// The command's SCSI Response: its task ends (its window slot opens, so the response
     /// already announces the room it leaves).
     async fn scsi_response(&self, o: &Outcome, residual: Residual, exp_data_sn: u32, slot: &Slot) {
+        slot.count(o.status, o.sense.as_deref());
         if let Some(task) = slot.take() {
             lock(&self.core).finish_command(task, o.status, o.sense.as_deref(), residual, exp_data_sn);
         }
@@ -64,12 +66,37 @@ impl Session {
         Some((mine, all))
     }
 
-    pub(super) async fn command(&self, c: ScsiCommand, cdb: Vec<u8>, split: WriteSplit, slot: &Slot, gate: &Arc<IoGate>) {
+    /// Run a command: `report` holds the nexus's LUNs for REPORT LUNS, otherwise the command
+    /// runs on the unit of the slot's path (or gets LOGICAL UNIT NOT SUPPORTED without one).
+    pub(super) async fn command(
+        &self,
+        c: ScsiCommand,
+        cdb: Vec<u8>,
+        split: WriteSplit,
+        slot: &Slot,
+        gate: &Arc<IoGate>,
+        report: Option<Vec<Lun>>,
+    ) {
         let (edtl, immediate) = (c.expected_data_len, split.immediate);
-        let Some(lu) = self.lu(c.lun) else {
-            self.dm.deallocate_task_resources(c.itt);
-            return self.no_such_lun(&c, &cdb, slot).await;
+        if let Some(luns) = report {
+            // Its data goes out through the task's resources (iSER: the read STag): they are
+            // freed once the answer is out.
+            self.report_luns(&c, &cdb, &luns, slot).await;
+            return self.dm.deallocate_task_resources(c.itt);
+        }
+        let Some(path) = slot.path() else {
+            self.no_such_lun(&c, &cdb, slot).await;
+            return self.dm.deallocate_task_resources(c.itt);
         };
+        let lu = path.lu.clone();
+        // The nexus's LUN inventory changed: said once, to a command that is not INQUIRY or
+        // REQUEST SENSE (SAM-5 §5.14).
+        if !matches!(cdb.first(), Some(0x12 | 0x03)) && self.luns_changed.swap(false, Ordering::AcqRel) {
+            self.dm.deallocate_task_resources(c.itt);
+            let s = Sense::new(SenseKey::UNIT_ATTENTION, AscAscq::REPORTED_LUNS_DATA_CHANGED);
+            let o = Outcome { status: Status::CHECK_CONDITION, sense: Some(lu.encode_sense(&s)), data: Bytes::new() };
+            return self.scsi_response(&o, Residual::between(edtl, 0), 0, slot).await;
+        }
         // What no CDB can justify is refused before anything is planned or allocated: more
         // data than a task buffer holds, immediate data beyond the expected length.
         if c.write && edtl > crate::MAX_DATA_OUT {
@@ -147,8 +174,12 @@ impl Session {
                 self.io.enter();
             }
             let (g, io) = (gate.clone(), self.io.clone());
+            // The I/O holds the path too: a LUN being removed waits for it even if this task is
+            // aborted meanwhile.
+            let held = path.enter();
             let Ok(r) = tokio::task::spawn_blocking(move || {
                 let r = (lu2.execute_into(&plan2, &data_out[..usable], &nexus, read_buf), data_out);
+                drop(held);
                 if gated {
                     g.busy.store(false, Ordering::Release);
                     g.idle.notify_waiters();
@@ -162,6 +193,9 @@ impl Session {
             };
             r
         };
+        if c.write && usable > 0 && o.status == Status::GOOD {
+            path.counters.written(usable as u32);
+        }
         // The write data is consumed: let the datamover reuse its buffer.
         if let Ok(buf) = data_out.try_into_mut() {
             self.dm.release_task_buffer(riser_datamover::TaskBuffer { data: buf });
@@ -184,6 +218,7 @@ impl Session {
                         // Aborted meanwhile: no data, no status.
                         return Ok::<_, riser_datamover::DmError>(None);
                     };
+                    slot.count(o.status, None);
                     let (underflow, overflow, count) = residual.flags();
                     let collapse = riser_datamover::CollapsedStatus {
                         status: o.status,
@@ -205,18 +240,21 @@ impl Session {
                     Ok(Some(done))
                 })
                 .await;
-                if let Err(_) | Ok(Err(_)) = sent {
-                    if sent.is_err() {
-                        self.send_failed("Data-In");
-                    }
-                    return;
+                match sent {
+                    Ok(Ok(Some(_))) => path.counters.read(send),
+                    Ok(Ok(None)) => {}
+                    Ok(Err(_)) => return,
+                    Err(_) => return self.send_failed("Data-In"),
                 }
                 self.give_back(o.data);
                 return;
             } else if send > 0 && c.read {
                 let desc = riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: None };
                 match tokio::time::timeout(self.send_timeout, self.dm.put_data(desc, o.data.slice(..send as usize))).await {
-                    Ok(Ok(d)) => pdus = d.pdus,
+                    Ok(Ok(d)) => {
+                        pdus = d.pdus;
+                        path.counters.read(send);
+                    }
                     Ok(Err(_)) => return,
                     Err(_) => return self.send_failed("Data-In"),
                 }
@@ -246,10 +284,10 @@ impl Session {
     }
 
     async fn no_such_lun(&self, c: &ScsiCommand, cdb: &[u8], slot: &Slot) {
-        // INQUIRY and REPORT LUNS work on any LUN; everything else: LOGICAL UNIT NOT SUPPORTED.
-        let first = self.node.as_ref().and_then(|n| n.luns.first().cloned());
-        match (cdb.first(), first) {
-            (Some(&0x12), _) => {
+        // INQUIRY works on any LUN (REPORT LUNS is answered for the nexus before); everything
+        // else: LOGICAL UNIT NOT SUPPORTED.
+        match cdb.first() {
+            Some(&0x12) => {
                 let mut data = riser_scsi::inquiry::StandardInquiry::disk("RISER", "RISER DISK", "0001");
                 data.peripheral = riser_scsi::inquiry::NOT_PRESENT;
                 let alloc = cdb.get(3..5).map(|b| u16::from_be_bytes([b[0], b[1]])).unwrap_or(0);
@@ -261,23 +299,34 @@ impl Session {
                 let o = Outcome { status: Status::GOOD, sense: None, data: Bytes::new() };
                 self.scsi_response(&o, Residual::between(c.expected_data_len, n), pdus, slot).await;
             }
-            (_, Some(lu)) if cdb.first() == Some(&0xa0) => {
-                let nexus = self.nexus.clone();
-                if let Ok(plan) = lu.plan(cdb, &nexus) {
-                    let o = lu.execute(&plan, &[], &nexus);
-                    let n = (o.data.len() as u32).min(c.expected_data_len);
-                    let desc = riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: None };
-                    let pdus =
-                        if n > 0 { self.dm.put_data(desc, o.data.slice(..n as usize)).await.map(|d| d.pdus).unwrap_or(0) } else { 0 };
-                    self.scsi_response(&o, Residual::between(c.expected_data_len, n), pdus, slot).await;
-                }
-            }
             _ => {
                 let s = Sense::new(SenseKey::ILLEGAL_REQUEST, AscAscq::LOGICAL_UNIT_NOT_SUPPORTED);
                 let o = Outcome { status: Status::CHECK_CONDITION, sense: Some(s.to_fixed().to_vec().into()), data: Bytes::new() };
                 self.scsi_response(&o, Residual::between(c.expected_data_len, 0), 0, slot).await;
             }
         }
+    }
+}
+
+impl Session {
+    /// REPORT LUNS, from the nexus's LUN inventory; it clears a pending REPORTED LUNS DATA HAS
+    /// CHANGED.
+    async fn report_luns(&self, c: &ScsiCommand, cdb: &[u8], luns: &[Lun], slot: &Slot) {
+        let select = cdb.get(2).copied().unwrap_or(0);
+        let alloc = cdb.get(6..10).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]])).unwrap_or(0);
+        let (o, data) = match crate::lu::report_luns(select, alloc, luns) {
+            Ok(data) => {
+                self.luns_changed.store(false, Ordering::Release);
+                (Outcome { status: Status::GOOD, sense: None, data: Bytes::new() }, data)
+            }
+            Err(s) => {
+                (Outcome { status: Status::CHECK_CONDITION, sense: Some(s.to_fixed().to_vec().into()), data: Bytes::new() }, Bytes::new())
+            }
+        };
+        let n = (data.len() as u32).min(c.expected_data_len);
+        let desc = riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: None };
+        let pdus = if n > 0 { self.dm.put_data(desc, data.slice(..n as usize)).await.map(|d| d.pdus).unwrap_or(0) } else { 0 };
+        self.scsi_response(&o, Residual::between(c.expected_data_len, n), pdus, slot).await;
     }
 }
 

@@ -1,7 +1,7 @@
 //! The iSER portal (feature `iser`): each RDMA connection request becomes an iSER datamover over
 //! a riser-verbs provider, then a session exactly as over TCP.
 
-use super::Target;
+use super::{Portal, Target};
 use riser_iscsi::keys::{DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH, Transport};
 use std::sync::Arc;
 use tracing::warn;
@@ -27,6 +27,7 @@ impl Target {
         };
         cfg.recv_depth = cfg.recv_depth.max(self.config.queue_depth.saturating_mul(per_command).saturating_add(16));
         let portal = listener.local_addr().map_err(std::io::Error::other)?;
+        let _serving = self.serving(Portal::iser(portal));
         // The provider's listener blocks: it runs on a thread of its own (not the blocking pool,
         // which a runtime waits for at shutdown) and hands requests over; it stops at the next
         // request after this future is dropped.

@@ -1,248 +1,47 @@
 //! The iSCSI target server: portals, login, discovery, and the full feature phase of each
-//! session (command window, data transfer through the datamover, task management, logout).
+//! session (command window, data transfer through the datamover, task management, logout),
+//! changed live while it serves.
 //!
-//! `mod.rs`: configuration, portals, login and session registration; [`session`]: the
-//! driver of a session's full feature phase around riser-iscsi's `TargetSession`; `command`:
-//! the SCSI command path.
+//! `mod.rs`: the running [`Target`], login and session registration; `config`: what it
+//! serves ([`TargetConfig`], [`Node`], [`PortalGroup`], [`Portal`]); `control`: changes made
+//! while it runs, the session list, logout requests and draining; `view`: what one I_T nexus
+//! sees of its target; `session`: the driver of a session's full feature phase around
+//! riser-iscsi's `TargetSession`; `command`: the SCSI command path; `stats`: the counters.
 
 mod command;
+mod config;
+mod control;
 #[cfg(feature = "iser")]
 mod iser;
 mod session;
+pub mod stats;
 #[cfg(feature = "tcp")]
 mod tcp;
+mod view;
 
+pub use config::{DEFAULT_MAX_CONNECTIONS, DiscoveryScope, MAX_LUN, Node, Portal, PortalGroup, TargetConfig};
+pub use control::{ChangeError, SessionInfo};
 use session::{Session, units_of};
+pub use stats::Stats;
 
-use crate::lu::LogicalUnit;
 use riser_datamover::{ConnectionResources, ControlPdu, DmEvent, SharedDatamover};
 use riser_iscsi::keys::{SessionType, Transport};
+pub use riser_iscsi::login::{AclEntry, TargetLoginConfig, TargetNode};
 use riser_iscsi::login::{TargetLogin, TargetLoginEvent, TargetLoginParams};
-pub use riser_iscsi::login::{TargetLoginConfig, TargetNode};
 use riser_iscsi::wire::*;
+use stats::{ConnectionCount, LoginFailure, TargetCounters};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
-/// A target node served by the portal.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct Node {
-    /// What login knows of the node: name, alias, initiators allowed, CHAP.
-    pub target: TargetNode,
-    /// Logical units, in LUN order.
-    pub luns: Vec<Arc<LogicalUnit>>,
-}
-
-/// Server configuration.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct TargetConfig {
-    /// Target nodes.
-    pub nodes: Vec<Node>,
-    /// The portals' login settings: operational limits offered to initiators,
-    /// TargetPortalGroupTag, login timeout, discovery CHAP, CHAP algorithms. Its `targets` and
-    /// `transport` are filled per connection (from `nodes` and the portal's transport): what is
-    /// put there is ignored.
-    pub login: TargetLoginConfig,
-    /// Commands per session the CmdSN window admits.
-    pub queue_depth: u32,
-    /// After this long without a PDU from the initiator the target pings it with a NOP-In;
-    /// `None` disables the keepalive.
-    pub nop_interval: Option<Duration>,
-    /// A ping unanswered for this long drops the connection.
-    pub nop_timeout: Duration,
-    /// Connections (and so sessions: one connection each) the target serves at once, over all
-    /// portals. Past it a new connection is closed at once (TCP) or refused (iSER).
-    pub max_connections: usize,
-    /// Immediate SCSI commands (outside the CmdSN window) a session may have in flight; past it
-    /// they get a Reject (Immediate Command Reject, RFC 7143 §11.17.1).
-    pub max_immediate_commands: u32,
-    /// Bytes of command data (write data collected, read data produced) a session may hold at
-    /// once; further commands wait for room before their memory is taken.
-    pub max_session_bytes: u64,
-    /// Bytes of command data all sessions together may hold at once; a command waits for room
-    /// in its session's budget, then in this one. Bounds the memory of the whole target where
-    /// `max_connections × max_session_bytes` would not.
-    pub max_target_bytes: u64,
-    /// A response or data the transport has not taken within this long (a peer that stopped
-    /// reading) ends the connection.
-    pub send_timeout: Duration,
-    /// Write data the target asked for (or the initiator announced) must arrive within this long,
-    /// or the command ends with CHECK CONDITION; a PDU's data segment must arrive within it once
-    /// its header has, or the connection ends.
-    pub data_timeout: Duration,
-    /// iSER: accept unsolicited Data-Out (InitialR2T=No as negotiated by `login.operational`).
-    /// Every Send needs a receive posted in advance, and an initiator may send FirstBurstLength of
-    /// unsolicited data per command in receive-sized pieces (Linux: 256 KiB in 8 KiB Sends, 33
-    /// receives per command), so allowing it costs `queue_depth × (1 + FirstBurstLength / receive
-    /// size)` receives per connection. Off by default: iSER connections answer InitialR2T=Yes, as
-    /// LIO does, and the target RDMA Reads everything beyond the immediate data (one receive per
-    /// command).
-    pub iser_unsolicited_data: bool,
-    /// Which targets SendTargets lists on a discovery session.
-    pub discovery_scope: DiscoveryScope,
-}
-
-/// Which targets a discovery session's SendTargets lists.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum DiscoveryScope {
-    /// Only the targets whose ACL admits the initiator's name (as tgt, and LIO with
-    /// `demo_mode_discovery=0`). The name is the one the initiator claims: require discovery
-    /// CHAP where that matters.
-    #[default]
-    Permitted,
-    /// Every target, including those the initiator may not log in to (LIO's default,
-    /// `demo_mode_discovery=1`).
-    All,
-}
-
-impl Default for TargetConfig {
-    fn default() -> Self {
-        Self {
-            nodes: Vec::new(),
-            login: TargetLoginConfig::default(),
-            queue_depth: 128,
-            nop_interval: Some(Duration::from_secs(10)),
-            nop_timeout: Duration::from_secs(15),
-            max_connections: DEFAULT_MAX_CONNECTIONS,
-            max_immediate_commands: 16,
-            max_session_bytes: 256 << 20,
-            max_target_bytes: 2 << 30,
-            send_timeout: Duration::from_secs(30),
-            data_timeout: Duration::from_secs(30),
-            iser_unsolicited_data: false,
-            discovery_scope: DiscoveryScope::Permitted,
-        }
-    }
-}
-
-impl Node {
-    /// A node named `name`, open to every initiator, without authentication and without
-    /// logical units.
-    pub fn new(name: impl Into<String>) -> Self {
-        Self::from(TargetNode::open(name))
-    }
-
-    /// Add a logical unit (it takes the next LUN).
-    #[must_use]
-    pub fn lun(mut self, lu: Arc<LogicalUnit>) -> Self {
-        self.luns.push(lu);
-        self
-    }
-
-    /// These logical units, in LUN order.
-    #[must_use]
-    pub fn luns(mut self, luns: Vec<Arc<LogicalUnit>>) -> Self {
-        self.luns = luns;
-        self
-    }
-}
-
-impl From<TargetNode> for Node {
-    /// This target node, without logical units.
-    fn from(target: TargetNode) -> Self {
-        Self { target, luns: Vec::new() }
-    }
-}
-
-impl TargetConfig {
-    /// Add a target node.
-    #[must_use]
-    pub fn node(mut self, node: Node) -> Self {
-        self.nodes.push(node);
-        self
-    }
-
-    /// These login settings (their `targets` and `transport` are ignored: see the field).
-    #[must_use]
-    pub fn login(mut self, login: TargetLoginConfig) -> Self {
-        self.login = login;
-        self
-    }
-
-    /// Commands per session the CmdSN window admits.
-    #[must_use]
-    pub fn queue_depth(mut self, depth: u32) -> Self {
-        self.queue_depth = depth;
-        self
-    }
-
-    /// Keepalive interval (`None`: no keepalive).
-    #[must_use]
-    pub fn nop_interval(mut self, interval: Option<Duration>) -> Self {
-        self.nop_interval = interval;
-        self
-    }
-
-    /// Connections served at once.
-    #[must_use]
-    pub fn max_connections(mut self, n: usize) -> Self {
-        self.max_connections = n;
-        self
-    }
-
-    /// Bytes of command data a session may hold at once.
-    #[must_use]
-    pub fn max_session_bytes(mut self, bytes: u64) -> Self {
-        self.max_session_bytes = bytes;
-        self
-    }
-
-    /// Bytes of command data all sessions together may hold at once.
-    #[must_use]
-    pub fn max_target_bytes(mut self, bytes: u64) -> Self {
-        self.max_target_bytes = bytes;
-        self
-    }
-
-    /// Time allowed for write data and data segments to arrive.
-    #[must_use]
-    pub fn data_timeout(mut self, timeout: Duration) -> Self {
-        self.data_timeout = timeout;
-        self
-    }
-
-    /// iSER: accept unsolicited Data-Out (see the field).
-    #[must_use]
-    pub fn iser_unsolicited_data(mut self, yes: bool) -> Self {
-        self.iser_unsolicited_data = yes;
-        self
-    }
-
-    /// Which targets SendTargets lists on a discovery session.
-    #[must_use]
-    pub fn discovery_scope(mut self, scope: DiscoveryScope) -> Self {
-        self.discovery_scope = scope;
-        self
-    }
-}
-
-/// Default of [`TargetConfig::max_connections`].
-pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
-
 type SessionKey = (String, Isid, String);
-
-/// A registered session: its connection, and what tells when its commands' backend I/O is over.
-#[derive(Clone)]
-struct Registered {
-    dm: SharedDatamover,
-    quiet: Arc<Quiesce>,
-}
-
-impl std::fmt::Debug for Registered {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Registered").finish_non_exhaustive()
-    }
-}
 
 /// Set once a session has ended and no I/O of its commands runs any more.
 #[derive(Debug, Default)]
-struct Quiesce {
+pub(crate) struct Quiesce {
     done: std::sync::atomic::AtomicBool,
     notify: tokio::sync::Notify,
 }
@@ -252,7 +51,7 @@ impl Quiesce {
         self.done.store(true, Ordering::Release);
         self.notify.notify_waiters();
     }
-    async fn wait(&self) {
+    pub(crate) async fn wait(&self) {
         loop {
             let n = self.notify.notified();
             tokio::pin!(n);
@@ -265,16 +64,72 @@ impl Quiesce {
     }
 }
 
+/// The target nodes as of one change: a new snapshot replaces the whole list, and its
+/// generation number tells sessions to look again.
+#[derive(Debug, Default)]
+struct Registry {
+    nodes: Mutex<Arc<Vec<Arc<Node>>>>,
+    /// Bumped after each new snapshot is in place (sequentially consistent: see `view`).
+    generation: AtomicU64,
+}
+
+impl Registry {
+    /// The nodes now, and their generation.
+    fn snapshot(&self) -> (u64, Arc<Vec<Arc<Node>>>) {
+        let nodes = lock(&self.nodes);
+        (self.generation.load(Ordering::SeqCst), nodes.clone())
+    }
+
+    /// Put `nodes` in place.
+    fn publish(&self, nodes: Vec<Arc<Node>>) {
+        let mut cur = lock(&self.nodes);
+        *cur = Arc::new(nodes);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
 /// A running target.
+///
+/// Its target nodes, their LUNs, ACLs and portal groups change while it serves (the methods in
+/// `control`): each change is published whole, sessions pick it up at their next PDU, and
+/// no command reads a lock another session takes to find its LUN.
 #[derive(Debug)]
 pub struct Target {
     config: TargetConfig,
+    registry: Registry,
+    /// Changes are made one at a time.
+    changes: tokio::sync::Mutex<()>,
     next_tsih: AtomicU16,
-    sessions: Mutex<HashMap<SessionKey, Registered>>,
+    /// Normal sessions by I_T nexus (initiator, ISID, target), for reinstatement.
+    sessions: Mutex<HashMap<SessionKey, Arc<Session>>>,
+    /// Every session in full feature phase (discovery ones too), by TSIH.
+    live: Mutex<HashMap<u16, Arc<Session>>>,
+    /// The portals the target accepts connections on ([`Target::serve`], `serve_iser`), for nodes
+    /// without portal groups of their own.
+    serving: Mutex<Vec<Portal>>,
     #[cfg_attr(not(any(feature = "tcp", feature = "iser")), allow(dead_code))]
     connections: Arc<tokio::sync::Semaphore>,
     /// The target-wide memory budget for command data, in [`BUDGET_UNIT`]s.
     budget: Arc<tokio::sync::Semaphore>,
+    counters: TargetCounters,
+    /// Counters of ended sessions, per (target, LUN): see `stats`.
+    retired: Mutex<std::collections::BTreeMap<(String, u16), stats::LunStats>>,
+}
+
+/// A portal in [`Target`]'s list of the ones it serves, until dropped.
+#[cfg_attr(not(any(feature = "tcp", feature = "iser")), allow(dead_code))]
+pub(crate) struct Serving {
+    target: Arc<Target>,
+    portal: Portal,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let mut s = lock(&self.target.serving);
+        if let Some(i) = s.iter().position(|p| *p == self.portal) {
+            s.remove(i);
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -305,11 +160,59 @@ fn first_tsih() -> u16 {
 }
 
 impl Target {
-    /// A target with this configuration.
-    pub fn new(config: TargetConfig) -> Arc<Self> {
+    /// A target with this configuration (its nodes are the ones it starts with).
+    pub fn new(mut config: TargetConfig) -> Arc<Self> {
         let connections = Arc::new(tokio::sync::Semaphore::new(config.max_connections.max(1)));
         let budget = Arc::new(tokio::sync::Semaphore::new(units_of(config.max_target_bytes) as usize));
-        Arc::new(Self { config, next_tsih: AtomicU16::new(first_tsih()), sessions: Mutex::new(HashMap::new()), connections, budget })
+        let registry = Registry::default();
+        registry.publish(std::mem::take(&mut config.nodes).into_iter().map(Arc::new).collect());
+        Arc::new(Self {
+            config,
+            registry,
+            changes: tokio::sync::Mutex::new(()),
+            next_tsih: AtomicU16::new(first_tsih()),
+            sessions: Mutex::new(HashMap::new()),
+            live: Mutex::new(HashMap::new()),
+            serving: Mutex::new(Vec::new()),
+            connections,
+            budget,
+            counters: TargetCounters::default(),
+            retired: Mutex::new(Default::default()),
+        })
+    }
+
+    /// The server's settings (the nodes it started with are not kept here: see
+    /// [`Target::nodes`]).
+    pub fn config(&self) -> &TargetConfig {
+        &self.config
+    }
+
+    /// Accept connections on `portal` from now until the guard is dropped (nodes without portal
+    /// groups of their own are reached through every such portal, and list them in
+    /// SendTargets).
+    #[cfg_attr(not(any(feature = "tcp", feature = "iser")), allow(dead_code))]
+    pub(crate) fn serving(self: &Arc<Self>, portal: Portal) -> Serving {
+        lock(&self.serving).push(portal);
+        Serving { target: self.clone(), portal }
+    }
+
+    /// The portal group of `node` a connection of `transport` to `local` came in through:
+    /// (TargetPortalGroupTag, relative target port identifier). `None`: the node is not reached
+    /// through that portal.
+    fn port_of(&self, node: &Node, local: SocketAddr, transport: Transport) -> Option<(u16, u16)> {
+        if node.portal_groups.is_empty() {
+            return Some((self.config.login.portal_group_tag, 1));
+        }
+        node.portal_groups.iter().find(|g| g.portals.iter().any(|p| p.accepts(local, transport))).map(|g| (g.tag, g.relative_port))
+    }
+
+    /// The portals `node` is reached through, each with its TargetPortalGroupTag.
+    fn portals_of(&self, node: &Node) -> Vec<(Portal, u16)> {
+        if node.portal_groups.is_empty() {
+            let tag = self.config.login.portal_group_tag;
+            return lock(&self.serving).iter().map(|p| (*p, tag)).collect();
+        }
+        node.portal_groups.iter().flat_map(|g| g.portals.iter().map(move |p| (*p, g.tag))).collect()
     }
 
     /// A place for one more connection, if the target has room (else it says why once in a
@@ -323,10 +226,20 @@ impl Target {
         p
     }
 
-    /// The login settings of one connection on a portal of `transport`.
-    fn login_config(&self, transport: Transport) -> TargetLoginConfig {
+    /// The login settings of one connection of `transport` to local address `local`: the nodes
+    /// reached through that portal, each declaring its portal group's tag.
+    fn login_config(&self, transport: Transport, local: SocketAddr) -> TargetLoginConfig {
         let mut config = self.config.login.clone().transport(transport);
-        config.targets = self.config.nodes.iter().map(|n| n.target.clone()).collect();
+        let (_, nodes) = self.registry.snapshot();
+        config.targets = nodes
+            .iter()
+            .filter_map(|n| {
+                let (tag, _) = self.port_of(n, local, transport)?;
+                let mut t = n.target.clone();
+                t.portal_group_tag = Some(tag);
+                Some(t)
+            })
+            .collect();
         if transport == Transport::Iser && !self.config.iser_unsolicited_data {
             // No unsolicited Data-Out over iSER (see `TargetConfig::iser_unsolicited_data`).
             config.operational.initial_r2t = true;
@@ -335,8 +248,87 @@ impl Target {
     }
 
     /// Serve one connection on a datamover: login (with the key set of `transport`), then the
-    /// session. The datamover may be TCP or iSER: nothing below depends on which.
-    pub async fn connection(self: Arc<Self>, dm: SharedDatamover, transport: Transport, peer: SocketAddr, portal: SocketAddr) {
+    /// session. The datamover may be TCP or iSER: nothing below depends on which. `local` is the
+    /// address the connection came to (which portal, and so which portal group).
+    pub async fn connection(self: Arc<Self>, dm: SharedDatamover, transport: Transport, peer: SocketAddr, local: SocketAddr) {
+        let _open = ConnectionCount::open(&self.counters, transport);
+        let Some(outcome) = self.login(&dm, transport, peer, local).await else {
+            dm.terminate();
+            return;
+        };
+        let p = outcome.params.clone();
+        dm.enable();
+        info!(%peer, initiator = %p.initiator_name, target = %p.target_name, session = ?p.session_type, "login complete");
+        // A discovery session belongs to no target, whatever TargetName it declared: it must
+        // neither reinstate a normal session with the same names and ISID nor become that I_T
+        // nexus on a node (its end would release the nexus's RESERVE and unit attentions), so
+        // it gets no port and no entry in the session table.
+        let normal = p.session_type == SessionType::Normal;
+        let port = if normal {
+            let (_, nodes) = self.registry.snapshot();
+            let node = nodes.iter().find(|n| n.target.name.eq_ignore_ascii_case(&p.target_name));
+            match node.and_then(|n| self.port_of(n, local, transport)) {
+                Some(port) => Some(port),
+                None => {
+                    // Removed (or moved off this portal) while the login ran.
+                    info!(%peer, target = %p.target_name, "the target went away during login");
+                    dm.terminate();
+                    return;
+                }
+            }
+        } else {
+            None
+        };
+        let at = session::Endpoint { peer, local, transport };
+        let session = Arc::new(Session::new(dm.clone(), outcome, port, at, &self.config, self.budget.clone()));
+        let key = (p.initiator_name.to_ascii_lowercase(), session.isid(), p.target_name.to_ascii_lowercase());
+        if normal {
+            let old = lock(&self.sessions).insert(key.clone(), session.clone());
+            if let Some(old) = old {
+                // Session reinstatement (ERL 0): the old session ends now, and nothing of the new
+                // one runs before the old one's backend I/O is over (a write it had in flight
+                // must not land after the new session's writes to the same blocks).
+                info!(%peer, "reinstating session: closing the previous connection");
+                old.dm.terminate();
+                let waited = Instant::now();
+                while tokio::time::timeout(Duration::from_secs(10), old.ended.wait()).await.is_err() {
+                    warn!(%peer, waited = ?waited.elapsed(), "reinstatement waits for the previous session's backend I/O");
+                }
+            }
+        }
+        // Listed before it looks at its LUNs (see `view`).
+        lock(&self.live).insert(session.tsih(), session.clone());
+        session.run(&self).await;
+        session.quiesce().await;
+        self.retire(&session);
+        session.ended.set();
+        // Unregister, unless a reinstatement already replaced this connection.
+        let mut sessions = lock(&self.sessions);
+        if normal && sessions.get(&key).is_some_and(|cur| Arc::ptr_eq(cur, &session)) {
+            sessions.remove(&key);
+        }
+    }
+
+    /// Fold an ended session's counters into the target's totals and forget it (in one step
+    /// under the lock readers take, so no total ever goes down).
+    fn retire(&self, session: &Session) {
+        let mut live = lock(&self.live);
+        let mut retired = lock(&self.retired);
+        for path in session.paths() {
+            retired.entry((session.target_name().to_string(), path.lun)).or_default().add(&path.counters.snapshot());
+        }
+        live.remove(&session.tsih());
+    }
+
+    /// Run the login of a connection: the session's outcome, or `None` (the reason logged and
+    /// counted; the caller ends the connection).
+    async fn login(
+        &self,
+        dm: &SharedDatamover,
+        transport: Transport,
+        peer: SocketAddr,
+        local: SocketAddr,
+    ) -> Option<riser_iscsi::login::LoginOutcome> {
         let start = Instant::now();
         let mut tsih = self.next_tsih.fetch_add(1, Ordering::Relaxed);
         if tsih == 0 {
@@ -346,11 +338,11 @@ impl Target {
             Ok(r) => r,
             Err(e) => {
                 warn!(%peer, "login refused: no OS random generator for the CHAP challenge ({e})");
-                dm.terminate();
-                return;
+                self.counters.login_failed(LoginFailure::Resources);
+                return None;
             }
         };
-        let mut config = self.login_config(transport);
+        let mut config = self.login_config(transport, local);
         if let Some(m) = dm.max_recv_data_segment_length() {
             config.operational.max_recv_data_segment_length = config.operational.max_recv_data_segment_length.min(m);
         }
@@ -358,20 +350,19 @@ impl Target {
             config,
             TargetLoginParams { new_tsih: tsih, initial_stat_sn: stat_sn, cmd_window: self.config.queue_depth, entropy: seed },
         );
-        let outcome = loop {
+        loop {
             let deadline = login.poll_timeout().map(|d| d.saturating_sub(start.elapsed())).unwrap_or(self.config.login.login_timeout);
-            let ev = match tokio::time::timeout(deadline, dm.next_event()).await {
-                Ok(ev) => ev,
-                Err(_) => {
-                    login.handle_timeout(start.elapsed());
-                    DmEvent::Terminated(riser_datamover::Terminated::Local)
-                }
+            let Ok(ev) = tokio::time::timeout(deadline, dm.next_event()).await else {
+                login.handle_timeout(start.elapsed());
+                info!(%peer, "login timed out");
+                self.counters.login_failed(LoginFailure::Timeout);
+                return None;
             };
             match ev {
                 DmEvent::Control(pdu) => login.handle_pdu(start.elapsed(), &pdu.header, &pdu.data),
                 _ => {
-                    dm.terminate();
-                    return;
+                    self.counters.login_failed(LoginFailure::Disconnected);
+                    return None;
                 }
             }
             // The end of login is explicit (RFC 5047 §7): the full feature phase's resources and
@@ -381,8 +372,8 @@ impl Target {
             if let Some(TargetLoginEvent::Complete(o)) = &event {
                 if let Err(e) = dm.allocate_connection_resources(ConnectionResources { commands: self.config.queue_depth }) {
                     warn!(%peer, %e, "login refused: no resources for the connection");
-                    dm.terminate();
-                    return;
+                    self.counters.login_failed(LoginFailure::Resources);
+                    return None;
                 }
                 dm.notice_key_values(&o.params);
             }
@@ -392,54 +383,22 @@ impl Target {
                     dm.send_control(ControlPdu::new(Header::LoginResponse(p.header), p.data.into())),
                 );
                 if !matches!(sent.await, Ok(Ok(()))) {
-                    dm.terminate();
-                    return;
+                    self.counters.login_failed(LoginFailure::Disconnected);
+                    return None;
                 }
             }
             match event {
-                Some(TargetLoginEvent::Complete(o)) => break o,
+                Some(TargetLoginEvent::Complete(o)) => {
+                    self.counters.logins.fetch_add(1, Ordering::Relaxed);
+                    return Some(o);
+                }
                 Some(TargetLoginEvent::Failed { status, reason }) => {
                     info!(%peer, %status, reason, "login failed");
-                    dm.terminate();
-                    return;
+                    self.counters.login_failed(LoginFailure::of(status));
+                    return None;
                 }
                 _ => {}
             }
-        };
-        let p = outcome.params.clone();
-        dm.enable();
-        info!(%peer, initiator = %p.initiator_name, target = %p.target_name, session = ?p.session_type, "login complete");
-        let key = (p.initiator_name.to_ascii_lowercase(), outcome.isid, p.target_name.to_ascii_lowercase());
-        let quiet = Arc::new(Quiesce::default());
-        // A discovery session belongs to no target, whatever TargetName it declared: it must
-        // neither reinstate a normal session with the same names and ISID nor become that I_T
-        // nexus on a node (its end would release the nexus's RESERVE and unit attentions), so
-        // it gets no node and no entry in the session table.
-        let normal = p.session_type == SessionType::Normal;
-        if normal {
-            let old = lock(&self.sessions).insert(key.clone(), Registered { dm: dm.clone(), quiet: quiet.clone() });
-            if let Some(old) = old {
-                // Session reinstatement (ERL 0): the old session ends now, and nothing of the new
-                // one runs before the old one's backend I/O is over (a write it had in flight
-                // must not land after the new session's writes to the same blocks).
-                info!(%peer, "reinstating session: closing the previous connection");
-                old.dm.terminate();
-                let waited = Instant::now();
-                while tokio::time::timeout(Duration::from_secs(10), old.quiet.wait()).await.is_err() {
-                    warn!(%peer, waited = ?waited.elapsed(), "reinstatement waits for the previous session's backend I/O");
-                }
-            }
-        }
-        let node =
-            if normal { self.config.nodes.iter().find(|n| n.target.name.eq_ignore_ascii_case(&p.target_name)).cloned() } else { None };
-        let session = Arc::new(Session::new(dm.clone(), outcome, node, &self.config, self.budget.clone()));
-        session.run(&self, portal).await;
-        session.quiesce().await;
-        quiet.set();
-        // Unregister, unless a reinstatement already replaced this connection.
-        let mut sessions = lock(&self.sessions);
-        if normal && sessions.get(&key).is_some_and(|cur| Arc::ptr_eq(&cur.dm, &dm)) {
-            sessions.remove(&key);
         }
     }
 }
@@ -468,12 +427,44 @@ mod tests {
         login.operational.initial_r2t = false;
         let node = Node::from(TargetNode::open("iqn.2026-11.io.riser:t").allow("iqn.2026-11.io.riser:i"));
         let t = Target::new(TargetConfig::default().login(login).node(node.clone()));
-        let tcp = t.login_config(Transport::Tcp);
-        assert_eq!((tcp.portal_group_tag, tcp.transport, tcp.targets), (7, Transport::Tcp, vec![node.target]));
+        let local = "127.0.0.1:3260".parse().unwrap();
+        let tcp = t.login_config(Transport::Tcp, local);
+        let mut declared = node.target.clone();
+        declared.portal_group_tag = Some(7);
+        assert_eq!((tcp.portal_group_tag, tcp.transport, tcp.targets), (7, Transport::Tcp, vec![declared]));
         assert!(!tcp.operational.initial_r2t);
-        let iser = t.login_config(Transport::Iser);
+        let iser = t.login_config(Transport::Iser, local);
         assert_eq!(iser.transport, Transport::Iser);
         assert!(iser.operational.initial_r2t, "no unsolicited Data-Out over iSER unless asked for");
+    }
+
+    #[test]
+    fn a_portal_reaches_only_the_nodes_of_its_portal_groups_each_with_its_tag() {
+        let a =
+            Node::new("iqn.2026-11.io.riser:a").portal_group(PortalGroup::new(3).portal(Portal::tcp("127.0.0.1:3260".parse().unwrap())));
+        let b = Node::new("iqn.2026-11.io.riser:b")
+            .portal_group(PortalGroup::new(5).relative_port(9).portal(Portal::tcp("0.0.0.0:3261".parse().unwrap())))
+            .portal_group(PortalGroup::new(6).portal(Portal::iser("127.0.0.1:3262".parse().unwrap())));
+        let open = Node::new("iqn.2026-11.io.riser:everywhere");
+        let t = Target::new(TargetConfig::default().node(a.clone()).node(b.clone()).node(open));
+        let reached = |addr: &str, tr| {
+            t.login_config(tr, addr.parse().unwrap())
+                .targets
+                .iter()
+                .map(|n| (n.name.clone(), n.portal_group_tag.unwrap()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            reached("127.0.0.1:3260", Transport::Tcp),
+            vec![("iqn.2026-11.io.riser:a".into(), 3), ("iqn.2026-11.io.riser:everywhere".into(), 1)]
+        );
+        assert_eq!(
+            reached("10.1.1.1:3261", Transport::Tcp),
+            vec![("iqn.2026-11.io.riser:b".into(), 5), ("iqn.2026-11.io.riser:everywhere".into(), 1)]
+        );
+        assert_eq!(reached("127.0.0.1:3262", Transport::Iser)[0], ("iqn.2026-11.io.riser:b".into(), 6));
+        assert_eq!(t.port_of(&b, "10.1.1.1:3261".parse().unwrap(), Transport::Tcp), Some((5, 9)));
+        assert_eq!(t.port_of(&a, "127.0.0.1:3260".parse().unwrap(), Transport::Iser), None);
     }
 
     #[test]

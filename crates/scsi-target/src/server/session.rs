@@ -4,15 +4,19 @@
 //! I/O, reset units, answer text and logout. The protocol decisions (window, StatSN, tags,
 //! task management outcomes, keepalive, rejects) are the machine's.
 
-use super::{DiscoveryScope, Node, Target, TargetConfig, lock};
-use crate::lu::LogicalUnit;
+use super::stats::Op;
+use super::view::{LunPath, PathGuard, View};
+use super::{DiscoveryScope, Quiesce, Target, TargetConfig, lock};
+use crate::lu::Nexus;
 use bytes::Bytes;
 use riser_datamover::{ControlPdu, DmEvent, SharedDatamover};
+use riser_iscsi::keys::{NegotiatedParams, Transport};
 use riser_iscsi::login::LoginOutcome;
 use riser_iscsi::session::{Reset, TargetEvent, TargetSession, TargetSessionConfig, TaskId};
 use riser_iscsi::text::{TextBuilder, parse_pairs};
-use riser_iscsi::wire::{Header, LogoutRequest};
+use riser_iscsi::wire::{Header, Isid, LogoutRequest};
 use riser_scsi::lun::Lun;
+use riser_scsi::sense::Status;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -73,17 +77,35 @@ impl IoCount {
 }
 
 /// A command's hold on its task: ended by its status ([`Slot::take`]), or, if the command's
-/// future is dropped first (aborted, connection lost), by the drop.
+/// future is dropped first (aborted, connection lost), by the drop. It also holds the command's
+/// path to its logical unit (none for an unknown LUN or REPORT LUNS), where the command is
+/// counted.
 pub(super) struct Slot {
     session: Arc<Session>,
     task: TaskId,
     held: AtomicBool,
+    path: Option<PathGuard>,
+    op: Op,
+    /// When the command arrived (the session's clock).
+    start: Duration,
 }
 
 impl Slot {
     /// The task, once: whoever takes it ends it.
     pub(super) fn take(&self) -> Option<TaskId> {
         self.held.swap(false, Ordering::AcqRel).then_some(self.task)
+    }
+
+    /// The command's path to its logical unit.
+    pub(super) fn path(&self) -> Option<&Arc<LunPath>> {
+        self.path.as_ref().map(PathGuard::path)
+    }
+
+    /// The command ends with `status` (and `sense`): count it.
+    pub(super) fn count(&self, status: Status, sense: Option<&[u8]>) {
+        if let Some(p) = self.path() {
+            p.counters.command(self.op, status, sense, self.session.now().saturating_sub(self.start));
+        }
     }
 }
 
@@ -94,6 +116,9 @@ impl Drop for Slot {
         }
     }
 }
+
+/// REPORT LUNS's operation code.
+const REPORT_LUNS: u8 = 0xa0;
 
 /// The least size of the running-command table at which ended commands are swept out.
 const SWEEP_MIN: usize = 64;
@@ -106,17 +131,36 @@ pub(super) fn units_of(bytes: u64) -> u32 {
     (bytes / BUDGET_UNIT).clamp(1, u64::from(u32::MAX >> 4)) as u32
 }
 
+/// Where a connection runs: its peer, the local address it came to, its transport.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Endpoint {
+    pub(super) peer: SocketAddr,
+    pub(super) local: SocketAddr,
+    pub(super) transport: Transport,
+}
+
 pub(super) struct Session {
     pub(super) dm: SharedDatamover,
     /// The protocol state: window, StatSN, tasks, tags, keepalive.
     pub(super) core: Mutex<TargetSession>,
     /// The clock's origin for the machine.
     epoch: Instant,
-    pub(super) node: Option<Node>,
-    pub(super) nexus: String,
+    /// The I_T nexus (a discovery session's names no target port: it reaches no unit).
+    pub(super) nexus: Nexus,
     discovery: bool,
     initiator_name: String,
     target_name: String,
+    tsih: u16,
+    isid: Isid,
+    params: NegotiatedParams,
+    pub(super) at: Endpoint,
+    /// The paths of the session's views (and of earlier views while commands ran there).
+    paths: Mutex<Vec<Arc<LunPath>>>,
+    /// REPORTED LUNS DATA HAS CHANGED is pending for the nexus (reported once, to the next
+    /// command but INQUIRY, REPORT LUNS and REQUEST SENSE; REPORT LUNS clears it).
+    pub(super) luns_changed: AtomicBool,
+    /// Set once the session has ended and no I/O of its commands runs any more.
+    pub(super) ended: Quiesce,
     /// Serialises sending: PDUs leave in the order the machine stamped them.
     pub(super) tx: tokio::sync::Mutex<()>,
     /// The running commands: the handle to abort each, and its backend I/O's gate (ended ones
@@ -138,31 +182,45 @@ pub(super) struct Session {
     dead: AtomicBool,
 }
 
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("tsih", &self.tsih).field("nexus", &self.nexus).finish_non_exhaustive()
+    }
+}
+
 impl Session {
+    /// The session a login opened; `port` is its target port (TargetPortalGroupTag, relative
+    /// port identifier), `None` for a discovery session.
     pub(super) fn new(
         dm: SharedDatamover,
         o: LoginOutcome,
-        node: Option<Node>,
+        port: Option<(u16, u16)>,
+        at: Endpoint,
         c: &TargetConfig,
         target_budget: Arc<tokio::sync::Semaphore>,
     ) -> Self {
-        let nexus = format!("{},i,0x{}", o.params.initiator_name, o.isid.0.iter().map(|b| format!("{b:02x}")).collect::<String>());
+        let (tpgt, relative_port) = port.unwrap_or((0, 0));
+        let nexus = Nexus::iscsi(&o.params.initiator_name, o.isid.0, &o.params.target_name, tpgt, relative_port);
         let budget_units = units_of(c.max_session_bytes);
-        let luns = node.as_ref().map(|n| n.luns.iter().map(|l| l.lun()).collect::<Vec<_>>()).unwrap_or_default();
         let cfg = TargetSessionConfig::new(c.queue_depth)
             .max_immediate_commands(c.max_immediate_commands)
-            .keepalive(c.nop_interval, c.nop_timeout)
-            .luns(luns);
+            .keepalive(c.nop_interval, c.nop_timeout);
         let core = TargetSession::new(cfg, &o, Duration::ZERO);
         Self {
             dm,
             core: Mutex::new(core),
             epoch: Instant::now(),
             nexus,
-            node,
             discovery: o.params.session_type == riser_iscsi::keys::SessionType::Discovery,
-            initiator_name: o.params.initiator_name,
-            target_name: o.params.target_name,
+            initiator_name: o.params.initiator_name.clone(),
+            target_name: o.params.target_name.clone(),
+            tsih: o.tsih,
+            isid: o.isid,
+            params: o.params,
+            at,
+            paths: Mutex::new(Vec::new()),
+            luns_changed: AtomicBool::new(false),
+            ended: Quiesce::default(),
             tx: tokio::sync::Mutex::new(()),
             running: Mutex::new(HashMap::new()),
             sweep_at: AtomicUsize::new(SWEEP_MIN),
@@ -177,8 +235,96 @@ impl Session {
         }
     }
 
-    fn now(&self) -> Duration {
+    pub(super) fn now(&self) -> Duration {
         self.epoch.elapsed()
+    }
+
+    pub(super) fn tsih(&self) -> u16 {
+        self.tsih
+    }
+
+    pub(super) fn isid(&self) -> Isid {
+        self.isid
+    }
+
+    pub(super) fn target_name(&self) -> &str {
+        &self.target_name
+    }
+
+    pub(super) fn initiator_name(&self) -> &str {
+        &self.initiator_name
+    }
+
+    pub(super) fn is_discovery(&self) -> bool {
+        self.discovery
+    }
+
+    pub(super) fn params(&self) -> &NegotiatedParams {
+        &self.params
+    }
+
+    /// Every path of the session (for its counters, and for waiting on a unit).
+    pub(super) fn paths(&self) -> Vec<Arc<LunPath>> {
+        lock(&self.paths).clone()
+    }
+
+    /// Build the view of the target's configuration now (`first`: the session's first, which
+    /// raises no unit attention). The nexus is registered with the units it now sees and leaves
+    /// those it no longer does; paths no longer seen are dropped once idle, their counters
+    /// folded into the target's.
+    pub(super) fn refresh(&self, target: &Target, view: &mut View, first: bool) {
+        let (generation, nodes) = target.registry.snapshot();
+        let luns = match nodes.iter().find(|n| !self.discovery && n.target.name.eq_ignore_ascii_case(&self.target_name)) {
+            Some(n) => n.view_of(&self.initiator_name),
+            None => Vec::new(),
+        };
+        let new = View::new(generation, luns, view);
+        if !new.same_luns(view) {
+            if !first {
+                info!(nexus = %self.nexus, luns = ?new.luns().iter().filter_map(|l| l.number()).collect::<Vec<_>>(), "the LUNs seen changed");
+                self.luns_changed.store(true, Ordering::Release);
+            }
+            let has = |v: &View, lu: &Arc<crate::lu::LogicalUnit>| v.paths().any(|p| Arc::ptr_eq(&p.lu, lu));
+            for p in view.paths().filter(|p| !has(&new, &p.lu)) {
+                p.lu.nexus_lost(&self.nexus);
+            }
+            for p in new.paths().filter(|p| !has(view, &p.lu)) {
+                p.lu.nexus_seen(&self.nexus);
+            }
+            lock(&self.core).set_luns(new.luns());
+            // Lock order: the target's session list, its totals, then the session's paths (as
+            // `Target::stats` takes them).
+            let _live = lock(&target.live);
+            let mut retired = lock(&target.retired);
+            let mut paths = lock(&self.paths);
+            paths.retain(|p| {
+                let keep = new.paths().any(|q| Arc::ptr_eq(p, q)) || p.busy();
+                if !keep {
+                    retired.entry((self.target_name.clone(), p.lun)).or_default().add(&p.counters.snapshot());
+                }
+                keep
+            });
+            for p in new.paths() {
+                if !paths.iter().any(|q| Arc::ptr_eq(p, q)) {
+                    paths.push(p.clone());
+                }
+            }
+        }
+        *view = new;
+    }
+
+    /// A command on LUN `lun` enters its path, unless the nexus sees no such LUN. The entry is
+    /// made before the generation is checked (see `view`): a command that started on a LUN
+    /// being removed is waited for, one that starts later finds no LUN.
+    fn enter(&self, target: &Target, view: &mut View, lun: Lun) -> Option<PathGuard> {
+        loop {
+            let guard = view.find(lun)?.enter();
+            if target.registry.generation.load(Ordering::SeqCst) == view.generation {
+                return Some(guard);
+            }
+            drop(guard);
+            self.refresh(target, view, false);
+        }
     }
 
     /// Wait until no backend I/O of the session's commands runs any more.
@@ -217,17 +363,9 @@ impl Session {
         }
     }
 
-    pub(super) fn lu(&self, lun: Lun) -> Option<Arc<LogicalUnit>> {
-        let n = lun.number()?;
-        self.node.as_ref()?.luns.iter().find(|l| l.lun().number() == Some(n)).cloned()
-    }
-
-    pub(super) async fn run(self: &Arc<Self>, target: &Arc<Target>, portal: SocketAddr) {
-        if let Some(n) = &self.node {
-            for lu in &n.luns {
-                lu.nexus_seen(&self.nexus);
-            }
-        }
+    pub(super) async fn run(self: &Arc<Self>, target: &Arc<Target>) {
+        let mut view = View::default();
+        self.refresh(target, &mut view, true);
         // One timer for the connection, re-armed only when the machine wants to be woken
         // earlier than it is set for. Its deadline moves later with every PDU (keepalive counts
         // from the last one heard); arming a timer per PDU cost ~500 instructions. Woken early,
@@ -259,6 +397,10 @@ impl Session {
             };
             // The one clock reading per PDU.
             let now = self.now();
+            // A change of the target's configuration shows at the next PDU.
+            if target.registry.generation.load(Ordering::SeqCst) != view.generation {
+                self.refresh(target, &mut view, false);
+            }
             match event {
                 None => lock(&self.core).handle_timeout(now),
                 Some(DmEvent::Control(p)) => lock(&self.core).handle_pdu(now, &p.header, p.ahs, p.data, p.immediate),
@@ -272,7 +414,7 @@ impl Session {
                 }
                 Some(_) => continue,
             }
-            if !self.drive(target, portal).await {
+            if !self.drive(target, &mut view, now).await {
                 break;
             }
         }
@@ -281,16 +423,16 @@ impl Session {
         for t in tasks {
             self.dm.deallocate_task_resources(t.itt);
         }
-        self.nexus_lost();
+        self.nexus_lost(&view);
     }
 
     /// Do what the machine asks, and send what it queued; `false` once the connection ends.
-    async fn drive(self: &Arc<Self>, target: &Arc<Target>, portal: SocketAddr) -> bool {
+    async fn drive(self: &Arc<Self>, target: &Arc<Target>, view: &mut View, now: Duration) -> bool {
         loop {
             let event = lock(&self.core).poll_event();
             let Some(event) = event else { break };
             match event {
-                TargetEvent::Command { task, cmd, ahs, split } => self.spawn_command(task, cmd, ahs, split),
+                TargetEvent::Command { task, cmd, ahs, split } => self.spawn_command(target, view, task, cmd, ahs, split, now),
                 TargetEvent::Discard { itt } => self.dm.deallocate_task_resources(itt),
                 TargetEvent::TaskManagement { itt, aborted, reset } => {
                     // Answered only once no aborted task's backend write can still land.
@@ -300,25 +442,19 @@ impl Session {
                     match reset {
                         Reset::None => {}
                         Reset::Unit(lun) => {
-                            if let Some(lu) = self.lu(lun) {
-                                lu.reset();
+                            if let Some(p) = view.find(lun) {
+                                p.lu.reset();
                             }
                         }
-                        Reset::Target => {
-                            if let Some(n) = &self.node {
-                                for lu in &n.luns {
-                                    lu.reset();
-                                }
-                            }
-                        }
+                        Reset::Target => view.paths().for_each(|p| p.lu.reset()),
                     }
                     lock(&self.core).complete_task_management(itt);
                 }
                 TargetEvent::Text { req, data } => {
-                    let text = self.text_answer(&data, target, portal);
+                    let text = self.text_answer(&data, target);
                     lock(&self.core).answer_text(req, text);
                 }
-                TargetEvent::Logout { req, aborted } => self.logout(req, &aborted).await,
+                TargetEvent::Logout { req, aborted } => self.logout(req, &aborted, view).await,
                 TargetEvent::Close(why) => {
                     self.flush().await;
                     info!(nexus = %self.nexus, ?why, "closing the connection");
@@ -336,16 +472,23 @@ impl Session {
         true
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn spawn_command(
         self: &Arc<Self>,
+        target: &Target,
+        view: &mut View,
         task: TaskId,
         cmd: riser_iscsi::wire::ScsiCommand,
         ahs: Bytes,
         split: riser_iscsi::session::WriteSplit,
+        now: Duration,
     ) {
-        let slot = Slot { session: self.clone(), task, held: AtomicBool::new(true) };
-        let me = self.clone();
         let full_cdb = riser_iscsi::wire::Pdu::new(Header::ScsiCommand(cmd), ahs, Bytes::new()).full_cdb().unwrap_or_default();
+        let opcode = full_cdb.first().copied().unwrap_or(0);
+        // REPORT LUNS answers from the nexus's LUN inventory, whichever LUN it is sent to.
+        let (path, report) = if opcode == REPORT_LUNS { (None, Some(view.luns())) } else { (self.enter(target, view, cmd.lun), None) };
+        let slot = Slot { session: self.clone(), task, held: AtomicBool::new(true), path, op: Op::of(opcode), start: now };
+        let me = self.clone();
         let gate = Arc::new(IoGate::default());
         let g = gate.clone();
         // The command is spawned before its registration, and does not unregister itself: a
@@ -357,7 +500,7 @@ impl Session {
         // once into its allocation; spawned by value, the runtime moved it about ten times
         // (~1 700 instructions of memcpy per command).
         let handle = tokio::spawn(Box::pin(async move {
-            me.command(cmd, full_cdb, split, &slot, &g).await;
+            me.command(cmd, full_cdb, split, &slot, &g, report).await;
         }));
         let mut running = lock(&self.running);
         if running.len() >= self.sweep_at.load(Ordering::Relaxed) {
@@ -392,52 +535,53 @@ impl Session {
             .collect()
     }
 
-    async fn logout(&self, req: LogoutRequest, aborted: &[u32]) {
+    async fn logout(&self, req: LogoutRequest, aborted: &[u32], view: &View) {
         self.abort_tags(aborted);
         // The nexus ends before the initiator hears so: what it held (a RESERVE(6)) is free
         // by the time it can send anything else.
-        self.nexus_lost();
+        self.nexus_lost(view);
         // The logout is answered once no write of the session can still land.
         self.quiesce().await;
         lock(&self.core).answer_logout(&req);
     }
 
-    /// Release what this I_T nexus holds on every LU (idempotent).
-    fn nexus_lost(&self) {
-        if let Some(n) = &self.node {
-            for lu in &n.luns {
-                lu.nexus_lost(&self.nexus);
-            }
-        }
+    /// Release what this I_T nexus holds on every LU it sees (idempotent).
+    fn nexus_lost(&self, view: &View) {
+        view.paths().for_each(|p| p.lu.nexus_lost(&self.nexus));
     }
 
-    /// The answer to a text request: SendTargets (RFC 7143 §12.3); every other key is not
+    /// The answer to a text request: SendTargets (RFC 7143 §12.3), every portal of each target
+    /// listed (TCP and iSER, each with its TargetPortalGroupTag); every other key is not
     /// understood.
-    fn text_answer(&self, data: &[u8], target: &Arc<Target>, portal: SocketAddr) -> Vec<u8> {
+    fn text_answer(&self, data: &[u8], target: &Arc<Target>) -> Vec<u8> {
         let pairs = parse_pairs(data).unwrap_or_default();
         let mut out = TextBuilder::new();
+        let (_, nodes) = target.registry.snapshot();
         for (k, v) in pairs {
             if k != "SendTargets" {
                 out.push(k, "NotUnderstood");
                 continue;
             }
-            for n in target.config.nodes.iter().map(|n| &n.target) {
+            for n in nodes.iter() {
+                let name = &n.target.name;
                 let wanted = if self.discovery {
-                    v == "All" || n.name.eq_ignore_ascii_case(v)
+                    v == "All" || name.eq_ignore_ascii_case(v)
                 } else {
                     // A normal session learns only about its own target.
-                    n.name.eq_ignore_ascii_case(&self.target_name) && (v.is_empty() || v == "All" || n.name.eq_ignore_ascii_case(v))
+                    name.eq_ignore_ascii_case(&self.target_name) && (v.is_empty() || v == "All" || name.eq_ignore_ascii_case(v))
                 };
-                let acl = &n.allowed_initiators;
-                let permitted = acl.is_empty() || acl.iter().any(|a| a.eq_ignore_ascii_case(&self.initiator_name));
+                let permitted = n.target.admits(&self.initiator_name);
                 let listed = permitted || (self.discovery && target.config.discovery_scope == DiscoveryScope::All);
                 if wanted && listed {
-                    out.push("TargetName", &n.name);
-                    let addr = match portal {
-                        SocketAddr::V4(a) => format!("{}:{}", a.ip(), a.port()),
-                        SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
-                    };
-                    out.push("TargetAddress", &format!("{addr},{}", target.config.login.portal_group_tag));
+                    out.push("TargetName", name);
+                    let mut seen = Vec::new();
+                    for (portal, tag) in target.portals_of(n) {
+                        let addr = format!("{},{tag}", portal.target_address(self.at.local));
+                        if !seen.contains(&addr) {
+                            out.push("TargetAddress", &addr);
+                            seen.push(addr);
+                        }
+                    }
                 }
             }
         }

@@ -1,7 +1,7 @@
 //! The iSCSI/TCP portal (feature `tcp`): each accepted connection becomes a TCP datamover, then
 //! a session.
 
-use super::Target;
+use super::{Portal, Target};
 use riser_iscsi::keys::{Role, Transport};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +12,11 @@ impl Target {
     /// Accept connections on `listener` until the task is dropped. Accept errors (out of file
     /// descriptors, a connection reset before it was accepted) are logged and retried after a
     /// pause that grows to a second; they never end the portal.
+    ///
+    /// Target nodes without portal groups of their own are reached through every portal served
+    /// so, and list it in SendTargets while it is served.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) -> std::io::Result<()> {
+        let _serving = self.serving(Portal::tcp(listener.local_addr()?));
         let mut pause = Duration::from_millis(10);
         loop {
             let (stream, peer) = match listener.accept().await {
@@ -28,13 +32,13 @@ impl Target {
                 }
             };
             let Some(permit) = self.admit(peer) else { continue };
-            let portal = stream.local_addr().unwrap_or(peer);
+            let local = stream.local_addr().unwrap_or(peer);
             let me = self.clone();
             tokio::spawn(async move {
                 let (dm, driver) = riser_tcp::datamover(stream, Role::Target);
                 dm.set_segment_timeout(me.config.data_timeout);
                 tokio::spawn(driver);
-                me.connection(Arc::new(dm), Transport::Tcp, peer, portal).await;
+                me.connection(Arc::new(dm), Transport::Tcp, peer, local).await;
                 drop(permit);
             });
         }

@@ -20,8 +20,8 @@ mod tmf;
 use crate::keys::{NegotiatedParams, Role, SessionType};
 use crate::login::LoginOutcome;
 use crate::wire::{
-    BHS_LEN, DecodeError, Header, LogoutRequest, LogoutResponse, LogoutResponseCode, NopIn, RESERVED_TAG, Reaction, Reject, RejectReason,
-    ScsiCommand, ScsiResponse, TextRequest, TextResponse,
+    AsyncEvent, AsyncMessage, BHS_LEN, DecodeError, Header, LogoutRequest, LogoutResponse, LogoutResponseCode, NopIn, RESERVED_TAG,
+    Reaction, Reject, RejectReason, ScsiCommand, ScsiResponse, TextRequest, TextResponse,
 };
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
@@ -165,6 +165,9 @@ pub enum CloseReason {
     ColdReset,
     /// Logout answered.
     Logout,
+    /// The initiator did not log out within the time an asked-for logout allowed
+    /// ([`TargetSession::request_logout`]).
+    LogoutTimeout,
 }
 
 /// StatSN, ExpCmdSN and MaxCmdSN for a status (the driver puts them in a Data-In carrying
@@ -227,6 +230,8 @@ pub struct TargetSession {
     transmit: VecDeque<Transmit>,
     events: VecDeque<TargetEvent>,
     closed: bool,
+    /// When an asked-for logout is overdue ([`TargetSession::request_logout`]).
+    logout_due: Option<Duration>,
 }
 
 /// Put StatSN, ExpCmdSN and MaxCmdSN into a response header.
@@ -271,6 +276,7 @@ impl TargetSession {
             transmit: VecDeque::new(),
             events: VecDeque::new(),
             closed: false,
+            logout_due: None,
         }
     }
 
@@ -325,10 +331,44 @@ impl TargetSession {
         if self.closed {
             return None;
         }
-        match self.ping {
+        let keepalive = match self.ping {
             Some((_, sent)) => Some(sent + self.cfg.nop_timeout),
             None => self.cfg.nop_interval.map(|i| self.last_heard + i),
+        };
+        match (keepalive, self.logout_due) {
+            (Some(k), Some(l)) => Some(k.min(l)),
+            (k, l) => k.or(l),
         }
+    }
+
+    /// The logical units of the session's target changed (task management names them).
+    pub fn set_luns(&mut self, luns: impl IntoIterator<Item = Lun>) {
+        self.cfg.luns = luns.into_iter().collect();
+    }
+
+    /// Ask the initiator to log out within `within` (an Asynchronous Message, RFC 7143
+    /// §11.9.1 event 1, "target requests logout", whose Parameter3 gives the time in seconds,
+    /// at least one). If no logout has ended the session by then, the machine closes the
+    /// connection ([`CloseReason::LogoutTimeout`]). Asking again keeps the earlier deadline.
+    pub fn request_logout(&mut self, now: Duration, within: Duration) {
+        if self.closed || self.logout_due.is_some() {
+            return;
+        }
+        let secs = within.as_secs().clamp(1, u64::from(u16::MAX));
+        self.logout_due = Some(now + Duration::from_secs(secs));
+        let h = Header::AsyncMessage(AsyncMessage {
+            itt: RESERVED_TAG,
+            event: AsyncEvent::REQUEST_LOGOUT,
+            param3: secs as u16,
+            ..AsyncMessage::default()
+        });
+        // It takes a StatSN (Linux's initiator expects the next one after it).
+        self.respond(h, Bytes::new(), true);
+    }
+
+    /// Whether a logout was asked for ([`request_logout`](Self::request_logout)).
+    pub fn logout_requested(&self) -> bool {
+        self.logout_due.is_some()
     }
 
     fn stamp_now(&mut self, advance: bool) -> Stamp {
@@ -452,6 +492,9 @@ impl TargetSession {
     pub fn handle_timeout(&mut self, now: Duration) {
         if self.closed {
             return;
+        }
+        if self.logout_due.is_some_and(|due| now >= due) {
+            return self.close(CloseReason::LogoutTimeout);
         }
         match self.ping {
             Some((_, sent)) if now >= sent + self.cfg.nop_timeout => self.close(CloseReason::Unresponsive),
