@@ -1,9 +1,11 @@
 //! Backing stores for logical units: the [`BlockBackend`] trait and RAM, file and block-device
 //! implementations.
 
+use rustix::fs::{FallocateFlags, SeekFrom};
+use rustix::io::Errno;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
 use std::path::Path;
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,8 +34,31 @@ pub trait BlockBackend: Send + Sync + std::fmt::Debug {
     fn unmap(&self, offset: u64, len: u64) -> io::Result<()>;
     /// Whether the block containing `offset` is mapped (holds data).
     fn is_mapped(&self, offset: u64) -> bool;
-    /// Whether UNMAP is supported (thin provisioning).
+    /// The provisioning state of the run of blocks from the block at `offset`: whether that
+    /// block is mapped, and how many bytes from `offset` (whole blocks, at least one block and
+    /// at most `len`) share its state. `offset` is a block's start and `len` whole blocks, at
+    /// least one. A run may be reported shorter than it is (the caller asks again from its end);
+    /// "mapped" is always a safe answer (SBC-4: mapped or of unknown state).
+    ///
+    /// The default asks [`is_mapped`](Self::is_mapped) block by block, for at most 65536 blocks.
+    fn mapping(&self, offset: u64, len: u64) -> io::Result<(bool, u64)> {
+        let bs = u64::from(self.block_size());
+        let limit = len.min(DEFAULT_MAPPING_SCAN_BLOCKS * bs);
+        let mapped = self.is_mapped(offset);
+        let mut n = bs;
+        while n + bs <= limit && self.is_mapped(offset + n) == mapped {
+            n += bs;
+        }
+        Ok((mapped, n))
+    }
+    /// Whether UNMAP deallocates (thin provisioning); deallocated blocks read as zeros.
     fn thin(&self) -> bool;
+    /// The deallocation granularity in blocks (OPTIMAL UNMAP GRANULARITY in the Block Limits
+    /// VPD page): UNMAP of a smaller or unaligned range zeroes the blocks but may leave them
+    /// allocated. 1 (the default) when every block is deallocated on its own.
+    fn unmap_granularity(&self) -> u32 {
+        1
+    }
     /// Whether every call completes at memory speed without blocking on a device (commands then
     /// run inline instead of on the blocking thread pool).
     fn in_memory(&self) -> bool {
@@ -52,6 +77,9 @@ pub trait BlockBackend: Send + Sync + std::fmt::Debug {
         Err(io::Error::new(io::ErrorKind::Unsupported, "this store cannot be resized"))
     }
 }
+
+/// How many blocks the default [`BlockBackend::mapping`] looks at in one call.
+const DEFAULT_MAPPING_SCAN_BLOCKS: u64 = 65536;
 
 /// The check every growing store makes: `size` in whole blocks, not below `blocks`.
 fn grown_blocks(size: u64, block_size: u32, blocks: u64) -> io::Result<u64> {
@@ -142,6 +170,27 @@ impl BlockBackend for RamBackend {
         let m = self.mapped.read().unwrap_or_else(|e| e.into_inner());
         m.get((b / 64) as usize).is_some_and(|w| w & (1 << (b % 64)) != 0)
     }
+    fn mapping(&self, offset: u64, len: u64) -> io::Result<(bool, u64)> {
+        let bs = u64::from(self.block_size);
+        let (first, count) = (offset / bs, (len / bs).max(1));
+        let m = self.mapped.read().unwrap_or_else(|e| e.into_inner());
+        let word = |b: u64| m.get((b / 64) as usize).copied().unwrap_or(0);
+        let mapped = word(first) & (1 << (first % 64)) != 0;
+        let same = if mapped { u64::MAX } else { 0 };
+        let mut n = 1;
+        while n < count {
+            let b = first + n;
+            // Whole words in the state of the run are skipped at once.
+            if b % 64 == 0 && count - n >= 64 && word(b) == same {
+                n += 64;
+            } else if (word(b) & (1 << (b % 64)) != 0) == mapped {
+                n += 1;
+            } else {
+                break;
+            }
+        }
+        Ok((mapped, n * bs))
+    }
     fn thin(&self) -> bool {
         true
     }
@@ -167,19 +216,69 @@ impl BlockBackend for RamBackend {
     }
 }
 
+/// How to open a [`FileBackend`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FileOptions {
+    /// Thin provisioning. `None` (the default): as the store allows — a regular file when its
+    /// file system can punch holes, a block device when it can write zeroes by unmapping.
+    /// `Some(false)`: never deallocate (UNMAP writes zeros and the unit reports itself fully
+    /// provisioned). `Some(true)`: required, opening fails (`Unsupported`) if the store cannot.
+    pub thin: Option<bool>,
+}
+
+impl FileOptions {
+    /// These options with [`thin`](Self::thin) set.
+    pub fn with_thin(mut self, thin: Option<bool>) -> Self {
+        self.thin = thin;
+        self
+    }
+}
+
 /// A regular file or a block device, accessed with positioned reads and writes; `flush` is
 /// `fsync`.
+///
+/// Thin provisioning (see [`FileOptions::thin`]): on a regular file UNMAP punches holes
+/// (`fallocate(PUNCH_HOLE | KEEP_SIZE)`, holes read as zeros) and GET LBA STATUS reports the
+/// file's real extents (`lseek(SEEK_DATA / SEEK_HOLE)`). On a block device UNMAP is the same
+/// `fallocate`, which the kernel turns into a WRITE ZEROES that may unmap (block/fops.c
+/// `blkdev_fallocate`, `BLKDEV_ZERO_NOFALLBACK`): the blocks read as zeros afterwards, so
+/// LBPRZ holds. The `BLKDISCARD` ioctl is not used: a discard does not promise zeros (LBPRZ
+/// would lie), and an ioctl needs `unsafe`, which this crate forbids. A device cannot tell
+/// which blocks it holds, so GET LBA STATUS reports every block of a device mapped.
 #[derive(Debug)]
 pub struct FileBackend {
     file: File,
     block_size: u32,
     blocks: AtomicU64,
     device: bool,
+    /// UNMAP deallocates (else it writes zeros).
+    thin: bool,
+    /// The alignment in bytes a deallocation needs (a device's logical block size; 1 for a
+    /// file): the unaligned head and tail of a range are written as zeros instead.
+    punch_align: u64,
+    /// The store's allocation unit in bytes (the file system's block, the device's logical
+    /// block): the granularity at which deallocation frees space.
+    alloc_unit: u64,
+}
+
+/// What a store can do about deallocation, found at open.
+struct Provisioning {
+    /// Why it cannot deallocate (`Ok` when it can).
+    can: Result<(), String>,
+    punch_align: u64,
+    alloc_unit: u64,
 }
 
 impl FileBackend {
-    /// Open (creating a file of `size` bytes if it does not exist and a size is given).
+    /// Open (creating a file of `size` bytes if it does not exist and a size is given), thin
+    /// as the store allows ([`FileOptions::default`]).
     pub fn open(path: &Path, size: Option<u64>, block_size: u32) -> io::Result<Self> {
+        Self::open_with(path, size, block_size, FileOptions::default())
+    }
+
+    /// [`open`](Self::open) with options: whether the unit is thin ([`FileOptions::thin`]).
+    pub fn open_with(path: &Path, size: Option<u64>, block_size: u32, options: FileOptions) -> io::Result<Self> {
         let file = OpenOptions::new().read(true).write(true).create(size.is_some()).truncate(false).open(path)?;
         let mut len = file.metadata()?.len();
         if let Some(s) = size
@@ -188,24 +287,193 @@ impl FileBackend {
             file.set_len(s)?;
             len = s;
         }
-        let device = file.metadata()?.file_type().is_block_device();
+        let meta = file.metadata()?;
+        let device = meta.file_type().is_block_device();
         if device {
             // Block devices report 0 in metadata: ask the device itself.
             len = device_size(&file)?;
         }
-        Ok(Self { file, block_size, blocks: AtomicU64::new(len / u64::from(block_size)), device })
+        let bs = u64::from(block_size);
+        let p = if device {
+            device_provisioning(Path::new(SYS_DEV_BLOCK), meta.rdev())
+        } else if meta.is_file() {
+            file_provisioning(&file, len, bs)
+        } else {
+            Provisioning { can: Err("neither a regular file nor a block device".into()), punch_align: 1, alloc_unit: bs }
+        };
+        let thin = match (options.thin, &p.can) {
+            (Some(false), _) => false,
+            (_, Ok(())) => true,
+            (None, Err(why)) => {
+                tracing::debug!(path = %path.display(), "not thin: {why}");
+                false
+            }
+            (Some(true), Err(why)) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!("{}: thin provisioning required, but {why}", path.display()),
+                ));
+            }
+        };
+        Ok(Self { file, block_size, blocks: AtomicU64::new(len / bs), device, thin, punch_align: p.punch_align, alloc_unit: p.alloc_unit })
     }
 
     /// Whether this is a block device (else a regular file).
     pub fn is_device(&self) -> bool {
         self.device
     }
+
+    /// Write zeros over `len` bytes at `offset` (a non-thin UNMAP, and the parts of a thin one
+    /// the store cannot deallocate).
+    fn write_zeros(&self, offset: u64, len: u64) -> io::Result<()> {
+        let zeros = vec![0u8; len.min(1 << 20) as usize];
+        let mut at = offset;
+        while at < offset + len {
+            let n = (offset + len - at).min(zeros.len() as u64) as usize;
+            self.file.write_all_at(&zeros[..n], at)?;
+            at += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Deallocate `len` bytes at `offset`; they read as zeros afterwards.
+    fn deallocate(&self, offset: u64, len: u64) -> io::Result<()> {
+        let end = offset + len;
+        let (start, stop) = (offset.next_multiple_of(self.punch_align), end / self.punch_align * self.punch_align);
+        if start >= stop {
+            return self.write_zeros(offset, len);
+        }
+        self.write_zeros(offset, start - offset)?;
+        self.write_zeros(stop, end - stop)?;
+        match rustix::fs::fallocate(&self.file, PUNCH, start, stop - start) {
+            Ok(()) => Ok(()),
+            // The store stopped deallocating since open (a disk whose WRITE SAME failed loses
+            // write zeroes): zeros are still zeros.
+            Err(e) if e == Errno::OPNOTSUPP => {
+                tracing::debug!("deallocation not supported any more ({e}): writing zeros");
+                self.write_zeros(start, stop - start)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
 }
+
+/// Deallocate and keep the size: a hole in a file; on a block device, a WRITE ZEROES that may
+/// unmap and never falls back to writing (the kernel answers `EOPNOTSUPP` instead).
+const PUNCH: FallocateFlags = FallocateFlags::PUNCH_HOLE.union(FallocateFlags::KEEP_SIZE);
+
+/// Where sysfs lists block devices by number.
+const SYS_DEV_BLOCK: &str = "/sys/dev/block";
 
 fn device_size(file: &File) -> io::Result<u64> {
     use std::io::{Seek, SeekFrom};
     let mut f = file;
     f.seek(SeekFrom::End(0))
+}
+
+/// A regular file deallocates when its file system punches holes. The probe punches a range
+/// wholly past the end with KEEP_SIZE, which changes nothing; a file system that cannot punch
+/// says `EOPNOTSUPP` (before looking at the range).
+fn file_provisioning(file: &File, len: u64, bs: u64) -> Provisioning {
+    let past = len.next_multiple_of(bs).saturating_add(bs);
+    let can = rustix::fs::fallocate(file, PUNCH, past, bs).map_err(|e| format!("the file system cannot punch holes ({e})"));
+    // The file system block is what a hole frees at least.
+    let alloc_unit =
+        rustix::fs::fstatfs(file).ok().and_then(|s| u64::try_from(s.f_bsize).ok()).filter(|b| b.is_power_of_two()).unwrap_or(bs);
+    Provisioning { can, punch_align: 1, alloc_unit }
+}
+
+/// A block device deallocates when it can write zeroes (sysfs `write_zeroes_max_bytes` > 0):
+/// `fallocate(PUNCH_HOLE)` is refused on the others.
+fn device_provisioning(sys_dev_block: &Path, rdev: u64) -> Provisioning {
+    let (major, minor) = (rustix::fs::major(rdev), rustix::fs::minor(rdev));
+    match DeviceQueue::read(sys_dev_block, major, minor) {
+        Ok(q) => Provisioning {
+            can: if q.write_zeroes_max_bytes > 0 {
+                Ok(())
+            } else {
+                Err(format!("device {major}:{minor} cannot write zeroes (write_zeroes_max_bytes is 0)"))
+            },
+            punch_align: q.logical_block_size,
+            alloc_unit: q.logical_block_size,
+        },
+        Err(e) => {
+            Provisioning { can: Err(format!("device {major}:{minor}: no queue limits in sysfs ({e})")), punch_align: 512, alloc_unit: 512 }
+        }
+    }
+}
+
+/// What sysfs says of a block device's request queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct DeviceQueue {
+    /// The largest WRITE ZEROES the device takes; 0 when it takes none.
+    write_zeroes_max_bytes: u64,
+    /// The device's logical block size (what `fallocate` ranges must be aligned to).
+    logical_block_size: u64,
+}
+
+impl DeviceQueue {
+    /// Read `MAJ:MIN/queue/` under `sys_dev_block` (`/sys/dev/block`), or for a partition
+    /// (which has a `partition` file and no queue of its own) its disk's, the directory above.
+    fn read(sys_dev_block: &Path, major: u32, minor: u32) -> io::Result<Self> {
+        let dev = sys_dev_block.join(format!("{major}:{minor}"));
+        // `MAJ:MIN` is a symbolic link into /sys/devices: `..` is taken from where it leads.
+        let queue = if dev.join("partition").exists() { dev.join("..").join("queue") } else { dev.join("queue") };
+        let read = |name: &str| -> io::Result<u64> {
+            let path = queue.join(name);
+            let text = std::fs::read_to_string(&path)?;
+            text.trim().parse().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))
+        };
+        Ok(Self { write_zeroes_max_bytes: read("write_zeroes_max_bytes")?, logical_block_size: read("logical_block_size")?.max(1) })
+    }
+}
+
+/// `lseek(SEEK_DATA)` from `at`: the next byte of data, `None` when there is none (`ENXIO`).
+fn seek_data(file: &File, at: u64) -> io::Result<Option<u64>> {
+    match rustix::fs::seek(file, SeekFrom::Data(at)) {
+        Ok(p) => Ok(Some(p)),
+        Err(e) if e == Errno::NXIO => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `lseek(SEEK_HOLE)` from `at` (data): where the hole after it starts (the end of the file
+/// counts as one).
+fn seek_hole(file: &File, at: u64) -> io::Result<u64> {
+    match rustix::fs::seek(file, SeekFrom::Hole(at)) {
+        Ok(p) => Ok(p),
+        // Past the end: a hole right there.
+        Err(e) if e == Errno::NXIO => Ok(at),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// [`BlockBackend::mapping`] from a file's extents: a block holding any data is mapped, one
+/// wholly in a hole is not. (The seeks move the file offset, which no I/O here uses: every
+/// read and write is positioned.)
+fn file_mapping(file: &File, offset: u64, len: u64, bs: u64) -> io::Result<(bool, u64)> {
+    let end = offset + len;
+    let Some(data) = seek_data(file, offset)? else {
+        return Ok((false, len));
+    };
+    let data_block = data / bs * bs;
+    if data_block > offset {
+        // Holes up to the block where the data starts.
+        return Ok((false, (data_block - offset).min(len)));
+    }
+    // Mapped: on over every block that holds some data.
+    let mut at = data;
+    loop {
+        // Past `at` whatever the file system says, so the loop always moves on.
+        let next = seek_hole(file, at)?.max(at + 1).next_multiple_of(bs);
+        if next >= end {
+            return Ok((true, len));
+        }
+        match seek_data(file, next)? {
+            Some(d) if (next..next + bs).contains(&d) => at = d,
+            _ => return Ok((true, next - offset)),
+        }
+    }
 }
 
 impl BlockBackend for FileBackend {
@@ -225,21 +493,26 @@ impl BlockBackend for FileBackend {
         self.file.sync_data()
     }
     fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
-        // Without hole punching available portably, write zeros.
-        let zeros = vec![0u8; len.min(1 << 20) as usize];
-        let mut at = offset;
-        while at < offset + len {
-            let n = (offset + len - at).min(zeros.len() as u64) as usize;
-            self.file.write_all_at(&zeros[..n], at)?;
-            at += n as u64;
-        }
-        Ok(())
+        if self.thin { self.deallocate(offset, len) } else { self.write_zeros(offset, len) }
     }
-    fn is_mapped(&self, _offset: u64) -> bool {
-        true
+    fn is_mapped(&self, offset: u64) -> bool {
+        let bs = u64::from(self.block_size);
+        self.mapping(offset / bs * bs, bs).map_or(true, |(mapped, _)| mapped)
+    }
+    fn mapping(&self, offset: u64, len: u64) -> io::Result<(bool, u64)> {
+        // A unit that is not thin has every block mapped (LBPME=0), whatever holes its file
+        // has; a device cannot say which blocks it holds.
+        if !self.thin || self.device {
+            return Ok((true, len));
+        }
+        file_mapping(&self.file, offset, len, u64::from(self.block_size))
     }
     fn thin(&self) -> bool {
-        false
+        self.thin
+    }
+    fn unmap_granularity(&self) -> u32 {
+        let g = self.alloc_unit / u64::from(self.block_size);
+        if self.thin { u32::try_from(g).unwrap_or(u32::MAX).max(1) } else { 1 }
     }
     fn resize(&self, size: u64) -> io::Result<()> {
         let blocks = grown_blocks(size, self.block_size, self.num_blocks())?;
@@ -313,5 +586,226 @@ mod tests {
         f.read(512, &mut b).unwrap();
         assert_eq!(b, [1; 512]);
         std::fs::remove_file(&dir).unwrap();
+    }
+
+    /// A RAM disk that answers [`BlockBackend::mapping`] with the trait's default.
+    #[derive(Debug)]
+    struct ByBlock(RamBackend);
+
+    impl BlockBackend for ByBlock {
+        fn block_size(&self) -> u32 {
+            self.0.block_size()
+        }
+        fn num_blocks(&self) -> u64 {
+            self.0.num_blocks()
+        }
+        fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+            self.0.read(offset, buf)
+        }
+        fn write(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+            self.0.write(offset, buf)
+        }
+        fn flush(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
+            self.0.unmap(offset, len)
+        }
+        fn is_mapped(&self, offset: u64) -> bool {
+            self.0.is_mapped(offset)
+        }
+        fn thin(&self) -> bool {
+            true
+        }
+    }
+
+    /// The run from `block` as `is_mapped` tells it, at most `max` blocks.
+    fn run_by_is_mapped(b: &dyn BlockBackend, block: u64, max: u64) -> (bool, u64) {
+        let bs = u64::from(b.block_size());
+        let m = b.is_mapped(block * bs);
+        let n = (1..max).find(|&i| b.is_mapped((block + i) * bs) != m).unwrap_or(max);
+        (m, n)
+    }
+
+    #[test]
+    fn ram_mapping_runs_agree_with_is_mapped() {
+        let r = RamBackend::new(4096 * 512, 512);
+        // Runs across word boundaries, whole words, a single block and the very end.
+        for (lba, blocks) in [(0, 3), (60, 140), (255, 1), (1000, 1), (2048, 2048)] {
+            r.write(lba * 512, &vec![1; blocks as usize * 512]).unwrap();
+        }
+        r.unmap(2100 * 512, 64 * 512).unwrap();
+        let by_block = ByBlock(RamBackend::new(4096 * 512, 512));
+        for (lba, blocks) in [(0, 3), (60, 140), (255, 1), (1000, 1), (2048, 52), (2164, 1932)] {
+            by_block.write(lba * 512, &vec![1; blocks as usize * 512]).unwrap();
+        }
+        for block in [0, 2, 3, 59, 60, 63, 64, 127, 128, 199, 200, 254, 255, 256, 999, 1000, 1001, 2047, 2048, 2099, 2100, 2163, 2164, 4095]
+        {
+            for max in [1, 5, 64, 4096 - block] {
+                let want = run_by_is_mapped(&r, block, max);
+                let (m, bytes) = r.mapping(block * 512, max * 512).unwrap();
+                assert_eq!((m, bytes / 512), want, "RAM from block {block}, at most {max}");
+                let (m, bytes) = by_block.mapping(block * 512, max * 512).unwrap();
+                assert_eq!((m, bytes / 512), want, "default from block {block}, at most {max}");
+            }
+        }
+        assert_eq!(r.mapping(2100 * 512, 1 << 20).unwrap(), (false, 64 * 512));
+        assert_eq!(r.mapping(2164 * 512, 1932 * 512).unwrap(), (true, 1932 * 512));
+    }
+
+    /// A scratch file in the temporary directory, removed when dropped.
+    struct Scratch(std::path::PathBuf);
+
+    impl Scratch {
+        fn new(name: &str) -> Self {
+            let p = std::env::temp_dir().join(format!("riser-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_file(&p);
+            Self(p)
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    /// Whether the file system holding `dir` is one known to punch holes (ext4, XFS, btrfs,
+    /// tmpfs): there a file must be thin.
+    pub(crate) fn known_to_punch(dir: &Path) -> bool {
+        const MAGICS: [u64; 4] = [0xef53, 0x5846_5342, 0x9123_683e, 0x0102_1994];
+        rustix::fs::statfs(dir).ok().and_then(|s| u64::try_from(s.f_type).ok()).is_some_and(|t| MAGICS.contains(&t))
+    }
+
+    #[test]
+    fn file_mapping_follows_the_extents() {
+        let s = Scratch::new("extents");
+        let f = FileBackend::open(&s.0, Some(1 << 20), 512).unwrap();
+        if known_to_punch(&std::env::temp_dir()) {
+            assert!(f.thin(), "a file system that punches holes gives a thin file");
+        }
+        if !f.thin() {
+            // Not thin: every block is mapped, whatever holes the file has.
+            assert_eq!(f.mapping(0, 1 << 20).unwrap(), (true, 1 << 20));
+            return;
+        }
+        let fs_block = rustix::fs::statfs(std::env::temp_dir().as_path()).unwrap().f_bsize as u64;
+        assert_eq!(f.unmap_granularity() as u64, (fs_block / 512).max(1));
+        assert_eq!(f.mapping(0, 1 << 20).unwrap(), (false, 1 << 20), "a new file is one hole");
+        // One 512-byte block: its file system block holds data, so all the unit's blocks in it
+        // are mapped.
+        let at = 3 * fs_block + 512;
+        f.write(at, &[7; 512]).unwrap();
+        assert_eq!(f.mapping(0, 1 << 20).unwrap(), (false, 3 * fs_block));
+        assert_eq!(f.mapping(0, 512).unwrap(), (false, 512), "at most len");
+        assert_eq!(f.mapping(3 * fs_block, (1 << 20) - 3 * fs_block).unwrap(), (true, fs_block));
+        assert_eq!(f.mapping(4 * fs_block, (1 << 20) - 4 * fs_block).unwrap(), (false, (1 << 20) - 4 * fs_block));
+        assert!(f.is_mapped(at) && f.is_mapped(3 * fs_block) && !f.is_mapped(0) && !f.is_mapped(4 * fs_block));
+        // Adjacent data extends the run; data at the very end of the file too.
+        f.write(4 * fs_block, &vec![8; fs_block as usize]).unwrap();
+        f.write((1 << 20) - 512, &[9; 512]).unwrap();
+        assert_eq!(f.mapping(3 * fs_block, (1 << 20) - 3 * fs_block).unwrap(), (true, 2 * fs_block));
+        assert_eq!(f.mapping(5 * fs_block, (1 << 20) - 5 * fs_block).unwrap(), (false, (1 << 20) - 6 * fs_block));
+        assert_eq!(f.mapping((1 << 20) - fs_block, fs_block).unwrap(), (true, fs_block));
+        // A punched hole reads as zeros and is a hole again.
+        f.unmap(3 * fs_block, 2 * fs_block).unwrap();
+        let mut b = vec![1; 2 * fs_block as usize];
+        f.read(3 * fs_block, &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == 0));
+        assert_eq!(f.mapping(0, 1 << 20).unwrap(), (false, (1 << 20) - fs_block));
+    }
+
+    #[test]
+    fn thin_provisioning_follows_the_options() {
+        let s = Scratch::new("options");
+        let punch = known_to_punch(&std::env::temp_dir());
+        let off = FileBackend::open_with(&s.0, Some(1 << 16), 512, FileOptions::default().with_thin(Some(false))).unwrap();
+        assert!(!off.thin() && off.is_mapped(0) && off.unmap_granularity() == 1);
+        drop(off);
+        if punch {
+            assert!(FileBackend::open_with(&s.0, None, 512, FileOptions { thin: Some(true) }).unwrap().thin());
+        }
+        // Neither a regular file nor a block device: never thin, and refused when required.
+        assert!(!FileBackend::open(Path::new("/dev/null"), None, 512).unwrap().thin());
+        let e = FileBackend::open_with(Path::new("/dev/null"), None, 512, FileOptions { thin: Some(true) }).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::Unsupported, "{e}");
+    }
+
+    #[test]
+    fn a_device_is_thin_when_sysfs_says_it_writes_zeroes() {
+        let s = Scratch::new("sysfs");
+        let root = &s.0;
+        let _ = std::fs::remove_dir_all(root);
+        let put = |rel: &str, text: &str| {
+            let p = root.join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        };
+        // Laid out as /sys is: dev/block/MAJ:MIN are links into devices/, a partition is a
+        // directory inside its disk's, with a `partition` file and no queue.
+        put("devices/vda/queue/write_zeroes_max_bytes", "2199023255040\n");
+        put("devices/vda/queue/logical_block_size", "4096\n");
+        put("devices/vda/vda1/partition", "1\n");
+        put("devices/zram0/queue/write_zeroes_max_bytes", "0\n");
+        put("devices/zram0/queue/logical_block_size", "512\n");
+        put("devices/odd/queue/write_zeroes_max_bytes", "lots\n");
+        put("devices/odd/queue/logical_block_size", "512\n");
+        std::fs::create_dir_all(root.join("dev/block")).unwrap();
+        for (link, to) in [("253:0", "vda"), ("253:1", "vda/vda1"), ("254:0", "zram0"), ("1:1", "odd")] {
+            std::os::unix::fs::symlink(format!("../../devices/{to}"), root.join("dev/block").join(link)).unwrap();
+        }
+        let sys = root.join("dev/block");
+        let disk = DeviceQueue { write_zeroes_max_bytes: 2_199_023_255_040, logical_block_size: 4096 };
+        assert_eq!(DeviceQueue::read(&sys, 253, 0).unwrap(), disk);
+        assert_eq!(DeviceQueue::read(&sys, 253, 1).unwrap(), disk, "a partition has its disk's queue");
+        assert_eq!(DeviceQueue::read(&sys, 254, 0).unwrap(), DeviceQueue { write_zeroes_max_bytes: 0, logical_block_size: 512 });
+        assert_eq!(DeviceQueue::read(&sys, 1, 1).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        assert_eq!(DeviceQueue::read(&sys, 9, 9).unwrap_err().kind(), io::ErrorKind::NotFound);
+
+        let p = device_provisioning(&sys, rustix::fs::makedev(253, 1));
+        assert_eq!((p.can.is_ok(), p.punch_align, p.alloc_unit), (true, 4096, 4096));
+        for (major, minor) in [(254, 0), (1, 1), (9, 9)] {
+            let p = device_provisioning(&sys, rustix::fs::makedev(major, minor));
+            assert!(p.can.is_err(), "{major}:{minor} is not thin");
+        }
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
+    /// A loop device over a sparse file on a file system that punches holes: thin, UNMAP
+    /// reads back as zeros, and the backing file shrinks. Needs root and a free loop device:
+    /// `cargo test -p riser-target -- --ignored a_loop_device`.
+    #[test]
+    #[ignore = "needs root and a free loop device"]
+    fn a_loop_device_deallocates_through_write_zeroes() {
+        use std::process::Command;
+        let s = Scratch::new("loop-backing");
+        File::create(&s.0).unwrap().set_len(64 << 20).unwrap();
+        let out = Command::new("losetup").args(["--find", "--show"]).arg(&s.0).output().unwrap();
+        assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
+        let dev = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        let detach = || Command::new("losetup").args(["-d", &dev]).status();
+        let result = std::panic::catch_unwind(|| {
+            let f = FileBackend::open(Path::new(&dev), None, 512).unwrap();
+            assert!(f.is_device() && f.num_blocks() == (64 << 20) / 512);
+            let rdev = std::fs::metadata(&dev).unwrap().rdev();
+            let q = DeviceQueue::read(Path::new(SYS_DEV_BLOCK), rustix::fs::major(rdev), rustix::fs::minor(rdev)).unwrap();
+            assert_eq!(f.thin(), q.write_zeroes_max_bytes > 0, "{q:?}");
+            f.write(0, &vec![0x5a; 8 << 20]).unwrap();
+            f.flush().unwrap();
+            let before = std::fs::metadata(&s.0).unwrap().blocks();
+            f.unmap(1 << 20, 4 << 20).unwrap();
+            f.flush().unwrap();
+            let mut b = vec![1; 4 << 20];
+            f.read(1 << 20, &mut b).unwrap();
+            assert!(b.iter().all(|&x| x == 0), "UNMAP reads back as zeros");
+            assert_eq!(f.mapping(0, 64 << 20).unwrap(), (true, 64 << 20), "a device: every block mapped");
+            let after = std::fs::metadata(&s.0).unwrap().blocks();
+            if f.thin() {
+                assert!(before - after >= (4 << 20) / 512, "the backing file shrank: {before} -> {after} sectors");
+            }
+            eprintln!("{dev}: thin {}, {q:?}, backing file {before} -> {after} sectors", f.thin());
+        });
+        detach().unwrap();
+        result.unwrap();
     }
 }

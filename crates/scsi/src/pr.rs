@@ -89,7 +89,29 @@ pub fn parse_read_reservation(b: &[u8]) -> Result<(u32, Option<Reservation>), Er
     Ok((generation, Some(Reservation { key: u64_at(b, 8), scope: b[21] >> 4, pr_type: b[21] & 0x0f })))
 }
 
-/// REPORT CAPABILITIES parameter data (8 bytes): flags bytes 2 and 3 and the type mask.
+/// REPORT CAPABILITIES flag bits (SPC-5 §6.16.4): `BYTE2_*` go in byte 2, `BYTE3_*` in byte 3
+/// of the parameter data.
+pub mod caps {
+    /// Byte 2 bit 7, RLR_C: the device server can replace lost reservations.
+    pub const BYTE2_RLR_C: u8 = 0x80;
+    /// Byte 2 bit 4, CRH: compatible reservation handling (RESERVE/RELEASE as SPC-5 §5.14.3).
+    pub const BYTE2_CRH: u8 = 0x10;
+    /// Byte 2 bit 3, SIP_C: the SPEC_I_PT bit is supported.
+    pub const BYTE2_SIP_C: u8 = 0x08;
+    /// Byte 2 bit 2, ATP_C: the ALL_TG_PT bit is supported.
+    pub const BYTE2_ATP_C: u8 = 0x04;
+    /// Byte 2 bit 0, PTPL_C: persist through power loss is supported (APTPL may be set).
+    pub const BYTE2_PTPL_C: u8 = 0x01;
+    /// Byte 3 bit 7, TMV: the persistent reservation type mask is valid.
+    pub const BYTE3_TMV: u8 = 0x80;
+    /// Byte 3 bits 6..4, ALLOW COMMANDS.
+    pub const BYTE3_ALLOW_COMMANDS_MASK: u8 = 0x70;
+    /// Byte 3 bit 0, PTPL_A: persist through power loss is activated.
+    pub const BYTE3_PTPL_A: u8 = 0x01;
+}
+
+/// REPORT CAPABILITIES parameter data (8 bytes): flags bytes 2 and 3 ([`caps`]) and the type
+/// mask.
 pub fn report_capabilities_to_bytes(byte2: u8, byte3: u8, type_mask: u16) -> [u8; 8] {
     let mut b = [0u8; 8];
     put_u16(&mut b, 0, 8);

@@ -36,7 +36,7 @@ impl LogicalUnit {
                     optimal_transfer_len: 2048,
                     max_unmap_lba_count: if thin { 1 << 20 } else { 0 },
                     max_unmap_descriptor_count: if thin { 256 } else { 0 },
-                    optimal_unmap_granularity: 1,
+                    optimal_unmap_granularity: if thin { self.backend.unmap_granularity().max(1) } else { 1 },
                     unmap_granularity_alignment: thin.then_some(0),
                     // No limit: WRITE SAME moves no data over the wire.
                     max_write_same_len: 0,

@@ -6,6 +6,11 @@ use bytes::Bytes;
 use riser_scsi::capacity::{Capacity10, Capacity16, LbaStatusDescriptor, lba_status_to_bytes};
 use riser_scsi::sense::AscAscq;
 
+/// Most descriptors one GET LBA STATUS returns, and most times it asks the backend (each a look
+/// at the store's extents; the default [`mapping`](crate::backend::BlockBackend::mapping) looks
+/// at up to 65536 blocks).
+pub(super) const MAX_LBA_STATUS_DESCRIPTORS: usize = 512;
+
 impl LogicalUnit {
     /// READ CAPACITY (10).
     pub(super) fn read_capacity_10(&self, lba: u32, pmi: bool) -> R {
@@ -30,20 +35,42 @@ impl LogicalUnit {
         Outcome::good(truncate(v, alloc_len))
     }
 
-    /// GET LBA STATUS: one descriptor, for the run of blocks from `lba` that are all mapped or
-    /// all deallocated.
+    /// GET LBA STATUS: descriptors for the runs of blocks from `lba` that are all mapped or
+    /// all deallocated, as the backend reports them
+    /// ([`BlockBackend::mapping`](crate::backend::BlockBackend::mapping)): as many as the
+    /// allocation length holds (at least one), each of at most 0xffff_ffff blocks. The backend
+    /// is asked at most [`MAX_LBA_STATUS_DESCRIPTORS`] times per command.
     pub(super) fn get_lba_status(&self, lba: u64, alloc_len: u32) -> R {
-        if lba >= self.blocks() {
+        let blocks = self.blocks();
+        if lba >= blocks {
             return Err(illegal(AscAscq::LBA_OUT_OF_RANGE));
         }
         let bs = u64::from(self.bs());
-        let mapped = self.backend.is_mapped(lba * bs);
-        let mut n = 1u64;
-        while lba + n < self.blocks() && n < 0xffff_ffff && self.backend.is_mapped((lba + n) * bs) == mapped && n < 65536 {
-            n += 1;
+        let max = ((alloc_len as usize).saturating_sub(8) / 16).clamp(1, MAX_LBA_STATUS_DESCRIPTORS);
+        let mut ds: Vec<LbaStatusDescriptor> = Vec::new();
+        let mut at = lba;
+        for _ in 0..max {
+            if at >= blocks {
+                break;
+            }
+            let want = (blocks - at).min(0xffff_ffff);
+            let (mapped, n) = match self.backend.mapping(at * bs, want * bs) {
+                Ok((mapped, bytes)) => (mapped, (bytes / bs).clamp(1, want)),
+                // Mapped is never wrong: status 0 means "mapped or unknown" (SBC-4).
+                Err(e) => {
+                    tracing::warn!(unit = %self.identity, lba = at, "GET LBA STATUS: the backend cannot tell: {e}");
+                    (true, want)
+                }
+            };
+            let status = if mapped { 0 } else { 1 };
+            match ds.last_mut() {
+                // A backend may report a run in pieces: one descriptor for the whole run.
+                Some(d) if d.status == status && u64::from(d.blocks) + n <= 0xffff_ffff => d.blocks += n as u32,
+                _ => ds.push(LbaStatusDescriptor { lba: at, blocks: n as u32, status }),
+            }
+            at += n;
         }
-        let d = LbaStatusDescriptor { lba, blocks: n as u32, status: if mapped { 0 } else { 1 } };
-        Ok(Outcome::good(truncate(lba_status_to_bytes(&[d]), alloc_len)))
+        Ok(Outcome::good(truncate(lba_status_to_bytes(&ds), alloc_len)))
     }
 
     /// START STOP UNIT.

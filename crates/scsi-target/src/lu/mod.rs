@@ -13,12 +13,17 @@ mod inquiry;
 mod medium;
 mod mode;
 mod pr;
+mod pr_store;
 mod report;
 mod rsoc;
 mod rw;
 mod sanitize;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_pr;
+#[cfg(test)]
+mod tests_thin;
 
 use crate::backend::BlockBackend;
 use bytes::Bytes;
@@ -98,6 +103,9 @@ pub struct LogicalUnit {
     state: Mutex<State>,
     read_modify_write: RangeLocks,
     sanitize_rate: Option<u64>,
+    /// Where persistent reservations are kept while APTPL is active
+    /// ([`LogicalUnit::with_persistent_reservation_file`]); none: APTPL is refused.
+    pr_store: Option<pr_store::PrStore>,
 }
 
 type R = Result<Outcome, Sense>;
@@ -125,6 +133,7 @@ impl LogicalUnit {
             state: Mutex::new(State { wce: true, ..State::default() }),
             read_modify_write: RangeLocks::default(),
             sanitize_rate: None,
+            pr_store: None,
         }
     }
 
@@ -145,12 +154,14 @@ impl LogicalUnit {
     }
 
     /// Whether `plan` may block its thread for long (file I/O, a SANITIZE without IMMED that
-    /// waits for the whole operation, or a read-modify-write that may wait for another on the
-    /// same blocks, whose disk may hang); the server runs those off its I/O threads.
+    /// waits for the whole operation, a read-modify-write that may wait for another on the
+    /// same blocks, whose disk may hang, or a PERSISTENT RESERVE OUT that syncs its file); the
+    /// server runs those off its I/O threads.
     pub fn may_block(&self, plan: &Plan) -> bool {
         !self.backend.in_memory()
             || matches!(plan.cdb, Cdb::Sanitize { flags, .. } if flags & 0x80 == 0)
             || matches!(plan.cdb, Cdb::CompareAndWrite { .. } | Cdb::OrWrite(_))
+            || (self.pr_store.is_some() && matches!(plan.cdb, Cdb::PersistentReserveOut { .. }))
     }
 
     fn st(&self) -> std::sync::MutexGuard<'_, State> {

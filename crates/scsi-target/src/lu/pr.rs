@@ -1,16 +1,25 @@
 //! Reservations: PERSISTENT RESERVE IN/OUT, RESERVE/RELEASE (6/10), and the reservation
 //! conflict check every command passes before it runs.
 
+use super::pr_store::PrStore;
 use super::{LogicalUnit, Nexus, Outcome, R, bad_field, illegal, truncate};
 use bytes::Bytes;
 use riser_scsi::cdb::Cdb;
-use riser_scsi::sense::{AscAscq, Sense};
+use riser_scsi::sense::{AscAscq, Sense, Status};
+use std::path::PathBuf;
 
-#[derive(Debug, Default)]
+/// The persistent reservation state of a unit.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct Pr {
-    generation: u32,
-    registrations: Vec<(Nexus, u64)>,
-    holder: Option<(Nexus, u64, u8)>,
+    /// PRgeneration (SPC-5 §6.16.2).
+    pub(super) generation: u32,
+    /// Registered I_T nexuses and their keys, in registration order.
+    pub(super) registrations: Vec<(Nexus, u64)>,
+    /// The reservation: its holder, the holder's key and the type.
+    pub(super) holder: Option<(Nexus, u64, u8)>,
+    /// APTPL is active (SPC-5 §5.14.5): the state is kept in the unit's file as well (never set
+    /// on a unit without one).
+    pub(super) aptpl: bool,
 }
 
 fn all_registrants(t: u8) -> bool {
@@ -18,6 +27,38 @@ fn all_registrants(t: u8) -> bool {
 }
 
 impl LogicalUnit {
+    /// Keep this unit's persistent reservations in the file at `path` while an application
+    /// client has activated persist through power loss (PERSISTENT RESERVE OUT with APTPL=1,
+    /// SPC-5 §5.14.5), so they survive a restart of the target. The unit then reports PTPL_C in
+    /// REPORT CAPABILITIES and honours APTPL; without a file it refuses APTPL=1.
+    ///
+    /// If the file exists, the unit starts with the registrations (their I_T nexuses and keys)
+    /// and the reservation it holds, with APTPL active. A file that cannot be read, or is not
+    /// a valid persistent reservation file, is an error naming the path (InvalidData when
+    /// malformed): the unit never starts with registrations silently dropped. A missing file
+    /// is no state.
+    ///
+    /// The directory is the caller's (a service's state directory, one file per unit); the
+    /// unit creates, replaces and removes only the file (and a temporary `.NAME.tmp` beside it
+    /// while it writes). Every PERSISTENT RESERVE OUT that changes the state while APTPL is
+    /// active rewrites the file atomically and durably before it returns GOOD; one that turns
+    /// APTPL off removes it.
+    pub fn with_persistent_reservation_file(mut self, path: PathBuf) -> std::io::Result<Self> {
+        let store = PrStore::new(path)?;
+        if let Some(pr) = store.load()? {
+            tracing::info!(
+                unit = %self.identity,
+                file = %store.path().display(),
+                registrations = pr.registrations.len(),
+                reserved = pr.holder.is_some(),
+                "persistent reservations restored (APTPL)"
+            );
+            self.state.get_mut().unwrap_or_else(|e| e.into_inner()).pr = pr;
+        }
+        self.pr_store = Some(store);
+        Ok(self)
+    }
+
     pub(super) fn reservation_conflict(&self, c: &Cdb, nexus: &Nexus) -> Option<Outcome> {
         let s = self.st();
         let allowed_always = matches!(
@@ -105,7 +146,12 @@ impl LogicalUnit {
                 s.pr.holder.as_ref().map(|(_, k, t)| Reservation { key: if all_registrants(*t) { 0 } else { *k }, scope: 0, pr_type: *t }),
             ),
             in_sa::READ_FULL_STATUS => self.full_status(&s.pr),
-            in_sa::REPORT_CAPABILITIES => report_capabilities_to_bytes(0x10, 0x80, 0xea01).to_vec(),
+            in_sa::REPORT_CAPABILITIES => {
+                // CRH and TMV as ever; PTPL_C with a file to persist to, PTPL_A while APTPL is on.
+                let ptpl_c = if self.pr_store.is_some() { caps::BYTE2_PTPL_C } else { 0 };
+                let ptpl_a = if s.pr.aptpl { caps::BYTE3_PTPL_A } else { 0 };
+                report_capabilities_to_bytes(caps::BYTE2_CRH | ptpl_c, caps::BYTE3_TMV | ptpl_a, 0xea01).to_vec()
+            }
             _ => return Err(bad_field(1, Some(4))),
         };
         Ok(Outcome::good(truncate(data, u32::from(alloc))))
@@ -147,12 +193,70 @@ impl LogicalUnit {
         if out.len() != 24 && !p.spec_i_pt {
             return Err(illegal(AscAscq::PARAMETER_LIST_LENGTH_ERROR));
         }
-        if p.spec_i_pt || p.aptpl {
+        // APTPL=1 needs a file to persist to (PTPL_C=0 without one).
+        if p.spec_i_pt || (p.aptpl && self.pr_store.is_none()) {
             return Err(Sense::invalid_field_in_parameter_list(20, None));
         }
-        let mut s = self.st();
-        let mine = s.pr.registrations.iter().position(|(n, _)| n == nexus);
-        let my_key = mine.map(|i| s.pr.registrations[i].1);
+        // Every service action works on a copy that replaces the state only once the command
+        // has succeeded (and, with APTPL active, the file holds it).
+        let Some(store) = &self.pr_store else {
+            let mut s = self.st();
+            let mut next = s.pr.clone();
+            let o = next.apply(sa, scope, ty, &p, nexus)?;
+            if o.status == Status::GOOD {
+                s.pr = next;
+            }
+            return Ok(o);
+        };
+        // PR OUT commands take turns here, so the state read below stays current until it is
+        // replaced, while other commands go on (the state lock is not held across the write).
+        let _turn = store.serialize();
+        let now = self.st().pr.clone();
+        let mut next = now.clone();
+        let o = next.apply(sa, scope, ty, &p, nexus)?;
+        if o.status != Status::GOOD {
+            return Ok(o);
+        }
+        // APTPL counts on REGISTER and REGISTER AND IGNORE EXISTING KEY only (other service
+        // actions ignore the bit), and the most recent valid value governs (SPC-5 §5.14.5).
+        if matches!(sa, out_sa::REGISTER | out_sa::REGISTER_AND_IGNORE_EXISTING_KEY) {
+            next.aptpl = p.aptpl;
+        }
+        if next != now {
+            let kept = if next.aptpl {
+                store.save(&next)
+            } else if now.aptpl {
+                // APTPL off: from now on the state lives in memory only.
+                store.remove()
+            } else {
+                Ok(())
+            };
+            if let Err(e) = kept {
+                tracing::error!(
+                    unit = %self.identity,
+                    file = %store.path().display(),
+                    "cannot keep the persistent reservations, PERSISTENT RESERVE OUT refused: {e}"
+                );
+                // SPC-5 §6.17.1: a PERSISTENT RESERVE OUT the device server has not the
+                // resources to complete ends with ILLEGAL REQUEST, INSUFFICIENT REGISTRATION
+                // RESOURCES; nonvolatile storage for APTPL is such a resource. The state is as
+                // before the command, so the client may retry it; HARDWARE ERROR would call
+                // the unit broken when only its reservation file is.
+                return Err(illegal(AscAscq::INSUFFICIENT_REGISTRATION_RESOURCES));
+            }
+        }
+        self.st().pr = next;
+        Ok(o)
+    }
+}
+
+impl Pr {
+    /// Carry out one PERSISTENT RESERVE OUT service action on this state (APTPL aside). On
+    /// RESERVATION CONFLICT or an error the state may be half changed: callers work on a copy.
+    fn apply(&mut self, sa: u8, scope: u8, ty: u8, p: &riser_scsi::pr::PrOutParams, nexus: &Nexus) -> R {
+        use riser_scsi::pr::*;
+        let mine = self.registrations.iter().position(|(n, _)| n == nexus);
+        let my_key = mine.map(|i| self.registrations[i].1);
         let valid_type = |t: u8| matches!(t, 1 | 3 | 5 | 6 | 7 | 8);
         match sa {
             out_sa::REGISTER | out_sa::REGISTER_AND_IGNORE_EXISTING_KEY => {
@@ -161,26 +265,26 @@ impl LogicalUnit {
                 }
                 if p.sa_key == 0 {
                     if let Some(i) = mine {
-                        s.pr.registrations.remove(i);
-                        if let Some((n, _, t)) = s.pr.holder.clone()
+                        self.registrations.remove(i);
+                        if let Some((n, _, t)) = self.holder.clone()
                             && &n == nexus
                         {
                             // An all-registrants reservation survives while anyone is registered.
-                            s.pr.holder = match (all_registrants(t), s.pr.registrations.first()) {
+                            self.holder = match (all_registrants(t), self.registrations.first()) {
                                 (true, Some((other, k))) => Some((other.clone(), *k, t)),
                                 _ => None,
                             };
                         }
                     }
                 } else if let Some(i) = mine {
-                    s.pr.registrations[i].1 = p.sa_key;
-                    if let Some(h) = s.pr.holder.as_mut().filter(|(n, _, _)| n == nexus) {
+                    self.registrations[i].1 = p.sa_key;
+                    if let Some(h) = self.holder.as_mut().filter(|(n, _, _)| n == nexus) {
                         h.1 = p.sa_key;
                     }
                 } else {
-                    s.pr.registrations.push((nexus.clone(), p.sa_key));
+                    self.registrations.push((nexus.clone(), p.sa_key));
                 }
-                s.pr.generation = s.pr.generation.wrapping_add(1);
+                self.generation = self.generation.wrapping_add(1);
             }
             out_sa::RESERVE => {
                 if my_key != Some(p.key) {
@@ -189,46 +293,46 @@ impl LogicalUnit {
                 if scope != 0 || !valid_type(ty) {
                     return Err(bad_field(2, None));
                 }
-                match &s.pr.holder {
+                match &self.holder {
                     Some((n, _, t)) if n != nexus || *t != ty => return Ok(Outcome::conflict()),
                     Some(_) => {}
-                    None => s.pr.holder = Some((nexus.clone(), p.key, ty)),
+                    None => self.holder = Some((nexus.clone(), p.key, ty)),
                 }
             }
             out_sa::RELEASE => {
                 if my_key != Some(p.key) {
                     return Ok(Outcome::conflict());
                 }
-                if let Some((n, _, t)) = &s.pr.holder
+                if let Some((n, _, t)) = &self.holder
                     && n == nexus
                 {
                     if *t != ty {
                         return Err(illegal(AscAscq::new(0x26, 0x04)));
                     }
-                    s.pr.holder = None;
+                    self.holder = None;
                 }
             }
             out_sa::CLEAR => {
                 if my_key != Some(p.key) {
                     return Ok(Outcome::conflict());
                 }
-                s.pr.registrations.clear();
-                s.pr.holder = None;
-                s.pr.generation = s.pr.generation.wrapping_add(1);
+                self.registrations.clear();
+                self.holder = None;
+                self.generation = self.generation.wrapping_add(1);
             }
             out_sa::PREEMPT | out_sa::PREEMPT_AND_ABORT => {
                 if my_key != Some(p.key) {
                     return Ok(Outcome::conflict());
                 }
-                let victim_holds = s.pr.holder.as_ref().is_some_and(|(_, k, _)| *k == p.sa_key);
-                s.pr.registrations.retain(|(n, k)| *k != p.sa_key || n == nexus);
+                let victim_holds = self.holder.as_ref().is_some_and(|(_, k, _)| *k == p.sa_key);
+                self.registrations.retain(|(n, k)| *k != p.sa_key || n == nexus);
                 if victim_holds {
                     if !valid_type(ty) {
                         return Err(bad_field(2, None));
                     }
-                    s.pr.holder = Some((nexus.clone(), p.key, ty));
+                    self.holder = Some((nexus.clone(), p.key, ty));
                 }
-                s.pr.generation = s.pr.generation.wrapping_add(1);
+                self.generation = self.generation.wrapping_add(1);
             }
             _ => return Err(bad_field(1, Some(4))),
         }

@@ -1,7 +1,7 @@
-//! riser's example iSCSI initiator.
+//! riser's iSCSI initiator (installed as `riser-initiator`; also the example `initiator`).
 //!
 //! ```text
-//! cargo run --release --example initiator -- COMMAND URL [options]
+//! riser-initiator COMMAND URL [options]      (or: cargo run --release --example initiator -- ...)
 //!   URL: iscsi://HOST[:PORT]/TARGET_IQN/LUN   (or iscsi://HOST[:PORT] for discover)
 //!        iser://HOST[:PORT]/TARGET_IQN/LUN    iSER (default port 3262 on the software iWARP RNIC,
 //!                                             3260 with --rdma-provider rdma-core)
