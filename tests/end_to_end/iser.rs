@@ -118,3 +118,29 @@ async fn a_read_without_a_buffer_gets_check_condition() {
     assert!(resp.underflow && resp.residual == 512, "{resp:?}");
     r.ping(9).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_iser_portal_that_stops_serving_frees_its_address() {
+    use riser::target::server::{Target, TargetConfig};
+    use riser::verbs::{Listener, Provider};
+    let rnic = SoftRnic::default();
+    let l = rnic.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = l.local_addr().unwrap();
+    let target = Target::new(TargetConfig::default());
+    let serving = tokio::spawn(target.clone().serve_iser(rnic.clone(), l, IserConfig::default()));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A portal removed live (its task dropped): no request is waited for any more, and the
+    // address can be listened on again at once (it used to stay bound until a next request).
+    serving.abort();
+    let t0 = std::time::Instant::now();
+    let again = loop {
+        match rnic.listen(addr) {
+            Ok(l) => break l,
+            Err(e) => {
+                assert!(t0.elapsed() < Duration::from_secs(5), "the address stays bound: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert_eq!(again.local_addr().unwrap(), addr);
+}

@@ -48,9 +48,14 @@ pub(crate) fn interop() -> Result<(), String> {
     }
     println!("iscsi-test-cu in all: {passed} passed, {failed} failed, {skipped} skipped");
     drop(target);
+    let (mpassed, mfailed) = several_luns()?;
+    println!("a target with several LUNs: {mpassed} passed, {mfailed} failed");
     let (ipassed, ifailed) = initiator_vs_tgtd()?;
     println!("riser initiator against tgtd: {ipassed} passed, {ifailed} failed");
-    println!("{} passed, {} failed", passed + ipassed, failed + ifailed);
+    println!("{} passed, {} failed", passed + mpassed + ipassed, failed + mfailed + ifailed);
+    if mfailed > 0 {
+        return Err("a client did not see every LUN of the target".into());
+    }
     if !conformance_ok {
         return Err("conformance suite reported unexpected failures".into());
     }
@@ -58,6 +63,39 @@ pub(crate) fn interop() -> Result<(), String> {
         return Err("the riser initiator failed against tgtd".into());
     }
     Ok(())
+}
+
+/// A target with three LUNs of different sizes: libiscsi's `iscsi-ls -s` and the riser
+/// initiator's `luns` must list all three, with their sizes (REPORT LUNS is the I_T nexus's).
+fn several_luns() -> Result<(u32, u32), String> {
+    let iqn = "iqn.2026-11.io.riser:luns";
+    let target = RunningTarget::start(&["--target-name", iqn, "--lun", "ram:64MiB", "--lun", "ram:32MiB", "--lun", "ram:16MiB"])?;
+    let (mut passed, mut failed) = (0, 0);
+    let mut check = |name: &str, out: Result<std::process::Output, std::io::Error>, want: &[&str]| {
+        let text = out
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr))
+            .unwrap_or_else(|e| e.to_string());
+        let ok = want.iter().all(|w| text.contains(w));
+        println!("{} {name}", if ok { "PASS" } else { "FAIL" });
+        if !ok {
+            println!("{text}");
+        }
+        if ok { passed += 1 } else { failed += 1 }
+    };
+    let portal = format!("127.0.0.1:{}", target.port);
+    check(
+        "iscsi-ls -s lists the three LUNs",
+        Command::new("iscsi-ls").args(["-s", "-i", "iqn.2026-11.io.riser:interop-ls", &format!("iscsi://{portal}")]).output(),
+        // iscsi-ls prints the last LBA times the block size, in whole MiB: one block short.
+        &["Lun:0", "Lun:1", "Lun:2", "Size:63M", "Size:31M", "Size:15M"],
+    );
+    let initiator = root().join("target/release/examples/initiator");
+    check(
+        "riser initiator's luns lists the three LUNs",
+        Command::new(&initiator).args(["luns", &format!("iscsi://{portal}/{iqn}/0")]).output(),
+        &["LUN 0: 131072 blocks", "LUN 1: 65536 blocks", "LUN 2: 32768 blocks"],
+    );
+    Ok((passed, failed))
 }
 
 /// tgtd started by ../shared/peers/start-tgtd.sh; stopped on drop.

@@ -228,3 +228,29 @@ fn dropping_the_listener_closes_the_port_and_pending_connections() {
     assert!(t0.elapsed() < Duration::from_secs(1), "closed with the listener, not at the handshake deadline");
     assert!(TcpStream::connect(addr).is_err(), "nothing listens any more");
 }
+
+#[test]
+fn a_closed_listener_wakes_its_waiter_and_frees_its_address() {
+    let (srnic, ..) = end(SoftRnic::default());
+    let listener = std::sync::Arc::new(srnic.listen("127.0.0.1:0".parse().unwrap()).unwrap());
+    let addr = listener.local_addr().unwrap();
+    let waiter = std::thread::spawn({
+        let l = listener.clone();
+        move || l.get_request().map(drop)
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!waiter.is_finished(), "waiting for a request");
+    listener.close();
+    let t0 = Instant::now();
+    while !waiter.is_finished() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "get_request still waits after close");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(waiter.join().unwrap().is_err());
+    // A connection attempt now gets no MPA reply (refused or closed), and once the listener is
+    // dropped its address can be listened on again.
+    assert!(listener.get_request().is_err());
+    drop(listener);
+    let again = srnic.listen(addr).expect("the address is free again");
+    assert_eq!(again.local_addr().unwrap(), addr);
+}

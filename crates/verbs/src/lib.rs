@@ -352,6 +352,10 @@ pub trait Listener: Send + Sync {
     fn get_request(&self) -> Result<Self::Request>;
     /// The bound address.
     fn local_addr(&self) -> Result<SocketAddr>;
+    /// Stop listening: new connection requests are refused, and a `get_request` waiting in
+    /// another thread (or any later one) returns an error soon. The address is free once the
+    /// listener is dropped.
+    fn close(&self);
 }
 
 /// An RDMA provider (device).

@@ -5,7 +5,8 @@
 //!   URL: iscsi://HOST[:PORT]/TARGET_IQN/LUN   (or iscsi://HOST[:PORT] for discover)
 //!        iser://HOST[:PORT]/TARGET_IQN/LUN    iSER (default port 3262 on the software iWARP RNIC,
 //!                                             3260 with --rdma-provider rdma-core)
-//!   COMMAND: discover | inquiry | readcap | read | write | verify | bench | load | soak
+//!   COMMAND: discover | luns | inquiry | readcap | read | write | verify | bench | load | soak
+//!   (luns: every LUN the target shows this initiator, REPORT LUNS, with capacity and serial)
 //!   (load: --seconds of --rw read|write|randread|randwrite requests, --queue-depth in flight,
 //!    over the first --size bytes; prints IOPS, MiB/s and latency percentiles (HdrHistogram),
 //!    --latency-cdf FILE writes the latency distribution as CSV)
@@ -35,7 +36,7 @@ use std::time::{Duration, Instant};
 #[derive(Parser)]
 #[command(about = "riser iSCSI initiator")]
 struct Args {
-    /// discover, inquiry, readcap, read, write, verify, bench, load or soak.
+    /// discover, luns, inquiry, readcap, read, write, verify, bench, load or soak.
     command: String,
     /// iscsi://HOST[:PORT]/TARGET_IQN/LUN, or iser://HOST[:PORT]/TARGET_IQN/LUN
     url: String,
@@ -256,6 +257,19 @@ async fn run() -> Result<(), String> {
     }
     let s = Session::connect(&url.host, cfg).await.map_err(fmt_err)?;
     let lun = url.lun;
+    if a.command == "luns" {
+        // REPORT LUNS, then each LUN's capacity and serial number.
+        for l in s.report_luns().await.map_err(fmt_err)? {
+            let (blocks, bs) = s.read_capacity(l).await.map_err(fmt_err)?;
+            let serial = s.vpd(l, 0x80).await.map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+            println!(
+                "LUN {}: {blocks} blocks of {bs} bytes ({} MiB) serial {serial}",
+                l.number().unwrap_or(0),
+                (blocks * u64::from(bs)) >> 20
+            );
+        }
+        return Ok(());
+    }
     let (blocks, bs) = s.read_capacity(lun).await.map_err(fmt_err)?;
     let size = riser::cli::parse_size(&a.size)?;
     let io = riser::cli::parse_size(&a.block_size)?.max(u64::from(bs)) / u64::from(bs) * u64::from(bs);

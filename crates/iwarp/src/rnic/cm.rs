@@ -320,7 +320,14 @@ impl Listener for SoftListener {
 
     fn get_request(&self) -> Result<SoftRequest> {
         let st = lock(&self.handshakes.state);
-        let mut st = self.handshakes.cv.wait_while(st, |st| st.ready.is_empty() && st.failed.is_none()).unwrap_or_else(|e| e.into_inner());
+        let mut st = self
+            .handshakes
+            .cv
+            .wait_while(st, |st| st.ready.is_empty() && st.failed.is_none() && !st.closed)
+            .unwrap_or_else(|e| e.into_inner());
+        if st.closed {
+            return Err(Error::Io(io::Error::new(io::ErrorKind::ConnectionAborted, "the listener was closed")));
+        }
         if let Some(req) = st.ready.pop_front() {
             drop(st);
             // A slot is free.
@@ -334,10 +341,16 @@ impl Listener for SoftListener {
     fn local_addr(&self) -> Result<SocketAddr> {
         Ok(self.local)
     }
+
+    fn close(&self) {
+        self.stop();
+    }
 }
 
-impl Drop for SoftListener {
-    fn drop(&mut self) {
+impl SoftListener {
+    /// Stop accepting: the handshakes in progress and the requests nobody took end, the
+    /// acceptor wakes from accept() and returns, `get_request` reports the listener closed.
+    fn stop(&self) {
         let unclaimed = {
             let mut st = lock(&self.handshakes.state);
             st.closed = true;
@@ -352,6 +365,12 @@ impl Drop for SoftListener {
         drop(unclaimed);
         // Shutting a listening socket down wakes the acceptor from accept().
         let _ = socket2::SockRef::from(&*self.listener).shutdown(Shutdown::Both);
+    }
+}
+
+impl Drop for SoftListener {
+    fn drop(&mut self) {
+        self.stop();
         if let Some(t) = self.acceptor.take() {
             let _ = t.join();
         }

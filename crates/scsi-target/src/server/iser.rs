@@ -6,6 +6,15 @@ use riser_iscsi::keys::{DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH, Transport};
 use std::sync::Arc;
 use tracing::warn;
 
+/// Closes a listener when dropped (its `get_request` in another thread then returns).
+struct CloseOnDrop<L: riser_verbs::Listener>(Arc<L>);
+
+impl<L: riser_verbs::Listener> Drop for CloseOnDrop<L> {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
 impl Target {
     /// Accept iSER connections on `listener` (an RDMA provider's listener) until the task is
     /// dropped: each connection request becomes an iSER datamover, then a session exactly as
@@ -29,13 +38,17 @@ impl Target {
         let portal = listener.local_addr().map_err(std::io::Error::other)?;
         let _serving = self.serving(Portal::iser(portal));
         // The provider's listener blocks: it runs on a thread of its own (not the blocking pool,
-        // which a runtime waits for at shutdown) and hands requests over; it stops at the next
-        // request after this future is dropped.
+        // which a runtime waits for at shutdown) and hands requests over. When this future is
+        // dropped the listener is closed: the thread's wait ends, and the address is free once
+        // the thread has let go of the listener.
+        let listener = Arc::new(listener);
+        let _close = CloseOnDrop(listener.clone());
         let (tx, mut rx) = tokio::sync::mpsc::channel(4);
         std::thread::Builder::new().name("iser-listen".into()).spawn(move || {
             loop {
                 let r = listener.get_request();
-                if tx.blocking_send(r).is_err() {
+                let failed = r.is_err();
+                if tx.blocking_send(r).is_err() || failed && tx.is_closed() {
                     break;
                 }
             }

@@ -130,3 +130,133 @@ fn unknown_keys_are_named() {
     let e = error("[limit]\nqueue_depth = 4\n");
     assert!(e.contains("limit"), "{e}");
 }
+
+fn resolve(text: &str) -> Result<Resolved, String> {
+    parse(text, "target.toml")?.resolve(Path::new("/etc/riser"))
+}
+
+#[test]
+fn the_example_configuration_resolves() {
+    let r = resolve(include_str!("../../../../dist/target.example.toml")).unwrap();
+    assert_eq!(r.stores.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["disk0", "scratch"]);
+    let t = &r.targets[0];
+    assert_eq!(t.luns, BTreeMap::from([(0, "disk0".to_string()), (1, "scratch".to_string())]));
+    assert!(!t.open, "a target with ACL entries admits only them");
+    assert_eq!(t.acl[1].luns, Some(BTreeMap::from([(0, 1)])));
+    assert_eq!(r.settings.metrics, Some("127.0.0.1:9469".parse().unwrap()));
+    assert_eq!(r.settings.drain_timeout, Duration::from_secs(30));
+    assert_eq!(r.settings.target.logout_timeout, Duration::from_secs(10));
+}
+
+#[test]
+fn the_command_line_form_is_one_target_of_numbered_stores() {
+    let r =
+        resolve("lun = [\"ram:64MiB\", \"file:/var/tmp/a.img:1GiB\"]\nacl = [\"iqn.2026-11.io.riser:i\"]\niser_portal = [\"127.0.0.1\"]\n")
+            .unwrap();
+    assert_eq!(
+        r.stores.iter().map(|s| (s.name.as_str(), s.backing.as_str())).collect::<Vec<_>>(),
+        [("lun0", "ram:64MiB"), ("lun1", "file:/var/tmp/a.img:1GiB")]
+    );
+    let t = &r.targets[0];
+    assert_eq!(t.name, DEFAULT_TARGET_NAME);
+    assert!(!t.open);
+    assert_eq!(t.luns.len(), 2);
+    let portals: Vec<_> = t.portal_groups[0].portals.iter().map(|p| (p.portal.address.to_string(), p.portal.transport)).collect();
+    assert_eq!(
+        portals,
+        [("127.0.0.1:3260".to_string(), Transport::Tcp), ("127.0.0.1:3262".to_string(), Transport::Iser)],
+        "iSER on the software RNIC: 3262"
+    );
+    // Nothing at all: one target, one 1 GiB RAM LUN, open, on 127.0.0.1:3260.
+    let d = resolve("").unwrap();
+    assert_eq!((d.stores[0].backing.as_str(), d.targets[0].open), ("ram:1GiB", true));
+}
+
+#[test]
+fn the_single_target_keys_and_target_tables_exclude_each_other() {
+    let e =
+        resolve("lun = [\"ram:1MiB\"]\n[[store]]\nname = \"a\"\nbacking = \"ram:1MiB\"\n[[target]]\nname = \"iqn.2026-11.io.riser:t\"\n")
+            .unwrap_err();
+    assert!(e.contains("lun") && e.contains("[[target]]"), "{e}");
+}
+
+#[test]
+fn references_and_names_are_checked() {
+    let e = resolve("[[target]]\nname = \"iqn.2026-11.io.riser:t\"\n[[target.lun]]\nlun = 0\nstore = \"nope\"\n").unwrap_err();
+    assert!(e.contains("nope"), "{e}");
+    let e = resolve("[[store]]\nname = \"a\"\nbacking = \"ram:1MiB\"\n[[store]]\nname = \"a\"\nbacking = \"ram:1MiB\"\n").unwrap_err();
+    assert!(e.contains("twice"), "{e}");
+    let e = resolve("[[target]]\nname = \"iqn.2026-11.io.riser:t\"\n[[target.portal_group]]\ntag = 0\n").unwrap_err();
+    assert!(e.contains("tag 0"), "{e}");
+    let e = resolve(
+        "[[target]]\nname = \"iqn.2026-11.io.riser:t\"\n[[target.acl]]\ninitiator = \"iqn.x:y\"\nmutual_chap = \"a:bbbbbbbbbbbbbb\"\n",
+    )
+    .unwrap_err();
+    assert!(e.contains("mutual CHAP needs CHAP"), "{e}");
+    let e = resolve("[[target]]\nname = \"iqn.2026-11.io.riser:t\"\n[[target.portal_group]]\ntag = 2\nportals = [{ address = \"127.0.0.1:3260\", transport = \"fc\" }]\n").unwrap_err();
+    assert!(e.contains("fc"), "{e}");
+}
+
+#[test]
+fn a_saved_configuration_reads_back_as_it_was() {
+    let text = r#"
+        portal = ["127.0.0.1:3260"]
+        [[store]]
+        name = "a"
+        backing = "file:/var/tmp/a.img:1GiB"
+        uuid = "2b3c4d5e-6f70-4812-9a3b-4c5d6e7f8091"
+        block_size = 4096
+        options = { thin = false }
+        [[target]]
+        name = "iqn.2026-11.io.riser:t"
+        alias = "t"
+        chap = { user = "target-user", secret = "target-secret-1" }
+        [[target.portal_group]]
+        tag = 3
+        relative_port = 7
+        port_group = 9
+        portals = ["127.0.0.1:3260", { address = "127.0.0.1:3262", transport = "iser" }]
+        [[target.lun]]
+        lun = 4
+        store = "a"
+        [[target.acl]]
+        initiator = "iqn.2026-11.io.riser:i"
+        chap = "iuser:isecret-12345"
+        luns = { "0" = 4 }
+        [[target.acl]]
+        initiator = "iqn.2026-11.io.riser:j"
+        luns = [4]
+    "#;
+    let first = resolve(text).unwrap();
+    let mut saved = ConfigFile { portal: vec!["127.0.0.1:3260".into()], ..ConfigFile::default() };
+    saved.stores = first.stores.iter().map(StoreSpec::to_table).collect();
+    saved.targets = first.targets.iter().map(|t| t.to_table(cli::RdmaProvider::Soft)).collect();
+    let written = toml::to_string_pretty(&saved).unwrap();
+    let again = resolve(&written).unwrap();
+    assert_eq!(again.stores, first.stores);
+    assert_eq!(again.targets, first.targets);
+    assert!(saved.holds_a_secret(), "inline secrets are saved inline (the file is written mode 600)");
+    // The credentials came through whole.
+    assert_eq!(again.targets[0].acl[0].chap.as_ref().unwrap().creds, ChapCredentials::new("iuser", b"isecret-12345".to_vec()).unwrap());
+    assert_eq!(again.targets[0].chap.as_ref().unwrap().creds.user, "target-user");
+}
+
+#[test]
+fn the_command_line_overrides_the_file() {
+    let file =
+        parse("portal = [\"10.0.0.1:3260\"]\nlun = [\"ram:1MiB\"]\nmetrics = \"127.0.0.1:1\"\n[limits]\nqueue_depth = 8\n", "f").unwrap();
+    let cli = ConfigFile { lun: vec!["ram:2MiB".into()], metrics: Some("127.0.0.1:2".into()), ..ConfigFile::default() };
+    let r = file.overlay(cli).resolve(Path::new("")).unwrap();
+    assert_eq!(r.stores[0].backing, "ram:2MiB");
+    assert_eq!(r.settings.metrics, Some("127.0.0.1:2".parse().unwrap()));
+    assert_eq!(r.settings.default_portals[0].portal.address, "10.0.0.1:3260".parse().unwrap(), "not given on the command line: the file's");
+    assert_eq!(r.settings.target.queue_depth, 8);
+}
+
+#[test]
+fn no_secret_in_debug_output() {
+    let r = resolve("chap = \"alice:very-secret-word\"\n").unwrap();
+    for shown in [format!("{r:?}"), format!("{:?}", parse("chap = \"alice:very-secret-word\"\n", "f").unwrap())] {
+        assert!(!shown.contains("very-secret-word"), "{shown}");
+    }
+}

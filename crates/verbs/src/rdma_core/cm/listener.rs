@@ -18,7 +18,12 @@ pub struct RcListener {
     dev: Arc<Device>,
     id: Id,
     addr: SocketAddr,
+    /// [`Listener::close`] was called: `get_request` returns an error.
+    closed: std::sync::atomic::AtomicBool,
 }
+
+/// How often a waiting `get_request` looks whether the listener was closed.
+const CLOSE_CHECK: std::time::Duration = std::time::Duration::from_millis(200);
 
 impl std::fmt::Debug for RcListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -59,7 +64,7 @@ impl RcListener {
         }
         // SAFETY: the id is bound; its route holds the local address.
         let bound = socket_addr(unsafe { sys::rdma_get_local_addr(&*id.id.0) }).unwrap_or(addr);
-        Ok(Self { dev: dev.clone(), id, addr: bound })
+        Ok(Self { dev: dev.clone(), id, addr: bound, closed: std::sync::atomic::AtomicBool::new(false) })
     }
 }
 
@@ -69,7 +74,10 @@ impl Listener for RcListener {
     fn get_request(&self) -> Result<RcRequest> {
         use sys::rdma_cm_event_type as t;
         loop {
-            wait_readable(&[self.id.channel.fd()], None);
+            wait_readable(&[self.id.channel.fd()], Some(CLOSE_CHECK));
+            if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+                return Err(Error::Io(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "the listener was closed")));
+            }
             while let Some(ev) = self.id.channel.next() {
                 // SAFETY: a valid event until acknowledged; for a connection request the
                 // connection parameters are valid and the id is the new connection's.
@@ -97,6 +105,12 @@ impl Listener for RcListener {
 
     fn local_addr(&self) -> Result<SocketAddr> {
         Ok(self.addr)
+    }
+
+    fn close(&self) {
+        // Requests that come meanwhile stay queued until the listener (its id) is dropped, which
+        // rejects them.
+        self.closed.store(true, std::sync::atomic::Ordering::Release);
     }
 }
 
