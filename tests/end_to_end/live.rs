@@ -24,6 +24,7 @@ on_every_transport!(
     a_removed_lun_answers_once_its_running_write_is_over,
     removing_an_acl_entry_ends_that_initiators_sessions_only,
     a_requested_logout_is_announced_and_a_silent_initiator_dropped,
+    a_riser_initiator_asked_to_log_out_does_and_comes_back,
     send_targets_lists_every_portal_of_the_target,
     statistics_count_what_the_sessions_did,
 );
@@ -225,6 +226,28 @@ async fn a_requested_logout_is_announced_and_a_silent_initiator_dropped(t: Trans
     assert!(raw.ends_within(Duration::from_secs(5)).await);
     until("the session is gone", || target.sessions().iter().all(|s| s.tsih != tsih)).await;
     keep.test_unit_ready(Lun::ZERO).await.unwrap();
+}
+
+async fn a_riser_initiator_asked_to_log_out_does_and_comes_back(t: Transport) {
+    let mut c = t.config().node(Node::new(TARGET).lun(unit(1 << 20)));
+    // Far longer than the test waits: the initiator goes on its own, it is not dropped.
+    c.logout_timeout = Duration::from_secs(60);
+    let (addr, target) = t.serve(c).await;
+    let s = t.session(addr).await;
+    s.write(Lun::ZERO, 0, pattern(4, 4096), 512).await.unwrap();
+    let first = target.sessions()[0].tsih;
+    target.logout_session(first).await.unwrap();
+    until("the session logged out", || target.sessions().is_empty()).await;
+    // Its next command logs in again: a new session, the data still there.
+    assert_eq!(s.read(Lun::ZERO, 0, 8, 512).await.unwrap(), pattern(4, 4096));
+    let again = target.sessions();
+    assert_eq!(again.len(), 1);
+    assert_ne!(again[0].tsih, first);
+    // A drain with initiators that log out when asked drops nobody.
+    let t0 = std::time::Instant::now();
+    assert_eq!(target.drain(Duration::from_secs(30)).await, 0);
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    assert!(target.sessions().is_empty());
 }
 
 async fn send_targets_lists_every_portal_of_the_target(t: Transport) {

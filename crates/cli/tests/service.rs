@@ -52,7 +52,7 @@ fn exit_within(child: &mut Child, t: Duration) -> Option<std::process::ExitStatu
 
 fn config(port: u16, extra_lun: bool) -> String {
     let mut c = format!(
-        "portal = [\"127.0.0.1:{port}\"]\n[limits]\ndrain_timeout = 3\nlogout_timeout = 2\n\n\
+        "portal = [\"127.0.0.1:{port}\"]\n[limits]\ndrain_timeout = 20\nlogout_timeout = 2\n\n\
          [[store]]\nname = \"a\"\nbacking = \"ram:16MiB\"\n\n[[store]]\nname = \"b\"\nbacking = \"ram:8MiB\"\n\n\
          [[target]]\nname = \"{TARGET}\"\n[[target.lun]]\nlun = 0\nstore = \"a\"\n"
     );
@@ -103,7 +103,8 @@ fn ready_once_serving_reload_on_sighup_drain_on_sigterm() {
     let ready = heard(&manager);
     assert!(ready.starts_with("READY=1"), "{ready}");
     // Ready means serving: a login works at once, and the control socket answers.
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    // A runtime of its own threads: the session answers the target while the test waits.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let s = rt.block_on(Session::connect(addr, SessionConfig::new("iqn.2026-11.io.riser:host", TARGET))).unwrap();
     rt.block_on(s.write(Lun::ZERO, 0, vec![5u8; 4096].into(), 512)).unwrap();
@@ -120,14 +121,14 @@ fn ready_once_serving_reload_on_sighup_drain_on_sigterm() {
     let listed = riserctl(&socket, &["--json", "target_list"]);
     assert!(String::from_utf8_lossy(&listed.stdout).contains("\"lun\": 3"));
 
-    // SIGTERM: stopping, no new connection, the session asked to log out (this one does not:
-    // dropped at the drain's end), exit 0.
+    // SIGTERM: stopping, no new connection, the session asked to log out — the riser initiator
+    // does at once, so the drain ends well before its 20 s — exit 0.
     let t0 = Instant::now();
     signal(&child, "TERM");
     assert!(heard(&manager).starts_with("STOPPING=1"));
-    let status = exit_within(&mut child, Duration::from_secs(20)).expect("exits after the drain");
+    let status = exit_within(&mut child, Duration::from_secs(40)).expect("exits after the drain");
     assert!(status.success(), "{status}");
-    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+    assert!(t0.elapsed() < Duration::from_secs(10), "the drain waited for a session that had logged out: {:?}", t0.elapsed());
     assert!(std::net::TcpStream::connect(addr).is_err(), "nothing listens any more");
     assert!(!socket.exists(), "the control socket is removed");
     drop(s);

@@ -19,7 +19,7 @@ use riser_datamover::{ControlPdu, DmEvent, SharedDatamover};
 use riser_iscsi::keys::NegotiatedParams;
 use riser_iscsi::login::{InitiatorLoginConfig, LoginOutcome};
 use riser_iscsi::session::{Busy, InitiatorEvent, InitiatorSession, Residual};
-use riser_iscsi::wire::{Header, RejectReason, ScsiCommand, TmfFunction, TmfResponse, extended_cdb_ahs};
+use riser_iscsi::wire::{AsyncEvent, Header, RejectReason, ScsiCommand, TmfFunction, TmfResponse, extended_cdb_ahs};
 use riser_scsi::lun::Lun;
 use riser_scsi::sense::{Sense, SenseKey, Status};
 use std::collections::HashMap;
@@ -277,6 +277,15 @@ impl Session {
                         }
                         s.session.handle_pdu(&p.header, p.data);
                     }
+                    if let Header::AsyncMessage(a) = p.header
+                        && a.event == AsyncEvent::REQUEST_LOGOUT
+                    {
+                        let within = Duration::from_secs(u64::from(a.param3));
+                        tracing::info!(?within, "the target asks for a logout: logging out, and in again at the next command");
+                        let me = Session { inner: inner.clone() };
+                        let link = link.clone();
+                        tokio::spawn(async move { me.logout_on_request(link, within).await });
+                    }
                     // Answers to the target's pings, text continuations; the callers' wake-ups.
                     if let Err(e) = inner.pump(&link).await {
                         tracing::debug!(%e, "the connection failed while answering the target");
@@ -479,6 +488,50 @@ impl Session {
             Reply::Rejected(r) => Err(Error::Rejected(r)),
             other => Err(Error::Protocol(format!("unexpected answer to a NOP-Out: {other:?}"))),
         }
+    }
+
+    /// The target asked this connection to log out within `within` (RFC 7143 §11.9.1, AsyncEvent
+    /// 1: its gateway is draining, or an operator moved the session). New commands wait, those
+    /// in flight end (for at most the time given, less a margin), the connection logs out, and the
+    /// session logs in again at its next command — to wherever the address leads now.
+    async fn logout_on_request(&self, link: Link, within: Duration) {
+        let gate = self.inner.send_gate.write().await;
+        let until = Instant::now() + within.saturating_sub(Duration::from_millis(500));
+        loop {
+            let busy = {
+                let s = lock(&self.inner.state);
+                s.link.generation == link.generation && !s.dead && s.session.tasks() > 0
+            };
+            if !busy || Instant::now() >= until {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // On this connection only (never a fresh login for it).
+        let started = {
+            let mut s = lock(&self.inner.state);
+            (s.link.generation == link.generation && !s.dead).then(|| {
+                let itt = s.session.logout();
+                let (tx, rx) = oneshot::channel();
+                s.pending.insert(itt, tx);
+                (itt, rx)
+            })
+        };
+        if let Some((itt, rx)) = started
+            && self.send_request(itt, &link).await.is_ok()
+        {
+            let _ = self.wait(itt, rx, &link).await;
+        }
+        {
+            let mut s = lock(&self.inner.state);
+            if s.link.generation == link.generation {
+                s.dead = true;
+                s.pending.clear();
+            }
+        }
+        link.dm.terminate();
+        drop(gate);
+        self.inner.window.notify_waiters();
     }
 
     /// Log out (close the session) and drop the connection.
