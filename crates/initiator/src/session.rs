@@ -282,7 +282,7 @@ impl Session {
                     {
                         let within = Duration::from_secs(u64::from(a.param3));
                         tracing::info!(?within, "the target asks for a logout: logging out, and in again at the next command");
-                        let me = Session { inner: inner.clone() };
+                        let me = Self { inner: inner.clone() };
                         let link = link.clone();
                         tokio::spawn(async move { me.logout_on_request(link, within).await });
                     }
