@@ -186,7 +186,11 @@ async fn a_removed_lun_answers_once_its_running_write_is_over(t: Transport) {
 }
 
 async fn removing_an_acl_entry_ends_that_initiators_sessions_only(t: Transport) {
-    let (addr, target) = t.serve(t.config().node(Node::new(TARGET).lun(unit(1 << 20)))).await;
+    // A node open to everyone stays open as entries come and go; this one admits only its ACL.
+    let mut node = Node::new(TARGET).lun(unit(1 << 20));
+    node.target.open = false;
+    let (addr, target) = t.serve(t.config().node(node)).await;
+    assert!(matches!(t.connect(addr, SessionConfig::new(ME, TARGET)).await, Err(Error::Login(_))), "no entry yet");
     target.set_acl(TARGET, AclEntry::new(ME), None).await.unwrap();
     target.set_acl(TARGET, AclEntry::new(OTHER), None).await.unwrap();
     let mine = t.session(addr).await;
@@ -206,6 +210,17 @@ async fn removing_an_acl_entry_ends_that_initiators_sessions_only(t: Transport) 
     let again = t.connect(addr, cfg).await.unwrap();
     again.test_unit_ready(Lun::ZERO).await.unwrap();
     assert!(matches!(target.remove_acl(TARGET, OTHER).await, Err(ChangeError::NoSuchAcl { .. })));
+    // An open node admits anyone; an entry gives its initiator credentials of its own and keeps
+    // the node open (it used to close it for a moment).
+    target
+        .update_node(TARGET, |n| {
+            n.target.open = true;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    target.set_acl(TARGET, AclEntry::new(OTHER), None).await.unwrap();
+    t.connect(addr, SessionConfig::new("iqn.2026-11.io.riser:anyone", TARGET)).await.unwrap();
 }
 
 async fn a_requested_logout_is_announced_and_a_silent_initiator_dropped(t: Transport) {

@@ -5,7 +5,7 @@ use crate::root;
 use riser_iscsi::wire::{Opcode, Pdu};
 use std::process::Command;
 
-pub(crate) const FUZZ_TARGETS: [&str; 13] = [
+pub(crate) const FUZZ_TARGETS: [&str; 14] = [
     "pdu",
     "text",
     "cdb",
@@ -19,6 +19,41 @@ pub(crate) const FUZZ_TARGETS: [&str; 13] = [
     "iwarp_rx",
     "iser_header",
     "iser_rx",
+    "control",
+];
+
+/// Control-plane requests (the `control` target's seeds): each method with typical
+/// parameters, a pipelined pair, a batch.
+const CONTROL_SEEDS: [(&str, &str); 8] = [
+    (
+        "lists",
+        r#"{"jsonrpc":"2.0","method":"target_list","id":1}{"jsonrpc":"2.0","method":"store_list","id":2}{"jsonrpc":"2.0","method":"session_list","id":3}{"jsonrpc":"2.0","method":"stats_get","id":4}"#,
+    ),
+    (
+        "store",
+        r#"{"jsonrpc":"2.0","method":"store_add","params":{"name":"s1","backing":"ram:2MiB","block_size":4096},"id":1}{"jsonrpc":"2.0","method":"store_resize","params":{"name":"s1","size":"4MiB"},"id":2}{"jsonrpc":"2.0","method":"store_remove","params":{"name":"s1"},"id":3}"#,
+    ),
+    (
+        "lun",
+        r#"{"jsonrpc":"2.0","method":"store_add","params":{"name":"s2","backing":"ram:1MiB"},"id":1}{"jsonrpc":"2.0","method":"lun_add","params":{"target":"iqn.2026-11.io.riser:target0","lun":3,"store":"s2"},"id":2}{"jsonrpc":"2.0","method":"lun_remove","params":{"target":"iqn.2026-11.io.riser:target0","lun":3},"id":3}"#,
+    ),
+    (
+        "target",
+        r#"{"jsonrpc":"2.0","method":"target_add","params":{"name":"iqn.2026-11.io.riser:t2","alias":"two","open":true},"id":1}{"jsonrpc":"2.0","method":"target_remove","params":{"name":"iqn.2026-11.io.riser:t2"},"id":2}"#,
+    ),
+    (
+        "acl",
+        r#"{"jsonrpc":"2.0","method":"acl_add","params":{"target":"iqn.2026-11.io.riser:target0","initiator":"iqn.2026-11.io.riser:i","chap":{"user":"u","secret":"secret-123456"},"luns":{"0":0}},"id":1}{"jsonrpc":"2.0","method":"acl_remove","params":{"target":"iqn.2026-11.io.riser:target0","initiator":"iqn.2026-11.io.riser:i"},"id":2}"#,
+    ),
+    (
+        "batch",
+        r#"[{"jsonrpc":"2.0","method":"version","id":"a"},{"jsonrpc":"2.0","method":"rpc_get_methods"},{"jsonrpc":"2.0","method":"nope","id":null},42]"#,
+    ),
+    (
+        "sessions",
+        r#"{"jsonrpc":"2.0","method":"session_logout","params":{"tsih":7},"id":1}{"jsonrpc":"2.0","method":"portal_remove","params":{"target":"iqn.2026-11.io.riser:target0","address":"127.0.0.1:3260","transport":"tcp"},"id":2}"#,
+    ),
+    ("bad", r#"{"jsonrpc":"2.0","method":"lun_add","params":{"target":1,"lun":"x"},"id":{}}{"jsonrpc":"1.0","method":"version","id":1}"#),
 ];
 
 pub(crate) fn capture_pdus() -> Result<Vec<(String, Vec<u8>)>, String> {
@@ -136,6 +171,9 @@ pub(crate) fn fuzz_seeds() -> Result<(), String> {
     write("iwarp_rx", "stream-crc", &iwarp_stream(true))?;
     for (name, script) in session_pair_seeds() {
         write("session_pair", name, &script)?;
+    }
+    for (name, text) in CONTROL_SEEDS {
+        write("control", name, text.as_bytes())?;
     }
     println!("wrote seeds under {}", seeds.display());
     Ok(())

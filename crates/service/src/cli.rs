@@ -85,12 +85,24 @@ pub fn with_default_port(host: &str, default_port: u16) -> String {
 /// check is on the opened file, so the path cannot be swapped between check and read.
 pub fn read_secret_file(path: &std::path::Path) -> Result<String, String> {
     use std::io::Read as _;
-    let mut f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    check_private(path, &f.metadata().map_err(|e| format!("{}: {e}", path.display()))?)?;
+    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let meta = f.metadata().map_err(|e| format!("{}: {e}", path.display()))?;
+    check_private(path, &meta)?;
+    // A regular file, and a small one: a device or a pipe named by mistake must not hang or
+    // exhaust the reader.
+    if !meta.is_file() {
+        return Err(format!("{}: not a regular file", path.display()));
+    }
     let mut text = String::new();
-    f.read_to_string(&mut text).map_err(|e| format!("{}: {e}", path.display()))?;
+    f.take(MAX_SECRET_FILE + 1).read_to_string(&mut text).map_err(|e| format!("{}: {e}", path.display()))?;
+    if text.len() as u64 > MAX_SECRET_FILE {
+        return Err(format!("{}: larger than {MAX_SECRET_FILE} bytes: not a credentials file", path.display()));
+    }
     Ok(text)
 }
+
+/// The largest credentials file read.
+pub const MAX_SECRET_FILE: u64 = 64 << 10;
 
 /// Refuse a secret-holding file that its group or other users may access (mode & 077).
 pub fn check_private(path: &std::path::Path, meta: &std::fs::Metadata) -> Result<(), String> {
@@ -312,6 +324,13 @@ mod tests {
         let e = super::chap_credentials("--chap", None, Some(&path), "RISER_TEST_UNSET_VARIABLE").unwrap_err();
         assert!(e.contains(&path.display().to_string()) && !e.contains("alicesecret12"), "{e}");
         assert!(super::read_secret_file(&dir.join("missing")).is_err());
+        // Not a regular file, or too large: refused without reading it all.
+        std::fs::create_dir(dir.join("d")).unwrap();
+        std::fs::set_permissions(dir.join("d"), std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(super::read_secret_file(&dir.join("d")).unwrap_err().contains("not a regular file"));
+        std::fs::write(&path, vec![b'a'; 100_000]).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(super::read_secret_file(&path).unwrap_err().contains("larger than"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

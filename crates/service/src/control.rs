@@ -7,8 +7,9 @@
 //! another user is turned away.
 //!
 //! Bad input never stops the target: malformed JSON gets a parse error (-32700) and the
-//! connection closes (the stream cannot be resynchronised); a request that is not one gets
-//! -32600, an unknown method -32601, unknown or ill-typed parameters -32602; a request larger
+//! connection closes (the stream cannot be resynchronised); a request that is not one (params
+//! that are neither an object nor an array included) gets -32600, an unknown method -32601,
+//! unknown, positional or ill-typed parameters -32602; a request larger
 //! than [`MAX_REQUEST_BYTES`] gets -32600 and the connection closes; at most [`MAX_CLIENTS`]
 //! clients are served at once (one more gets -32000 and is closed), and a client idle for
 //! [`IDLE_TIMEOUT`] is closed. No answer and no log line holds a secret.
@@ -357,6 +358,10 @@ async fn request(svc: &Service, v: Value) -> Option<Value> {
         return Some(response(reply_id, Err(RpcError::new(code::INVALID_REQUEST, "method must be a string"))));
     };
     let p = o.remove("params");
+    // params, if given, is a structured value (JSON-RPC 2.0 §4.2; `null` is taken as absent).
+    if matches!(&p, Some(Value::Bool(_) | Value::Number(_) | Value::String(_))) {
+        return Some(response(reply_id, Err(RpcError::new(code::INVALID_REQUEST, "params must be an object (named parameters)"))));
+    }
     if let Some(extra) = o.keys().next() {
         return Some(response(reply_id, Err(RpcError::new(code::INVALID_REQUEST, format!("unknown member {extra:?}")))));
     }
@@ -424,11 +429,16 @@ fn check_directory(path: &Path) -> Result<(), String> {
 }
 
 /// Listen on the control socket at `path` (mode 600; an old socket there that no one answers
-/// on is replaced, a live one is an error).
+/// on is replaced, a live one is an error, and so is anything there that is not a socket).
 pub async fn listen(svc: Arc<Service>, path: &Path) -> Result<ControlSocket, String> {
     use std::os::unix::fs::PermissionsExt as _;
     check_directory(path)?;
-    if path.exists() {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt as _;
+        // Only a socket is replaced: a path naming a file by mistake must not cost that file.
+        if !meta.file_type().is_socket() {
+            return Err(format!("{}: exists and is not a socket (it is left as it is)", path.display()));
+        }
         if UnixStream::connect(path).await.is_ok() {
             return Err(format!("{}: another process answers on this control socket", path.display()));
         }
@@ -490,11 +500,18 @@ async fn client(svc: &Service, mut stream: UnixStream) {
         // Every complete JSON text in the buffer.
         let mut used = 0;
         let mut close = false;
+        let mut too_large = false;
         {
             let mut it = serde_json::Deserializer::from_slice(&buf).into_iter::<Value>();
             loop {
                 match it.next() {
                     Some(Ok(v)) => {
+                        // A text that arrived whole in one read is as bounded as one that did not.
+                        let start = used + buf[used..].iter().take_while(|b| b.is_ascii_whitespace()).count();
+                        if it.byte_offset() - start > MAX_REQUEST_BYTES {
+                            too_large = true;
+                            break;
+                        }
                         used = it.byte_offset();
                         if let Some(r) = handle(svc, v).await
                             && stream.write_all(format!("{r}\n").as_bytes()).await.is_err()
@@ -524,7 +541,7 @@ async fn client(svc: &Service, mut stream: UnixStream) {
         if buf.iter().all(u8::is_ascii_whitespace) {
             buf.clear();
         }
-        if buf.len() > MAX_REQUEST_BYTES {
+        if too_large || buf.len() > MAX_REQUEST_BYTES {
             let r =
                 response(Value::Null, Err(RpcError::new(code::INVALID_REQUEST, format!("request larger than {MAX_REQUEST_BYTES} bytes"))));
             let _ = stream.write_all(format!("{r}\n").as_bytes()).await;

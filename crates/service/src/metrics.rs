@@ -151,7 +151,7 @@ pub fn render(target: &Arc<Target>) -> String {
 #[derive(Debug)]
 pub struct MetricsEndpoint {
     addr: SocketAddr,
-    task: tokio::task::JoinHandle<()>,
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl MetricsEndpoint {
@@ -159,11 +159,23 @@ impl MetricsEndpoint {
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
     }
+
+    /// Stop answering, and wait until the listening socket is closed: the address is free
+    /// again when this returns (dropping the endpoint frees it only once the runtime gets round
+    /// to dropping its task, so binding it again at once may fail).
+    pub async fn close(mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
 }
 
 impl Drop for MetricsEndpoint {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
     }
 }
 
@@ -189,7 +201,7 @@ pub async fn serve(target: Arc<Target>, addr: SocketAddr) -> std::io::Result<Met
             });
         }
     });
-    Ok(MetricsEndpoint { addr, task })
+    Ok(MetricsEndpoint { addr, task: Some(task) })
 }
 
 /// Read one request head, answer it, close.

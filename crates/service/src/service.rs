@@ -52,11 +52,25 @@ impl From<ChangeError> for OpError {
 
 /// A listening portal: the task that accepts there (aborted when dropped).
 #[derive(Debug)]
-struct Listener(tokio::task::JoinHandle<()>);
+struct Listener(Option<tokio::task::JoinHandle<()>>);
+
+impl Listener {
+    /// Stop accepting, and wait until the task is gone and with it the listening socket: the
+    /// address is free again when this returns (aborting alone frees it only once the runtime
+    /// gets round to dropping the task).
+    async fn close(mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        self.0.abort();
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
     }
 }
 
@@ -200,19 +214,22 @@ impl Service {
         }
         for s in &resolved.stores {
             let Some(cur) = st.stores.iter().find(|c| c.spec.name == s.name) else { continue };
+            // A file or device of another size, or a RAM disk that grows (one that shrinks
+            // was replaced above): resized in place.
+            let ram_grows = |a: &Backing, b: &Backing| matches!((a, b), (Backing::Ram(x), Backing::Ram(y)) if y > x);
             if let (Ok(a), Ok(b)) = (Backing::parse(&cur.spec.backing), Backing::parse(&s.backing))
                 && a != b
-                && a.same_but_size(&b)
+                && (a.same_but_size(&b) || ram_grows(&a, &b))
                 && let Some(size) = b.size()
             {
                 let name = s.name.clone();
-                note(self.store_resize_locked(&mut st, &name, size).map(drop));
+                note(self.store_resize_locked(&mut st, &name, size).await.map(drop));
             }
         }
         // 3. Stores that come.
         for s in &resolved.stores {
             if !st.stores.iter().any(|c| c.spec.name == s.name) {
-                note(self.store_add_locked(&mut st, s.clone()).map(drop));
+                note(self.store_add_locked(&mut st, s.clone()).await.map(drop));
             }
         }
         // 4. Targets that come, and the rest of the changes of those that stay.
@@ -226,7 +243,7 @@ impl Service {
             }
         }
         // 5. Listen where targets are reached, and nowhere else.
-        note(self.sync_listeners(&mut st));
+        note(self.sync_listeners(&mut st).await);
         errors
     }
 
@@ -267,10 +284,10 @@ impl Service {
     /// Open a store (refused if its name or identity is taken).
     pub async fn store_add(&self, spec: StoreSpec) -> Result<Store, OpError> {
         let mut st = self.state.lock().await;
-        self.store_add_locked(&mut st, spec)
+        self.store_add_locked(&mut st, spec).await
     }
 
-    fn store_add_locked(&self, st: &mut State, spec: StoreSpec) -> Result<Store, OpError> {
+    async fn store_add_locked(&self, st: &mut State, spec: StoreSpec) -> Result<Store, OpError> {
         if st.stores.iter().any(|s| s.spec.name == spec.name) {
             return Err(OpError::Exists(format!("a store named {} exists already", spec.name)));
         }
@@ -279,7 +296,10 @@ impl Service {
         {
             return Err(OpError::InUse(format!("store {} has UUID {u} already", o.spec.name)));
         }
-        let s = store::open(&spec, self.settings.sanitize_rate, self.settings.state_dir.as_deref()).map_err(OpError::Invalid)?;
+        // Opening may create a file, or allocate a RAM disk: off the runtime's threads, which
+        // serve sessions meanwhile.
+        let (rate, dir, sp) = (self.settings.sanitize_rate, self.settings.state_dir.clone(), spec.clone());
+        let s = blocking(move || store::open(&sp, rate, dir.as_deref())).await?.map_err(OpError::Invalid)?;
         let id = s.lu.identity();
         if let Some(o) = st.stores.iter().find(|o| o.uuid() == id.uuid() || o.lu.identity().naa() == id.naa()) {
             return Err(OpError::InUse(format!(
@@ -309,7 +329,8 @@ impl Service {
             return Err(OpError::InUse(format!("store {name} is exported ({}): remove those LUNs first", users.join(", "))));
         }
         let s = st.stores.remove(i);
-        if let Err(e) = s.lu.sync() {
+        let lu = s.lu.clone();
+        if let Err(e) = blocking(move || lu.sync()).await? {
             warn!(store = %name, "flush before removal failed: {e}");
         }
         info!(store = %name, "store removed");
@@ -320,12 +341,15 @@ impl Service {
     /// Returns its size now.
     pub async fn store_resize(&self, name: &str, size: u64) -> Result<u64, OpError> {
         let mut st = self.state.lock().await;
-        self.store_resize_locked(&mut st, name, size)
+        self.store_resize_locked(&mut st, name, size).await
     }
 
-    fn store_resize_locked(&self, st: &mut State, name: &str, size: u64) -> Result<u64, OpError> {
+    async fn store_resize_locked(&self, st: &mut State, name: &str, size: u64) -> Result<u64, OpError> {
         let s = st.stores.iter_mut().find(|s| s.spec.name == name).ok_or_else(|| OpError::NotFound(format!("no store named {name:?}")))?;
-        s.lu.resize(size).map_err(|e| match e.kind() {
+        // Growing a RAM disk writes its new memory, a file's size goes to the file system: off
+        // the runtime's threads.
+        let lu = s.lu.clone();
+        blocking(move || lu.resize(size)).await?.map_err(|e| match e.kind() {
             std::io::ErrorKind::InvalidInput | std::io::ErrorKind::Unsupported => OpError::Invalid(format!("store {name}: {e}")),
             _ => OpError::System(format!("store {name}: {e}")),
         })?;
@@ -364,7 +388,7 @@ impl Service {
             acl: Vec::new(),
         };
         self.target_add_spec_locked(&mut st, spec).await?;
-        self.sync_listeners(&mut st)
+        self.sync_listeners(&mut st).await
     }
 
     async fn target_add_spec_locked(&self, st: &mut State, spec: TargetSpec) -> Result<(), OpError> {
@@ -381,7 +405,7 @@ impl Service {
     pub async fn target_remove(&self, name: &str) -> Result<(), OpError> {
         let mut st = self.state.lock().await;
         self.target_remove_locked(&mut st, name).await?;
-        self.sync_listeners(&mut st)
+        self.sync_listeners(&mut st).await
     }
 
     async fn target_remove_locked(&self, st: &mut State, name: &str) -> Result<(), OpError> {
@@ -456,14 +480,6 @@ impl Service {
                 })
                 .await?;
         }
-        // Openness again: an ACL entry added closes the node, the spec says what it is.
-        let open = new.open;
-        self.target
-            .update_node(name, move |n| {
-                n.target.open = open;
-                Ok(())
-            })
-            .await?;
         let i = st.targets.iter().position(|t| t.name.eq_ignore_ascii_case(name)).ok_or_else(|| OpError::NotFound(name.clone()))?;
         st.targets[i] = new.clone();
         Ok(())
@@ -527,16 +543,6 @@ impl Service {
             .ok_or_else(|| OpError::NotFound(format!("no target named {target}")))?;
         let name = st.targets[i].name.clone();
         self.target.set_acl(&name, acl_entry(&acl), acl.luns.clone()).await?;
-        // An entry closes an open node in the library's model; the service's targets stay as
-        // they were (`open` is the operator's).
-        if st.targets[i].open {
-            self.target
-                .update_node(&name, |n| {
-                    n.target.open = true;
-                    Ok(())
-                })
-                .await?;
-        }
         let t = &mut st.targets[i];
         t.acl.retain(|a| !a.initiator.eq_ignore_ascii_case(&acl.initiator));
         t.acl.push(acl);
@@ -579,7 +585,7 @@ impl Service {
         self.listen(&mut st, spec)?;
         let name = st.targets[i].name.clone();
         if let Err(e) = self.target.add_portal(&name, tag, spec.portal).await {
-            self.sync_listeners(&mut st)?;
+            self.sync_listeners(&mut st).await?;
             return Err(e.into());
         }
         let t = &mut st.targets[i];
@@ -604,7 +610,7 @@ impl Service {
         for g in &mut st.targets[i].portal_groups {
             g.portals.retain(|p| p.portal != spec.portal);
         }
-        self.sync_listeners(&mut st)
+        self.sync_listeners(&mut st).await
     }
 
     /// Listen on `spec` unless a listener there already accepts its connections (the same
@@ -618,25 +624,32 @@ impl Service {
             return Ok(());
         }
         let task = self.start_listener(spec)?;
-        st.listeners.insert(spec, Listener(task));
+        st.listeners.insert(spec, Listener(Some(task)));
         Ok(())
     }
 
-    /// Listen on every portal a target is reached through, and stop listening elsewhere.
-    fn sync_listeners(&self, st: &mut State) -> Result<(), OpError> {
+    /// Listen on every portal a target is reached through, and stop listening elsewhere (the
+    /// addresses given up are free when this returns).
+    async fn sync_listeners(&self, st: &mut State) -> Result<(), OpError> {
         let mut wanted: Vec<PortalSpec> =
             st.targets.iter().flat_map(|t| t.portal_groups.iter().flat_map(|g| g.portals.iter().copied())).collect();
         // Wildcard portals first: a specific one on their port is then served by them.
         wanted.sort_by_key(|p| !p.portal.address.ip().is_unspecified());
         wanted.dedup();
-        st.listeners.retain(|l, _| {
-            let keep =
-                wanted.iter().any(|w| w.portal.transport == l.portal.transport && l.portal.accepts(w.portal.address, w.portal.transport));
-            if !keep {
+        let unwanted: Vec<PortalSpec> = st
+            .listeners
+            .keys()
+            .filter(|l| {
+                !wanted.iter().any(|w| w.portal.transport == l.portal.transport && l.portal.accepts(w.portal.address, w.portal.transport))
+            })
+            .copied()
+            .collect();
+        for l in unwanted {
+            if let Some(listener) = st.listeners.remove(&l) {
+                listener.close().await;
                 info!(portal = %l.portal.address, transport = ?l.portal.transport, "no longer listening");
             }
-            keep
-        });
+        }
         let mut errors = Vec::new();
         for w in wanted {
             if let Err(e) = self.listen(st, w) {
@@ -742,15 +755,28 @@ impl Service {
     /// sessions had to be dropped.
     pub async fn shutdown(&self) -> usize {
         let mut st = self.state.lock().await;
-        st.listeners.clear();
+        // Closed before the drain: no new connection comes in, and the addresses are free for
+        // whatever starts next (a restarted service) once this returns.
+        for (_, listener) in st.listeners.drain() {
+            listener.close().await;
+        }
         let dropped = self.target.drain(self.settings.drain_timeout).await;
         for s in &st.stores {
-            if let Err(e) = s.lu.sync() {
-                warn!(store = %s.spec.name, "flush at stop failed: {e}");
+            let lu = s.lu.clone();
+            match blocking(move || lu.sync()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!(store = %s.spec.name, "flush at stop failed: {e}"),
+                Err(e) => warn!(store = %s.spec.name, "flush at stop failed: {e}"),
             }
         }
         dropped
     }
+}
+
+/// Run `f` on the blocking pool (file systems, large allocations), so the runtime's threads go
+/// on serving sessions.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, OpError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| OpError::System(format!("a store operation failed: {e}")))
 }
 
 /// The library's ACL entry of a spec.

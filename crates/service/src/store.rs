@@ -130,6 +130,12 @@ pub fn open(spec: &StoreSpec, sanitize_rate: Option<u64>, state_dir: Option<&Pat
             if spec.options.thin == Some(false) {
                 return Err(format!("store {name}: a RAM store is always thin"));
             }
+            // Larger than the machine's memory, the allocation would fail (and end the process).
+            if let Some(total) = memory_total()
+                && *size > total
+            {
+                return Err(format!("store {name}: {} is more than this machine's memory ({total} bytes)", spec.backing));
+            }
             (Arc::new(RamBackend::new(*size, spec.block_size)), None)
         }
         Backing::File(path, size) => {
@@ -159,6 +165,13 @@ pub fn open(spec: &StoreSpec, sanitize_rate: Option<u64>, state_dir: Option<&Pat
     let mut spec = spec.clone();
     spec.uuid = Some(uuid);
     Ok(Store { spec, lu: Arc::new(lu) })
+}
+
+/// The machine's memory (MemTotal of /proc/meminfo), if it can be read.
+fn memory_total() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = info.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib << 10)
 }
 
 fn file_options(o: &StoreOptions) -> FileOptions {

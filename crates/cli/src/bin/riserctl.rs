@@ -82,6 +82,7 @@ fn cell(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
         Value::String(s) => s.clone(),
+        Value::Array(a) if a.is_empty() => "-".into(),
         Value::Array(a) => a.iter().map(cell).collect::<Vec<_>>().join(","),
         Value::Object(o) if o.contains_key("user") => o.get("user").map(cell).unwrap_or_default(),
         other => other.to_string(),

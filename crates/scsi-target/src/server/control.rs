@@ -266,7 +266,8 @@ impl Target {
     /// Admit `entry`'s initiator to `target` (replacing its entry if it has one), with its own
     /// CHAP credentials if the entry has some, and, with `luns`, only these LUNs under these
     /// numbers (its LUN → the target's; `None`: every LUN under its own number). Credentials
-    /// apply from the initiator's next login; a new LUN map at once.
+    /// apply from the initiator's next login; a new LUN map at once. Whether the node is open to
+    /// every initiator stays as it was (change it with [`Target::update_node`]).
     pub async fn set_acl(&self, target: &str, entry: AclEntry, luns: Option<BTreeMap<u16, u16>>) -> Result<(), ChangeError> {
         let _one = self.changes.lock().await;
         if !iscsi_name(&entry.initiator) {
@@ -290,7 +291,9 @@ impl Target {
                 }
             }
             info!(target = %n.target.name, initiator = %entry.initiator, chap = entry.chap.is_some(), "ACL entry set");
+            let open = n.target.open;
             n.target = n.target.clone().acl_entry(entry);
+            n.target.open = open;
             Ok(())
         })
     }

@@ -296,8 +296,14 @@ impl Target {
                 }
             }
         }
-        // Listed before it looks at its LUNs (see `view`).
+        // Listed before it looks at its LUNs (see `view`), and before it looks whether it is
+        // still admitted: a change that ends sessions publishes, then ends what is listed, so
+        // either it sees this session or this session sees the change.
         lock(&self.live).insert(session.tsih(), session.clone());
+        if normal && !self.still_admits(&p.target_name, &p.initiator_name) {
+            info!(%peer, initiator = %p.initiator_name, target = %p.target_name, "admission withdrawn during login: ending the session");
+            dm.terminate();
+        }
         session.run(&self).await;
         session.quiesce().await;
         self.retire(&session);
@@ -307,6 +313,12 @@ impl Target {
         if normal && sessions.get(&key).is_some_and(|cur| Arc::ptr_eq(cur, &session)) {
             sessions.remove(&key);
         }
+    }
+
+    /// Whether `target` (still there) admits `initiator` now.
+    fn still_admits(&self, target: &str, initiator: &str) -> bool {
+        let (_, nodes) = self.registry.snapshot();
+        nodes.iter().any(|n| n.target.name.eq_ignore_ascii_case(target) && n.target.admits(initiator))
     }
 
     /// Fold an ended session's counters into the target's totals and forget it (in one step

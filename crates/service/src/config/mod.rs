@@ -417,6 +417,10 @@ impl PortalSpec {
         let port = if transport == Transport::Iser { provider.default_port() } else { 3260 };
         let spec = cli::with_default_port(text, port);
         let address: SocketAddr = spec.parse().map_err(|e| format!("portal {text:?}: {e}"))?;
+        if address.port() == 0 {
+            // Initiators are told a portal's port: it must be one they can reach.
+            return Err(format!("portal {text:?}: port 0 (give the port to listen on)"));
+        }
         Ok(Self { portal: riser_target::server::Portal::new(address, transport), provider })
     }
 
@@ -683,13 +687,22 @@ pub fn parse(text: &str, name: &str) -> Result<ConfigFile, String> {
     })
 }
 
+/// The largest configuration file read.
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
 /// Read a configuration file. One that holds a secret inline must be private (mode 600).
 pub fn read(path: &Path) -> Result<ConfigFile, String> {
     use std::io::Read as _;
-    let mut f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let meta = f.metadata().map_err(|e| format!("{}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!("{}: not a regular file", path.display()));
+    }
     let mut text = String::new();
-    f.read_to_string(&mut text).map_err(|e| format!("{}: {e}", path.display()))?;
+    f.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text).map_err(|e| format!("{}: {e}", path.display()))?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(format!("{}: larger than {MAX_CONFIG_BYTES} bytes", path.display()));
+    }
     let file = parse(&text, &path.display().to_string())?;
     if file.holds_a_secret() {
         cli::check_private(path, &meta)?;
