@@ -409,11 +409,7 @@ impl Service {
     }
 
     async fn target_remove_locked(&self, st: &mut State, name: &str) -> Result<(), OpError> {
-        let i = st
-            .targets
-            .iter()
-            .position(|t| t.name.eq_ignore_ascii_case(name))
-            .ok_or_else(|| OpError::NotFound(format!("no target named {name}")))?;
+        let i = target_index(st, name)?;
         self.target.remove_node(name).await?;
         st.targets.remove(i);
         Ok(())
@@ -480,7 +476,7 @@ impl Service {
                 })
                 .await?;
         }
-        let i = st.targets.iter().position(|t| t.name.eq_ignore_ascii_case(name)).ok_or_else(|| OpError::NotFound(name.clone()))?;
+        let i = target_index(st, name)?;
         st.targets[i] = new.clone();
         Ok(())
     }
@@ -497,11 +493,7 @@ impl Service {
         let mut st = self.state.lock().await;
         let s = st.stores.iter().find(|s| s.spec.name == store).ok_or_else(|| OpError::NotFound(format!("no store named {store:?}")))?;
         let lu = s.lu.clone();
-        let i = st
-            .targets
-            .iter()
-            .position(|t| t.name.eq_ignore_ascii_case(target))
-            .ok_or_else(|| OpError::NotFound(format!("no target named {target}")))?;
+        let i = target_index(&st, target)?;
         self.target.add_lun(&st.targets[i].name.clone(), lun, lu).await?;
         st.targets[i].luns.insert(lun, store.into());
         Ok(())
@@ -514,11 +506,7 @@ impl Service {
     }
 
     async fn lun_remove_locked(&self, st: &mut State, target: &str, lun: u16) -> Result<(), OpError> {
-        let i = st
-            .targets
-            .iter()
-            .position(|t| t.name.eq_ignore_ascii_case(target))
-            .ok_or_else(|| OpError::NotFound(format!("no target named {target}")))?;
+        let i = target_index(st, target)?;
         self.target.remove_lun(target, lun).await?;
         let t = &mut st.targets[i];
         t.luns.remove(&lun);
@@ -536,11 +524,7 @@ impl Service {
     /// `luns` only those LUNs under those numbers.
     pub async fn acl_add(&self, target: &str, acl: AclSpec) -> Result<(), OpError> {
         let mut st = self.state.lock().await;
-        let i = st
-            .targets
-            .iter()
-            .position(|t| t.name.eq_ignore_ascii_case(target))
-            .ok_or_else(|| OpError::NotFound(format!("no target named {target}")))?;
+        let i = target_index(&st, target)?;
         let name = st.targets[i].name.clone();
         self.target.set_acl(&name, acl_entry(&acl), acl.luns.clone()).await?;
         let t = &mut st.targets[i];
@@ -552,11 +536,7 @@ impl Service {
     /// Remove an initiator's ACL entry (its sessions on the target end).
     pub async fn acl_remove(&self, target: &str, initiator: &str) -> Result<(), OpError> {
         let mut st = self.state.lock().await;
-        let i = st
-            .targets
-            .iter()
-            .position(|t| t.name.eq_ignore_ascii_case(target))
-            .ok_or_else(|| OpError::NotFound(format!("no target named {target}")))?;
+        let i = target_index(&st, target)?;
         self.target.remove_acl(target, initiator).await?;
         st.targets[i].acl.retain(|a| !a.initiator.eq_ignore_ascii_case(initiator));
         Ok(())
@@ -576,11 +556,7 @@ impl Service {
     ) -> Result<PortalSpec, OpError> {
         let mut st = self.state.lock().await;
         let spec = PortalSpec::parse(address, transport, provider.unwrap_or(self.settings.rdma_provider)).map_err(OpError::Invalid)?;
-        let i = st
-            .targets
-            .iter()
-            .position(|t| t.name.eq_ignore_ascii_case(target))
-            .ok_or_else(|| OpError::NotFound(format!("no target named {target}")))?;
+        let i = target_index(&st, target)?;
         let tag = group.unwrap_or_else(|| st.targets[i].portal_groups.first().map_or(1, |g| g.tag));
         self.listen(&mut st, spec)?;
         let name = st.targets[i].name.clone();
@@ -601,11 +577,7 @@ impl Service {
     pub async fn portal_remove(&self, target: &str, address: &str, transport: Transport) -> Result<(), OpError> {
         let mut st = self.state.lock().await;
         let spec = PortalSpec::parse(address, transport, self.settings.rdma_provider).map_err(OpError::Invalid)?;
-        let i = st
-            .targets
-            .iter()
-            .position(|t| t.name.eq_ignore_ascii_case(target))
-            .ok_or_else(|| OpError::NotFound(format!("no target named {target}")))?;
+        let i = target_index(&st, target)?;
         self.target.remove_portal(&st.targets[i].name.clone(), spec.portal).await?;
         for g in &mut st.targets[i].portal_groups {
             g.portals.retain(|p| p.portal != spec.portal);
@@ -771,6 +743,11 @@ impl Service {
         }
         dropped
     }
+}
+
+/// The place of target `name` (without regard to case) among the running ones.
+fn target_index(st: &State, name: &str) -> Result<usize, OpError> {
+    st.targets.iter().position(|t| t.name.eq_ignore_ascii_case(name)).ok_or_else(|| OpError::NotFound(format!("no target named {name}")))
 }
 
 /// Run `f` on the blocking pool (file systems, large allocations), so the runtime's threads go

@@ -96,7 +96,7 @@ impl BlockBackend for Flaky {
 }
 
 /// The nexus the tests' commands come through.
-fn n() -> Nexus {
+pub(super) fn n() -> Nexus {
     Nexus::new("iqn.test,i,0x1", "iqn.target,t,0x1", 1)
 }
 
@@ -111,14 +111,19 @@ fn lu(size: u64, rate: Option<u64>) -> (Arc<Flaky>, LogicalUnit) {
     (b.clone(), LogicalUnit::new(b, LuIdentity::random()).with_sanitize_rate(rate))
 }
 
-fn run(lu: &LogicalUnit, cdb: &[u8], out: &[u8]) -> Outcome {
-    match lu.plan(cdb, &n()) {
-        Ok(p) => lu.execute(&p, out, &n()),
+pub(super) fn run(lu: &LogicalUnit, cdb: &[u8], out: &[u8]) -> Outcome {
+    run_as(lu, cdb, out, &n())
+}
+
+/// Plan and run a command through nexus `n`: its outcome (or the plan's refusal).
+pub(super) fn run_as(lu: &LogicalUnit, cdb: &[u8], out: &[u8], n: &Nexus) -> Outcome {
+    match lu.plan(cdb, n) {
+        Ok(p) => lu.execute(&p, out, n),
         Err(o) => o,
     }
 }
 
-fn sense_of(o: &Outcome) -> Sense {
+pub(super) fn sense_of(o: &Outcome) -> Sense {
     assert_eq!(o.status, Status::CHECK_CONDITION, "{o:?}");
     Sense::parse(o.sense.as_ref().unwrap()).unwrap()
 }
@@ -218,7 +223,7 @@ fn a_failed_sanitize_leaves_the_medium_fenced_until_a_good_one() {
 /// A 16-byte CDB with the LBA in bytes 2-9 and `len` in bytes 10-13. For COMPARE AND WRITE
 /// (NUMBER OF LOGICAL BLOCKS in byte 13) and WRITE ATOMIC (TRANSFER LENGTH in bytes 12-13)
 /// a small `len` lands in the right field too.
-fn cdb16(opcode: u8, flags: u8, lba: u64, len: u32) -> [u8; 16] {
+pub(super) fn cdb16(opcode: u8, flags: u8, lba: u64, len: u32) -> [u8; 16] {
     let mut c = [0u8; 16];
     c[0] = opcode;
     c[1] = flags;

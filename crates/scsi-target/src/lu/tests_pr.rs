@@ -1,6 +1,7 @@
 //! Tests of persistent reservations kept through a restart (APTPL) in the unit's persistent
 //! reservation file, through the task-facing entry points (`plan`, `execute`).
 
+use super::tests::{run_as as run, sense_of};
 use super::*;
 use crate::backend::RamBackend;
 use riser_scsi::pr::{PrOutParams, caps, in_sa, out_sa, parse_read_keys, parse_read_reservation, pr_type};
@@ -48,18 +49,6 @@ fn a() -> Nexus {
 }
 fn b() -> Nexus {
     Nexus::new("iqn.2026-11.io.riser:b,i,0x800000000002", "iqn.2026-11.io.riser:t,t,0x0002", 2)
-}
-
-fn run(lu: &LogicalUnit, cdb: &[u8], out: &[u8], n: &Nexus) -> Outcome {
-    match lu.plan(cdb, n) {
-        Ok(p) => lu.execute(&p, out, n),
-        Err(o) => o,
-    }
-}
-
-fn sense_of(o: &Outcome) -> Sense {
-    assert_eq!(o.status, Status::CHECK_CONDITION, "{o:?}");
-    Sense::parse(o.sense.as_ref().unwrap()).unwrap()
 }
 
 /// PERSISTENT RESERVE OUT with the basic 24-byte parameter list.

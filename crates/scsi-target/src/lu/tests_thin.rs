@@ -3,6 +3,7 @@
 //! provisioning pages (Logical Block Provisioning, Block Limits, READ CAPACITY (16)) say what
 //! the unit does.
 
+use super::tests::{cdb16, run};
 use super::*;
 use crate::backend::{FileBackend, FileOptions, RamBackend};
 use riser_scsi::capacity::{Capacity16, LbaStatusDescriptor, parse_lba_status};
@@ -44,27 +45,11 @@ fn known_to_punch(dir: &Path) -> bool {
     rustix::fs::statfs(dir).ok().and_then(|s| u64::try_from(s.f_type).ok()).is_some_and(|t| MAGICS.contains(&t))
 }
 
-fn n() -> Nexus {
-    Nexus::new("iqn.test,i,0x1", "iqn.target,t,0x1", 1)
-}
-
 /// Run a command that must succeed; its data-in.
 fn good(lu: &LogicalUnit, cdb: &[u8], out: &[u8]) -> Bytes {
-    let o = match lu.plan(cdb, &n()) {
-        Ok(p) => lu.execute(&p, out, &n()),
-        Err(o) => o,
-    };
+    let o = run(lu, cdb, out);
     assert_eq!(o.status, Status::GOOD, "{cdb:02x?}: {:02x?}", o.sense);
     o.data
-}
-
-fn cdb16(opcode: u8, flags: u8, lba: u64, len: u32) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = opcode;
-    c[1] = flags;
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&len.to_be_bytes());
-    c
 }
 
 fn write(lu: &LogicalUnit, lba: u64, data: &[u8]) {
