@@ -172,7 +172,7 @@ impl Spread {
         Self { min, median: median(v), max }
     }
 
-    /// Of the pairwise ratios a[i] / b[i] (runs side by side in the same repetition).
+    /// Of the pairwise ratios `a[i] / b[i]` (runs side by side in the same repetition).
     fn of_ratios(a: &[f64], b: &[f64]) -> Self {
         Self::of(&a.iter().zip(b).map(|(x, y)| x / y).collect::<Vec<_>>())
     }

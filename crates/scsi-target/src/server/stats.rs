@@ -3,7 +3,7 @@
 //! login.
 //!
 //! Counting must not cost the data path: a command counts into its session's own counters for
-//! its LUN ([`LuCounters`], written by that session's commands only), and nothing is summed until
+//! its LUN (`LuCounters`, written by that session's commands only), and nothing is summed until
 //! someone reads ([`super::Target::stats`]). When a session ends, its counters are folded into
 //! the target's totals under the lock that readers take, so every total only grows.
 

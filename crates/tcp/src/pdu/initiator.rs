@@ -49,7 +49,7 @@ impl PduDatamover {
     /// Initiator: Send_Control for a SCSI Command with its buffers. Immediate data rides in the
     /// command PDU and unsolicited Data-Out follows as negotiated; solicited data goes out as
     /// the target's R2Ts arrive; Data-In lands in a read buffer of `read_len` bytes, handed out
-    /// by [`Datamover::take_read_data`](crate::Datamover::take_read_data) when the command ends.
+    /// by [`Datamover::take_read_data`](riser_datamover::Datamover::take_read_data) when the command ends.
     pub async fn send_scsi_command(&self, mut cmd: ScsiCommand, ahs: Bytes, read_len: u32, write: Option<Bytes>) -> Result<(), DmError> {
         if read_len > 0 {
             lock(&self.shared.reads).insert(cmd.itt, ReadTask { buf: self.shared.pool.take(read_len as usize) });
