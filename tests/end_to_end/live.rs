@@ -71,6 +71,16 @@ async fn every_lun_is_reported_and_each_initiator_sees_its_map(t: Transport) {
     assert_eq!(o.report_luns().await.unwrap(), vec![lun(0), lun(1)], "its own map");
     assert_eq!(o.read_capacity(lun(0)).await.unwrap().0, 8192, "its LUN 0 is the target's LUN 5");
     assert_eq!(sense_of(o.read_capacity(lun(5)).await), (SenseKey::ILLEGAL_REQUEST, AscAscq::LOGICAL_UNIT_NOT_SUPPORTED));
+    // INQUIRY of a LUN it does not see: "not present", standard data or the one VPD page that
+    // lists the pages (as Linux asks it, four bytes first); any other page is not supported.
+    let std_inq = once(&o, lun(5), &[0x12, 0, 0, 0, 36, 0], None, 36).await.unwrap();
+    assert_eq!(std_inq[0], 0x7f);
+    assert_eq!(&once(&o, lun(5), &[0x12, 1, 0, 0, 4, 0], None, 4).await.unwrap()[..], [0x7f, 0, 0, 1], "a page length of 1");
+    assert_eq!(&once(&o, lun(5), &[0x12, 1, 0, 0, 255, 0], None, 255).await.unwrap()[..], [0x7f, 0, 0, 1, 0]);
+    assert_eq!(
+        sense_of(once(&o, lun(5), &[0x12, 1, 0x80, 0, 255, 0], None, 255).await),
+        (SenseKey::ILLEGAL_REQUEST, AscAscq::LOGICAL_UNIT_NOT_SUPPORTED)
+    );
     // One unit, one identity, under whatever number it is seen.
     assert_eq!(o.vpd(lun(0), 0x83).await.unwrap(), s.vpd(lun(5), 0x83).await.unwrap());
     assert_ne!(s.vpd(lun(0), 0x83).await.unwrap(), s.vpd(lun(5), 0x83).await.unwrap());

@@ -39,6 +39,19 @@
 #                 FAULT_ABORT_CMD, a command ({addr}, {port} replaced) that aborts the initiator's
 #                 connection and prints one line per connection aborted.
 #   fault-tcp     the same over iscsi_tcp against the riser target's TCP portal (CELL6_TARGET_CMD).
+#   ops           riser as an operable service: open-iscsi + iscsi_tcp -> the riser target's TCP
+#                 portal on TCP_IP (three RAM LUNs, 64/32/16 MiB, and --control; RISERCTL: the
+#                 riserctl example; jq). Every LUN seen with its size; a LUN added live
+#                 (store_add + lun_add LUN 5, iscsiadm --rescan: a 4th sdX, O_DIRECT
+#                 write/read/compare); lun1 resized to 64 MiB (rescan: the new size, its new end
+#                 readable); session_logout (the target's Async Message: iscsid logs out and in
+#                 again, another TSIH, the same sdX, data kept, I/O works); LUN 2 removed live
+#                 (rescan: Linux keeps the disk with 0 bytes after LOGICAL UNIT NOT SUPPORTED, it
+#                 is deleted through sysfs; the kernel's SCSI commands of that rescan are counted
+#                 from trace events; the other LUNs still work); logout: `riserctl session_list`
+#                 empty, no sdX.
+#   ops-iser      the same over open-iscsi + ib_iser on siw -> the riser target's software iWARP
+#                 RNIC (10.233.1.1:3260).
 #   lio-selftest  self-test of the LIO iSER setup used by cell 3: open-iscsi + ib_iser -> LIO +
 #                 ib_isert on rxe, the full block-device test. Not cell 3.
 #   lio-selftest-tcp  the same over TCP (the LIO setup of 6b).
@@ -48,7 +61,7 @@
 # check, logout, then no session, no sdX, and `rdma res` qp/mr/cm_id (whole guest and the target's
 # pid) and the target's socket count as before the login.
 #
-# Environment: RISER_TARGET, RISER_INITIATOR (paths; default target/release/examples/...),
+# Environment: RISER_TARGET, RISER_INITIATOR, RISERCTL (paths; default target/release/examples/...),
 # CELLS, LINKS (cell 2; default "rxe siw"), TCP_IP (default siw's 10.233.1.1, else rxe's),
 # RISER_IQN (the riser target's name), LIO_IQN, DD_MIB, DD_BS, FAULT_LOAD_BS, TARGET_RUST_LOG (RUST_LOG of the riser
 # target), ISCSID_CONF_EXTRA (more iscsid.conf lines), PCAP=1 (tcpdump per cell), LAB_LOGS
@@ -62,7 +75,7 @@ LIB=$(dirname "$0")/lib.sh
 
 RISER_TARGET=${RISER_TARGET:-$PWD/target/release/examples/target}
 RISER_INITIATOR=${RISER_INITIATOR:-$PWD/target/release/examples/initiator}
-CELLS=${CELLS:-traps 1 2 3 3b 4 5 6 7 fault fault-tcp fault-rinit fault-target}
+CELLS=${CELLS:-traps 1 2 3 3b 4 5 6 7 fault fault-tcp fault-rinit fault-target ops ops-iser}
 LINKS=${LINKS:-rxe siw}
 RXE_IP=10.233.0.1
 SIW_IP=10.233.1.1
@@ -79,6 +92,7 @@ RINIT_IQN=iqn.2026-11.io.riser:initiator
 TGT_IQN=iqn.2001-04.org.example.lab:tgtd-iser
 TGTD_IN_GUEST=${TGTD_IN_GUEST:-/work/shared/lab/tgtd-in-guest.sh}
 RPING=${RPING:-$(dirname "$RISER_TARGET")/rping}
+RISERCTL=${RISERCTL:-$(dirname "$RISER_TARGET")/riserctl}
 
 has_ip() { ip -4 -o addr show 2>/dev/null | grep -q " $1/"; }
 has_dev() { [ -e "/sys/class/infiniband/$1" ]; }
@@ -586,11 +600,320 @@ fault_cell() {
   cell_pass "$detail; no session/sdX left, $(res_snapshot "$TARGET_PID") as before (logged in: $during); kernel: $(dmesg | grep -c 'detected conn error') conn error(s) (the injected one), target: $(grep -c WARN "$TARGET_LOG") warnings"
 }
 
+# ------------------------------------------------------------------------------ ops: riser as a service
+# The riser target run as an operator runs it: several LUNs, changed live through its control
+# socket (riserctl), while the kernel's initiator is logged in. Linux learns of new LUNs and of
+# a new capacity only by a rescan (the target's unit attentions make the kernel log them, no
+# more; iscsid scans by itself only on an Async Message carrying 3F/0E, which riser does not
+# send); it never removes a SCSI device on a rescan: a LUN unmapped under it stays as a disk of
+# 0 bytes until it is deleted (sysfs `delete`, as rescan-scsi-bus.sh -r does). iscsid answers
+# the Async Message "logout requested" with a Logout and, on the Logout Response, logs in
+# again (usr/initiator.c: iscsi_recv_async_msg, iscsi_recv_logout_rsp -> __conn_error_handle:
+# session reopen) with TSIH 0 and the same ISID: the same kernel session and disks.
+
+OPS_SOCK=""
+OPS_DIR=""
+OPS_PORTAL=""
+OPS_IFACE=""
+
+# ctl METHOD [KEY=VALUE...]: riserctl on the cell's control socket; the answer in CTL_OUT (and
+# in the cell's riserctl.txt). Fails as riserctl does.
+ctl() {
+  local rc
+  CTL_OUT=$(timeout 30 "$RISERCTL" --socket "$OPS_SOCK" "$@" 2>&1)
+  rc=$?
+  printf '[%s] $ riserctl %s\n%s\n[rc %s]\n' "$(uptime_s)" "$*" "$CTL_OUT" "$rc" >> "$CELL_LOG/riserctl.txt"
+  return $rc
+}
+
+# ops_tsihs: the TSIHs of the normal sessions on RISER_IQN, one a line.
+ops_tsihs() {
+  ctl --json session_list || return 1
+  printf '%s' "$CTL_OUT" | jq -r --arg t "$RISER_IQN" '.[] | select(.target == $t) | .tsih'
+}
+# _ops_no_target_sessions: riserctl session_list lists no session at all (discovery ones too).
+_ops_no_target_sessions() { ctl --json session_list && [ "$(printf '%s' "$CTL_OUT" | jq length)" = 0 ]; }
+
+# ops_devs: "LUN sdX" for each disk of the kernel's session with RISER_IQN (from sysfs).
+ops_devs() {
+  local s d b
+  s=$(kinit_session "$RISER_IQN") || return 1
+  for d in "$s"/device/target*/*:*:*:*; do
+    [ -d "$d" ] || continue
+    for b in "$d"/block/*; do
+      [ -e "$b" ] && [ -b "/dev/${b##*/}" ] && echo "${d##*:} ${b##*/}"
+    done
+  done
+}
+ops_dev() { ops_devs | awk -v l="$1" '$1 == l { print $2 }'; }
+ops_luns() { ops_devs | awk '{ print $1 }' | sort -n | tr '\n' ' ' | sed 's/ $//'; }
+_ops_luns_are() { [ "$(ops_luns)" = "$1" ]; }
+ops_bytes() { echo $(($(cat "/sys/block/$1/size" 2>/dev/null || echo 0) * 512)); }
+_ops_bytes_are() { [ "$(ops_bytes "$1")" = "$2" ]; }
+ops_sid() { local s; s=$(kinit_session "$RISER_IQN") || return 1; echo "${s##*/session}"; }
+# _ops_relogged TSIH SID: riser has one session on RISER_IQN, not TSIH (OPS_TSIH), and the
+# kernel's session SID is logged in.
+_ops_relogged() {
+  OPS_TSIH=$(ops_tsihs)
+  [ -n "$OPS_TSIH" ] && [ "$(echo "$OPS_TSIH" | wc -l)" = 1 ] && [ "$OPS_TSIH" != "$1" ] \
+    && [ "$(cat "/sys/class/iscsi_session/session$2/state" 2>/dev/null)" = LOGGED_IN ]
+}
+# ops_view: the kernel's disks of the session, for a log line: "LUN:sdX:MiB:state ...".
+ops_view() {
+  local l d
+  ops_devs | while read -r l d; do
+    printf '%s:%s:%sMiB:%s ' "$l" "$d" "$(($(ops_bytes "$d") >> 20))" "$(cat "/sys/block/$d/device/state" 2>/dev/null)"
+  done
+}
+
+# ops_rescan: iscsiadm --rescan of the session (existing disks revalidated, new LUNs scanned).
+ops_rescan() {
+  local sid
+  sid=$(ops_sid) || return 1
+  echo "[$(uptime_s)] iscsiadm -m session -r $sid --rescan" >> "$CELL_LOG/rescan.txt"
+  timeout 120 iscsiadm -m session -r "$sid" --rescan >> "$CELL_LOG/rescan.txt" 2>&1
+}
+
+# ops_read DEV MIB [SKIP_MIB]: an O_DIRECT read of MIB MiB at SKIP_MIB, all of it (a disk of
+# 0 bytes reads nothing without an error); the data in /tmp/lab-ops-read.bin.
+ops_read() {
+  rm -f /tmp/lab-ops-read.bin
+  timeout "$T_IO" dd if="/dev/$1" of=/tmp/lab-ops-read.bin bs=1M count="$2" skip="${3:-0}" iflag=direct status=none 2> "$CELL_LOG/dd-read-$1.err" || return 1
+  local got
+  got=$(stat -c %s /tmp/lab-ops-read.bin 2>/dev/null || echo 0)
+  [ "$got" = $(($2 << 20)) ] || { echo "$got of $(($2 << 20)) bytes" >> "$CELL_LOG/dd-read-$1.err"; return 1; }
+}
+
+# ops_trace on|off: the kernel's SCSI commands (trace events; in the cell's scsi-trace.txt).
+ops_trace() {
+  local t=/sys/kernel/tracing
+  [ -e $t/trace ] || mount -t tracefs nodev $t 2>/dev/null || return 0
+  if [ "$1" = on ]; then
+    echo 8192 > $t/buffer_size_kb
+    echo > $t/trace
+    echo 1 > $t/events/scsi/enable
+  else
+    echo 0 > $t/events/scsi/enable
+    cat $t/trace > "$CELL_LOG/scsi-trace.txt"
+  fi
+}
+
+# ops_end: the cell's target and socket directory gone (after a pass or a failure).
+ops_end() {
+  riser_target_stop
+  [ -n "$OPS_DIR" ] && rm -rf "$OPS_DIR"
+  OPS_DIR=""
+}
+
+# ops_fail STEP WHY: cleans up (logout, target stopped) and fails the cell with the kernel's
+# view, the target's last lines.
+ops_fail() {
+  iscsiadm -m session -P3 > "$CELL_LOG/session-P3.txt" 2>&1
+  local view
+  view=$(ops_view)
+  kinit_cleanup "$RISER_IQN" "$OPS_PORTAL" "$OPS_IFACE"
+  ops_end
+  cell_fail "$1" "$2 | kernel disks: [${view% }]$(conn_context) | target: $(tail_log "$TARGET_LOG" 2)"
+}
+
+# ops_cell IFACE ADDR:PORT TARGET_CMD ({target}, {addr}, {control} replaced).
+ops_cell() {
+  local iface=$1 portal=$2 cmd t0 t dev d0 d1 d2 d5 l mib bytes obs="" detail tsih tsih2 sid sid2 before after
+  OPS_IFACE=$iface
+  OPS_PORTAL=$portal
+  [ -x "$RISERCTL" ] || { cell_fail setup "no riserctl at $RISERCTL (RISERCTL)"; return; }
+  command -v jq > /dev/null || { cell_fail setup "jq not installed"; return; }
+  # The control socket's directory: no group or other write (the target checks).
+  OPS_DIR=$(mktemp -d /tmp/riser-ops.XXXXXX)
+  OPS_SOCK=$OPS_DIR/control.sock
+  cmd=${3//\{control\}/$OPS_SOCK}
+  target_argv "$cmd" "${portal%:*}"
+  if ! riser_target_start target "$portal" "${TARGET_ARGV[@]}"; then ops_end; cell_fail "target start" "$TARGET_ERR"; return; fi
+  if ! wait_for 20 test -S "$OPS_SOCK" || ! ctl version; then ops_fail control "no control socket at $OPS_SOCK: $CTL_OUT"; return; fi
+  ctl target_list
+  ctl store_list
+
+  # 1. Multi-LUN: every LUN, each with its size.
+  t0=$(now)
+  if ! kinit_discover "$portal" "$iface" "$RISER_IQN"; then ops_fail discovery "$RISER_IQN not offered by $portal (-I $iface): $(_oneline "$DISC_OUT")"; return; fi
+  if ! kinit_login "$portal" "$iface" "$RISER_IQN"; then ops_fail login "$(tail_log "$CELL_LOG/login.txt")"; return; fi
+  if ! wait_for "$WAIT_DEV" _ops_luns_are "0 1 2"; then ops_fail "multi-LUN" "the kernel has LUNs [$(ops_luns)] after $WAIT_DEV s, not [0 1 2]"; return; fi
+  for l in 0:64 1:32 2:16; do
+    dev=$(ops_dev "${l%:*}")
+    mib=${l#*:}
+    bytes=$(blockdev --getsize64 "/dev/$dev" 2>&1)
+    if [ "$bytes" != $((mib << 20)) ]; then ops_fail "multi-LUN" "LUN ${l%:*} (/dev/$dev) is $bytes bytes, not $mib MiB"; return; fi
+  done
+  d0=$(ops_dev 0) d1=$(ops_dev 1) d2=$(ops_dev 2)
+  sid=$(ops_sid)
+  step_t login
+  detail="1 LUNs 0/1/2: $d0/$d1/$d2 64/32/16 MiB ($(secs "$t0") s)"
+  note "$detail"
+
+  # 2. A LUN added live: LUN 5, 8 MiB.
+  t0=$(now)
+  if ! ctl store_add name=extra backing=ram:8MiB; then ops_fail "lun add" "store_add: $CTL_OUT"; return; fi
+  if ! ctl lun_add target="$RISER_IQN" lun=5 store=extra; then ops_fail "lun add" "lun_add: $CTL_OUT"; return; fi
+  # A command on LUN 0 meets REPORTED LUNS DATA HAS CHANGED (the kernel logs it, scans nothing).
+  ops_read "$d0" 1 || { ops_fail "lun add" "O_DIRECT read of LUN 0 after lun_add: $(tail_log "$CELL_LOG/dd-read-$d0.err")"; return; }
+  if dmesg | grep -q 'LUN assignments on this target have changed'; then obs="UA 3F/0E logged"; else obs="no 3F/0E UA logged"; fi
+  if [ -n "$(ops_dev 5)" ]; then obs="$obs, LUN 5 there before a rescan"; else obs="$obs, no scan until a rescan"; fi
+  if ! ops_rescan; then ops_fail "lun add" "iscsiadm --rescan: $(tail_log "$CELL_LOG/rescan.txt")"; return; fi
+  if ! wait_for 60 _ops_luns_are "0 1 2 5"; then ops_fail "lun add" "after lun_add LUN 5 + rescan the kernel has LUNs [$(ops_luns)]"; return; fi
+  d5=$(ops_dev 5)
+  bytes=$(blockdev --getsize64 "/dev/$d5" 2>&1)
+  if [ "$bytes" != $((8 << 20)) ]; then ops_fail "lun add" "LUN 5 (/dev/$d5) is $bytes bytes, not 8 MiB"; return; fi
+  if ! dd_roundtrip "$d5" 8; then ops_fail "lun add" "LUN 5 (/dev/$d5): $IO_ERR"; return; fi
+  step_t lun-add
+  detail="$detail; 2 lun_add 5 + rescan: $d5 8 MiB, O_DIRECT w/r/cmp ok ($(secs "$t0") s)"
+  note "$detail"
+
+  # 3. lun1 resized to 64 MiB.
+  t0=$(now)
+  if ! ctl store_resize name=lun1 size=64MiB; then ops_fail resize "store_resize: $CTL_OUT"; return; fi
+  case $CTL_OUT in *67108864*) ;; *) ops_fail resize "store_resize answered '$(_oneline "$CTL_OUT")', not size 67108864"; return ;; esac
+  ops_read "$d1" 1 || { ops_fail resize "O_DIRECT read of LUN 1 after the resize: $(tail_log "$CELL_LOG/dd-read-$d1.err")"; return; }
+  before=$(($(ops_bytes "$d1") >> 20))
+  if dmesg | grep -q 'Capacity data has changed'; then obs="$obs; UA 2A/09 logged, $before MiB until a rescan"; else obs="$obs; no 2A/09 UA logged"; fi
+  if ! ops_rescan; then ops_fail resize "iscsiadm --rescan: $(tail_log "$CELL_LOG/rescan.txt")"; return; fi
+  if ! wait_for 30 _ops_bytes_are "$d1" $((64 << 20)); then
+    # The disk's own rescan, should iscsiadm's not have revalidated it.
+    echo 1 > "/sys/block/$d1/device/rescan"
+    if ! wait_for 30 _ops_bytes_are "$d1" $((64 << 20)); then ops_fail resize "/dev/$d1 is $(ops_bytes "$d1") bytes after the resize and a rescan, not 64 MiB"; return; fi
+    obs="$obs, needed /sys/block/$d1/device/rescan"
+  fi
+  bytes=$(blockdev --getsize64 "/dev/$d1" 2>&1)
+  if [ "$bytes" != $((64 << 20)) ]; then ops_fail resize "blockdev --getsize64 /dev/$d1: $bytes, not 64 MiB"; return; fi
+  # Its new end is readable.
+  if ! ops_read "$d1" 1 63; then ops_fail resize "O_DIRECT read of the last MiB of /dev/$d1: $(tail_log "$CELL_LOG/dd-read-$d1.err")"; return; fi
+  step_t resize
+  detail="$detail; 3 resize lun1 64 MiB + rescan: $d1 64 MiB, last MiB read ($(secs "$t0") s)"
+  note "$detail"
+
+  # 4. session_logout: the Async Message; iscsid logs out and logs back in.
+  t0=$(now)
+  tsih=$(ops_tsihs)
+  if [ -z "$tsih" ] || [ "$(echo "$tsih" | wc -l)" != 1 ]; then ops_fail "session_logout" "riserctl session_list: not one session on $RISER_IQN: $(_oneline "$CTL_OUT")"; return; fi
+  local ilog=$LAB_LOGS/iscsid.$ISCSID_N.log dropped0 logouts0
+  dropped0=$(grep -c 'no logout in time' "$TARGET_LOG")
+  logouts0=$(grep -c 'closing the connection.*why=Logout' "$TARGET_LOG")
+  before=$(ops_devs | tr '\n' ' ')
+  if ! ctl session_logout tsih="$tsih"; then ops_fail "session_logout" "session_logout tsih=$tsih: $CTL_OUT"; return; fi
+  if ! wait_for 60 _ops_relogged "$tsih" "$sid"; then
+    ops_fail "session_logout" "60 s after session_logout tsih=$tsih: riser sessions [$(_oneline "$(ops_tsihs)")], kernel session$sid $(cat "/sys/class/iscsi_session/session$sid/state" 2>/dev/null); iscsid: $(grep -E 'logout|Logout|recovery|error' "$ilog" | tail -n 3 | tr '\n' ' ')"
+    return
+  fi
+  t=$(secs "$t0")
+  tsih2=$OPS_TSIH
+  sid2=$(ops_sid)
+  # What the initiator did: a Logout (iscsid answers the Async Message with one) or nothing
+  # (the target drops the connection after limits.logout_timeout).
+  local how
+  if [ "$(grep -c 'no logout in time' "$TARGET_LOG")" != "$dropped0" ]; then
+    ops_fail "session_logout" "the kernel did not log out: riser dropped the connection after its logout_timeout, then the kernel logged in again (TSIH $tsih -> $tsih2 in $t s); iscsid: $(grep -E 'logout|Logout' "$ilog" | tail -n 2 | tr '\n' ' ')"
+    return
+  fi
+  how=$(grep -m1 -o 'Target requests logout[^"]*' "$ilog" | head -1)
+  if [ -z "$how" ]; then ops_fail "session_logout" "iscsid logged no 'Target requests logout' (its log: $ilog), yet the session changed TSIH $tsih -> $tsih2"; return; fi
+  if [ "$(grep -c 'closing the connection.*why=Logout' "$TARGET_LOG")" = "$logouts0" ]; then ops_fail "session_logout" "the target logged no Logout of TSIH $tsih, yet the session changed to TSIH $tsih2"; return; fi
+  if [ "$sid2" != "$sid" ]; then obs="$obs; relogin as a new kernel session ($sid -> $sid2)"; fi
+  if ! wait_for 60 _ops_luns_are "0 1 2 5"; then ops_fail "session_logout" "after the relogin the kernel has LUNs [$(ops_luns)]"; return; fi
+  after=$(ops_devs | tr '\n' ' ')
+  local same="same sdX"
+  [ "$after" = "$before" ] || same="disks [$after], before [$before]"
+  if ! timeout 30 iscsiadm -m session > "$CELL_LOG/sessions-relogin.txt" 2>&1 || ! grep -q "$RISER_IQN" "$CELL_LOG/sessions-relogin.txt"; then
+    ops_fail "session_logout" "iscsiadm -m session does not list $RISER_IQN: $(tail_log "$CELL_LOG/sessions-relogin.txt")"
+    return
+  fi
+  # LUN 5 kept its data (step 2's pattern), and LUN 0 takes a write/read/compare.
+  if ! ops_read "$d5" 8 || ! cmp -n $((8 << 20)) "$PATTERN" /tmp/lab-ops-read.bin > /dev/null 2>&1; then ops_fail "session_logout" "LUN 5 after the relogin: read failed or differs from what step 2 wrote"; return; fi
+  if ! dd_roundtrip "$d0" 8; then ops_fail "session_logout" "LUN 0 (/dev/$d0) after the relogin: $IO_ERR"; return; fi
+  step_t session-logout
+  detail="$detail; 4 session_logout: iscsid '${how% }', Logout, relogin (TSIH $tsih->$tsih2, $same) in $t s, LUN 5 data kept, LUN 0 w/r/cmp ok"
+  note "$detail"
+
+  # 5. LUN 2 removed live while the kernel has it.
+  t0=$(now)
+  if ! ctl lun_remove target="$RISER_IQN" lun=2; then ops_fail "lun remove" "lun_remove: $CTL_OUT"; return; fi
+  ops_read "$d0" 1 || { ops_fail "lun remove" "O_DIRECT read of LUN 0 right after lun_remove: $(tail_log "$CELL_LOG/dd-read-$d0.err")"; return; }
+  local tr0 trescan ncmd
+  tr0=$(now)
+  ops_trace on
+  if ! ops_rescan; then ops_trace off; ops_fail "lun remove" "iscsiadm --rescan: $(tail_log "$CELL_LOG/rescan.txt")"; return; fi
+  trescan=$(secs "$tr0")
+  ops_trace off
+  ncmd=$(grep -c 'scsi_dispatch_cmd_start:.* lun=2 ' "$CELL_LOG/scsi-trace.txt" 2>/dev/null)
+  # INQUIRY of VPD page 00h to the unmapped LUN, again and again: Linux's scsi_attach_vpd asks
+  # for page 00h once per 00h byte in the supported-pages list it was given.
+  local nvpd
+  nvpd=$(grep -c 'scsi_dispatch_cmd_start:.* lun=2 .*raw=12 01 00 ' "$CELL_LOG/scsi-trace.txt" 2>/dev/null)
+  local vpd=""
+  [ "${nvpd:-0}" -gt 16 ] && vpd=", $nvpd INQUIRY VPD 00h: riser answers EVPD on an unmapped LUN with standard data"
+  # Linux keeps the SCSI device of a LUN gone from REPORT LUNS; its rescan of the disk meets
+  # LOGICAL UNIT NOT SUPPORTED (TEST UNIT READY, READ CAPACITY) and leaves it with 0 bytes, so
+  # that reads end at once (no command reaches the target any more).
+  local gone state sense rd
+  if [ ! -e "/sys/block/$d2" ]; then
+    gone="$d2 gone after the rescan"
+  else
+    state=$(cat "/sys/block/$d2/device/state" 2>/dev/null)
+    bytes=$(ops_bytes "$d2")
+    sense=$(dmesg | grep -F "[$d2]" | grep -m1 -o 'Add. Sense: .*')
+    if ops_read "$d2" 1; then rd="a 1 MiB O_DIRECT read PASSED"; else rd="reads: $(tail_log "$CELL_LOG/dd-read-$d2.err" 1)"; fi
+    gone="Linux keeps $d2 ($state, $bytes bytes, ${rd% }, rescan: ${sense#Add. Sense: })"
+    if [ "$state" != offline ] && { [ "$bytes" != 0 ] || [ "$sense" != "Add. Sense: Logical unit not supported" ]; }; then
+      ops_fail "lun remove" "LUN 2 removed and rescanned, yet $gone"
+      return
+    fi
+    # The administrator's step (rescan-scsi-bus.sh -r does it): the SCSI device deleted.
+    echo 1 > "/sys/block/$d2/device/delete"
+    wait_for 30 test ! -e "/sys/block/$d2" || { ops_fail "lun remove" "$gone; /sys/block/$d2/device/delete did not remove it"; return; }
+    gone="$gone, deleted via sysfs"
+  fi
+  if ! wait_for 30 _ops_luns_are "0 1 5"; then ops_fail "lun remove" "the kernel has LUNs [$(ops_luns)], not [0 1 5]; $gone"; return; fi
+  if ! ops_read "$d5" 8 || ! cmp -n $((8 << 20)) "$PATTERN" /tmp/lab-ops-read.bin > /dev/null 2>&1; then ops_fail "lun remove" "LUN 5 after LUN 2's removal: read failed or differs"; return; fi
+  if ! ops_read "$d1" 1; then ops_fail "lun remove" "O_DIRECT read of LUN 1 after LUN 2's removal: $(tail_log "$CELL_LOG/dd-read-$d1.err")"; return; fi
+  if ! dd_roundtrip "$d0" 4; then ops_fail "lun remove" "LUN 0 after LUN 2's removal: $IO_ERR"; return; fi
+  step_t lun-remove
+  detail="$detail; 5 lun_remove 2 + rescan ($trescan s; ${ncmd:-?} cmds to LUN 2$vpd): $gone; LUNs 0/1/5 ok ($(secs "$t0") s)"
+  note "$detail"
+
+  # 6. Logout: no session left anywhere.
+  t0=$(now)
+  if ! kinit_logout "$portal" "$iface" "$RISER_IQN"; then ops_fail logout "$(tail_log "$CELL_LOG/logout.txt")"; return; fi
+  iscsiadm -m node -o delete -T "$RISER_IQN" > /dev/null 2>&1
+  iscsiadm -m discoverydb -t st -p "$portal" -I "$iface" -o delete > /dev/null 2>&1
+  if ! wait_for "$WAIT_GONE" _ops_no_target_sessions; then ops_fail logout "riserctl session_list after the logout: $(_oneline "$CTL_OUT")"; return; fi
+  if ! wait_for "$WAIT_GONE" _no_sessions; then ops_fail logout "the kernel still has a session: $(ls /sys/class/iscsi_session/ | tr '\n' ' ')"; return; fi
+  for dev in "$d0" "$d1" "$d5"; do
+    [ -e "/sys/block/$dev" ] && { ops_fail logout "/dev/$dev still present after the logout"; return; }
+  done
+  step_t logout
+  detail="$detail; 6 logout: session_list empty, no sdX ($(secs "$t0") s)"
+  ctl stats_get
+  local conn
+  conn=$(dmesg | grep -c 'detected conn error')
+  ops_end
+  echo "$detail | kernel: $obs" > "$CELL_LOG/summary.txt"
+  cell_pass "$detail | kernel: $obs; $conn conn errors, $(grep -c WARN "$TARGET_LOG") target warnings"
+}
+
+cell_ops() {
+  cell_begin "ops open-iscsi iscsi_tcp -> riser target TCP, changed live through riserctl"
+  ops_cell default "$TCP_IP:3260" "{target} --portal {addr}:3260 --lun ram:64MiB --lun ram:32MiB --lun ram:16MiB --control {control}"
+}
+
+cell_ops-iser() {
+  cell_begin "ops-iser open-iscsi ib_iser/siw -> riser target (software iWARP RNIC), changed live through riserctl"
+  has_dev siw0 || { cell_skip "no siw0 in this guest"; return; }
+  ops_cell iser "$SIW_IP:3260" "{target} --iser-portal {addr}:3260 --lun ram:64MiB --lun ram:32MiB --lun ram:16MiB --control {control}"
+}
+
 lab_init
 iscsid_start || { echo "FAIL setup (iscsid): cannot start iscsid"; echo "0 passed, 1 failed"; exit 1; }
 note "cells: $CELLS; links: $(ls /sys/class/infiniband 2>/dev/null | tr '\n' ' '); TCP_IP $TCP_IP"
 for c in $CELLS; do
-  if declare -F "cell_$c" > /dev/null; then "cell_$c"; else cell_begin "$c"; cell_fail "selection" "no such cell (traps 1 2 3 3b 4 5 6 6a 6b 7 fault fault-tcp fault-rinit fault-target lio-selftest lio-selftest-tcp)"; fi
+  if declare -F "cell_$c" > /dev/null; then "cell_$c"; else cell_begin "$c"; cell_fail "selection" "no such cell (traps 1 2 3 3b 4 5 6 6a 6b 7 fault fault-tcp fault-rinit fault-target ops ops-iser lio-selftest lio-selftest-tcp)"; fi
 done
 iscsid_stop
 lab_summary

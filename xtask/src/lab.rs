@@ -11,9 +11,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// Every cell of the matrix (see xtask/lab/matrix.sh).
-const ALL: &str = "traps 1 2 3 3b 4 5 6 7 fault fault-tcp fault-rinit fault-target";
-/// The CI subset: the provider's traps, cells 1, 2, 4 and 5 on siw, and rping.
-const QUICK: &str = "traps 1 2 4 5 7";
+const ALL: &str = "traps 1 2 3 3b 4 5 6 7 fault fault-tcp fault-rinit fault-target ops ops-iser";
+/// The CI subset: the provider's traps, cells 1, 2, 4 and 5 on siw, rping, and the target
+/// changed live through its control socket under the kernel's initiator over TCP (ops).
+const QUICK: &str = "traps 1 2 4 5 7 ops";
 
 /// Variables handed on to matrix.sh when set in the environment (see its header).
 const PASS_ENV: [&str; 21] = [
@@ -57,6 +58,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
         format!("RISER_TARGET={}", examples.join("target").display()),
         format!("RISER_INITIATOR={}", examples.join("initiator").display()),
         format!("RPING={}", examples.join("rping").display()),
+        format!("RISERCTL={}", examples.join("riserctl").display()),
         format!("RDMA_LAB_TESTS={}", tests.display()),
         format!("TGTD_IN_GUEST={}", shared.join("lab/tgtd-in-guest.sh").display()),
         format!("CELLS={cells}"),
@@ -76,8 +78,8 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
 /// (examples directory, lab test binary).
 pub(crate) fn prepare() -> Result<(PathBuf, PathBuf), String> {
     // cmake and libclang build rdma-mummy-sys (libibverbs and librdmacm themselves are loaded
-    // at run time).
-    ensure_debs(&["cmake", "libclang-dev", "open-iscsi", "e2fsprogs", "tgt"])?;
+    // at run time); jq reads riserctl's JSON in the ops cells.
+    ensure_debs(&["cmake", "libclang-dev", "open-iscsi", "e2fsprogs", "tgt", "jq"])?;
     setup()?;
     build()
 }
@@ -122,7 +124,8 @@ fn setup() -> Result<(), String> {
     if st.success() { Ok(()) } else { Err("rdma-lab.sh setup failed".into()) }
 }
 
-/// The examples with the rdma-core provider, and the provider's lab test binary.
+/// The examples with the rdma-core provider (riserctl too: the ops cells drive the target with
+/// it), and the provider's lab test binary.
 fn build() -> Result<(PathBuf, PathBuf), String> {
     let st = Command::new("cargo")
         .current_dir(root())
@@ -138,6 +141,8 @@ fn build() -> Result<(PathBuf, PathBuf), String> {
             "initiator",
             "--example",
             "rping",
+            "--example",
+            "riserctl",
         ])
         .status()
         .map_err(|e| e.to_string())?;

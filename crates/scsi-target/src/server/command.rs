@@ -284,27 +284,36 @@ impl Session {
     }
 
     async fn no_such_lun(&self, c: &ScsiCommand, cdb: &[u8], slot: &Slot) {
-        // INQUIRY works on any LUN (REPORT LUNS is answered for the nexus before); everything
-        // else: LOGICAL UNIT NOT SUPPORTED.
-        match cdb.first() {
-            Some(&0x12) => {
+        // INQUIRY works on any LUN (REPORT LUNS is answered for the nexus before), with the
+        // peripheral qualifier "not present": the standard data, or the Supported VPD Pages page
+        // listing only itself. Every other page, and every other command: LOGICAL UNIT NOT
+        // SUPPORTED. (Standard data given for a VPD page made Linux read its version and flags
+        // bytes as a page length and ask for page 00h some 3000 times in one rescan.)
+        let not_supported = || {
+            let s = Sense::new(SenseKey::ILLEGAL_REQUEST, AscAscq::LOGICAL_UNIT_NOT_SUPPORTED);
+            Outcome { status: Status::CHECK_CONDITION, sense: Some(s.to_fixed().to_vec().into()), data: Bytes::new() }
+        };
+        let evpd = cdb.get(1).is_some_and(|b| b & 1 == 1);
+        let page = cdb.get(2).copied().unwrap_or(0);
+        let data = match cdb.first() {
+            Some(&0x12) if !evpd => {
                 let mut data = riser_scsi::inquiry::StandardInquiry::disk("RISER", "RISER DISK", "0001");
                 data.peripheral = riser_scsi::inquiry::NOT_PRESENT;
-                let alloc = cdb.get(3..5).map(|b| u16::from_be_bytes([b[0], b[1]])).unwrap_or(0);
-                let mut bytes = data.to_bytes();
-                bytes.truncate(usize::from(alloc).min(c.expected_data_len as usize));
-                let n = bytes.len() as u32;
-                let desc = riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: None };
-                let pdus = if n > 0 { self.dm.put_data(desc, bytes.into()).await.map(|d| d.pdus).unwrap_or(0) } else { 0 };
-                let o = Outcome { status: Status::GOOD, sense: None, data: Bytes::new() };
-                self.scsi_response(&o, Residual::between(c.expected_data_len, n), pdus, slot).await;
+                data.to_bytes()
             }
-            _ => {
-                let s = Sense::new(SenseKey::ILLEGAL_REQUEST, AscAscq::LOGICAL_UNIT_NOT_SUPPORTED);
-                let o = Outcome { status: Status::CHECK_CONDITION, sense: Some(s.to_fixed().to_vec().into()), data: Bytes::new() };
-                self.scsi_response(&o, Residual::between(c.expected_data_len, 0), 0, slot).await;
+            Some(&0x12) if page == riser_scsi::inquiry::vpd::SUPPORTED_PAGES => {
+                riser_scsi::inquiry::vpd_page(riser_scsi::inquiry::NOT_PRESENT, page, &[riser_scsi::inquiry::vpd::SUPPORTED_PAGES])
             }
-        }
+            _ => return self.scsi_response(&not_supported(), Residual::between(c.expected_data_len, 0), 0, slot).await,
+        };
+        let alloc = cdb.get(3..5).map(|b| u16::from_be_bytes([b[0], b[1]])).unwrap_or(0);
+        let mut bytes = data;
+        bytes.truncate(usize::from(alloc).min(c.expected_data_len as usize));
+        let n = bytes.len() as u32;
+        let desc = riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: None };
+        let pdus = if n > 0 { self.dm.put_data(desc, bytes.into()).await.map(|d| d.pdus).unwrap_or(0) } else { 0 };
+        let o = Outcome { status: Status::GOOD, sense: None, data: Bytes::new() };
+        self.scsi_response(&o, Residual::between(c.expected_data_len, n), pdus, slot).await;
     }
 }
 
