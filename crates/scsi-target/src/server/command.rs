@@ -88,10 +88,15 @@ impl Session {
             self.no_such_lun(&c, &cdb, slot).await;
             return self.dm.deallocate_task_resources(c.itt);
         };
-        let lu = path.lu.clone();
+        // Borrowed from the path (a clone would write the unit's reference count, which every
+        // session using the unit shares).
+        let lu = &path.lu;
         // The nexus's LUN inventory changed: said once, to a command that is not INQUIRY or
-        // REQUEST SENSE (SAM-5 §5.14).
-        if !matches!(cdb.first(), Some(0x12 | 0x03)) && self.luns_changed.swap(false, Ordering::AcqRel) {
+        // REQUEST SENSE (SAM-5 §5.14). Read first: the swap writes, and is rarely needed.
+        if !matches!(cdb.first(), Some(0x12 | 0x03))
+            && self.luns_changed.load(Ordering::Relaxed)
+            && self.luns_changed.swap(false, Ordering::AcqRel)
+        {
             self.dm.deallocate_task_resources(c.itt);
             let s = Sense::new(SenseKey::UNIT_ATTENTION, AscAscq::REPORTED_LUNS_DATA_CHANGED);
             let o = Outcome { status: Status::CHECK_CONDITION, sense: Some(lu.encode_sense(&s)), data: Bytes::new() };
@@ -100,11 +105,11 @@ impl Session {
         // What no CDB can justify is refused before anything is planned or allocated: more
         // data than a task buffer holds, immediate data beyond the expected length.
         if c.write && edtl > crate::MAX_DATA_OUT {
-            return self.refuse(&c, &lu, AscAscq::INVALID_FIELD_IN_CDB, slot).await;
+            return self.refuse(&c, lu, AscAscq::INVALID_FIELD_IN_CDB, slot).await;
         }
         if c.write && immediate > edtl {
             self.dm.deallocate_task_resources(c.itt);
-            return self.scsi_response(&data_phase_error(&lu), Residual::None, 0, slot).await;
+            return self.scsi_response(&data_phase_error(lu), Residual::None, 0, slot).await;
         }
         let plan = match lu.plan(&cdb, &self.nexus) {
             Ok(p) => Plan { edtl, ..p },
@@ -119,7 +124,7 @@ impl Session {
             // ends here, before the medium is read, and the connection goes on.
             debug!(itt = c.itt, "read data expected but the datamover cannot deliver it");
             self.dm.deallocate_task_resources(c.itt);
-            return self.scsi_response(&data_phase_error(&lu), Residual::Underflow(edtl), 0, slot).await;
+            return self.scsi_response(&data_phase_error(lu), Residual::Underflow(edtl), 0, slot).await;
         }
         if !c.write && out_len > 0 {
             // The CDB wants data the initiator did not announce.
@@ -140,12 +145,12 @@ impl Session {
                 Ok(Err(riser_datamover::DmError::Closed | riser_datamover::DmError::Io(_))) => return,
                 Ok(Err(e)) => {
                     debug!(itt = c.itt, %e, "write data out of sequence");
-                    return self.scsi_response(&data_phase_error(&lu), Residual::None, 0, slot).await;
+                    return self.scsi_response(&data_phase_error(lu), Residual::None, 0, slot).await;
                 }
                 Err(_) => {
                     warn!(itt = c.itt, timeout = ?self.data_timeout, "write data did not arrive");
                     self.dm.deallocate_task_resources(c.itt);
-                    return self.scsi_response(&data_phase_error(&lu), Residual::None, 0, slot).await;
+                    return self.scsi_response(&data_phase_error(lu), Residual::None, 0, slot).await;
                 }
             }
         }
@@ -153,7 +158,7 @@ impl Session {
         if data_out.len() < usable {
             // Never write what was not received (a buffer short of the data the CDB uses).
             warn!(itt = c.itt, got = data_out.len(), usable, "write data incomplete");
-            return self.scsi_response(&data_phase_error(&lu), Residual::None, 0, slot).await;
+            return self.scsi_response(&data_phase_error(lu), Residual::None, 0, slot).await;
         }
         // A READ's data goes into a buffer of the datamover's pool, which gets it back once sent.
         let read_buf = if c.read && edtl > 0 { self.dm.take_buffer(edtl as usize) } else { Vec::new() };
