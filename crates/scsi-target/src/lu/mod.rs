@@ -87,6 +87,9 @@ struct State {
     pr: Pr,
     /// Pending unit attentions by nexus key (a nexus is here once it has seen the unit).
     unit_attention: HashMap<String, Vec<AscAscq>>,
+    /// Unit attentions queued in `unit_attention`, over all nexuses: while none is, a command
+    /// does not look its nexus up (hashing its key cost ~90 instructions per command).
+    ua_queued: usize,
     prevent: bool,
     stopped: bool,
     sanitize: Option<Arc<SanitizeJob>>,
@@ -201,8 +204,14 @@ impl LogicalUnit {
     pub fn unit_attention(&self, asc: AscAscq, only: Option<&Nexus>) {
         let mut s = self.st();
         match only {
-            Some(n) => s.unit_attention.entry(n.key().into()).or_default().push(asc),
-            None => s.unit_attention.values_mut().for_each(|v| v.push(asc)),
+            Some(n) => {
+                s.unit_attention.entry(n.key().into()).or_default().push(asc);
+                s.ua_queued += 1;
+            }
+            None => {
+                s.unit_attention.values_mut().for_each(|v| v.push(asc));
+                s.ua_queued += s.unit_attention.len();
+            }
         }
     }
 
@@ -217,6 +226,7 @@ impl LogicalUnit {
         s.flush_failed = false;
         // Every nexus, the issuer's included (SAM-5 §6.3.3; libiscsi's multipath test checks it).
         s.unit_attention.values_mut().for_each(|v| v.push(AscAscq::POWER_ON_RESET));
+        s.ua_queued += s.unit_attention.len();
     }
 
     /// Register a nexus so unit attentions can be queued for it.
@@ -230,7 +240,9 @@ impl LogicalUnit {
         if s.reserved_by.as_deref() == Some(nexus.key()) {
             s.reserved_by = None;
         }
-        s.unit_attention.remove(nexus.key());
+        if let Some(v) = s.unit_attention.remove(nexus.key()) {
+            s.ua_queued -= v.len();
+        }
     }
 
     /// Encode sense in the format the Control mode page selects.
@@ -273,10 +285,12 @@ impl LogicalUnit {
                 }
                 SanitizeState::Failed => {}
             }
-            if let Some(v) = s.unit_attention.get_mut(nexus.key())
+            if s.ua_queued > 0
+                && let Some(v) = s.unit_attention.get_mut(nexus.key())
                 && !v.is_empty()
             {
                 let asc = v.remove(0);
+                s.ua_queued -= 1;
                 drop(s);
                 return Err(self.check(Sense::new(SenseKey::UNIT_ATTENTION, asc)));
             }

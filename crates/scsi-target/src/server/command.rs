@@ -32,13 +32,14 @@ impl Session {
     }
 
     /// The command's SCSI Response: its task ends (its window slot opens, so the response
-    /// already announces the room it leaves).
+    /// already announces the room it leaves). Counted once the response is out: counting is
+    /// not on the way to the initiator, and the latency counted is the whole command's.
     async fn scsi_response(&self, o: &Outcome, residual: Residual, exp_data_sn: u32, slot: &Slot) {
-        slot.count(o.status, o.sense.as_deref());
         if let Some(task) = slot.take() {
             lock(&self.core).finish_command(task, o.status, o.sense.as_deref(), residual, exp_data_sn);
         }
         self.flush().await;
+        slot.count(o.status, o.sense.as_deref());
     }
 
     /// CHECK CONDITION with ILLEGAL REQUEST / `asc` for a command refused before it ran (its
@@ -223,7 +224,6 @@ impl Session {
                         // Aborted meanwhile: no data, no status.
                         return Ok::<_, riser_datamover::DmError>(None);
                     };
-                    slot.count(o.status, None);
                     let (underflow, overflow, count) = residual.flags();
                     let collapse = riser_datamover::CollapsedStatus {
                         status: o.status,
@@ -246,7 +246,10 @@ impl Session {
                 })
                 .await;
                 match sent {
-                    Ok(Ok(Some(_))) => path.counters.read(send),
+                    Ok(Ok(Some(_))) => {
+                        slot.count(o.status, None);
+                        path.counters.read(send);
+                    }
                     Ok(Ok(None)) => {}
                     Ok(Err(_)) => return,
                     Err(_) => return self.send_failed("Data-In"),

@@ -143,10 +143,12 @@ impl LuCounters {
         if let Some(e) = error_class(status, sense) {
             self.errors[e].fetch_add(1, Relaxed);
         }
-        let us = took.as_micros() as u64;
+        // Whole microseconds without a 128-bit division.
+        let us = took.as_secs().saturating_mul(1_000_000).saturating_add(u64::from(took.subsec_micros()));
         let bucket = LATENCY_BOUNDS_US.iter().position(|&b| us <= b).unwrap_or(LATENCY_BOUNDS_US.len());
         self.latency[bucket].fetch_add(1, Relaxed);
-        self.latency_sum_ns.fetch_add(took.as_nanos() as u64, Relaxed);
+        let ns = took.as_secs().saturating_mul(1_000_000_000).saturating_add(u64::from(took.subsec_nanos()));
+        self.latency_sum_ns.fetch_add(ns, Relaxed);
     }
 
     /// `n` bytes went to the initiator.
