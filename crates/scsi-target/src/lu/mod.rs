@@ -27,7 +27,7 @@ mod tests_thin;
 
 use crate::backend::BlockBackend;
 use bytes::Bytes;
-use pr::Pr;
+use pr_store::Pr;
 use riser_scsi::cdb::{Cdb, CdbSize, rw_flags};
 use riser_scsi::sense::{AscAscq, Sense, SenseKey, Status};
 use rw::RangeLocks;

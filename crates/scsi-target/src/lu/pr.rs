@@ -1,26 +1,12 @@
 //! Reservations: PERSISTENT RESERVE IN/OUT, RESERVE/RELEASE (6/10), and the reservation
 //! conflict check every command passes before it runs.
 
-use super::pr_store::PrStore;
+use super::pr_store::{Pr, PrStore};
 use super::{LogicalUnit, Nexus, Outcome, R, bad_field, illegal, truncate};
 use bytes::Bytes;
 use riser_scsi::cdb::Cdb;
 use riser_scsi::sense::{AscAscq, Sense, Status};
 use std::path::PathBuf;
-
-/// The persistent reservation state of a unit.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(super) struct Pr {
-    /// PRgeneration (SPC-5 §6.16.2).
-    pub(super) generation: u32,
-    /// Registered I_T nexuses and their keys, in registration order.
-    pub(super) registrations: Vec<(Nexus, u64)>,
-    /// The reservation: its holder, the holder's key and the type.
-    pub(super) holder: Option<(Nexus, u64, u8)>,
-    /// APTPL is active (SPC-5 §5.14.5): the state is kept in the unit's file as well (never set
-    /// on a unit without one).
-    pub(super) aptpl: bool,
-}
 
 fn all_registrants(t: u8) -> bool {
     matches!(t, riser_scsi::pr::pr_type::WRITE_EXCLUSIVE_ALL_REGISTRANTS | riser_scsi::pr::pr_type::EXCLUSIVE_ACCESS_ALL_REGISTRANTS)

@@ -1,5 +1,6 @@
-//! The persistent reservation file: where a unit keeps its persistent reservations while APTPL
-//! is active (SPC-5 §5.14.5), so that they survive a restart of the target.
+//! The persistent reservation state of a unit ([`Pr`], what `pr` changes), and the file where a
+//! unit keeps it while APTPL is active (SPC-5 §5.14.5), so that it survives a restart of the
+//! target.
 //!
 //! The file exists only while APTPL is active: the unit writes it whole after every PERSISTENT
 //! RESERVE OUT that changes the state, and removes it when an application client turns APTPL
@@ -30,7 +31,6 @@
 //! whatever APTPL says (SPC-5 §6.16.2).
 
 use super::Nexus;
-use super::pr::Pr;
 use std::fmt::Write as _;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write as _};
@@ -42,6 +42,20 @@ use std::sync::{Mutex, MutexGuard};
 const MAGIC: &str = "riser-pr-state";
 /// The format version this code writes (and the only one it reads).
 const VERSION: u32 = 1;
+
+/// The persistent reservation state of a unit.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Pr {
+    /// PRgeneration (SPC-5 §6.16.2).
+    pub(super) generation: u32,
+    /// Registered I_T nexuses and their keys, in registration order.
+    pub(super) registrations: Vec<(Nexus, u64)>,
+    /// The reservation: its holder, the holder's key and the type.
+    pub(super) holder: Option<(Nexus, u64, u8)>,
+    /// APTPL is active (SPC-5 §5.14.5): the state is kept in the unit's file as well (never set
+    /// on a unit without one).
+    pub(super) aptpl: bool,
+}
 
 /// A unit's persistent reservation file.
 #[derive(Debug)]
