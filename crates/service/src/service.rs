@@ -40,7 +40,6 @@ impl From<ChangeError> for OpError {
             ChangeError::NoSuchTarget(_)
             | ChangeError::NoSuchLun { .. }
             | ChangeError::NoSuchAcl { .. }
-            | ChangeError::NoSuchPortalGroup { .. }
             | ChangeError::NoSuchPortal { .. }
             | ChangeError::NoSuchSession(_) => Self::NotFound(m),
             ChangeError::TargetExists(_) | ChangeError::LunExists { .. } | ChangeError::PortalExists { .. } => Self::Exists(m),
@@ -835,18 +834,18 @@ pub fn credential_override(
     file: Option<&Path>,
     env: &str,
 ) -> Result<(Option<config::CredentialText>, Option<PathBuf>), String> {
-    match (value, file) {
-        (_, Some(f)) if value.is_none() => {
-            // Checked now (private, well formed), read again by the configuration.
-            Credential::from_file(f)?;
-            Ok((None, Some(std::fs::canonicalize(f).unwrap_or_else(|_| f.to_path_buf()))))
-        }
-        _ => match crate::cli::chap_credentials(option, value, file, env)? {
-            Some(_) => {
-                let text = value.map(str::to_string).or_else(|| std::env::var(env).ok()).unwrap_or_default();
-                Ok((Some(config::CredentialText::Line(text)), None))
-            }
-            None => Ok((None, None)),
-        },
+    if let (None, Some(f)) = (value, file) {
+        // Checked now (private, well formed), read again by the configuration.
+        Credential::from_file(f)?;
+        return Ok((None, Some(std::fs::canonicalize(f).unwrap_or_else(|_| f.to_path_buf()))));
     }
+    if crate::cli::chap_credentials(option, value, file, env)?.is_none() {
+        return Ok((None, None));
+    }
+    // Checked; kept as the text it came as: the option's, else the environment's.
+    let text = match value {
+        Some(v) => v.to_string(),
+        None => std::env::var(env).map_err(|e| format!("{env}: {e}"))?,
+    };
+    Ok((Some(config::CredentialText::Line(text)), None))
 }

@@ -71,14 +71,6 @@ pub enum ChangeError {
         /// The initiator.
         initiator: String,
     },
-    /// The target has no portal group with that tag.
-    #[error("target {target} has no portal group {tag}")]
-    NoSuchPortalGroup {
-        /// The target.
-        target: String,
-        /// The tag.
-        tag: u16,
-    },
     /// The target has that portal already.
     #[error("target {target} has portal {portal} already")]
     PortalExists {

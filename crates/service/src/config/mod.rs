@@ -337,8 +337,8 @@ pub struct Credential {
     pub creds: ChapCredentials,
     /// The file it was read from.
     pub file: Option<PathBuf>,
-    /// The secret as text (for saving when there is no file).
-    secret: String,
+    /// The text it was given as, when not from a file (saved as it came).
+    text: Option<CredentialText>,
 }
 
 impl std::fmt::Debug for Credential {
@@ -357,37 +357,25 @@ impl Credential {
     /// Credentials from `text` (`USER:SECRET`, or the user and the secret on two lines), named
     /// `source` in errors.
     pub fn from_text(source: &str, text: &str) -> Result<Self, String> {
-        let creds = cli::parse_credentials(source, text)?;
-        let lines: Vec<&str> =
-            text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l)).filter(|l| !l.is_empty() && !l.starts_with('#')).collect();
-        let secret = match lines.as_slice() {
-            [_, s, ..] => (*s).to_string(),
-            [one] => one.strip_prefix(creds.user.as_str()).and_then(|r| r.strip_prefix(':')).unwrap_or_default().to_string(),
-            [] => String::new(),
-        };
-        Ok(Self { creds, file: None, secret })
+        Ok(Self { creds: cli::parse_credentials(source, text)?, file: None, text: Some(CredentialText::Line(text.into())) })
     }
 
     /// Credentials from a user and a secret.
     pub fn from_pair(source: &str, user: &str, secret: &str) -> Result<Self, String> {
         let creds = ChapCredentials::new(user, secret.as_bytes().to_vec()).map_err(|e| format!("{source}: {e}"))?;
-        Ok(Self { creds, file: None, secret: secret.to_string() })
+        Ok(Self { creds, file: None, text: Some(CredentialText::Pair { user: user.into(), secret: secret.into() }) })
     }
 
     /// Credentials from a file that only its owner may read.
     pub fn from_file(path: &Path) -> Result<Self, String> {
         let text = cli::read_secret_file(path)?;
-        let mut c = Self::from_text(&path.display().to_string(), &text)?;
-        c.file = Some(path.to_path_buf());
-        Ok(c)
+        let creds = cli::parse_credentials(&path.display().to_string(), &text)?;
+        Ok(Self { creds, file: Some(path.to_path_buf()), text: None })
     }
 
-    /// How the file writes it: the path of its file, or the user and secret inline.
+    /// How the file writes it: the path of its file, or inline as it was given.
     pub fn to_text(&self) -> (Option<CredentialText>, Option<PathBuf>) {
-        match &self.file {
-            Some(f) => (None, Some(f.clone())),
-            None => (Some(CredentialText::Pair { user: self.creds.user.clone(), secret: self.secret.clone() }), None),
-        }
+        (self.text.clone(), self.file.clone())
     }
 }
 
