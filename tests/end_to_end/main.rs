@@ -27,6 +27,7 @@ macro_rules! on_every_transport {
 
 mod support;
 
+mod async_store;
 mod bad_input;
 mod discovery;
 mod io;

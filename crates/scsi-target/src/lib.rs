@@ -1,12 +1,14 @@
 //! # riser-target — the SCSI block target core and the iSCSI target server
 //!
 //! * [`backend`]: the [`backend::BlockBackend`] trait with RAM and file/block-device stores.
+//! * [`aio`]: the [`aio::AsyncBackend`] trait, for stores whose I/O completes as futures.
 //! * [`lu`]: [`lu::LogicalUnit`], a transport-agnostic SBC-4/SPC-5 emulation: CDB in, status,
 //!   sense and data out.
 //! * [`server`]: [`server::Target`], which accepts iSCSI/TCP connections, runs the login state
 //!   machine of riser-iscsi, and drives sessions through the riser-datamover seam.
 #![warn(missing_docs)]
 
+pub mod aio;
 pub mod backend;
 pub mod lu;
 pub mod server;

@@ -1,5 +1,6 @@
 //! A RAM disk whose I/O the test controls: a command the target is still executing.
 
+use riser::target::aio::{AsyncBackend, Io};
 use riser::target::backend::{BlockBackend, RamBackend};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -86,5 +87,44 @@ impl BlockBackend for Gated {
     }
     fn thin(&self) -> bool {
         false
+    }
+}
+
+/// [`Gated`] as an asynchronous store: each operation completes on a thread of its own, as a
+/// cluster's completions do, and the command's future is woken from there.
+#[derive(Debug, Clone)]
+pub(crate) struct AsyncGated(pub(crate) Arc<Gated>);
+
+impl AsyncGated {
+    fn later<T: Send + 'static>(&self, f: impl FnOnce(&Gated) -> std::io::Result<T> + Send + 'static) -> Io<T> {
+        let (g, (tx, rx)) = (self.0.clone(), tokio::sync::oneshot::channel());
+        std::thread::spawn(move || {
+            let _ = tx.send(f(&g));
+        });
+        Io::pending(async move { rx.await.unwrap_or_else(|_| Err(std::io::Error::other("completion lost"))) })
+    }
+}
+
+impl AsyncBackend for AsyncGated {
+    fn block_size(&self) -> u32 {
+        512
+    }
+    fn num_blocks(&self) -> u64 {
+        self.0.num_blocks()
+    }
+    fn read(&self, offset: u64, len: usize, mut buf: Vec<u8>) -> Io<Vec<u8>> {
+        self.later(move |g| {
+            buf.resize(len, 0);
+            g.ram.read(offset, &mut buf).map(|()| buf)
+        })
+    }
+    fn write(&self, offset: u64, data: bytes::Bytes, _fua: bool) -> Io<()> {
+        self.later(move |g| g.write(offset, &data))
+    }
+    fn flush(&self) -> Io<()> {
+        Io::ready(Ok(()))
+    }
+    fn unmap(&self, offset: u64, len: u64) -> Io<()> {
+        self.later(move |g| g.unmap(offset, len))
     }
 }

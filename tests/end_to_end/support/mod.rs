@@ -4,7 +4,7 @@
 mod gated;
 pub(crate) mod raw;
 
-pub(crate) use gated::Gated;
+pub(crate) use gated::{AsyncGated, Gated};
 pub(crate) use raw::Raw;
 
 use bytes::Bytes;
@@ -105,7 +105,16 @@ impl Transport {
         node: impl FnOnce(&mut Node),
         cfg: impl FnOnce(&mut TargetConfig),
     ) -> SocketAddr {
-        let lu = Arc::new(LogicalUnit::new(backend, riser::target::lu::LuIdentity::random()));
+        self.start_with(Arc::new(LogicalUnit::new(backend, riser::target::lu::LuIdentity::random())), node, cfg).await
+    }
+
+    /// As [`start`](Self::start), with `lu` at LUN 0.
+    pub(crate) async fn start_with(
+        self,
+        lu: Arc<LogicalUnit>,
+        node: impl FnOnce(&mut Node),
+        cfg: impl FnOnce(&mut TargetConfig),
+    ) -> SocketAddr {
         let mut n = Node::new(TARGET).lun(lu);
         node(&mut n);
         let mut c = self.config().node(n);

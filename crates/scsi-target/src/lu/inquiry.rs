@@ -30,7 +30,7 @@ impl LogicalUnit {
             vpd::BLOCK_LIMITS => {
                 let thin = self.backend.thin();
                 BlockLimits {
-                    max_compare_and_write_len: 1,
+                    max_compare_and_write_len: self.compare_and_write_blocks(),
                     optimal_transfer_granularity: 1,
                     max_transfer_len: MAX_TRANSFER_BLOCKS,
                     optimal_transfer_len: 2048,

@@ -8,6 +8,7 @@
 //! `inquiry`, `mode`, `pr` (reservations), `sanitize`, `rsoc` and `report` (REQUEST SENSE,
 //! REPORT LUNS).
 
+mod aio;
 mod identity;
 mod inquiry;
 mod medium;
@@ -20,6 +21,8 @@ mod rw;
 mod sanitize;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_aio;
 #[cfg(test)]
 mod tests_pr;
 #[cfg(test)]
@@ -35,6 +38,7 @@ use sanitize::{SanitizeJob, SanitizeState};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+pub use aio::Running;
 pub use identity::{LuIdentity, Nexus};
 pub use report::report_luns;
 
@@ -101,7 +105,12 @@ struct State {
 /// One logical unit.
 #[derive(Debug)]
 pub struct LogicalUnit {
+    /// The store as the synchronous commands see it (over an asynchronous store, a
+    /// [`BlockOn`](crate::aio::BlockOn) that waits for each operation on the blocking pool).
     backend: Arc<dyn BlockBackend>,
+    /// An asynchronous store ([`LogicalUnit::with_async`]): the medium data path runs on it as
+    /// futures ([`LogicalUnit::execute_async`]).
+    aio: Option<Arc<dyn crate::aio::AsyncBackend>>,
     identity: LuIdentity,
     state: Mutex<State>,
     read_modify_write: RangeLocks,
@@ -132,6 +141,7 @@ impl LogicalUnit {
     pub fn new(backend: Arc<dyn BlockBackend>, identity: LuIdentity) -> Self {
         Self {
             backend,
+            aio: None,
             identity,
             state: Mutex::new(State { wce: true, ..State::default() }),
             read_modify_write: RangeLocks::default(),
@@ -311,21 +321,8 @@ impl LogicalUnit {
     /// datamover's pool, of any length: it is resized), so read data is carried in memory the
     /// datamover gets back with `release_task_buffer` once it has sent it.
     pub fn execute_into(&self, plan: &Plan, data_out: &[u8], nexus: &Nexus, read_buf: Vec<u8>) -> Outcome {
-        if let Some(conflict) = self.reservation_conflict(&plan.cdb, nexus) {
-            return conflict;
-        }
-        if let Cdb::WriteSame(r) = &plan.cdb
-            && !(r.size == CdbSize::Sixteen && r.flags & rw_flags::NDOB != 0)
-            && plan.edtl != self.bs()
-        {
-            // WRITE SAME carries exactly one block.
-            return self.check(bad_field(if r.size == CdbSize::Sixteen { 10 } else { 7 }, None));
-        }
-        if let Cdb::CompareAndWrite { blocks, .. } = plan.cdb
-            && plan.edtl != 2 * u32::from(blocks) * self.bs()
-        {
-            // The Data-Out buffer must hold exactly the verify and write data (SBC-4 §5.3).
-            return self.check(bad_field(13, None));
+        if let Some(refused) = self.refusal(plan, nexus) {
+            return refused;
         }
         match self.run(&plan.cdb, data_out, nexus, read_buf) {
             Ok(o) => o,
@@ -333,8 +330,46 @@ impl LogicalUnit {
         }
     }
 
+    /// What refuses a planned command before it runs: a reservation conflict, or a data-out
+    /// length the command cannot take.
+    fn refusal(&self, plan: &Plan, nexus: &Nexus) -> Option<Outcome> {
+        if let Some(conflict) = self.reservation_conflict(&plan.cdb, nexus) {
+            return Some(conflict);
+        }
+        if let Cdb::WriteSame(r) = &plan.cdb
+            && !(r.size == CdbSize::Sixteen && r.flags & rw_flags::NDOB != 0)
+            && plan.edtl != self.bs()
+        {
+            // WRITE SAME carries exactly one block.
+            return Some(self.check(bad_field(if r.size == CdbSize::Sixteen { 10 } else { 7 }, None)));
+        }
+        if let Cdb::CompareAndWrite { blocks, .. } = plan.cdb
+            && plan.edtl != 2 * u32::from(blocks) * self.bs()
+        {
+            // The Data-Out buffer must hold exactly the verify and write data (SBC-4 §5.3).
+            return Some(self.check(bad_field(13, None)));
+        }
+        None
+    }
+
     /// Route a command to the handler of its family.
     fn run(&self, c: &Cdb, out: &[u8], nexus: &Nexus, read_buf: Vec<u8>) -> R {
+        if let Some(aio) = &self.aio
+            && matches!(
+                c,
+                Cdb::Read(_)
+                    | Cdb::Write(_)
+                    | Cdb::WriteAndVerify(_)
+                    | Cdb::SynchronizeCache(_)
+                    | Cdb::Unmap { .. }
+                    | Cdb::WriteSame(_)
+                    | Cdb::CompareAndWrite { .. }
+            )
+        {
+            // Called synchronously (on the blocking pool, or by an embedder) on an asynchronous
+            // store: the same path as `execute_async`, waited for here.
+            return crate::aio::block_on(self.run_async(aio, c, Bytes::copy_from_slice(out), read_buf));
+        }
         match c {
             Cdb::TestUnitReady { .. } => Ok(Outcome::good(Bytes::new())),
             Cdb::RequestSense { desc, alloc_len, .. } => self.request_sense(*desc, *alloc_len),
@@ -350,7 +385,7 @@ impl LogicalUnit {
             Cdb::SynchronizeCache(r) => self.synchronize_cache(r),
             Cdb::WriteSame(r) => self.write_same(r, out),
             Cdb::PreFetch(r) => self.pre_fetch(r),
-            Cdb::OrWrite(r) => self.or_write(r, out),
+            Cdb::OrWrite(r) if self.offers_or_write() => self.or_write(r, out),
             Cdb::Sanitize { flags, reserved, param_len, .. } => self.sanitize(*flags, reserved, *param_len, out),
             Cdb::WriteAtomic { lba, blocks, flags, group, control } if self.backend.atomic_writes() => {
                 self.write_atomic(*lba, *blocks, *flags, *group, *control, out)

@@ -9,7 +9,7 @@ impl LogicalUnit {
     fn mode_pages(&self, pc: u8) -> Vec<ModePage> {
         let s = self.st();
         let changeable = pc == 1;
-        let caching = if changeable { Caching { wce: true, rcd: false } } else { Caching { wce: s.wce, rcd: false } };
+        let caching = if changeable { Caching { wce: self.cache_changeable(), rcd: false } } else { Caching { wce: s.wce, rcd: false } };
         let control = if changeable {
             Control { d_sense: true, swp: true, ..Control::default() }
         } else {
@@ -70,7 +70,14 @@ impl LogicalUnit {
         let mut s = self.st();
         for p in pages {
             match p.code {
-                mode::page::CACHING => s.wce = Caching::parse(&p.data).map_err(|e| e.sense(false))?.wce,
+                mode::page::CACHING => {
+                    let wce = Caching::parse(&p.data).map_err(|e| e.sense(false))?.wce;
+                    if wce != s.wce && !self.cache_changeable() {
+                        // A store without a write cache: WCE is not changeable.
+                        return Err(Sense::invalid_field_in_parameter_list(0, None));
+                    }
+                    s.wce = wce;
+                }
                 mode::page::CONTROL => {
                     let c = Control::parse(&p.data).map_err(|e| e.sense(false))?;
                     s.d_sense = c.d_sense;

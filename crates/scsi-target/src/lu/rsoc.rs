@@ -68,6 +68,12 @@ impl LogicalUnit {
         if self.backend.thin() {
             v.push(plain(UNMAP, 10));
         }
+        if self.compare_and_write_blocks() == 0 {
+            v.retain(|c| c.opcode != COMPARE_AND_WRITE);
+        }
+        if !self.offers_or_write() {
+            v.retain(|c| c.opcode != ORWRITE_16);
+        }
         v
     }
 

@@ -51,7 +51,7 @@ impl Drop for RangeGuard<'_> {
 
 impl LogicalUnit {
     /// Check an LBA range against the capacity.
-    fn range(&self, lba: u64, blocks: u64) -> Result<(u64, usize), Sense> {
+    pub(super) fn range(&self, lba: u64, blocks: u64) -> Result<(u64, usize), Sense> {
         if lba.checked_add(blocks).is_none_or(|end| end > self.blocks()) {
             return Err(illegal(AscAscq::LBA_OUT_OF_RANGE));
         }
@@ -61,7 +61,7 @@ impl LogicalUnit {
         Ok((lba * u64::from(self.bs()), (blocks * u64::from(self.bs())) as usize))
     }
 
-    fn io_error(&self, read: bool) -> Sense {
+    pub(super) fn io_error(&self, read: bool) -> Sense {
         Sense::new(SenseKey::MEDIUM_ERROR, if read { AscAscq::UNRECOVERED_READ_ERROR } else { AscAscq::WRITE_ERROR })
     }
 
@@ -75,7 +75,11 @@ impl LogicalUnit {
     /// which is gone is on the medium. The backend is still flushed every time, so what is
     /// written afterwards is as durable as the device allows.
     fn flush(&self) -> Result<(), Sense> {
-        let result = self.backend.flush();
+        self.flushed(self.backend.flush())
+    }
+
+    /// The outcome of a flush that returned `result` ([`Self::flush`]'s sticky rule).
+    pub(super) fn flushed(&self, result: std::io::Result<()>) -> Result<(), Sense> {
         let mut s = self.st();
         if let Err(e) = &result
             && !s.flush_failed
@@ -115,7 +119,7 @@ impl LogicalUnit {
         Ok(Outcome::good(Bytes::new()))
     }
 
-    fn check_rw(&self, r: &Rw) -> Result<(u64, usize), Sense> {
+    pub(super) fn check_rw(&self, r: &Rw) -> Result<(u64, usize), Sense> {
         if r.protect() != 0 {
             // No protection information on riser LUs.
             return Err(bad_field(1, Some(7)));

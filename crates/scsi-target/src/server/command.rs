@@ -163,7 +163,31 @@ impl Session {
         }
         // A READ's data goes into a buffer of the datamover's pool, which gets it back once sent.
         let read_buf = if c.read && edtl > 0 { self.dm.take_buffer(edtl as usize) } else { Vec::new() };
-        let (o, data_out) = if !lu.may_block(&plan) {
+        let (o, data_out) = if lu.runs_async(&plan) {
+            // An asynchronous store: the command is a future completed by the store. It runs as
+            // a task of its own, so its operation is followed to its end even if this task is
+            // aborted meanwhile: the gate tells task management (and the session's end) when it
+            // is over, and the path keeps a LUN being removed waiting for it.
+            let Some(running) = lu.execute_async(&plan, data_out.slice(..usable), &self.nexus, read_buf) else {
+                return;
+            };
+            gate.busy.store(true, Ordering::Release);
+            self.io.enter();
+            let (g, io, held) = (gate.clone(), self.io.clone(), path.enter());
+            let Ok(o) = tokio::spawn(async move {
+                let o = running.await;
+                drop(held);
+                g.busy.store(false, Ordering::Release);
+                g.idle.notify_waiters();
+                io.leave();
+                o
+            })
+            .await
+            else {
+                return;
+            };
+            (o, data_out)
+        } else if !lu.may_block(&plan) {
             // Memory-speed backends run inline; a thread hand-off would cost more than the I/O.
             (lu.execute_into(&plan, &data_out[..usable], &self.nexus, read_buf), data_out)
         } else {
