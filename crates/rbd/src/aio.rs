@@ -50,8 +50,9 @@ pub(crate) struct Op {
     mismatch: AtomicU64,
     image: Mutex<Option<Arc<ImageInner>>>,
     name: &'static str,
-    /// The request's image offset (to make librbd's absolute `mismatch_off` relative).
+    /// The request's image offset and length (to read librbd's `mismatch_off`).
     offset: u64,
+    len: u64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -110,7 +111,10 @@ pub struct IoFuture<T> {
 }
 
 enum State<T> {
-    Op { op: Arc<Op>, finisher: fn(isize, &Op) -> T },
+    Op {
+        op: Arc<Op>,
+        finisher: fn(isize, &Op) -> T,
+    },
     /// Refused before submission (or already resolved: `None`).
     Ready(Option<T>),
 }
@@ -161,7 +165,7 @@ impl<T: Unpin> Future for IoFuture<T> {
 pub(crate) fn submit<T>(
     image: &Arc<ImageInner>,
     name: &'static str,
-    offset: u64,
+    (offset, len): (u64, u64),
     keep: Keep,
     finisher: fn(isize, &Op) -> T,
     submit: impl FnOnce(ffi::rbd_image_t, ffi::rbd_completion_t, &Op) -> isize,
@@ -173,6 +177,7 @@ pub(crate) fn submit<T>(
         image: Mutex::new(Some(Arc::clone(image))),
         name,
         offset,
+        len,
     });
     let arg = Arc::into_raw(Arc::clone(&op));
     let mut c: ffi::rbd_completion_t = std::ptr::null_mut();
@@ -224,8 +229,12 @@ pub(crate) fn finish_read(ret: isize, op: &Op) -> Result<Vec<u8>, Error> {
 
 pub(crate) fn finish_compare(ret: isize, op: &Op) -> Result<(), CompareError> {
     if ret == -(EILSEQ as isize) {
-        let absolute = op.mismatch.load(Ordering::Acquire);
-        return Err(CompareError::Mismatch { offset: absolute.saturating_sub(op.offset) });
+        // librbd 16 reports the offset relative to the request (measured). Should a version
+        // report it as an image offset, it is at least the request's length (requests are
+        // 512-byte sectors at multiples of 512, or offset 0 where both readings agree).
+        let raw = op.mismatch.load(Ordering::Acquire);
+        let offset = if raw >= op.len && raw >= op.offset { raw - op.offset } else { raw };
+        return Err(CompareError::Mismatch { offset });
     }
     finish_unit(ret, op).map_err(CompareError::Io)
 }

@@ -54,11 +54,7 @@ impl Error {
 
     /// Turns a C return value into `Ok(value)` (non-negative) or `Err(Error::Rados)`.
     pub fn check(op: &'static str, ret: i64) -> Result<u64, Self> {
-        if ret < 0 {
-            Err(Self::Rados { op, errno: ret.max(i64::from(i32::MIN)) as i32 })
-        } else {
-            Ok(ret as u64)
-        }
+        if ret < 0 { Err(Self::Rados { op, errno: ret.max(i64::from(i32::MIN)) as i32 }) } else { Ok(ret as u64) }
     }
 }
 
@@ -66,9 +62,7 @@ impl Error {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CompareError {
     /// The data on the image differed from the compare buffer; nothing was written.
-    /// `offset` is the first differing byte, counted from the start of the compare buffer
-    /// (librbd's `mismatch_off` minus the request's offset — see
-    /// `Image::compare_and_write`).
+    /// `offset` is the first differing byte, counted from the start of the compare buffer.
     #[error("compare and write: miscompare at byte {offset}")]
     Mismatch {
         /// The first differing byte, relative to the start of the request.

@@ -12,14 +12,8 @@ pub(crate) type rbd_image_t = *mut c_void;
 pub(crate) type rbd_completion_t = *mut c_void;
 pub(crate) type rbd_callback_t = extern "C" fn(cb: rbd_completion_t, arg: *mut c_void);
 pub(crate) type rbd_update_callback_t = extern "C" fn(arg: *mut c_void);
-pub(crate) type rados_watchcb2_t = extern "C" fn(
-    arg: *mut c_void,
-    notify_id: u64,
-    handle: u64,
-    notifier_id: u64,
-    data: *mut c_void,
-    data_len: usize,
-);
+pub(crate) type rados_watchcb2_t =
+    extern "C" fn(arg: *mut c_void, notify_id: u64, handle: u64, notifier_id: u64, data: *mut c_void, data_len: usize);
 pub(crate) type rados_watcherrcb_t = extern "C" fn(pre: *mut c_void, cookie: u64, err: c_int);
 
 /// `LIBRADOS_OP_FLAG_FADVISE_FUA` (librados.h).
@@ -44,12 +38,7 @@ pub(crate) struct rbd_image_info_t {
 
 #[link(name = "rados")]
 unsafe extern "C" {
-    pub(crate) fn rados_create2(
-        pcluster: *mut rados_t,
-        clustername: *const c_char,
-        name: *const c_char,
-        flags: u64,
-    ) -> c_int;
+    pub(crate) fn rados_create2(pcluster: *mut rados_t, clustername: *const c_char, name: *const c_char, flags: u64) -> c_int;
     pub(crate) fn rados_conf_read_file(cluster: rados_t, path: *const c_char) -> c_int;
     pub(crate) fn rados_conf_set(cluster: rados_t, option: *const c_char, value: *const c_char) -> c_int;
     pub(crate) fn rados_conf_get(cluster: rados_t, option: *const c_char, buf: *mut c_char, len: usize) -> c_int;
@@ -120,12 +109,7 @@ unsafe extern "C" {
     pub(crate) fn rbd_metadata_get(image: rbd_image_t, key: *const c_char, value: *mut c_char, val_len: *mut usize) -> c_int;
     pub(crate) fn rbd_metadata_set(image: rbd_image_t, key: *const c_char, value: *const c_char) -> c_int;
 
-    pub(crate) fn rbd_update_watch(
-        image: rbd_image_t,
-        handle: *mut u64,
-        watch_cb: rbd_update_callback_t,
-        arg: *mut c_void,
-    ) -> c_int;
+    pub(crate) fn rbd_update_watch(image: rbd_image_t, handle: *mut u64, watch_cb: rbd_update_callback_t, arg: *mut c_void) -> c_int;
     pub(crate) fn rbd_update_unwatch(image: rbd_image_t, handle: u64) -> c_int;
 
     pub(crate) fn rbd_aio_create_completion(cb_arg: *mut c_void, complete_cb: rbd_callback_t, c: *mut rbd_completion_t) -> c_int;

@@ -175,7 +175,7 @@ impl Image {
         buf.clear();
         buf.resize(len, 0);
         let keep = Keep::Read(std::sync::Mutex::new(Some(buf)));
-        aio::submit(&self.inner, "rbd_aio_read", offset, keep, aio::finish_read, |h, c, op| {
+        aio::submit(&self.inner, "rbd_aio_read", (offset, len as u64), keep, aio::finish_read, |h, c, op| {
             let p = aio::read_ptr(op);
             // SAFETY: open image; `p` points to `len` writable bytes owned by `op`, which lives
             // until the completion has fired; `c` is a fresh completion.
@@ -189,7 +189,7 @@ impl Image {
     pub fn write(&self, offset: u64, data: Bytes, fua: bool) -> IoFuture<Result<(), Error>> {
         let (ptr, len) = (data.as_ptr(), data.len());
         let flags = if fua { ffi::LIBRADOS_OP_FLAG_FADVISE_FUA } else { 0 };
-        aio::submit(&self.inner, "rbd_aio_write2", offset, Keep::One(data), aio::finish_unit, |h, c, _| {
+        aio::submit(&self.inner, "rbd_aio_write2", (offset, len as u64), Keep::One(data), aio::finish_unit, |h, c, _| {
             // SAFETY: open image; `ptr` is `len` bytes of the Bytes kept in the op (immutable,
             // alive until completion); `c` is a fresh completion.
             unsafe { ffi::rbd_aio_write2(h, offset, len, ptr.cast(), c, flags) as isize }
@@ -198,7 +198,7 @@ impl Image {
 
     /// Flushes (`rbd_aio_flush`): completes when every write completed before it is durable.
     pub fn flush(&self) -> IoFuture<Result<(), Error>> {
-        aio::submit(&self.inner, "rbd_aio_flush", 0, Keep::None, aio::finish_unit, |h, c, _| {
+        aio::submit(&self.inner, "rbd_aio_flush", (0, 0), Keep::None, aio::finish_unit, |h, c, _| {
             // SAFETY: open image; fresh completion.
             unsafe { ffi::rbd_aio_flush(h, c) as isize }
         })
@@ -209,7 +209,7 @@ impl Image {
     /// `rbd_skip_partial_discard` / `rbd_discard_granularity_bytes` say — read back zeros
     /// only where whole discard-granularity units were discarded.
     pub fn discard(&self, offset: u64, len: u64) -> IoFuture<Result<(), Error>> {
-        aio::submit(&self.inner, "rbd_aio_discard", offset, Keep::None, aio::finish_unit, |h, c, _| {
+        aio::submit(&self.inner, "rbd_aio_discard", (offset, len), Keep::None, aio::finish_unit, |h, c, _| {
             // SAFETY: open image; fresh completion.
             unsafe { ffi::rbd_aio_discard(h, offset, len, c) as isize }
         })
@@ -219,7 +219,7 @@ impl Image {
     /// must be a multiple of the pattern's length.
     pub fn write_same(&self, offset: u64, len: usize, pattern: Bytes) -> IoFuture<Result<(), Error>> {
         let (ptr, plen) = (pattern.as_ptr(), pattern.len());
-        aio::submit(&self.inner, "rbd_aio_writesame", offset, Keep::One(pattern), aio::finish_unit, |h, c, _| {
+        aio::submit(&self.inner, "rbd_aio_writesame", (offset, len as u64), Keep::One(pattern), aio::finish_unit, |h, c, _| {
             // SAFETY: open image; the pattern is kept alive in the op until completion.
             unsafe { ffi::rbd_aio_writesame(h, offset, len, ptr.cast(), plen, c, 0) as isize }
         })
@@ -227,7 +227,7 @@ impl Image {
 
     /// Writes zeros over `len` bytes at `offset` (`rbd_aio_write_zeroes`; may deallocate).
     pub fn write_zeroes(&self, offset: u64, len: usize) -> IoFuture<Result<(), Error>> {
-        aio::submit(&self.inner, "rbd_aio_write_zeroes", offset, Keep::None, aio::finish_unit, |h, c, _| {
+        aio::submit(&self.inner, "rbd_aio_write_zeroes", (offset, len as u64), Keep::None, aio::finish_unit, |h, c, _| {
             // SAFETY: open image; fresh completion.
             unsafe { ffi::rbd_aio_write_zeroes(h, offset, len, c, 0, 0) as isize }
         })
@@ -235,7 +235,8 @@ impl Image {
 
     /// Atomically compares the image at `offset` with `compare` and, if equal, writes `write`
     /// there (`rbd_aio_compare_and_write`). A difference gives
-    /// [`CompareError::Mismatch`] with the first differing byte relative to `offset`.
+    /// [`CompareError::Mismatch`] with the first differing byte relative to `offset` (librbd
+    /// 16.2 reports it that way; an image-absolute `mismatch_off` is converted).
     ///
     /// librbd (16.2) accepts only requests inside one 512-byte-aligned sector (512 bytes at a
     /// multiple of 512); anything else, e.g. 4096 bytes, fails with `-EINVAL`
@@ -247,7 +248,7 @@ impl Image {
         }
         let (cp, wp, len) = (compare.as_ptr(), write.as_ptr(), write.len());
         let keep = Keep::Two(compare, write);
-        aio::submit(&self.inner, "rbd_aio_compare_and_write", offset, keep, aio::finish_compare, |h, c, op| {
+        aio::submit(&self.inner, "rbd_aio_compare_and_write", (offset, len as u64), keep, aio::finish_compare, |h, c, op| {
             let mismatch = aio::mismatch_ptr(op);
             // SAFETY: open image; both buffers (`len` bytes each) and the mismatch slot live in
             // the op until the completion has fired; fresh completion.
@@ -311,8 +312,10 @@ impl Image {
         Ok(owner != 0)
     }
 
-    /// The current exclusive-lock owners (`rbd_lock_get_owners`), as librbd names them
-    /// (`client.<gid>`); empty when nobody holds the lock.
+    /// The current exclusive-lock owners (`rbd_lock_get_owners`), as librbd names them: the
+    /// owner's messenger address (`127.0.0.1:0/525727296`, what
+    /// [`Cluster::blocklist_address`](crate::Cluster::blocklist_address) gives, measured with
+    /// librbd 16.2), not `client.<gid>`. Empty when nobody holds the lock.
     pub fn lock_get_owners(&self) -> Result<Vec<String>, Error> {
         let mut cap = 4usize;
         loop {
