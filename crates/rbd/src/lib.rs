@@ -54,3 +54,22 @@ pub use aio::IoFuture;
 pub use image::{Image, ImageInfo, UpdateWatch, features};
 #[cfg(feature = "rbd")]
 pub use rados::{Cluster, Ioctx, Watch};
+
+#[cfg(all(test, feature = "rbd"))]
+mod tests {
+    use super::*;
+
+    fn send_sync<T: Send + Sync + 'static>() {}
+    fn send_static<T: Send + 'static>() {}
+
+    #[test]
+    fn handles_are_send_and_sync_futures_send_static() {
+        send_sync::<Cluster>();
+        send_sync::<Ioctx>();
+        send_sync::<Image>();
+        send_sync::<Watch>();
+        send_sync::<UpdateWatch>();
+        send_static::<IoFuture<Result<Vec<u8>, Error>>>();
+        send_static::<IoFuture<Result<(), CompareError>>>();
+    }
+}

@@ -228,6 +228,78 @@ fn update_watch_sees_resize() {
     img_b.resize(80 * MIB).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(seen.load(Ordering::SeqCst), before, "no callback after the watch was dropped");
+
+    // Dropping an UpdateWatch while its callback runs waits for the callback to return.
+    let state = Arc::new(AtomicUsize::new(0)); // 1: running, 2: returned
+    let s = Arc::clone(&state);
+    let watch = img_a
+        .watch_updates(move || {
+            if s.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+                std::thread::sleep(Duration::from_millis(500));
+                s.store(2, Ordering::SeqCst);
+            }
+        })
+        .unwrap();
+    // Resize from another thread: the resize itself waits for the watchers' acknowledgement.
+    let resizer = {
+        let img_b = img_b.clone();
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            img_b.resize(72 * MIB).unwrap();
+            t.elapsed()
+        })
+    };
+    assert!(wait_until(Duration::from_secs(10), || state.load(Ordering::SeqCst) >= 1));
+    assert_eq!(state.load(Ordering::SeqCst), 1, "callback still running");
+    let t = Instant::now();
+    drop(watch);
+    eprintln!("UpdateWatch drop during a running callback took {:?}", t.elapsed());
+    assert_eq!(state.load(Ordering::SeqCst), 2, "rbd_update_unwatch returned while the callback ran");
+    eprintln!("resize with a 500 ms update callback on the other client took {:?}", resizer.join().unwrap());
+}
+
+#[test]
+fn queue_depth_throughput() {
+    let Some(conf) = ceph_conf("queue_depth_throughput") else { return };
+    let cluster = connect(&conf);
+    let io = cluster.ioctx(POOL).unwrap();
+    let (_, img) = fresh_image(&io, "qd", 64 * MIB);
+    let n = 2000u64;
+    let qd = 32;
+    let block = 4096usize;
+    let offset = |i: u64| (i.wrapping_mul(2_654_435_761) % (64 * MIB / block as u64)) * block as u64;
+    let data = Bytes::from(random_bytes(5, block));
+    for (what, write) in [("4 KiB random writes", true), ("4 KiB random reads", false)] {
+        let t = Instant::now();
+        let mut inflight: std::collections::VecDeque<Box<dyn Future<Output = Result<(), Error>> + Send + Unpin>> = Default::default();
+        for i in 0..n {
+            if inflight.len() == qd {
+                block_on(inflight.pop_front().unwrap()).unwrap();
+            }
+            let f: Box<dyn Future<Output = Result<(), Error>> + Send + Unpin> = if write {
+                Box::new(img.write(offset(i), data.clone(), false))
+            } else {
+                let f = img.read(offset(i), block, Vec::new());
+                Box::new(FutMap(f))
+            };
+            inflight.push_back(f);
+        }
+        for f in inflight {
+            block_on(f).unwrap();
+        }
+        let secs = t.elapsed().as_secs_f64();
+        eprintln!("{what}, queue depth {qd}: {n} in {secs:.2} s = {:.0} IOPS", n as f64 / secs);
+    }
+}
+
+/// Maps a read's buffer away (for a queue of mixed futures).
+struct FutMap(riser_rbd::IoFuture<Result<Vec<u8>, Error>>);
+
+impl Future for FutMap {
+    type Output = Result<(), Error>;
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx).map(|r| r.map(drop))
+    }
 }
 
 #[test]
