@@ -1,0 +1,75 @@
+//! riser-rbd: a thin, safe binding to Ceph's librados and librbd, enough to serve iSCSI LUNs
+//! from RBD images.
+//!
+//! * [`Cluster::connect`] with [`ClusterOptions`] gives a shared connection; [`Cluster::ioctx`]
+//!   an I/O context on a pool; [`Image::open`] an image.
+//! * Image I/O is asynchronous (`rbd_aio_*`) and exposed as std futures ([`IoFuture`]) that
+//!   need no particular runtime: librbd's completion callback stores the result and wakes the
+//!   task. Buffers belong to the request until librbd is done with them, so dropping a future
+//!   early is safe. The futures are `Send + 'static`.
+//! * Resizes and other header changes: [`Image::watch_updates`]. Exclusive lock:
+//!   [`Image::lock_acquire`] and friends (their docs say what librbd does on its own).
+//! * RADOS watch/notify on any object ([`Ioctx::watch`], [`Ioctx::notify`]) and blocklisting
+//!   ([`Cluster::blocklist_add`]) for coordinating gateways.
+//!
+//! **librbd's cache must be off** for LUN serving: pass `rbd_cache=false` in
+//! [`ClusterOptions::options`] (or use [`ClusterOptions::for_lun_serving`]).
+//!
+//! Talking to a cluster needs the cargo feature **`rbd`** (off by default), which links
+//! `librbd.so.1` and `librados.so.2` dynamically (Debian: `librbd-dev`). Both are LGPL-2.1;
+//! dynamic linking keeps this crate's own licence unaffected. Without the feature only the
+//! plain types ([`Error`], [`CompareError`], [`ClusterOptions`], the notify types) are built,
+//! so the workspace builds on machines without Ceph.
+//!
+//! Blocking calls (connect, open, lock, metadata, resize, notify) block the calling thread;
+//! call them from a blocking-friendly context (e.g. `spawn_blocking`) in async code.
+
+#![warn(missing_docs)]
+#![cfg_attr(not(feature = "rbd"), forbid(unsafe_code))]
+
+mod error;
+mod notify;
+mod options;
+
+#[cfg(feature = "rbd")]
+#[allow(unsafe_code)]
+mod aio;
+#[cfg(feature = "rbd")]
+#[allow(unsafe_code)]
+mod ffi;
+#[cfg(feature = "rbd")]
+#[allow(unsafe_code)]
+mod image;
+#[cfg(feature = "rbd")]
+#[allow(unsafe_code)]
+mod rados;
+
+pub use error::{CompareError, EBLOCKLISTED, EILSEQ, ENOENT, EROFS, ETIMEDOUT, Error};
+pub use notify::{Notify, NotifyAck, NotifyReplies, NotifyTimeout};
+pub use options::ClusterOptions;
+
+#[cfg(feature = "rbd")]
+pub use aio::IoFuture;
+#[cfg(feature = "rbd")]
+pub use image::{Image, ImageInfo, UpdateWatch, features};
+#[cfg(feature = "rbd")]
+pub use rados::{Cluster, Ioctx, Watch};
+
+#[cfg(all(test, feature = "rbd"))]
+mod tests {
+    use super::*;
+
+    fn send_sync<T: Send + Sync + 'static>() {}
+    fn send_static<T: Send + 'static>() {}
+
+    #[test]
+    fn handles_are_send_and_sync_futures_send_static() {
+        send_sync::<Cluster>();
+        send_sync::<Ioctx>();
+        send_sync::<Image>();
+        send_sync::<Watch>();
+        send_sync::<UpdateWatch>();
+        send_static::<IoFuture<Result<Vec<u8>, Error>>>();
+        send_static::<IoFuture<Result<(), CompareError>>>();
+    }
+}
