@@ -7,45 +7,12 @@ use std::process::Command;
 
 pub(crate) fn interop() -> Result<(), String> {
     ensure_packages(&[("iscsi-test-cu", "libiscsi-bin")])?;
-    let script = shared().join("peers/run-conformance.sh");
-    if !script.exists() {
-        return Err(format!("{} not found (set RISER_SHARED)", script.display()));
-    }
     let iqn = "iqn.2026-11.io.riser:target0";
     // Sanitize.Reset needs a SANITIZE still running ~5 s after it started (across task management,
     // a logout and a new login): paced, the 256 MiB overwrite takes ~6.4 s.
     let target = RunningTarget::start(&["--target-name", iqn, "--lun", "ram:256MiB", "--sanitize-rate", "40MiB"])?;
     let url = format!("iscsi://127.0.0.1:{}/{iqn}/0", target.port);
-    // Two passes. The whole suite runs on one path, where every test that needs a second
-    // I_T nexus logs one in and out itself. Only MultipathIO needs two standing paths; given
-    // them for the whole suite, libiscsi reuses the second path across tests without logging it
-    // out, so Sanitize.Reservations' RESERVE(6) stays held and Sanitize.Reset's SANITIZE rightly
-    // meets RESERVATION CONFLICT.
-    let passes = [("SCSI.* and iSCSI.*, one path", "ALL", "0"), ("MultipathIO, two paths", "SCSI.MultipathIO", "1")];
-    let (mut passed, mut failed, mut skipped, mut conformance_ok) = (0, 0, 0, true);
-    for (what, tests, multipath) in passes {
-        println!("== iscsi-test-cu ({what}) against the riser target at {url}");
-        let out = Command::new("bash")
-            .arg(&script)
-            .arg(&url)
-            .env("KNOWN_FAILURES", root().join("testdata/conformance/known-failures.txt"))
-            .env("TESTS", tests)
-            .env("MULTIPATH", multipath)
-            .env("SANITIZE", "1")
-            .env("TIMEOUT", "600")
-            .output()
-            .map_err(|e| e.to_string())?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        print!("{text}");
-        eprint!("{}", String::from_utf8_lossy(&out.stderr));
-        conformance_ok &= out.status.success();
-        let counts = text.lines().rev().find_map(|l| {
-            let n: Vec<u32> = l.split(", ").filter_map(|part| part.split(' ').next()?.parse().ok()).collect();
-            (l.ends_with(" skipped") && n.len() == 3).then(|| (n[0], n[1], n[2]))
-        });
-        let (p, f, s) = counts.ok_or("run-conformance.sh printed no result line")?;
-        (passed, failed, skipped) = (passed + p, failed + f, skipped + s);
-    }
+    let (passed, failed, skipped, conformance_ok) = conformance(&url, &root().join("testdata/conformance/known-failures.txt"))?;
     println!("iscsi-test-cu in all: {passed} passed, {failed} failed, {skipped} skipped");
     drop(target);
     let (mpassed, mfailed) = several_luns()?;
@@ -63,6 +30,46 @@ pub(crate) fn interop() -> Result<(), String> {
         return Err("the riser initiator failed against tgtd".into());
     }
     Ok(())
+}
+
+/// libiscsi's conformance suite against the LUN at `url`, failures listed in `known` tolerated:
+/// (passed, failed, skipped, whether every failure was a known one).
+pub(crate) fn conformance(url: &str, known: &std::path::Path) -> Result<(u32, u32, u32, bool), String> {
+    let script = shared().join("peers/run-conformance.sh");
+    if !script.exists() {
+        return Err(format!("{} not found (set RISER_SHARED)", script.display()));
+    }
+    // Two passes. The whole suite runs on one path, where every test that needs a second
+    // I_T nexus logs one in and out itself. Only MultipathIO needs two standing paths; given
+    // them for the whole suite, libiscsi reuses the second path across tests without logging it
+    // out, so Sanitize.Reservations' RESERVE(6) stays held and Sanitize.Reset's SANITIZE rightly
+    // meets RESERVATION CONFLICT.
+    let passes = [("SCSI.* and iSCSI.*, one path", "ALL", "0"), ("MultipathIO, two paths", "SCSI.MultipathIO", "1")];
+    let (mut passed, mut failed, mut skipped, mut conformance_ok) = (0, 0, 0, true);
+    for (what, tests, multipath) in passes {
+        println!("== iscsi-test-cu ({what}) against the riser target at {url}");
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg(url)
+            .env("KNOWN_FAILURES", known)
+            .env("TESTS", tests)
+            .env("MULTIPATH", multipath)
+            .env("SANITIZE", "1")
+            .env("TIMEOUT", "600")
+            .output()
+            .map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        print!("{text}");
+        eprint!("{}", String::from_utf8_lossy(&out.stderr));
+        conformance_ok &= out.status.success();
+        let counts = text.lines().rev().find_map(|l| {
+            let n: Vec<u32> = l.split(", ").filter_map(|part| part.split(' ').next()?.parse().ok()).collect();
+            (l.ends_with(" skipped") && n.len() == 3).then(|| (n[0], n[1], n[2]))
+        });
+        let (p, f, s) = counts.ok_or("run-conformance.sh printed no result line")?;
+        (passed, failed, skipped) = (passed + p, failed + f, skipped + s);
+    }
+    Ok((passed, failed, skipped, conformance_ok))
 }
 
 /// A target with three LUNs of different sizes: libiscsi's `iscsi-ls -s` and the riser

@@ -39,6 +39,10 @@
 //!   `testdata/conformance/known-failures.txt`; then the riser
 //!   initiator against tgtd (discovery, login without and with CHAP, inquiry, readcap, a
 //!   256 MiB verify at queue depth 16).
+//! * `rbd` — the Ceph RBD suite: install Ceph's packages if needed, start the single-node
+//!   cluster of `../shared/ceph`, run the librbd binding's tests, the target's RBD tests, and
+//!   libiscsi's conformance suite against an RBD-backed LUN (expectations in
+//!   `testdata/conformance/known-failures-rbd.txt`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -52,6 +56,7 @@ mod interop;
 mod lab;
 mod live;
 mod measure;
+mod rbd;
 
 use bench::bench;
 use fuzz::{FUZZ_TARGETS, fuzz_seeds, fuzz_smoke};
@@ -72,6 +77,7 @@ fn main() -> ExitCode {
             fuzz_smoke(secs)
         }
         Some("interop") => interop(),
+        Some("rbd") => rbd::run(&args[1..]),
         Some("lab") => lab::run(&args[1..]),
         Some("bench") => bench(&args[1..]),
         Some("soak") => soak(&args[1..]),
@@ -83,7 +89,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo | interop | lab [--quick] [CELL...] | soak [--minutes N | --seconds N] [--sessions N] [--queue-depth N] | faults [--cuts N] [--kills N] | evaluate [--quick] [--lab] [--reps N] [--out DIR] [--only SECTIONS] [--publish] | evaluate --plot-only DIR [--publish] | bench [--full] [--reps N] [--runtime S] [--rdma-only | --iser-only | --against DIR | --live [--seconds S]] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>"
+                "usage: cargo xtask <demo | interop | rbd | lab [--quick] [CELL...] | soak [--minutes N | --seconds N] [--sessions N] [--queue-depth N] | faults [--cuts N] [--kills N] | evaluate [--quick] [--lab] [--reps N] [--out DIR] [--only SECTIONS] [--publish] | evaluate --plot-only DIR [--publish] | bench [--full] [--reps N] [--runtime S] [--rdma-only | --iser-only | --against DIR | --live [--seconds S]] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>"
             );
             return ExitCode::from(2);
         }

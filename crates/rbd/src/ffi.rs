@@ -49,6 +49,8 @@ unsafe extern "C" {
     pub(crate) fn rados_blocklist_add(cluster: rados_t, client_address: *mut c_char, expire_seconds: u32) -> c_int;
     pub(crate) fn rados_ioctx_create(cluster: rados_t, pool_name: *const c_char, ioctx: *mut rados_ioctx_t) -> c_int;
     pub(crate) fn rados_ioctx_destroy(io: rados_ioctx_t);
+    pub(crate) fn rados_ioctx_set_namespace(io: rados_ioctx_t, nspace: *const c_char);
+    pub(crate) fn rados_cluster_fsid(cluster: rados_t, buf: *mut c_char, len: usize) -> c_int;
     pub(crate) fn rados_write_full(io: rados_ioctx_t, oid: *const c_char, buf: *const c_char, len: usize) -> c_int;
     pub(crate) fn rados_watch3(
         io: rados_ioctx_t,

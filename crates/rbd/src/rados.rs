@@ -148,12 +148,36 @@ impl Cluster {
 
     /// Opens an I/O context on a pool (`rados_ioctx_create`).
     pub fn ioctx(self: &Arc<Self>, pool: &str) -> Result<Ioctx, Error> {
+        self.ioctx_in(pool, "")
+    }
+
+    /// Opens an I/O context on a pool, in one of its RADOS namespaces (`""`: the default one).
+    /// The namespace is set before the context is shared, so every clone stays in it.
+    pub fn ioctx_in(self: &Arc<Self>, pool: &str, namespace: &str) -> Result<Ioctx, Error> {
         let name = cstring(pool, "pool")?;
+        let ns = cstring(namespace, "namespace")?;
         let mut io: ffi::rados_ioctx_t = ptr::null_mut();
         // SAFETY: connected handle, NUL-terminated name, out-pointer to a local.
         let r = unsafe { ffi::rados_ioctx_create(self.handle, name.as_ptr(), &mut io) };
         Error::check("rados_ioctx_create", r.into())?;
-        Ok(Ioctx { inner: Arc::new(IoctxInner { handle: io, cluster: Arc::clone(self) }) })
+        let inner = IoctxInner { handle: io, cluster: Arc::clone(self) };
+        if !namespace.is_empty() {
+            // SAFETY: the context was just created and is not shared yet; librados copies the
+            // NUL-terminated name.
+            unsafe { ffi::rados_ioctx_set_namespace(inner.handle, ns.as_ptr()) };
+        }
+        Ok(Ioctx { inner: Arc::new(inner) })
+    }
+
+    /// The cluster's fsid (`rados_cluster_fsid`): the same for every client of the cluster.
+    pub fn fsid(&self) -> Result<String, Error> {
+        // 36 characters and the NUL.
+        let mut buf = [0u8; 64];
+        // SAFETY: connected handle; buf writable for its length.
+        let r = unsafe { ffi::rados_cluster_fsid(self.handle, buf.as_mut_ptr().cast(), buf.len()) };
+        Error::check("rados_cluster_fsid", r.into())?;
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
     }
 }
 

@@ -2,6 +2,7 @@
 //!
 //! * [`backend`]: the [`backend::BlockBackend`] trait with RAM and file/block-device stores.
 //! * [`aio`]: the [`aio::AsyncBackend`] trait, for stores whose I/O completes as futures.
+//! * `rbd` (feature `rbd`): Ceph RBD images as asynchronous stores, through librbd.
 //! * [`lu`]: [`lu::LogicalUnit`], a transport-agnostic SBC-4/SPC-5 emulation: CDB in, status,
 //!   sense and data out.
 //! * [`server`]: [`server::Target`], which accepts iSCSI/TCP connections, runs the login state
@@ -11,6 +12,8 @@
 pub mod aio;
 pub mod backend;
 pub mod lu;
+#[cfg(feature = "rbd")]
+pub mod rbd;
 pub mod server;
 
 /// Largest data-out a single command may carry.

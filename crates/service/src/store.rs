@@ -25,12 +25,84 @@ pub enum Backing {
     File(PathBuf, Option<u64>),
     /// `blk:DEVICE`.
     Block(PathBuf),
+    /// `rbd:POOL/IMAGE[,conf=PATH][,id=NAME][,keyring=PATH]`: a Ceph RBD image (builds with
+    /// the feature `rbd`).
+    Rbd(RbdSpec),
+}
+
+/// A Ceph RBD image and how to reach its cluster: `rbd:POOL[/NAMESPACE]/IMAGE` followed by
+/// options `,conf=PATH` (the Ceph configuration; default: librados' search: `$CEPH_CONF`,
+/// `/etc/ceph/ceph.conf`, ...), `,id=NAME` (the client id, default `admin`) and `,keyring=PATH`
+/// (default: the configuration's). The keyring's secret stays in its file: never on a command
+/// line, never in riser's own files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RbdSpec {
+    /// The pool.
+    pub pool: String,
+    /// The RADOS namespace in the pool (empty: the default one).
+    pub namespace: String,
+    /// The image.
+    pub image: String,
+    /// The Ceph configuration file.
+    pub conf: Option<PathBuf>,
+    /// The client id (`client.ID`).
+    pub id: Option<String>,
+    /// The keyring file.
+    pub keyring: Option<PathBuf>,
+}
+
+impl RbdSpec {
+    fn parse(rest: &str) -> Result<Self, String> {
+        let usage = "rbd:POOL[/NAMESPACE]/IMAGE[,conf=PATH][,id=NAME][,keyring=PATH]";
+        let mut parts = rest.split(',');
+        let path: Vec<&str> = parts.next().unwrap_or("").split('/').collect();
+        let (pool, namespace, image) = match path[..] {
+            [p, i] => (p, "", i),
+            [p, n, i] => (p, n, i),
+            _ => return Err(format!("backing rbd:{rest}: {usage}")),
+        };
+        // What librbd takes as names: no NUL, and nothing empty.
+        if [pool, image].iter().any(|s| s.is_empty()) || rest.contains('\0') || image.contains('@') {
+            return Err(format!("backing rbd:{rest}: {usage} (a pool and an image name; no snapshot)"));
+        }
+        let mut spec = Self { pool: pool.into(), namespace: namespace.into(), image: image.into(), conf: None, id: None, keyring: None };
+        for opt in parts {
+            match opt.split_once('=') {
+                Some(("conf", v)) if !v.is_empty() => spec.conf = Some(v.into()),
+                Some(("id", v)) if !v.is_empty() => spec.id = Some(v.into()),
+                Some(("keyring", v)) if !v.is_empty() => spec.keyring = Some(v.into()),
+                _ => return Err(format!("backing rbd:{rest}: option {opt:?} (conf=PATH, id=NAME or keyring=PATH)")),
+            }
+        }
+        Ok(spec)
+    }
+}
+
+impl std::fmt::Display for RbdSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "rbd:{}/", self.pool)?;
+        if !self.namespace.is_empty() {
+            write!(f, "{}/", self.namespace)?;
+        }
+        f.write_str(&self.image)?;
+        if let Some(c) = &self.conf {
+            write!(f, ",conf={}", c.display())?;
+        }
+        if let Some(i) = &self.id {
+            write!(f, ",id={i}")?;
+        }
+        if let Some(k) = &self.keyring {
+            write!(f, ",keyring={}", k.display())?;
+        }
+        Ok(())
+    }
 }
 
 impl Backing {
     /// Parse a backing spec, as `--lun` takes it.
     pub fn parse(spec: &str) -> Result<Self, String> {
-        let (kind, rest) = spec.split_once(':').ok_or_else(|| format!("backing {spec:?}: ram:SIZE, file:PATH[:SIZE] or blk:DEVICE"))?;
+        let (kind, rest) =
+            spec.split_once(':').ok_or_else(|| format!("backing {spec:?}: ram:SIZE, file:PATH[:SIZE], blk:DEVICE or rbd:POOL/IMAGE"))?;
         Ok(match kind {
             "ram" => Self::Ram(crate::cli::parse_size(rest)?),
             "file" => match rest.rsplit_once(':') {
@@ -38,7 +110,8 @@ impl Backing {
                 _ => Self::File(rest.into(), None),
             },
             "blk" => Self::Block(rest.into()),
-            _ => return Err(format!("unknown backing kind {kind:?} (ram, file, blk)")),
+            "rbd" => Self::Rbd(RbdSpec::parse(rest)?),
+            _ => return Err(format!("unknown backing kind {kind:?} (ram, file, blk, rbd)")),
         })
     }
 
@@ -48,6 +121,7 @@ impl Backing {
             Self::Ram(_) => Self::Ram(size),
             Self::File(p, _) => Self::File(p.clone(), Some(size)),
             Self::Block(p) => Self::Block(p.clone()),
+            Self::Rbd(r) => Self::Rbd(r.clone()),
         }
     }
 
@@ -57,6 +131,7 @@ impl Backing {
             (Self::Ram(_), Self::Ram(_)) => false,
             (Self::File(a, _), Self::File(b, _)) => a == b,
             (Self::Block(a), Self::Block(b)) => a == b,
+            (Self::Rbd(a), Self::Rbd(b)) => a == b,
             _ => false,
         }
     }
@@ -66,7 +141,7 @@ impl Backing {
         match self {
             Self::Ram(s) => Some(*s),
             Self::File(_, s) => *s,
-            Self::Block(_) => None,
+            Self::Block(_) | Self::Rbd(_) => None,
         }
     }
 }
@@ -78,6 +153,7 @@ impl std::fmt::Display for Backing {
             Self::File(p, None) => write!(f, "file:{}", p.display()),
             Self::File(p, Some(s)) => write!(f, "file:{}:{}", p.display(), size_text(*s)),
             Self::Block(p) => write!(f, "blk:{}", p.display()),
+            Self::Rbd(r) => r.fmt(f),
         }
     }
 }
@@ -151,6 +227,7 @@ pub fn open(spec: &StoreSpec, sanitize_rate: Option<u64>, state_dir: Option<&Pat
                 if spec.uuid.is_none() { Some(derive_device_uuid(path).map_err(|e| format!("store {name}: {e}"))?) } else { None },
             )
         }
+        Backing::Rbd(r) => return open_rbd(spec, r, sanitize_rate, state_dir),
     };
     if backend.num_blocks() == 0 {
         return Err(format!("store {name}: {} holds no whole block of {} bytes", spec.backing, spec.block_size));
@@ -165,6 +242,49 @@ pub fn open(spec: &StoreSpec, sanitize_rate: Option<u64>, state_dir: Option<&Pat
     let mut spec = spec.clone();
     spec.uuid = Some(uuid);
     Ok(Store { spec, lu: Arc::new(lu) })
+}
+
+/// Open an RBD store: the image on its cluster (the process's connection to that cluster, made
+/// at the first image), with the identity given or derived from the cluster and the image's
+/// id, so every gateway exporting the image presents one device.
+#[cfg(feature = "rbd")]
+fn open_rbd(spec: &StoreSpec, r: &RbdSpec, sanitize_rate: Option<u64>, state_dir: Option<&Path>) -> Result<Store, String> {
+    use riser_target::rbd::{ClusterSpec, RbdStore, connect};
+    let name = &spec.name;
+    let cluster = connect(&ClusterSpec { conf: r.conf.clone(), id: r.id.clone(), keyring: r.keyring.clone() })
+        .map_err(|e| format!("store {name}: the Ceph cluster of {}: {e}", spec.backing))?;
+    let store = RbdStore::open(&cluster, &r.pool, &r.namespace, &r.image, spec.block_size)
+        .map_err(|e| format!("store {name}: {}: {e}", spec.backing))?;
+    if riser_target::aio::AsyncBackend::num_blocks(&*store) == 0 {
+        return Err(format!("store {name}: {} holds no whole block of {} bytes", spec.backing, spec.block_size));
+    }
+    let uuid = match spec.uuid {
+        Some(u) => u,
+        None => {
+            let (fsid, image_id) =
+                (cluster.fsid().map_err(|e| format!("store {name}: {e}"))?, store.image().id().map_err(|e| format!("store {name}: {e}"))?);
+            Uuid::new_v5(&NAMESPACE, format!("rbd:{fsid}:{}:{}:{image_id}", r.pool, r.namespace).as_bytes())
+        }
+    };
+    let mut lu = LogicalUnit::with_async(store.clone(), LuIdentity::new(uuid)).with_sanitize_rate(sanitize_rate);
+    // Persistent reservations are this gateway's, as for any store (README: "riser as a Ceph
+    // RBD gateway" says what that means with two).
+    if let Some(dir) = state_dir {
+        let pr = dir.join("pr");
+        std::fs::create_dir_all(&pr).map_err(|e| format!("{}: {e}", pr.display()))?;
+        lu = lu.with_persistent_reservation_file(pr.join(uuid.hyphenated().to_string())).map_err(|e| format!("store {name}: {e}"))?;
+    }
+    let lu = Arc::new(lu);
+    store.report_to(&lu);
+    let mut spec = spec.clone();
+    spec.uuid = Some(uuid);
+    Ok(Store { spec, lu })
+}
+
+/// Open an RBD store (this build has no RBD support: the feature `rbd` brings it).
+#[cfg(not(feature = "rbd"))]
+fn open_rbd(spec: &StoreSpec, _: &RbdSpec, _: Option<u64>, _: Option<&Path>) -> Result<Store, String> {
+    Err(format!("store {}: {}: this riser was built without Ceph RBD support (build it with the feature `rbd`)", spec.name, spec.backing))
 }
 
 /// The machine's memory (MemTotal of /proc/meminfo), if it can be read.
@@ -244,6 +364,26 @@ mod tests {
         assert_eq!(b.to_string(), "file:/x.img:1536MiB");
         assert_eq!(Backing::parse(&b.to_string()), Ok(b));
         assert_eq!(Backing::Ram(1000).to_string(), "ram:1000");
+        let r = Backing::parse("rbd:rbd/lun0").unwrap();
+        assert_eq!(
+            r,
+            Backing::Rbd(RbdSpec {
+                pool: "rbd".into(),
+                namespace: String::new(),
+                image: "lun0".into(),
+                conf: None,
+                id: None,
+                keyring: None
+            })
+        );
+        let full = "rbd:pool/ns/img,conf=/etc/ceph/c.conf,id=riser,keyring=/etc/ceph/k";
+        let r = Backing::parse(full).unwrap();
+        assert!(matches!(&r, Backing::Rbd(s) if s.namespace == "ns" && s.id.as_deref() == Some("riser")));
+        assert_eq!(r.to_string(), full);
+        assert_eq!(r.size(), None);
+        for bad in ["rbd:", "rbd:img", "rbd:a/b/c/d", "rbd:/img", "rbd:p/img@snap", "rbd:p/img,secret=x", "rbd:p/img,id="] {
+            assert!(Backing::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

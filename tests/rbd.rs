@@ -1,0 +1,192 @@
+//! RBD units end to end (feature `rbd`; `cargo xtask rbd` runs them against the single-node
+//! cluster of `../shared/ceph`): a riser target whose LUN is a Ceph RBD image, driven by the riser
+//! initiator over TCP. Without a cluster (`CEPH_CONF` unset) each test says it was skipped.
+#![cfg(feature = "rbd")]
+
+use bytes::Bytes;
+use riser::initiator::{Error, Session, SessionConfig};
+use riser::scsi::lun::Lun;
+use riser::scsi::sense::{AscAscq, SenseKey, Status};
+use riser::target::lu::{LogicalUnit, LuIdentity};
+use riser::target::rbd::{ClusterSpec, RbdStore, connect};
+use riser::target::server::{Node, Target, TargetConfig};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+const TARGET: &str = "iqn.2026-11.io.riser:rbd-test";
+const ME: &str = "iqn.2026-11.io.riser:rbd-initiator";
+
+/// The cluster's configuration, or `None` (the test is skipped) without one.
+fn ceph() -> Option<PathBuf> {
+    match std::env::var_os("CEPH_CONF") {
+        Some(c) => Some(c.into()),
+        None => {
+            eprintln!("skipped: no Ceph cluster (CEPH_CONF unset; `cargo xtask rbd` starts one)");
+            None
+        }
+    }
+}
+
+/// A fresh image of `mib` MiB: its name.
+fn image(conf: &PathBuf, mib: u32) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let name = format!("e2e-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+    let st =
+        Command::new("rbd").args(["create", "--size", &format!("{mib}M"), &format!("rbd/{name}")]).env("CEPH_CONF", conf).status().unwrap();
+    assert!(st.success(), "rbd create");
+    name
+}
+
+/// A target on a loopback port whose LUN 0 is `rbd/IMAGE` with `block_size`-byte blocks, and a
+/// session to it.
+async fn serve(conf: &PathBuf, image: &str, block_size: u32) -> (Session, Arc<RbdStore>) {
+    let cluster = connect(&ClusterSpec { conf: Some(conf.clone()), ..ClusterSpec::default() }).unwrap();
+    let store = RbdStore::open(&cluster, "rbd", "", image, block_size).unwrap();
+    let lu = Arc::new(LogicalUnit::with_async(store.clone(), LuIdentity::random()));
+    store.report_to(&lu);
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let target = Target::new(TargetConfig::default().node(Node::new(TARGET).lun(lu)));
+    tokio::spawn(target.serve(l));
+    (Session::connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap(), store)
+}
+
+fn pattern(seed: u32, len: usize) -> Bytes {
+    (0..len as u32).map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed) >> 13) as u8).collect::<Vec<u8>>().into()
+}
+
+fn sense_of<T: std::fmt::Debug>(r: Result<T, Error>) -> (SenseKey, AscAscq) {
+    match r {
+        Err(Error::Scsi { status: Status::CHECK_CONDITION, sense: Some(s) }) => (s.key, s.asc),
+        other => panic!("expected CHECK CONDITION, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_and_writes_at_queue_depth_16_land_in_the_image() {
+    let Some(conf) = ceph() else { return };
+    let img = image(&conf, 64);
+    let (s, _) = serve(&conf, &img, 512).await;
+    let mut tasks = Vec::new();
+    for i in 0..16u32 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            for round in 0..8u32 {
+                let blocks = 8 + (i * 13 + round * 29) % 120;
+                let lba = u64::from(i) * 8192 + u64::from(round) * 1024;
+                let data = pattern(i * 100 + round, blocks as usize * 512);
+                s.write(Lun::ZERO, lba, data.clone(), 512).await.unwrap();
+                assert_eq!(s.read(Lun::ZERO, lba, blocks, 512).await.unwrap(), data);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // What the target acknowledged is in the cluster: read it back through `rbd export`.
+    s.write(Lun::ZERO, 77, pattern(5, 4096), 512).await.unwrap();
+    let out = std::env::temp_dir().join(format!("{img}.raw"));
+    let st = Command::new("rbd")
+        .args(["export", "--no-progress", &format!("rbd/{img}"), out.to_str().unwrap()])
+        .env("CEPH_CONF", &conf)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let raw = std::fs::read(&out).unwrap();
+    std::fs::remove_file(&out).unwrap();
+    assert_eq!(&raw[77 * 512..77 * 512 + 4096], &pattern(5, 4096)[..]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_write_cache_and_the_cluster_s_flush_unmap_and_write_same() {
+    let Some(conf) = ceph() else { return };
+    let img = image(&conf, 16);
+    let (s, _) = serve(&conf, &img, 512).await;
+    // Caching mode page: WCE=0 (librbd's cache is off: an acknowledged write is in the cluster).
+    let caching = s.command(Lun::ZERO, &[0x5a, 0x08, 0x08, 0, 0, 0, 0, 0, 64, 0], None, 64).await.unwrap().into_good().unwrap();
+    assert_eq!(caching[8 + 2] & 0x04, 0, "WCE");
+    // FUA write, SYNCHRONIZE CACHE.
+    let mut w16 = [0u8; 16];
+    w16[0] = 0x8a;
+    w16[1] = 0x08;
+    w16[9] = 10;
+    w16[13] = 8;
+    s.command(Lun::ZERO, &w16, Some(pattern(1, 4096)), 0).await.unwrap().into_good().unwrap();
+    s.sync(Lun::ZERO).await.unwrap();
+    assert_eq!(s.read(Lun::ZERO, 10, 8, 512).await.unwrap(), pattern(1, 4096));
+    // UNMAP: thin, reads zeros.
+    s.unmap(Lun::ZERO, 10, 8).await.unwrap();
+    assert!(s.read(Lun::ZERO, 10, 8, 512).await.unwrap().iter().all(|&b| b == 0));
+    // WRITE SAME (16) of a pattern over 100 blocks, and with zeros.
+    let mut ws = [0u8; 16];
+    ws[0] = 0x93;
+    ws[9] = 50;
+    ws[13] = 100;
+    s.command(Lun::ZERO, &ws, Some(Bytes::from(vec![0x5a; 512])), 0).await.unwrap().into_good().unwrap();
+    assert!(s.read(Lun::ZERO, 50, 100, 512).await.unwrap().iter().all(|&b| b == 0x5a));
+    s.command(Lun::ZERO, &ws, Some(Bytes::from(vec![0; 512])), 0).await.unwrap().into_good().unwrap();
+    assert!(s.read(Lun::ZERO, 50, 100, 512).await.unwrap().iter().all(|&b| b == 0));
+}
+
+fn caw(lba: u64) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = 0x89;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[13] = 1;
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_and_write_is_the_cluster_s_on_512_byte_blocks_and_refused_on_4k() {
+    let Some(conf) = ceph() else { return };
+    let img = image(&conf, 16);
+    let (s, _) = serve(&conf, &img, 512).await;
+    let mut out = vec![0u8; 1024];
+    out[512..].fill(0xab);
+    s.command(Lun::ZERO, &caw(9), Some(out.into()), 0).await.unwrap().into_good().unwrap();
+    assert!(s.read(Lun::ZERO, 9, 1, 512).await.unwrap().iter().all(|&b| b == 0xab));
+    let mut out = vec![0xabu8; 1024];
+    out[300] = 1;
+    let r = s.command_once(Lun::ZERO, &caw(9), Some(out.into()), 0).await.unwrap();
+    assert_eq!(r.status, Status::CHECK_CONDITION);
+    let sense = riser::scsi::sense::Sense::parse(r.sense.as_ref().unwrap()).unwrap();
+    assert_eq!((sense.key, sense.asc, sense.information), (SenseKey::MISCOMPARE, AscAscq::MISCOMPARE_DURING_VERIFY, Some(300)));
+
+    let img = image(&conf, 16);
+    let (s, _) = serve(&conf, &img, 4096).await;
+    let limits = s.vpd(Lun::ZERO, 0xb0).await.unwrap();
+    assert_eq!(limits[1], 0, "MAXIMUM COMPARE AND WRITE LENGTH (byte 5 of the page): none on 4 KiB blocks");
+    let r = s.command(Lun::ZERO, &caw(0), Some(Bytes::from(vec![0; 8192])), 0).await;
+    assert_eq!(sense_of(r.and_then(|r| r.into_good())), (SenseKey::ILLEGAL_REQUEST, AscAscq::INVALID_COMMAND_OPERATION_CODE));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resize_in_the_cluster_is_a_capacity_change() {
+    let Some(conf) = ceph() else { return };
+    let img = image(&conf, 16);
+    let (s, _) = serve(&conf, &img, 512).await;
+    assert_eq!(s.read_capacity(Lun::ZERO).await.unwrap().0, 16 << 11);
+    let st = Command::new("rbd")
+        .args(["resize", "--no-progress", "--size", "32M", &format!("rbd/{img}")])
+        .env("CEPH_CONF", &conf)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // The update watch fires shortly after; the next command gets the unit attention.
+    let mut seen = None;
+    for _ in 0..50 {
+        match s.command_once(Lun::ZERO, &[0; 6], None, 0).await.unwrap() {
+            r if r.status == Status::CHECK_CONDITION => {
+                seen = Some(riser::scsi::sense::Sense::parse(r.sense.as_ref().unwrap()).unwrap());
+                break;
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let sense = seen.expect("a unit attention after the resize");
+    assert_eq!((sense.key, sense.asc), (SenseKey::UNIT_ATTENTION, AscAscq::CAPACITY_DATA_CHANGED));
+    assert_eq!(s.read_capacity(Lun::ZERO).await.unwrap().0, 32 << 11);
+}

@@ -1,0 +1,137 @@
+//! `cargo xtask rbd`: the Ceph RBD suite. It installs Ceph's Debian packages if they are
+//! missing, starts the single-node cluster of `../shared/ceph` (memstore, on 127.0.0.1), and
+//! runs: the librbd binding's tests (riser-rbd), the RBD end-to-end tests (`tests/rbd.rs`: a
+//! riser target on an RBD image, driven by the riser initiator), and libiscsi's conformance suite against a riser target whose
+//! LUN is an RBD image. The cluster is stopped at the end, whatever happened.
+
+use crate::{RunningTarget, root, shared};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The Debian packages the suite needs: the cluster's daemons, the `rbd` tool, librbd's headers.
+const PACKAGES: [&str; 4] = ["ceph-mon", "ceph-osd", "ceph-common", "librbd-dev"];
+
+/// Where the suite's cluster lives, and its monitor port (apart from a developer's default one).
+const CEPH_DIR: &str = "/tmp/riser-ceph-xtask";
+const CEPH_PORT: &str = "16889";
+
+/// The cargo target directory of builds with the `rbd` feature (apart, so the default build's
+/// examples never link librbd).
+fn rbd_target_dir() -> PathBuf {
+    root().join("target/rbd")
+}
+
+pub(crate) fn ensure_ceph() -> Result<(), String> {
+    let installed = |p: &str| {
+        Command::new("dpkg-query")
+            .args(["-W", "-f=${Status}", p])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+    };
+    let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    println!("installing {}", missing.join(" "));
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "-o", "DPkg::Lock::Timeout=300", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if install() || (Command::new("apt-get").args(["update", "-q"]).status().is_ok_and(|s| s.success()) && install()) {
+        Ok(())
+    } else {
+        Err(format!("could not install {}", missing.join(" ")))
+    }
+}
+
+/// A running single-node cluster, stopped when dropped.
+pub(crate) struct Ceph {
+    pub(crate) conf: PathBuf,
+}
+
+impl Ceph {
+    pub(crate) fn up() -> Result<Self, String> {
+        let script = shared().join("ceph/ceph-up.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .env("CEPH_DIR", CEPH_DIR)
+            .env("CEPH_PORT", CEPH_PORT)
+            .output()
+            .map_err(|e| format!("{}: {e}", script.display()))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let conf = text.lines().find_map(|l| l.strip_prefix("CEPH_CONF=")).map(|c| PathBuf::from(c.trim().trim_matches('"')));
+        match conf {
+            Some(conf) if out.status.success() => Ok(Self { conf }),
+            _ => Err(format!("the Ceph cluster did not start: {text}{}", String::from_utf8_lossy(&out.stderr))),
+        }
+    }
+
+    /// `rbd ARGS` against this cluster.
+    pub(crate) fn rbd(&self, args: &[&str]) -> Result<(), String> {
+        let st = Command::new("rbd").args(args).env("CEPH_CONF", &self.conf).status().map_err(|e| e.to_string())?;
+        if st.success() { Ok(()) } else { Err(format!("rbd {} failed", args.join(" "))) }
+    }
+}
+
+impl Drop for Ceph {
+    fn drop(&mut self) {
+        let _ = Command::new("bash").arg(shared().join("ceph/ceph-down.sh")).env("CEPH_DIR", CEPH_DIR).env("CEPH_PORT", CEPH_PORT).status();
+    }
+}
+
+/// `cargo test ARGS` with the `rbd` builds' target directory and the cluster's configuration.
+fn cargo_test(ceph: &Ceph, args: &[&str]) -> Result<(), String> {
+    let st = Command::new(env!("CARGO"))
+        .current_dir(root())
+        .arg("test")
+        .args(args)
+        .env("CARGO_TARGET_DIR", rbd_target_dir())
+        .env("CEPH_CONF", &ceph.conf)
+        .status()
+        .map_err(|e| e.to_string())?;
+    if st.success() { Ok(()) } else { Err(format!("cargo test {} failed", args.join(" "))) }
+}
+
+/// The example target built with the `rbd` feature: the directory holding it.
+pub(crate) fn build_rbd_examples() -> Result<PathBuf, String> {
+    let st = Command::new(env!("CARGO"))
+        .current_dir(root())
+        .args(["build", "--quiet", "--release", "--features", "rbd", "--example", "target", "--example", "initiator"])
+        .env("CARGO_TARGET_DIR", rbd_target_dir())
+        .status()
+        .map_err(|e| e.to_string())?;
+    if st.success() { Ok(rbd_target_dir().join("release/examples")) } else { Err("building the examples with `rbd` failed".into()) }
+}
+
+pub(crate) fn run(_args: &[String]) -> Result<(), String> {
+    ensure_ceph()?;
+    crate::ensure_packages(&[("iscsi-test-cu", "libiscsi-bin")])?;
+    let ceph = Ceph::up()?;
+    println!("== riser-rbd: the librbd binding against the cluster");
+    cargo_test(&ceph, &["-p", "riser-rbd", "--features", "rbd"])?;
+    println!("== riser-target: RBD units end to end");
+    cargo_test(&ceph, &["--features", "rbd", "--test", "rbd"])?;
+    let examples = build_rbd_examples()?;
+    conformance(&ceph, &examples)
+}
+
+/// libiscsi's conformance suite against a riser target whose LUN is an RBD image (512-byte
+/// blocks, so COMPARE AND WRITE is the cluster's), with the tests RBD cannot pass listed in
+/// `testdata/conformance/known-failures-rbd.txt`, each with its reason.
+fn conformance(ceph: &Ceph, examples: &Path) -> Result<(), String> {
+    ceph.rbd(&["create", "--size", "256M", "rbd/conformance"])?;
+    let iqn = "iqn.2026-11.io.riser:rbd";
+    let lun = format!("rbd:rbd/conformance,conf={}", ceph.conf.display());
+    let target = RunningTarget::start_from(examples, &["--target-name", iqn, "--lun", &lun, "--sanitize-rate", "40MiB"])?;
+    let url = format!("iscsi://127.0.0.1:{}/{iqn}/0", target.port);
+    let known = root().join("testdata/conformance/known-failures-rbd.txt");
+    let (passed, failed, skipped, ok) = crate::interop::conformance(&url, &known)?;
+    println!("iscsi-test-cu against an RBD LUN: {passed} passed, {failed} failed, {skipped} skipped");
+    drop(target);
+    let _ = ceph.rbd(&["rm", "--no-progress", "rbd/conformance"]);
+    if ok { Ok(()) } else { Err("the conformance suite against an RBD LUN reported unexpected failures".into()) }
+}
