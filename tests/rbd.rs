@@ -10,7 +10,7 @@ use riser::scsi::sense::{AscAscq, SenseKey, Status};
 use riser::target::lu::{LogicalUnit, LuIdentity};
 use riser::target::rbd::{ClusterSpec, RbdStore, connect};
 use riser::target::server::{Node, Target, TargetConfig};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -31,7 +31,7 @@ fn ceph() -> Option<PathBuf> {
 }
 
 /// A fresh image of `mib` MiB: its name.
-fn image(conf: &PathBuf, mib: u32) -> String {
+fn image(conf: &Path, mib: u32) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     let name = format!("e2e-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
     let st =
@@ -42,8 +42,8 @@ fn image(conf: &PathBuf, mib: u32) -> String {
 
 /// A target on a loopback port whose LUN 0 is `rbd/IMAGE` with `block_size`-byte blocks, and a
 /// session to it.
-async fn serve(conf: &PathBuf, image: &str, block_size: u32) -> (Session, Arc<RbdStore>) {
-    let cluster = connect(&ClusterSpec { conf: Some(conf.clone()), ..ClusterSpec::default() }).unwrap();
+async fn serve(conf: &Path, image: &str, block_size: u32) -> (Session, Arc<RbdStore>) {
+    let cluster = connect(&ClusterSpec { conf: Some(conf.to_path_buf()), ..ClusterSpec::default() }).unwrap();
     let store = RbdStore::open(&cluster, "rbd", "", image, block_size).unwrap();
     let lu = Arc::new(LogicalUnit::with_async(store.clone(), LuIdentity::random()));
     store.report_to(&lu);
