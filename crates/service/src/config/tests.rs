@@ -345,9 +345,11 @@ fn alua_keys_are_checked() {
 #[test]
 fn alua_keys_are_saved_and_read_back() {
     let first = resolve(&gateway_a("optimized_port_group = 2")).unwrap();
-    let mut saved = ConfigFile::default();
-    saved.stores = first.stores.iter().map(StoreSpec::to_table).collect();
-    saved.targets = first.targets.iter().map(|t| t.to_table(cli::RdmaProvider::Soft)).collect();
+    let saved = ConfigFile {
+        stores: first.stores.iter().map(StoreSpec::to_table).collect(),
+        targets: first.targets.iter().map(|t| t.to_table(cli::RdmaProvider::Soft)).collect(),
+        ..ConfigFile::default()
+    };
     let written = toml::to_string_pretty(&saved).unwrap();
     assert!(written.contains("[[target.remote_port_group]]") && written.contains("optimized_port_group = 2"), "{written}");
     assert_eq!(resolve(&written).unwrap().targets, first.targets);
