@@ -994,6 +994,14 @@ impl ConfigFile {
         if groups.is_empty() {
             groups.push(default_group.clone());
         }
+        for (i, g) in groups.iter().enumerate() {
+            if let Some(o) = groups[..i].iter().find(|o| o.relative_port == g.relative_port && o.port_group != g.port_group) {
+                return Err(key(&format!(
+                    "portal groups {} and {}: relative port {} in two ALUA port groups ({} and {})",
+                    o.tag, g.tag, g.relative_port, o.port_group, g.port_group
+                )));
+            }
+        }
         let mut remote: Vec<RemotePortGroupSpec> = Vec::new();
         for r in &t.remote_port_groups {
             let g = r.port_group;

@@ -336,6 +336,12 @@ fn alua_keys_are_checked() {
     assert!(e.contains("remote_port_group 1"), "the target's own group: {e}");
     let e = resolve(&gateway_a("").replace("[[target.remote_port_group]]", "[[target.remote_port_group]]\nkey = 1")).unwrap_err();
     assert!(e.contains("key"), "{e}");
+    let e = resolve(&gateway_a("").replace(
+        "tag = 3\n        relative_port = 3\n        port_group = 1",
+        "tag = 3\n        relative_port = 1\n        port_group = 5",
+    ))
+    .unwrap_err();
+    assert!(e.contains("relative port 1 in two ALUA port groups"), "{e}");
     // One store exported twice with two optimized groups.
     let two = format!("{}\n[[target.lun]]\nlun = 1\nstore = \"shared\"\noptimized_port_group = 1\n", gateway_a("optimized_port_group = 2"));
     let e = resolve(&two).unwrap_err();
