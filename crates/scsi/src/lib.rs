@@ -11,7 +11,8 @@
 //! * [`lun::Lun`] is the SAM 8-byte LUN with peripheral and flat addressing.
 //! * Payload modules: [`inquiry`] (standard data and VPD pages), [`capacity`] (READ CAPACITY,
 //!   GET LBA STATUS), [`mode`] (MODE SENSE/SELECT pages), [`report`] (REPORT LUNS, REPORT SUPPORTED
-//!   OPERATION CODES), [`unmap`] (UNMAP parameter list), [`pr`] (PERSISTENT RESERVE IN/OUT).
+//!   OPERATION CODES), [`unmap`] (UNMAP parameter list), [`pr`] (PERSISTENT RESERVE IN/OUT),
+//!   [`alua`] (asymmetric access states, REPORT TARGET PORT GROUPS).
 //!
 //! Every parser is total: malformed input gives an error, never a panic.
 //!
@@ -27,6 +28,7 @@
 
 extern crate alloc;
 
+pub mod alua;
 pub mod capacity;
 pub mod cdb;
 pub mod inquiry;

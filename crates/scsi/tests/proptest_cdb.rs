@@ -105,6 +105,7 @@ fn cdb() -> impl Strategy<Value = Cdb> {
         (any::<bool>(), 0u8..8, any::<(u8, u16, u32, u8)>()).prop_map(|(rctd, options, (opcode, service_action, alloc_len, control))| {
             Cdb::ReportSupportedOpcodes { rctd, options, opcode, service_action, alloc_len, control }
         }),
+        (0u8..8, any::<(u32, u8)>()).prop_map(|(format, (alloc_len, control))| Cdb::ReportTargetPortGroups { format, alloc_len, control }),
         (any::<bool>(), 0u8..16, 0u8..16, any::<(bool, bool, bool, u8)>()).prop_map(
             |(immed, power_condition_modifier, power_condition, (no_flush, loej, start, control))| {
                 Cdb::StartStopUnit { immed, power_condition_modifier, power_condition, no_flush, loej, start, control }
@@ -173,5 +174,6 @@ proptest! {
         let _ = riser_scsi::capacity::parse_lba_status(&bytes);
         let _ = riser_scsi::pr::parse_read_keys(&bytes);
         let _ = riser_scsi::pr::parse_read_reservation(&bytes);
+        let _ = riser_scsi::alua::TargetPortGroups::parse(&bytes);
     }
 }

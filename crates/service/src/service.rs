@@ -241,9 +241,37 @@ impl Service {
                 }
             }
         }
-        // 5. Listen where targets are reached, and nowhere else.
+        // 5. Each store's ALUA model: its target port groups, the optimized one per LUN.
+        for e in Self::sync_alua(&st) {
+            note(Err(e));
+        }
+        // 6. Listen where targets are reached, and nowhere else.
         note(self.sync_listeners(&mut st).await);
         errors
+    }
+
+    /// Give every store's unit the ALUA model its exporting targets make
+    /// ([`crate::config::port_groups_of`]); a state it changes reaches the hosts as ASYMMETRIC
+    /// ACCESS STATE CHANGED. The errors of the models a unit refused (it keeps its own).
+    fn sync_alua(st: &State) -> Vec<OpError> {
+        let mut errors = Vec::new();
+        for s in &st.stores {
+            let groups = config::port_groups_of(&st.targets, &s.spec.name);
+            match s.lu.set_port_groups(groups) {
+                Ok(true) => info!(store = %s.spec.name, groups = ?s.lu.port_groups(), "ALUA target port groups set"),
+                Ok(false) => {}
+                Err(e) => errors.push(OpError::Invalid(format!("store {}: ALUA: {e}", s.spec.name))),
+            }
+        }
+        errors
+    }
+
+    /// [`sync_alua`](Self::sync_alua) after a change of the control plane: the change stands,
+    /// a model a unit refused is logged.
+    fn sync_alua_logged(st: &State) {
+        for e in Self::sync_alua(st) {
+            warn!("{e}");
+        }
     }
 
     /// Make the node of `spec` (its stores must be open).
@@ -383,7 +411,9 @@ impl Service {
                 port_group: 1,
                 portals: self.settings.default_portals.clone(),
             }],
+            remote_port_groups: Vec::new(),
             luns: BTreeMap::new(),
+            optimized: BTreeMap::new(),
             acl: Vec::new(),
         };
         self.target_add_spec_locked(&mut st, spec).await?;
@@ -397,6 +427,7 @@ impl Service {
         let node = Self::node_of(st, &spec)?;
         self.target.add_node(node).await?;
         st.targets.push(spec);
+        Self::sync_alua_logged(st);
         Ok(())
     }
 
@@ -411,6 +442,7 @@ impl Service {
         let i = target_index(st, name)?;
         self.target.remove_node(name).await?;
         st.targets.remove(i);
+        Self::sync_alua_logged(st);
         Ok(())
     }
 
@@ -495,6 +527,7 @@ impl Service {
         let i = target_index(&st, target)?;
         self.target.add_lun(&st.targets[i].name.clone(), lun, lu).await?;
         st.targets[i].luns.insert(lun, store.into());
+        Self::sync_alua_logged(&st);
         Ok(())
     }
 
@@ -509,11 +542,13 @@ impl Service {
         self.target.remove_lun(target, lun).await?;
         let t = &mut st.targets[i];
         t.luns.remove(&lun);
+        t.optimized.remove(&lun);
         for a in &mut t.acl {
             if let Some(m) = &mut a.luns {
                 m.retain(|_, l| *l != lun);
             }
         }
+        Self::sync_alua_logged(st);
         Ok(())
     }
 
@@ -568,6 +603,7 @@ impl Service {
             Some(g) => g.portals.push(spec),
             None => t.portal_groups.push(PortalGroupSpec { tag, relative_port: tag, port_group: tag, portals: vec![spec] }),
         }
+        Self::sync_alua_logged(&st);
         Ok(spec)
     }
 

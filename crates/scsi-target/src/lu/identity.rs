@@ -60,24 +60,34 @@ impl fmt::Display for LuIdentity {
 }
 
 /// An I_T nexus as a logical unit sees it: the initiator port and the target port a command
-/// comes through (its reservations, unit attentions and RESERVE belong to this pair), and the
+/// comes through (its reservations, unit attentions and RESERVE belong to this pair), the
 /// relative port identifier of that target port (reported in VPD 0x83 and PERSISTENT RESERVE
-/// IN's full status).
-/// Two nexuses are the same when their ports are (the relative port identifier follows from the
-/// target port).
+/// IN's full status) and the ALUA target port group the port is in (VPD 0x83; its asymmetric
+/// access state decides what the unit serves through it).
+/// Two nexuses are the same when their ports are (the relative port identifier and the target
+/// port group follow from the target port).
 #[derive(Clone, Debug)]
 pub struct Nexus {
     key: String,
     /// Length of the initiator port name at the start of `key`.
     initiator_port: usize,
     relative_port: u16,
+    port_group: u16,
 }
 
 impl Nexus {
     /// The nexus of `initiator_port` (iSCSI: `NAME,i,0xISID`) and `target_port` (iSCSI:
-    /// `NAME,t,0xTPGT`), whose relative port identifier is `relative_port`.
+    /// `NAME,t,0xTPGT`), whose relative port identifier is `relative_port`, in target port
+    /// group 1 (see [`with_port_group`](Self::with_port_group)).
     pub fn new(initiator_port: &str, target_port: &str, relative_port: u16) -> Self {
-        Self { key: format!("{initiator_port}|{target_port}"), initiator_port: initiator_port.len(), relative_port }
+        Self { key: format!("{initiator_port}|{target_port}"), initiator_port: initiator_port.len(), relative_port, port_group: 1 }
+    }
+
+    /// The same nexus, its target port in ALUA target port group `group`.
+    #[must_use]
+    pub fn with_port_group(mut self, group: u16) -> Self {
+        self.port_group = group;
+        self
     }
 
     /// The iSCSI nexus of an initiator (name and ISID) and a target (name and portal group
@@ -113,6 +123,11 @@ impl Nexus {
     /// The relative port identifier of the target port.
     pub fn relative_port(&self) -> u16 {
         self.relative_port
+    }
+
+    /// The ALUA target port group of the target port.
+    pub fn port_group(&self) -> u16 {
+        self.port_group
     }
 }
 
@@ -160,6 +175,10 @@ mod tests {
         assert_eq!(n.initiator_name(), "iqn.2026-11.io.riser:host");
         assert_eq!(n.target_port(), "iqn.2026-11.io.riser:t0,t,0x0002");
         assert_eq!(n.relative_port(), 3);
+        assert_eq!(n.port_group(), 1, "group 1 unless told");
+        let in_group_2 = n.clone().with_port_group(2);
+        assert_eq!((in_group_2.port_group(), in_group_2.relative_port()), (2, 3));
+        assert_eq!(in_group_2, n, "the group follows from the port: the same nexus");
         let other_port = Nexus::iscsi("iqn.2026-11.io.riser:host", [0x80, 0, 0, 0, 0, 1], "iqn.2026-11.io.riser:t1", 2, 3);
         assert_ne!(n.key(), other_port.key(), "one initiator port through two targets is two nexuses");
     }

@@ -14,6 +14,12 @@ impl LogicalUnit {
             }
             let mut s = StandardInquiry::disk("RISER", "RISER DISK", "0001");
             s.version_descriptors = vec![0x00c0, 0x0960, 0x0600, 0x04c0];
+            // TPGS 01b: implicit ALUA only (REPORT TARGET PORT GROUPS, no SET TARGET PORT
+            // GROUPS); MULTIP once the unit's target port groups hold two ports or more.
+            s.byte5 |= 0x10;
+            if self.st().alua.ports() > 1 {
+                s.byte6 |= 0x10;
+            }
             return Ok(s.to_bytes());
         }
         let body = match page {
@@ -21,11 +27,12 @@ impl LogicalUnit {
             vpd::UNIT_SERIAL_NUMBER => self.identity.serial().into_bytes(),
             // The unit's designators come from its identity alone (no IEEE company ID: the NAA
             // is locally assigned), so every gateway exporting one store presents one device;
-            // the target port's are the nexus's.
+            // the target port's (its relative port, its ALUA group) are the nexus's.
             vpd::DEVICE_IDENTIFICATION => inquiry::device_identification(&[
                 Designator::naa_locally_assigned(self.identity.naa()),
                 Designator::t10_vendor("RISER", &self.identity.serial()),
                 Designator::relative_target_port(nexus.relative_port()),
+                Designator::target_port_group(nexus.port_group()),
             ]),
             vpd::BLOCK_LIMITS => {
                 let thin = self.backend.thin();

@@ -5,10 +5,11 @@
 //! This file holds the unit itself: its state, the task-facing entry points `plan` and
 //! `execute`, and the dispatch that routes each CDB to its command family. The families live in
 //! the submodules: `rw` (the medium data path), `medium` (capacity, LBA status, start/stop),
-//! `inquiry`, `mode`, `pr` (reservations), `sanitize`, `rsoc` and `report` (REQUEST SENSE,
-//! REPORT LUNS).
+//! `inquiry`, `mode`, `pr` (reservations), `sanitize`, `rsoc`, `report` (REQUEST SENSE,
+//! REPORT LUNS) and `alua` (target port groups, REPORT TARGET PORT GROUPS).
 
 mod aio;
+mod alua;
 mod identity;
 mod inquiry;
 mod medium;
@@ -23,6 +24,8 @@ mod sanitize;
 mod tests;
 #[cfg(test)]
 mod tests_aio;
+#[cfg(test)]
+mod tests_alua;
 #[cfg(test)]
 mod tests_pr;
 #[cfg(test)]
@@ -39,6 +42,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 pub use aio::Running;
+pub use alua::{AccessState, AluaError, SUPPORTED_STATES, TargetPortGroup};
 pub use identity::{LuIdentity, Nexus};
 pub use report::report_luns;
 
@@ -100,6 +104,8 @@ struct State {
     sanitize_failed: bool,
     /// A flush failed since the last reset: every flush fails ([`LogicalUnit::flush`]).
     flush_failed: bool,
+    /// Target port groups and their access states.
+    alua: alua::Alua,
 }
 
 /// One logical unit.
@@ -304,6 +310,11 @@ impl LogicalUnit {
                 drop(s);
                 return Err(self.check(Sense::new(SenseKey::UNIT_ATTENTION, asc)));
             }
+            // Through a port whose group is in standby, unavailable or transitioning.
+            if let Some(asc) = s.alua.refusal(nexus.port_group(), &c) {
+                drop(s);
+                return Err(self.check(Sense::new(SenseKey::NOT_READY, asc)));
+            }
         }
         let data_out = c.data_out_len(self.bs()).unwrap_or(0);
         if data_out > u64::from(crate::MAX_DATA_OUT) {
@@ -405,6 +416,7 @@ impl LogicalUnit {
             Cdb::Reserve6 { .. } | Cdb::Reserve10 { .. } => Ok(self.reserve(nexus)),
             Cdb::Release6 { .. } | Cdb::Release10 { .. } => Ok(self.release(nexus)),
             Cdb::PersistentReserveIn { service_action, alloc_len, .. } => self.pr_in(*service_action, *alloc_len),
+            Cdb::ReportTargetPortGroups { format, alloc_len, .. } => self.report_target_port_groups(*format, *alloc_len, nexus),
             Cdb::PersistentReserveOut { service_action, scope, pr_type, .. } => self.pr_out(*service_action, *scope, *pr_type, out, nexus),
             _ => Err(illegal(AscAscq::INVALID_COMMAND_OPERATION_CODE)),
         }

@@ -60,6 +60,7 @@ impl LogicalUnit {
             plain(READ_DEFECT_DATA_10, 10),
             plain(READ_DEFECT_DATA_12, 12),
             sa(MAINTENANCE_IN, u16::from(SA_REPORT_SUPPORTED_OPCODES), 12),
+            sa(MAINTENANCE_IN, u16::from(SA_REPORT_TARGET_PORT_GROUPS), 12),
             plain(READ_12, 12),
             plain(WRITE_12, 12),
             plain(WRITE_AND_VERIFY_12, 12),

@@ -197,13 +197,16 @@ impl Target {
     }
 
     /// The portal group of `node` a connection of `transport` to `local` came in through:
-    /// (TargetPortalGroupTag, relative target port identifier). `None`: the node is not reached
-    /// through that portal.
-    fn port_of(&self, node: &Node, local: SocketAddr, transport: Transport) -> Option<(u16, u16)> {
+    /// (TargetPortalGroupTag, relative target port identifier, ALUA target port group). `None`:
+    /// the node is not reached through that portal.
+    fn port_of(&self, node: &Node, local: SocketAddr, transport: Transport) -> Option<(u16, u16, u16)> {
         if node.portal_groups.is_empty() {
-            return Some((self.config.login.portal_group_tag, 1));
+            return Some((self.config.login.portal_group_tag, 1, 1));
         }
-        node.portal_groups.iter().find(|g| g.portals.iter().any(|p| p.accepts(local, transport))).map(|g| (g.tag, g.relative_port))
+        node.portal_groups
+            .iter()
+            .find(|g| g.portals.iter().any(|p| p.accepts(local, transport)))
+            .map(|g| (g.tag, g.relative_port, g.port_group))
     }
 
     /// The portals `node` is reached through, each with its TargetPortalGroupTag.
@@ -234,7 +237,7 @@ impl Target {
         config.targets = nodes
             .iter()
             .filter_map(|n| {
-                let (tag, _) = self.port_of(n, local, transport)?;
+                let (tag, ..) = self.port_of(n, local, transport)?;
                 let mut t = n.target.clone();
                 t.portal_group_tag = Some(tag);
                 Some(t)
@@ -475,7 +478,7 @@ mod tests {
             vec![("iqn.2026-11.io.riser:b".into(), 5), ("iqn.2026-11.io.riser:everywhere".into(), 1)]
         );
         assert_eq!(reached("127.0.0.1:3262", Transport::Iser)[0], ("iqn.2026-11.io.riser:b".into(), 6));
-        assert_eq!(t.port_of(&b, "10.1.1.1:3261".parse().unwrap(), Transport::Tcp), Some((5, 9)));
+        assert_eq!(t.port_of(&b, "10.1.1.1:3261".parse().unwrap(), Transport::Tcp), Some((5, 9, 5)));
         assert_eq!(t.port_of(&a, "127.0.0.1:3260".parse().unwrap(), Transport::Iser), None);
     }
 

@@ -190,17 +190,18 @@ impl std::fmt::Debug for Session {
 
 impl Session {
     /// The session a login opened; `port` is its target port (TargetPortalGroupTag, relative
-    /// port identifier), `None` for a discovery session.
+    /// port identifier, ALUA target port group), `None` for a discovery session.
     pub(super) fn new(
         dm: SharedDatamover,
         o: LoginOutcome,
-        port: Option<(u16, u16)>,
+        port: Option<(u16, u16, u16)>,
         at: Endpoint,
         c: &TargetConfig,
         target_budget: Arc<tokio::sync::Semaphore>,
     ) -> Self {
-        let (tpgt, relative_port) = port.unwrap_or((0, 0));
-        let nexus = Nexus::iscsi(&o.params.initiator_name, o.isid.0, &o.params.target_name, tpgt, relative_port);
+        let (tpgt, relative_port, port_group) = port.unwrap_or((0, 0, 0));
+        let nexus =
+            Nexus::iscsi(&o.params.initiator_name, o.isid.0, &o.params.target_name, tpgt, relative_port).with_port_group(port_group);
         let budget_units = units_of(c.max_session_bytes);
         let cfg = TargetSessionConfig::new(c.queue_depth)
             .max_immediate_commands(c.max_immediate_commands)

@@ -1,5 +1,6 @@
 //! Device queries: TEST UNIT READY, REQUEST SENSE, INQUIRY, READ CAPACITY (10/16), GET LBA
-//! STATUS, READ DEFECT DATA, REPORT LUNS and REPORT SUPPORTED OPERATION CODES.
+//! STATUS, READ DEFECT DATA, REPORT LUNS, REPORT SUPPORTED OPERATION CODES and REPORT TARGET
+//! PORT GROUPS.
 
 use super::{Cdb, op};
 use crate::be::{put_u16, put_u32, put_u64, u16_at, u32_at, u64_at};
@@ -33,6 +34,9 @@ pub(super) fn parse(opcode: u8, b: &[u8]) -> Option<Cdb> {
             alloc_len: u32_at(b, 6),
             control: b[11],
         },
+        MAINTENANCE_IN if b[1] & 0x1f == SA_REPORT_TARGET_PORT_GROUPS => {
+            Cdb::ReportTargetPortGroups { format: b[1] >> 5, alloc_len: u32_at(b, 6), control: b[11] }
+        }
         _ => return None,
     })
 }
@@ -95,6 +99,11 @@ pub(super) fn emit(cdb: &Cdb, b: &mut [u8]) {
             put_u32(b, 6, alloc_len);
             b[11] = control;
         }
+        Cdb::ReportTargetPortGroups { format, alloc_len, control } => {
+            b[1] = (format << 5) | op::SA_REPORT_TARGET_PORT_GROUPS;
+            put_u32(b, 6, alloc_len);
+            b[11] = control;
+        }
         _ => unreachable!("not a device query: {cdb:?}"),
     }
 }
@@ -115,6 +124,22 @@ mod tests {
         b[1] = 0x1f;
         assert_eq!(Cdb::parse(&b).unwrap(), Cdb::Unknown(b.to_vec()));
         assert_eq!(Cdb::parse(&b).unwrap().to_vec(), b);
+    }
+
+    #[test]
+    fn report_target_port_groups() {
+        // Extended header format (as Linux's scsi_dh_alua asks first), 0x1000 bytes.
+        let b = [0xa3, 0x2a, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0];
+        let c = Cdb::parse(&b).unwrap();
+        assert_eq!(c, Cdb::ReportTargetPortGroups { format: 1, alloc_len: 0x1000, control: 0 });
+        assert_eq!(c.to_vec(), b);
+        assert_eq!(c.opcode(), op::MAINTENANCE_IN);
+        let short = Cdb::ReportTargetPortGroups { format: 0, alloc_len: 8, control: 4 }.to_vec();
+        assert_eq!(short, [0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 0, 8, 0, 4]);
+        // Another MAINTENANCE IN service action stays raw.
+        let mut other = b;
+        other[1] = 0x0b;
+        assert_eq!(Cdb::parse(&other).unwrap(), Cdb::Unknown(other.to_vec()));
     }
 
     #[test]

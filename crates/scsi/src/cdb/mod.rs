@@ -78,6 +78,8 @@ pub mod op {
     pub const SA_GET_LBA_STATUS: u8 = 0x12;
     /// MAINTENANCE IN: REPORT SUPPORTED OPERATION CODES.
     pub const SA_REPORT_SUPPORTED_OPCODES: u8 = 0x0c;
+    /// MAINTENANCE IN: REPORT TARGET PORT GROUPS.
+    pub const SA_REPORT_TARGET_PORT_GROUPS: u8 = 0x0a;
 }
 
 /// The CDB length implied by the opcode's group code, or `None` for variable-length (0x7F) and
@@ -187,6 +189,13 @@ pub enum Cdb {
         options: u8,
         opcode: u8,
         service_action: u16,
+        alloc_len: u32,
+        control: u8,
+    },
+    /// REPORT TARGET PORT GROUPS (SPC-5 §6.37): `format` is the 3-bit PARAMETER DATA FORMAT
+    /// field (byte 1 bits 7-5: 000b length only, 001b extended header).
+    ReportTargetPortGroups {
+        format: u8,
         alloc_len: u32,
         control: u8,
     },
@@ -305,7 +314,7 @@ impl Cdb {
                 }
             }
             Self::ReportLuns { .. } => REPORT_LUNS,
-            Self::ReportSupportedOpcodes { .. } => MAINTENANCE_IN,
+            Self::ReportSupportedOpcodes { .. } | Self::ReportTargetPortGroups { .. } => MAINTENANCE_IN,
             Self::StartStopUnit { .. } => START_STOP_UNIT,
             Self::PreventAllowMediumRemoval { .. } => PREVENT_ALLOW_MEDIUM_REMOVAL,
             Self::Reserve6 { .. } => RESERVE_6,
@@ -365,7 +374,8 @@ impl Cdb {
             | Self::GetLbaStatus { .. }
             | Self::ReadDefectData { .. }
             | Self::ReportLuns { .. }
-            | Self::ReportSupportedOpcodes { .. } => inquiry::emit(self, b),
+            | Self::ReportSupportedOpcodes { .. }
+            | Self::ReportTargetPortGroups { .. } => inquiry::emit(self, b),
             Self::ModeSense(_)
             | Self::ModeSelect(_)
             | Self::StartStopUnit { .. }

@@ -4,7 +4,15 @@
 //! `[limits]` table; storage objects (`[[store]]`: a name, a backing spec as `--lun` takes it,
 //! a UUID, a block size, options) apart from how they are exported; targets (`[[target]]`) with
 //! their portal groups, LUNs (LUN number → store) and ACL entries (per initiator: its own CHAP
-//! credentials, which LUNs it sees under which numbers). The command line's single-target form
+//! credentials, which LUNs it sees under which numbers).
+//!
+//! ALUA: each portal group's port is in an ALUA target port group (`port_group`). Two gateways
+//! exporting one store (the same `uuid`, the same target name) each list the other's port groups
+//! as `[[target.remote_port_group]]` (`port_group` and the peer's `relative_ports`), so each
+//! reports every path's state in REPORT TARGET PORT GROUPS; a LUN's `optimized_port_group`
+//! names its active/optimized group (default: the target's first portal group's), every other
+//! group is active/non-optimized. A reload that changes it moves the optimized path (hosts get
+//! ASYMMETRIC ACCESS STATE CHANGED). Without remote groups a target has one group, optimized. The command line's single-target form
 //! (`target_name`, `lun`, `acl`, `chap`, ...) is accepted in the file too, as before, but not
 //! beside `[[target]]` tables.
 //!
@@ -16,6 +24,7 @@
 use crate::cli;
 use riser_iscsi::chap::ChapCredentials;
 use riser_iscsi::keys::Transport;
+use riser_target::lu::{AccessState, TargetPortGroup};
 use riser_target::server::{DiscoveryScope, TargetConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -148,6 +157,19 @@ pub struct PortalGroupTable {
     pub portals: Vec<PortalText>,
 }
 
+/// A `[[target.remote_port_group]]` table: an ALUA target port group of a peer gateway that
+/// exports the same stores under the same target name, which this service reports but does not
+/// serve.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RemotePortGroupTable {
+    /// Its target port group identifier (not one of the target's own portal groups').
+    pub port_group: u16,
+    /// The relative target port identifiers of its ports (the peer's portal groups'
+    /// `relative_port`; 1 to 65535, none the target's own).
+    pub relative_ports: Vec<u16>,
+}
+
 /// A `[[target.lun]]` table.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -156,6 +178,11 @@ pub struct LunTable {
     pub lun: u16,
     /// The store behind it.
     pub store: String,
+    /// The ALUA target port group through which the LUN is active/optimized (a portal group's
+    /// `port_group` or a remote one's; default: the target's first portal group's). The others
+    /// are active/non-optimized.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimized_port_group: Option<u16>,
 }
 
 /// Which LUNs an initiator sees: a list (those, under their own numbers) or a table (its
@@ -240,6 +267,9 @@ pub struct TargetTable {
     /// Portal groups (default: group 1 with the file's `portal` and `iser_portal`).
     #[serde(default, rename = "portal_group", skip_serializing_if = "Vec::is_empty")]
     pub portal_groups: Vec<PortalGroupTable>,
+    /// ALUA target port groups of a peer gateway (reported, not served).
+    #[serde(default, rename = "remote_port_group", skip_serializing_if = "Vec::is_empty")]
+    pub remote_port_groups: Vec<RemotePortGroupTable>,
     /// LUNs.
     #[serde(default, rename = "lun", skip_serializing_if = "Vec::is_empty")]
     pub luns: Vec<LunTable>,
@@ -438,6 +468,15 @@ pub struct PortalGroupSpec {
     pub portals: Vec<PortalSpec>,
 }
 
+/// An ALUA target port group of a peer gateway.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemotePortGroupSpec {
+    /// Target port group identifier.
+    pub port_group: u16,
+    /// Relative target port identifiers of its ports.
+    pub relative_ports: Vec<u16>,
+}
+
 /// A storage object.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoreSpec {
@@ -482,8 +521,12 @@ pub struct TargetSpec {
     pub mutual_chap: Option<Credential>,
     /// Portal groups.
     pub portal_groups: Vec<PortalGroupSpec>,
+    /// ALUA target port groups of a peer gateway.
+    pub remote_port_groups: Vec<RemotePortGroupSpec>,
     /// LUN → store name.
     pub luns: BTreeMap<u16, String>,
+    /// LUN → its active/optimized target port group, where the configuration names one.
+    pub optimized: BTreeMap<u16, u16>,
     /// ACL entries.
     pub acl: Vec<AclSpec>,
 }
@@ -865,7 +908,9 @@ impl ConfigFile {
                 chap,
                 mutual_chap,
                 portal_groups: vec![default_group.clone()],
+                remote_port_groups: Vec::new(),
                 luns: map,
+                optimized: BTreeMap::new(),
                 acl: self.acl.iter().map(|i| AclSpec { initiator: i.clone(), chap: None, mutual_chap: None, luns: None }).collect(),
             });
         }
@@ -892,6 +937,20 @@ impl ConfigFile {
                 if !stores.iter().any(|s| &s.name == store) {
                     return Err(format!("target {} LUN {lun}: no store named {store:?}", t.name));
                 }
+            }
+        }
+        // A store has one ALUA model, whichever LUNs export it.
+        for s in &stores {
+            let named: Vec<(String, u16, u16)> = targets
+                .iter()
+                .flat_map(|t| t.optimized.iter().filter(|(l, _)| t.luns.get(l) == Some(&s.name)).map(|(l, g)| (t.name.clone(), *l, *g)))
+                .collect();
+            if let Some((t, l, g)) = named.iter().find(|n| n.2 != named[0].2) {
+                let (t0, l0, g0) = &named[0];
+                return Err(format!(
+                    "store {:?}: target {t0} LUN {l0} makes port group {g0} optimized, target {t} LUN {l} port group {g}",
+                    s.name
+                ));
             }
         }
         Ok(Resolved { settings, stores, targets })
@@ -935,10 +994,49 @@ impl ConfigFile {
         if groups.is_empty() {
             groups.push(default_group.clone());
         }
+        for (i, g) in groups.iter().enumerate() {
+            if let Some(o) = groups[..i].iter().find(|o| o.relative_port == g.relative_port && o.port_group != g.port_group) {
+                return Err(key(&format!(
+                    "portal groups {} and {}: relative port {} in two ALUA port groups ({} and {})",
+                    o.tag, g.tag, g.relative_port, o.port_group, g.port_group
+                )));
+            }
+        }
+        let mut remote: Vec<RemotePortGroupSpec> = Vec::new();
+        for r in &t.remote_port_groups {
+            let g = r.port_group;
+            if groups.iter().any(|l| l.port_group == g) || remote.iter().any(|o| o.port_group == g) {
+                return Err(key(&format!("remote_port_group {g}: the port group is the target's own or named twice")));
+            }
+            if r.relative_ports.is_empty() || r.relative_ports.len() > 255 {
+                return Err(key(&format!("remote_port_group {g}: relative_ports: 1 to 255 ports")));
+            }
+            for &p in &r.relative_ports {
+                let taken = groups.iter().any(|l| l.relative_port == p)
+                    || remote.iter().any(|o| o.relative_ports.contains(&p))
+                    || r.relative_ports.iter().filter(|&&q| q == p).count() > 1;
+                if p == 0 || taken {
+                    return Err(key(&format!(
+                        "remote_port_group {g}: relative port {p} (1 to 65535, and not a port of the target's own or of another group)"
+                    )));
+                }
+            }
+            remote.push(RemotePortGroupSpec { port_group: g, relative_ports: r.relative_ports.clone() });
+        }
         let mut luns = BTreeMap::new();
+        let mut optimized = BTreeMap::new();
         for l in &t.luns {
             if luns.insert(l.lun, l.store.clone()).is_some() {
                 return Err(key(&format!("LUN {} is mapped twice", l.lun)));
+            }
+            if let Some(g) = l.optimized_port_group {
+                if !groups.iter().any(|o| o.port_group == g) && !remote.iter().any(|o| o.port_group == g) {
+                    return Err(key(&format!(
+                        "LUN {}: optimized_port_group {g} is neither a portal group's port_group nor a remote_port_group",
+                        l.lun
+                    )));
+                }
+                optimized.insert(l.lun, g);
             }
         }
         let mut acl = Vec::new();
@@ -963,10 +1061,44 @@ impl ConfigFile {
             chap: credential(&key("chap"), t.chap.as_ref(), t.chap_file.as_deref(), base)?,
             mutual_chap: credential(&key("mutual_chap"), t.mutual_chap.as_ref(), t.mutual_chap_file.as_deref(), base)?,
             portal_groups: groups,
+            remote_port_groups: remote,
             luns,
+            optimized,
             acl,
         })
     }
+}
+
+/// The ALUA model of store `store` ([`riser_target::lu::LogicalUnit::set_port_groups`]): the
+/// target port groups of every target that exports it — its portal groups' (a group's ports
+/// are the relative ports of the portal groups in it) and its remote ones — the group a LUN
+/// names `optimized_port_group` (else the first exporting target's first portal group's)
+/// active/optimized, every other active/non-optimized. Empty when no target exports it.
+pub fn port_groups_of(targets: &[TargetSpec], store: &str) -> Vec<TargetPortGroup> {
+    let exporters: Vec<&TargetSpec> = targets.iter().filter(|t| t.luns.values().any(|s| s == store)).collect();
+    let Some(first) = exporters.first() else { return Vec::new() };
+    let mut ports: BTreeMap<u16, Vec<u16>> = BTreeMap::new();
+    for t in &exporters {
+        let local = t.portal_groups.iter().map(|g| (g.port_group, vec![g.relative_port]));
+        let remote = t.remote_port_groups.iter().map(|r| (r.port_group, r.relative_ports.clone()));
+        for (id, ps) in local.chain(remote) {
+            let v = ports.entry(id).or_default();
+            for p in ps {
+                if !v.contains(&p) {
+                    v.push(p);
+                }
+            }
+        }
+    }
+    let named = exporters.iter().find_map(|t| t.optimized.iter().find(|(l, _)| t.luns.get(l).map(String::as_str) == Some(store)));
+    let optimized = named.map(|(_, g)| *g).or_else(|| first.portal_groups.first().map(|g| g.port_group));
+    ports
+        .into_iter()
+        .map(|(id, ps)| {
+            let state = if Some(id) == optimized { AccessState::ActiveOptimized } else { AccessState::ActiveNonOptimized };
+            TargetPortGroup::new(id, ps, state)
+        })
+        .collect()
 }
 
 impl TargetSpec {
@@ -992,7 +1124,16 @@ impl TargetSpec {
                     portals: g.portals.iter().map(|p| p.to_text(default_provider)).collect(),
                 })
                 .collect(),
-            luns: self.luns.iter().map(|(&lun, store)| LunTable { lun, store: store.clone() }).collect(),
+            remote_port_groups: self
+                .remote_port_groups
+                .iter()
+                .map(|r| RemotePortGroupTable { port_group: r.port_group, relative_ports: r.relative_ports.clone() })
+                .collect(),
+            luns: self
+                .luns
+                .iter()
+                .map(|(&lun, store)| LunTable { lun, store: store.clone(), optimized_port_group: self.optimized.get(&lun).copied() })
+                .collect(),
             acl: self
                 .acl
                 .iter()

@@ -260,3 +260,121 @@ fn no_secret_in_debug_output() {
         assert!(!shown.contains("very-secret-word"), "{shown}");
     }
 }
+
+/// Gateway A's file of a pair exporting store `shared` as target `t` (B: port group 2, relative
+/// port 2), with `extra` appended to its LUN table.
+fn gateway_a(extra: &str) -> String {
+    format!(
+        r#"
+        [[store]]
+        name = "shared"
+        backing = "ram:1MiB"
+        uuid = "6f1c2d3e-4a5b-4c6d-8e7f-0123456789ab"
+        [[target]]
+        name = "iqn.2026-11.io.riser:t"
+        [[target.portal_group]]
+        tag = 1
+        relative_port = 1
+        port_group = 1
+        portals = ["10.0.0.1:3260"]
+        [[target.portal_group]]
+        tag = 3
+        relative_port = 3
+        port_group = 1
+        portals = ["10.0.1.1:3260"]
+        [[target.remote_port_group]]
+        port_group = 2
+        relative_ports = [2, 4]
+        [[target.lun]]
+        lun = 0
+        store = "shared"
+        {extra}
+        "#
+    )
+}
+
+fn model(r: &Resolved, store: &str) -> Vec<(u16, Vec<u16>, AccessState)> {
+    port_groups_of(&r.targets, store).into_iter().map(|g| (g.id, g.relative_ports, g.state)).collect()
+}
+
+#[test]
+fn remote_port_groups_and_the_optimized_group_make_the_alua_model() {
+    use AccessState::{ActiveNonOptimized as Ano, ActiveOptimized as Ao};
+    // Default: the target's first portal group's port group is optimized.
+    let r = resolve(&gateway_a("")).unwrap();
+    let t = &r.targets[0];
+    assert_eq!(t.remote_port_groups, [RemotePortGroupSpec { port_group: 2, relative_ports: vec![2, 4] }]);
+    assert!(t.optimized.is_empty());
+    assert_eq!(model(&r, "shared"), [(1, vec![1, 3], Ao), (2, vec![2, 4], Ano)]);
+    // The LUN names the remote group.
+    let r = resolve(&gateway_a("optimized_port_group = 2")).unwrap();
+    assert_eq!(r.targets[0].optimized, BTreeMap::from([(0, 2)]));
+    assert_eq!(model(&r, "shared"), [(1, vec![1, 3], Ano), (2, vec![2, 4], Ao)]);
+    // Nothing configured: one group, optimized; a store no target exports has no model.
+    let r = resolve("lun = [\"ram:1MiB\"]\n").unwrap();
+    assert_eq!(model(&r, "lun0"), [(1, vec![1], Ao)]);
+    assert!(model(&r, "nope").is_empty());
+}
+
+#[test]
+fn alua_keys_are_checked() {
+    let bad = |extra: &str, remote: &str| {
+        let text = gateway_a(extra).replace("relative_ports = [2, 4]", remote);
+        resolve(&text).unwrap_err()
+    };
+    let e = bad("optimized_port_group = 7", "relative_ports = [2, 4]");
+    assert!(e.contains("optimized_port_group 7"), "{e}");
+    let e = bad("", "relative_ports = [2, 3]");
+    assert!(e.contains("relative port 3"), "a port of the target's own: {e}");
+    let e = bad("", "relative_ports = [2, 2]");
+    assert!(e.contains("relative port 2"), "{e}");
+    let e = bad("", "relative_ports = [0]");
+    assert!(e.contains("relative port 0"), "{e}");
+    let e = bad("", "relative_ports = []");
+    assert!(e.contains("1 to 255"), "{e}");
+    let e = resolve(&gateway_a("").replace("port_group = 2\n", "port_group = 1\n")).unwrap_err();
+    assert!(e.contains("remote_port_group 1"), "the target's own group: {e}");
+    let e = resolve(&gateway_a("").replace("[[target.remote_port_group]]", "[[target.remote_port_group]]\nkey = 1")).unwrap_err();
+    assert!(e.contains("key"), "{e}");
+    let e = resolve(&gateway_a("").replace(
+        "tag = 3\n        relative_port = 3\n        port_group = 1",
+        "tag = 3\n        relative_port = 1\n        port_group = 5",
+    ))
+    .unwrap_err();
+    assert!(e.contains("relative port 1 in two ALUA port groups"), "{e}");
+    // One store exported twice with two optimized groups.
+    let two = format!("{}\n[[target.lun]]\nlun = 1\nstore = \"shared\"\noptimized_port_group = 1\n", gateway_a("optimized_port_group = 2"));
+    let e = resolve(&two).unwrap_err();
+    assert!(e.contains("store \"shared\"") && e.contains("port group 2") && e.contains("port group 1"), "{e}");
+}
+
+#[test]
+fn alua_keys_are_saved_and_read_back() {
+    let first = resolve(&gateway_a("optimized_port_group = 2")).unwrap();
+    let saved = ConfigFile {
+        stores: first.stores.iter().map(StoreSpec::to_table).collect(),
+        targets: first.targets.iter().map(|t| t.to_table(cli::RdmaProvider::Soft)).collect(),
+        ..ConfigFile::default()
+    };
+    let written = toml::to_string_pretty(&saved).unwrap();
+    assert!(written.contains("[[target.remote_port_group]]") && written.contains("optimized_port_group = 2"), "{written}");
+    assert_eq!(resolve(&written).unwrap().targets, first.targets);
+}
+
+#[test]
+fn the_example_two_gateway_configuration_resolves() {
+    // The commented example of gateway A's file in dist/target.example.toml, uncommented.
+    let example = include_str!("../../../../dist/target.example.toml");
+    let block: String = example
+        .lines()
+        .skip_while(|l| !l.starts_with("# --- gateway A"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("# --- end"))
+        .filter_map(|l| l.strip_prefix("# "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(block.contains("remote_port_group"), "{block}");
+    let r = resolve(&block).unwrap();
+    use AccessState::{ActiveNonOptimized as Ano, ActiveOptimized as Ao};
+    assert_eq!(model(&r, "shared"), [(1, vec![1], Ao), (2, vec![2], Ano)]);
+}

@@ -2,6 +2,7 @@
 //! (JSON-RPC 2.0), its configuration file and its metrics endpoint, with sessions of the riser
 //! initiator checking what initiators see.
 
+mod alua;
 mod control_input;
 mod live_io;
 mod methods;
