@@ -460,20 +460,20 @@ impl Session {
     /// and a lost connection as [`Error::ConnectionLost`] (for callers that must see them, such
     /// as tests of what a target reports).
     pub async fn command_once(&self, lun: Lun, cdb: &[u8], write: Option<Bytes>, read_len: u32) -> Result<CommandResult, Error> {
-        self.command_on_link(lun, cdb, write, read_len, &mut None).await
+        self.command_on_link(lun, cdb, write, read_len, &mut |_| {}).await
     }
 
-    /// As [`command_once`](Self::command_once), telling in `ran_on` the generation of the
-    /// connection the command was numbered on (`None` if it never was): multipath needs it to
-    /// know whether a later login (a session reinstatement, which ends the old connection's
-    /// tasks at the target) has happened since.
+    /// As [`command_once`](Self::command_once), calling `numbered` with the generation of the
+    /// connection the command is numbered on, just before it is sent (not at all if it never
+    /// is): multipath needs it to know whether a later login (a session reinstatement, which
+    /// ends the old connection's tasks at the target) has happened since.
     pub(crate) async fn command_on_link(
         &self,
         lun: Lun,
         cdb: &[u8],
         write: Option<Bytes>,
         read_len: u32,
-        ran_on: &mut Option<u32>,
+        numbered: &mut (dyn FnMut(u32) + Send),
     ) -> Result<CommandResult, Error> {
         let write_len = write.as_ref().map_or(0, |w| w.len() as u32);
         let mut ahs = Vec::new();
@@ -481,7 +481,7 @@ impl Session {
             extended_cdb_ahs(&mut ahs, &cdb[16..]);
         }
         let (cmd, link, rx, gate) = self.start_command(lun, cdb, read_len, write_len).await?;
-        *ran_on = Some(link.generation);
+        numbered(link.generation);
         if let Err(e) = link.dm.send_command(cmd, ahs.into(), read_len, write).await {
             tracing::debug!(itt = cmd.itt, %e, "command not sent");
             // Its CmdSN is taken and the target would wait for it (ExpCmdSN stuck, task-set

@@ -175,7 +175,7 @@ pub struct PathStatus {
     /// Its access state: active/optimized when the target does not support REPORT TARGET PORT
     /// GROUPS (or it has not been read yet); `None` when the report does not place the path.
     pub state: Option<AluaState>,
-    /// Commands in flight on it.
+    /// Commands sent on it and not yet answered.
     pub in_flight: usize,
 }
 
@@ -362,24 +362,33 @@ const RTPG_MAX_ALLOC: u32 = 64 * 1024;
 /// How often a waiting command looks again even without a notification.
 const TICK: Duration = Duration::from_millis(200);
 
-/// Counts a command in flight on a path for as long as it lives.
+/// Counts a command in flight on a path from its numbering (just before it is sent) for as
+/// long as it lives, and keeps the generation of the connection it was numbered on.
 struct InFlight<'a> {
     shared: &'a Shared,
     path: usize,
+    ran_on: Option<u32>,
 }
 
 impl<'a> InFlight<'a> {
     fn new(shared: &'a Shared, path: usize) -> Self {
-        if let Some(p) = lock(&shared.sel).paths.get_mut(path) {
+        Self { shared, path, ran_on: None }
+    }
+
+    fn numbered(&mut self, generation: u32) {
+        if self.ran_on.replace(generation).is_none()
+            && let Some(p) = lock(&self.shared.sel).paths.get_mut(self.path)
+        {
             p.in_flight += 1;
         }
-        Self { shared, path }
     }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        if let Some(p) = lock(&self.shared.sel).paths.get_mut(self.path) {
+        if self.ran_on.is_some()
+            && let Some(p) = lock(&self.shared.sel).paths.get_mut(self.path)
+        {
             p.in_flight = p.in_flight.saturating_sub(1);
         }
     }
@@ -821,10 +830,10 @@ impl Shared {
                 continue;
             };
             let lun = self.paths[path].spec.lun;
-            let mut ran_on = None;
-            let r = {
-                let _counted = InFlight::new(self, path);
-                session.command_on_link(lun, cdb, write.clone(), read_len, &mut ran_on).await
+            let (r, ran_on) = {
+                let mut counted = InFlight::new(self, path);
+                let r = session.command_on_link(lun, cdb, write.clone(), read_len, &mut |g| counted.numbered(g)).await;
+                (r, counted.ran_on)
             };
             match r {
                 Ok(r) => {
@@ -866,12 +875,13 @@ impl Shared {
 }
 
 /// REPORT TARGET PORT GROUPS on one path: `Ok(None)` when the target does not support it
-/// (ILLEGAL REQUEST in both formats). `ran_on` as for [`Session::command_on_link`].
+/// (ILLEGAL REQUEST in both formats). `ran_on` gets the generation of the connection it was
+/// sent on, if it was.
 async fn rtpg(session: &Session, lun: Lun, ran_on: &mut Option<u32>) -> Result<Option<TargetPortGroups>, Error> {
     let (mut extended, mut alloc) = (true, 4096u32);
     for _ in 0..6 {
         let cdb = report_target_port_groups_cdb(alloc, extended);
-        let r = session.command_on_link(lun, &cdb, None, alloc, ran_on).await?;
+        let r = session.command_on_link(lun, &cdb, None, alloc, &mut |g| *ran_on = Some(g)).await?;
         if r.status == Status::GOOD {
             if let Some(full) = rtpg_full_len(&r.data)
                 && full > r.data.len()
