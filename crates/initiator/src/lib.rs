@@ -24,15 +24,22 @@
 //! crate owns the I/O around it — the datamover, the callers waiting for their tasks,
 //! timeouts and reconnection.
 //!
+//! [`Multipath`] reaches one logical unit through several portals (gateways exporting one
+//! store, each its own target port group), following the ALUA access states and failing over
+//! when a path dies.
+//!
 //! Modules: `session` (the driver: [`Session`]), `login` (connecting and logging in),
 //! `discovery` ([`discover`]), `scsi` (the typed SCSI helpers of [`Session`]), `connector`
-//! (how connections are made: [`TcpConnector`], [`IserConnector`]).
+//! (how connections are made: [`TcpConnector`], [`IserConnector`]), [`alua`] (REPORT TARGET
+//! PORT GROUPS and its parser), `multipath` ([`Multipath`]).
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod alua;
 mod connector;
 mod discovery;
 mod login;
+mod multipath;
 mod scsi;
 mod session;
 
@@ -46,6 +53,7 @@ pub use connector::TcpConnector;
 #[cfg(feature = "tcp")]
 pub use discovery::discover;
 pub use discovery::discover_via;
+pub use multipath::{Multipath, MultipathConfig, MultipathError, MultipathStats, PathSpec, PathStatus};
 pub use riser_iscsi::login::{InitiatorAuth, InitiatorLoginConfig};
 pub use riser_scsi::lun::Lun;
 pub use session::Session;

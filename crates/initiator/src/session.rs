@@ -232,6 +232,27 @@ impl Session {
         self.reconnect().await
     }
 
+    /// The generation of the current connection: it goes up by one at every login again
+    /// (each a session reinstatement: same ISID, TSIH 0).
+    pub(crate) fn generation(&self) -> u32 {
+        lock(&self.inner.state).link.generation
+    }
+
+    /// End the current connection (whatever its state) and log in again with the same ISID, so
+    /// the target reinstates the session and ends the old connection's tasks. `Ok` means a login
+    /// that began after this call did complete (ours, or a concurrent command's).
+    pub(crate) async fn reinstate(&self) -> Result<(), Error> {
+        self.dm().terminate();
+        let until = Instant::now() + Duration::from_secs(5);
+        while !lock(&self.inner.state).dead {
+            if Instant::now() >= until {
+                return Err(Error::Timeout);
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.reconnect().await
+    }
+
     /// End the current connection abruptly, as a network failure would (for fault testing and
     /// soak runs): the commands in flight fail with [`Error::ConnectionLost`] (or are retried
     /// once, see [`Session::command`]) and the session logs in again at its next command.
@@ -439,12 +460,28 @@ impl Session {
     /// and a lost connection as [`Error::ConnectionLost`] (for callers that must see them, such
     /// as tests of what a target reports).
     pub async fn command_once(&self, lun: Lun, cdb: &[u8], write: Option<Bytes>, read_len: u32) -> Result<CommandResult, Error> {
+        self.command_on_link(lun, cdb, write, read_len, &mut |_| {}).await
+    }
+
+    /// As [`command_once`](Self::command_once), calling `numbered` with the generation of the
+    /// connection the command is numbered on, just before it is sent (not at all if it never
+    /// is): multipath needs it to know whether a later login (a session reinstatement, which
+    /// ends the old connection's tasks at the target) has happened since.
+    pub(crate) async fn command_on_link(
+        &self,
+        lun: Lun,
+        cdb: &[u8],
+        write: Option<Bytes>,
+        read_len: u32,
+        numbered: &mut (dyn FnMut(u32) + Send),
+    ) -> Result<CommandResult, Error> {
         let write_len = write.as_ref().map_or(0, |w| w.len() as u32);
         let mut ahs = Vec::new();
         if cdb.len() > 16 {
             extended_cdb_ahs(&mut ahs, &cdb[16..]);
         }
         let (cmd, link, rx, gate) = self.start_command(lun, cdb, read_len, write_len).await?;
+        numbered(link.generation);
         if let Err(e) = link.dm.send_command(cmd, ahs.into(), read_len, write).await {
             tracing::debug!(itt = cmd.itt, %e, "command not sent");
             // Its CmdSN is taken and the target would wait for it (ExpCmdSN stuck, task-set
