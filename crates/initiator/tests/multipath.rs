@@ -8,7 +8,7 @@
 use bytes::Bytes;
 use riser_initiator::{Lun, Multipath, MultipathConfig, MultipathError, PathSpec, SessionConfig};
 use riser_target::backend::RamBackend;
-use riser_target::lu::{LogicalUnit, LuIdentity};
+use riser_target::lu::{AccessState, LogicalUnit, LuIdentity, TargetPortGroup};
 use riser_target::server::{Node, Portal, PortalGroup, Target, TargetConfig};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -32,6 +32,8 @@ const REGION: u64 = BLOCKS / DEPTH as u64;
 struct Gateway {
     rt: Option<tokio::runtime::Runtime>,
     target: Arc<Target>,
+    /// The gateway's unit over the shared backend.
+    lu: Arc<LogicalUnit>,
     /// The public address (the relay's).
     addr: SocketAddr,
     relay: tokio::task::JoinHandle<()>,
@@ -46,8 +48,14 @@ impl Gateway {
         listener.set_nonblocking(true).unwrap();
         let inner = listener.local_addr().unwrap();
         let lu = Arc::new(LogicalUnit::new(backend.clone(), identity.clone()));
+        // Both gateways' groups, both active/optimized until a test says otherwise.
+        lu.set_port_groups(vec![
+            TargetPortGroup::new(1, [1], AccessState::ActiveOptimized),
+            TargetPortGroup::new(2, [2], AccessState::ActiveOptimized),
+        ])
+        .unwrap();
         let node = Node::new(TARGET)
-            .lun(lu)
+            .lun(lu.clone())
             .portal_group(PortalGroup::new(group).relative_port(group).port_group(group).portal(Portal::tcp(inner)));
         let target = Target::new(TargetConfig::default().node(node));
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
@@ -60,7 +68,7 @@ impl Gateway {
         let addr = public.local_addr().unwrap();
         let frozen = Arc::new(AtomicBool::new(false));
         let relay = tokio::spawn(relay(public, inner, frozen.clone()));
-        Self { rt: Some(rt), target, addr, relay, frozen }
+        Self { rt: Some(rt), target, lu, addr, relay, frozen }
     }
 
     /// Hang: nothing more goes either way, so commands sent stay unanswered.
@@ -236,8 +244,8 @@ async fn io_goes_on_through_the_other_gateway_and_the_path_comes_back() {
     let a_addr = a.addr;
     let mp = Multipath::connect(paths(&a, &b), config(Duration::from_secs(20))).await.unwrap();
 
-    // Without REPORT TARGET PORT GROUPS in the target: active/active.
-    assert_eq!(mp.alua_supported(), Some(false));
+    // Both groups active/optimized: active/active.
+    assert_eq!(mp.alua_supported(), Some(true));
     let ps = mp.paths();
     assert!(ps.iter().all(|p| p.up && p.state == Some(riser_initiator::alua::AluaState::ActiveOptimized)), "{ps:?}");
     assert_eq!(ps.iter().map(|p| p.relative_port).collect::<Vec<_>>(), [Some(1), Some(2)]);
@@ -361,7 +369,6 @@ async fn a_path_down_at_connect_is_brought_up_later() {
 /// ALUA mode: the gateways report their groups' access states. Needs REPORT TARGET PORT GROUPS
 /// in the target and a way to set a group's state on a gateway (see `set_state`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs REPORT TARGET PORT GROUPS in the target (branch alua)"]
 async fn alua_optimized_first_and_writes_fail_over_once_the_other_group_owns_the_unit() {
     use riser_initiator::alua::AluaState::{ActiveNonOptimized, ActiveOptimized, Unavailable};
     let backend = Arc::new(RamBackend::new(BLOCKS * u64::from(BLOCK), BLOCK));
@@ -408,8 +415,7 @@ async fn alua_optimized_first_and_writes_fail_over_once_the_other_group_owns_the
     mp.close().await;
 }
 
-/// Set the access states of groups 1 and 2 as both gateways report them. To be written against
-/// the target's ALUA configuration once it exists (branch alua).
+/// Set the access states of groups 1 and 2 as both gateways report them.
 fn set_state(a: &Gateway, b: &Gateway, group1: riser_initiator::alua::AluaState, group2: riser_initiator::alua::AluaState) {
     set_state_on(a, group1, group2);
     set_state_on(b, group1, group2);
@@ -417,6 +423,14 @@ fn set_state(a: &Gateway, b: &Gateway, group1: riser_initiator::alua::AluaState,
 
 /// Set the access states of groups 1 and 2 as gateway `g` reports them.
 fn set_state_on(g: &Gateway, group1: riser_initiator::alua::AluaState, group2: riser_initiator::alua::AluaState) {
-    let _ = (&g.target, group1, group2);
-    unimplemented!("the target's ALUA state configuration (branch alua)")
+    use riser_initiator::alua::AluaState as A;
+    let state = |s: A| match s {
+        A::ActiveOptimized => AccessState::ActiveOptimized,
+        A::ActiveNonOptimized => AccessState::ActiveNonOptimized,
+        A::Standby => AccessState::Standby,
+        A::Unavailable => AccessState::Unavailable,
+        A::Transitioning => AccessState::Transitioning,
+        other => panic!("{other:?} is not a state the target takes"),
+    };
+    g.lu.set_port_groups(vec![TargetPortGroup::new(1, [1], state(group1)), TargetPortGroup::new(2, [2], state(group2))]).unwrap();
 }
