@@ -11,7 +11,8 @@
 //! * [`lun::Lun`] is the SAM 8-byte LUN with peripheral and flat addressing.
 //! * Payload modules: [`inquiry`] (standard data and VPD pages), [`capacity`] (READ CAPACITY,
 //!   GET LBA STATUS), [`mode`] (MODE SENSE/SELECT pages), [`report`] (REPORT LUNS, REPORT SUPPORTED
-//!   OPERATION CODES), [`unmap`] (UNMAP parameter list), [`pr`] (PERSISTENT RESERVE IN/OUT).
+//!   OPERATION CODES), [`unmap`] (UNMAP parameter list), [`pr`] (PERSISTENT RESERVE IN/OUT),
+//!   [`copy`] (EXTENDED COPY parameter lists, RECEIVE COPY RESULTS data, VPD page 0x8F).
 //!
 //! Every parser is total: malformed input gives an error, never a panic.
 //!
@@ -29,6 +30,7 @@ extern crate alloc;
 
 pub mod capacity;
 pub mod cdb;
+pub mod copy;
 pub mod inquiry;
 pub mod lun;
 pub mod mode;
