@@ -13,6 +13,7 @@
 //!   GET LBA STATUS), [`mode`] (MODE SENSE/SELECT pages), [`report`] (REPORT LUNS, REPORT SUPPORTED
 //!   OPERATION CODES), [`unmap`] (UNMAP parameter list), [`pr`] (PERSISTENT RESERVE IN/OUT),
 //!   [`alua`] (asymmetric access states, REPORT TARGET PORT GROUPS).
+//!   [`copy`] (EXTENDED COPY parameter lists, RECEIVE COPY RESULTS data, VPD page 0x8F).
 //!
 //! Every parser is total: malformed input gives an error, never a panic.
 //!
@@ -31,6 +32,7 @@ extern crate alloc;
 pub mod alua;
 pub mod capacity;
 pub mod cdb;
+pub mod copy;
 pub mod inquiry;
 pub mod lun;
 pub mod mode;

@@ -133,6 +133,14 @@ fn cdb() -> impl Strategy<Value = Cdb> {
         (0u8..32, 0u8..16, 0u8..16, any::<(u32, u8)>()).prop_map(|(service_action, scope, pr_type, (param_len, control))| {
             Cdb::PersistentReserveOut { service_action, scope, pr_type, param_len, control }
         }),
+        (0u8..32, any::<(u32, u8)>()).prop_map(|(service_action, (param_len, control))| Cdb::ExtendedCopy {
+            service_action,
+            param_len,
+            control
+        }),
+        (0u8..32, any::<(u8, u32, u8)>()).prop_map(|(service_action, (list_id, alloc_len, control))| {
+            Cdb::ReceiveCopyResults { service_action, list_id, alloc_len, control }
+        }),
     ]
 }
 
@@ -175,5 +183,8 @@ proptest! {
         let _ = riser_scsi::pr::parse_read_keys(&bytes);
         let _ = riser_scsi::pr::parse_read_reservation(&bytes);
         let _ = riser_scsi::alua::TargetPortGroups::parse(&bytes);
+        let limits = riser_scsi::copy::Limits { max_cscds: 2, max_segments: 2, max_list_len: 100, max_segment_bytes: 1 << 20 };
+        let _ = riser_scsi::copy::ExtendedCopy::parse(&bytes, &limits);
+        let _ = riser_scsi::copy::CopyStatus::parse(&bytes);
     }
 }

@@ -2,7 +2,7 @@
 //! AND VERIFY), SYNCHRONIZE CACHE, UNMAP, WRITE SAME and COMPARE AND WRITE as futures, with the
 //! same checks, sense and flush rules as the synchronous path in `rw`.
 
-use super::{LogicalUnit, LuIdentity, Nexus, Outcome, Plan, R, State, bad_field, illegal};
+use super::{LogicalUnit, LuIdentity, Nexus, Outcome, Plan, R, bad_field, illegal};
 use crate::aio::{AsyncBackend, BlockOn, Compared};
 use bytes::Bytes;
 use riser_scsi::cdb::{Cdb, CdbSize, Rw, rw_flags};
@@ -10,7 +10,7 @@ use riser_scsi::sense::{AscAscq, Sense, SenseKey};
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// A command running on an asynchronous store.
 pub type Running = Pin<Box<dyn Future<Output = Outcome> + Send + 'static>>;
@@ -29,16 +29,10 @@ impl LogicalUnit {
     /// atomically; ORWRITE (a read-modify-write the unit would make with its own locks) not on
     /// a store other processes write ([`AsyncBackend::shared`]).
     pub fn with_async(store: Arc<dyn AsyncBackend>, identity: LuIdentity) -> Self {
-        let wce = store.write_back();
-        Self {
-            backend: Arc::new(BlockOn(store.clone())),
-            aio: Some(store),
-            identity,
-            state: Mutex::new(State { wce, ..State::default() }),
-            read_modify_write: super::RangeLocks::default(),
-            sanitize_rate: None,
-            pr_store: None,
-        }
+        let mut lu = Self::new(Arc::new(BlockOn(store.clone())), identity);
+        lu.st().wce = store.write_back();
+        lu.aio = Some(store);
+        lu
     }
 
     /// The asynchronous store, if the unit has one.

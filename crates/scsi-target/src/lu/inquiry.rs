@@ -1,5 +1,5 @@
 //! INQUIRY: the standard data and the VPD pages (serial number, device identification, block
-//! limits, block device characteristics, logical block provisioning).
+//! limits, block device characteristics, logical block provisioning, third-party copy).
 
 use super::{LogicalUnit, MAX_ATOMIC_BLOCKS, MAX_TRANSFER_BLOCKS, Nexus, bad_field};
 use riser_scsi::inquiry::{self, BlockDeviceCharacteristics, BlockLimits, Designator, LogicalBlockProvisioning, StandardInquiry, vpd};
@@ -20,10 +20,12 @@ impl LogicalUnit {
             if self.st().alua.ports() > 1 {
                 s.byte6 |= 0x10;
             }
+            // 3PC: EXTENDED COPY (see `copy`).
+            s.byte5 |= 0x08;
             return Ok(s.to_bytes());
         }
         let body = match page {
-            vpd::SUPPORTED_PAGES => vec![0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2],
+            vpd::SUPPORTED_PAGES => vec![0x00, 0x80, 0x83, riser_scsi::copy::VPD_THIRD_PARTY_COPY, 0xb0, 0xb1, 0xb2],
             vpd::UNIT_SERIAL_NUMBER => self.identity.serial().into_bytes(),
             // The unit's designators come from its identity alone (no IEEE company ID: the NAA
             // is locally assigned), so every gateway exporting one store presents one device;
@@ -69,6 +71,7 @@ impl LogicalUnit {
                 .to_body()
                 .to_vec()
             }
+            riser_scsi::copy::VPD_THIRD_PARTY_COPY => self.third_party_copy_vpd(),
             _ => return Err(bad_field(2, None)),
         };
         Ok(inquiry::vpd_page(dev, page, &body))

@@ -6,10 +6,12 @@
 //! `execute`, and the dispatch that routes each CDB to its command family. The families live in
 //! the submodules: `rw` (the medium data path), `medium` (capacity, LBA status, start/stop),
 //! `inquiry`, `mode`, `pr` (reservations), `sanitize`, `rsoc`, `report` (REQUEST SENSE,
-//! REPORT LUNS) and `alua` (target port groups, REPORT TARGET PORT GROUPS).
+//! REPORT LUNS), `alua` (target port groups, REPORT TARGET PORT GROUPS), `copy` (EXTENDED
+//! COPY, RECEIVE COPY RESULTS) and `aio` (the data path over an asynchronous store).
 
 mod aio;
 mod alua;
+mod copy;
 mod identity;
 mod inquiry;
 mod medium;
@@ -27,6 +29,8 @@ mod tests_aio;
 #[cfg(test)]
 mod tests_alua;
 #[cfg(test)]
+mod tests_copy;
+#[cfg(test)]
 mod tests_pr;
 #[cfg(test)]
 mod tests_thin;
@@ -43,6 +47,9 @@ use std::sync::{Arc, Mutex};
 
 pub use aio::Running;
 pub use alua::{AccessState, AluaError, SUPPORTED_STATES, TargetPortGroup};
+pub use copy::{
+    COPY_CHUNK, MAX_CONCURRENT_COPIES, MAX_CSCDS, MAX_DESCRIPTOR_LIST_LEN, MAX_HELD_RESULTS, MAX_SEGMENT_BYTES, MAX_SEGMENTS, UnitDirectory,
+};
 pub use identity::{LuIdentity, Nexus};
 pub use report::report_luns;
 
@@ -124,6 +131,8 @@ pub struct LogicalUnit {
     /// Where persistent reservations are kept while APTPL is active
     /// ([`LogicalUnit::with_persistent_reservation_file`]); none: APTPL is refused.
     pr_store: Option<pr_store::PrStore>,
+    /// EXTENDED COPY: running copies, held results, the units a copy may reach.
+    copy: copy::CopyManager,
 }
 
 type R = Result<Outcome, Sense>;
@@ -153,6 +162,7 @@ impl LogicalUnit {
             read_modify_write: RangeLocks::default(),
             sanitize_rate: None,
             pr_store: None,
+            copy: copy::CopyManager::default(),
         }
     }
 
@@ -174,13 +184,15 @@ impl LogicalUnit {
 
     /// Whether `plan` may block its thread for long (file I/O, a SANITIZE without IMMED that
     /// waits for the whole operation, a read-modify-write that may wait for another on the
-    /// same blocks, whose disk may hang, or a PERSISTENT RESERVE OUT that syncs its file); the
+    /// same blocks, whose disk may hang, a PERSISTENT RESERVE OUT that syncs its file, or an
+    /// EXTENDED COPY, which may move gigabytes); the
     /// server runs those off its I/O threads.
     pub fn may_block(&self, plan: &Plan) -> bool {
         !self.backend.in_memory()
             || matches!(plan.cdb, Cdb::Sanitize { flags, .. } if flags & 0x80 == 0)
             || matches!(plan.cdb, Cdb::CompareAndWrite { .. } | Cdb::OrWrite(_))
             || (self.pr_store.is_some() && matches!(plan.cdb, Cdb::PersistentReserveOut { .. }))
+            || matches!(plan.cdb, Cdb::ExtendedCopy { .. })
     }
 
     fn st(&self) -> std::sync::MutexGuard<'_, State> {
@@ -250,8 +262,10 @@ impl LogicalUnit {
         self.st().unit_attention.entry(nexus.key().into()).or_default();
     }
 
-    /// Forget a nexus (session ended): drop its RESERVE(6) reservation and pending UAs.
+    /// Forget a nexus (session ended): drop its RESERVE(6) reservation, pending UAs and held
+    /// copy results.
     pub fn nexus_lost(&self, nexus: &Nexus) {
+        self.copy.forget(nexus);
         let mut s = self.st();
         if s.reserved_by.as_deref() == Some(nexus.key()) {
             s.reserved_by = None;
@@ -418,6 +432,10 @@ impl LogicalUnit {
             Cdb::PersistentReserveIn { service_action, alloc_len, .. } => self.pr_in(*service_action, *alloc_len),
             Cdb::ReportTargetPortGroups { format, alloc_len, .. } => self.report_target_port_groups(*format, *alloc_len, nexus),
             Cdb::PersistentReserveOut { service_action, scope, pr_type, .. } => self.pr_out(*service_action, *scope, *pr_type, out, nexus),
+            Cdb::ExtendedCopy { service_action, .. } => self.extended_copy(*service_action, out, nexus),
+            Cdb::ReceiveCopyResults { service_action, list_id, alloc_len, .. } => {
+                self.receive_copy_results(*service_action, *list_id, *alloc_len, nexus)
+            }
             _ => Err(illegal(AscAscq::INVALID_COMMAND_OPERATION_CODE)),
         }
     }

@@ -65,6 +65,9 @@ impl LogicalUnit {
             plain(WRITE_12, 12),
             plain(WRITE_AND_VERIFY_12, 12),
             plain(VERIFY_12, 12),
+            sa(EXTENDED_COPY, 0x00, 16),
+            sa(RECEIVE_COPY_RESULTS, 0x00, 16),
+            sa(RECEIVE_COPY_RESULTS, 0x03, 16),
         ];
         if self.backend.thin() {
             v.push(plain(UNMAP, 10));

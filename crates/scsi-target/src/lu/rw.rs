@@ -94,7 +94,7 @@ impl LogicalUnit {
     /// disabled (Caching mode page WCE=0), GOOD may only be returned once the data is on the
     /// medium, so flush first. `fua` is false for commands without the bit (WRITE SAME, UNMAP:
     /// byte 1 bit 3 of WRITE SAME is UNMAP, not FUA).
-    fn settle(&self, fua: bool) -> Result<Outcome, Sense> {
+    pub(super) fn settle(&self, fua: bool) -> Result<Outcome, Sense> {
         if fua || !self.st().wce {
             self.flush()?;
         }

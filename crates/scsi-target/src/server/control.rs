@@ -251,6 +251,10 @@ impl Target {
                 p.idle().await;
             }
         }
+        // Nor through EXTENDED COPY run by another unit (unless it is still exported elsewhere).
+        if !self.nodes().iter().any(|n| n.luns.values().any(|l| Arc::ptr_eq(l, &lu))) {
+            lu.copies_done().await;
+        }
         info!(target = %name, lun, unit = %lu.identity(), "LUN removed");
         Ok(lu)
     }

@@ -71,6 +71,8 @@ struct Registry {
     nodes: Mutex<Arc<Vec<Arc<Node>>>>,
     /// Bumped after each new snapshot is in place (sequentially consistent: see `view`).
     generation: AtomicU64,
+    /// The units EXTENDED COPY may reach, kept in step with `nodes`.
+    copy_directory: Arc<crate::lu::UnitDirectory>,
 }
 
 impl Registry {
@@ -83,6 +85,10 @@ impl Registry {
     /// Put `nodes` in place.
     fn publish(&self, nodes: Vec<Arc<Node>>) {
         let mut cur = lock(&self.nodes);
+        self.copy_directory.replace(nodes.iter().map(|n| {
+            let mapped = n.lun_maps.iter().map(|(i, m)| (i.as_str(), m.values().filter_map(|l| n.luns.get(l)).collect())).collect();
+            (n.target.name.as_str(), n.luns.values().collect(), mapped)
+        }));
         *cur = Arc::new(nodes);
         self.generation.fetch_add(1, Ordering::SeqCst);
     }

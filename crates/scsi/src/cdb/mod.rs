@@ -14,8 +14,9 @@ use alloc::vec::Vec;
 // This file holds the opcodes, the `Cdb` enum and the dispatch; each command family parses and
 // encodes its own variants: `rw` the block read/write family (`Rw`, COMPARE AND WRITE, UNMAP, …),
 // `inquiry` device queries (INQUIRY, READ CAPACITY, REPORT LUNS, …), `control` mode pages,
-// start/stop and reservations.
+// start/stop and reservations, `copy` the third-party copy commands.
 mod control;
+mod copy;
 mod inquiry;
 mod rw;
 
@@ -71,6 +72,8 @@ pub mod op {
     pub const PRE_FETCH_16: u8 = 0x90;
     pub const WRITE_ATOMIC_16: u8 = 0x9c;
     pub const READ_DEFECT_DATA_12: u8 = 0xb7;
+    pub const EXTENDED_COPY: u8 = 0x83;
+    pub const RECEIVE_COPY_RESULTS: u8 = 0x84;
 
     /// SERVICE ACTION IN(16) service actions.
     pub const SA_READ_CAPACITY_16: u8 = 0x10;
@@ -244,6 +247,20 @@ pub enum Cdb {
         param_len: u32,
         control: u8,
     },
+    /// EXTENDED COPY: `service_action` is byte 1 bits 4-0 (0: LID1; SPC-3 had no field there).
+    ExtendedCopy {
+        service_action: u8,
+        param_len: u32,
+        control: u8,
+    },
+    /// RECEIVE COPY RESULTS: `service_action` is byte 1 bits 4-0 (see
+    /// [`crate::copy::rcr`]), `list_id` the list identifier of the copy asked about.
+    ReceiveCopyResults {
+        service_action: u8,
+        list_id: u8,
+        alloc_len: u32,
+        control: u8,
+    },
     /// An opcode or service action riser does not model; the CDB bytes as received.
     Unknown(Vec<u8>),
 }
@@ -262,6 +279,7 @@ impl Cdb {
         Ok(rw::parse(opcode, b)
             .or_else(|| inquiry::parse(opcode, b))
             .or_else(|| control::parse(opcode, b))
+            .or_else(|| copy::parse(opcode, b))
             .unwrap_or_else(|| Self::Unknown(b.to_vec())))
     }
 
@@ -323,6 +341,8 @@ impl Cdb {
             Self::Release10 { .. } => RELEASE_10,
             Self::PersistentReserveIn { .. } => PERSISTENT_RESERVE_IN,
             Self::PersistentReserveOut { .. } => PERSISTENT_RESERVE_OUT,
+            Self::ExtendedCopy { .. } => EXTENDED_COPY,
+            Self::ReceiveCopyResults { .. } => RECEIVE_COPY_RESULTS,
             Self::Unknown(b) => b.first().copied().unwrap_or(0),
         }
     }
@@ -386,6 +406,7 @@ impl Cdb {
             | Self::Release10 { .. }
             | Self::PersistentReserveIn { .. }
             | Self::PersistentReserveOut { .. } => control::emit(self, b),
+            Self::ExtendedCopy { .. } | Self::ReceiveCopyResults { .. } => copy::emit(self, b),
             Self::Unknown(_) => unreachable!("handled above"),
         }
         Ok(len)
@@ -415,7 +436,7 @@ impl Cdb {
             Self::WriteAtomic { blocks, .. } => Some(u64::from(*blocks) * u64::from(block_size)),
             Self::Unmap { param_len, .. } | Self::Sanitize { param_len, .. } => Some(u64::from(*param_len)),
             Self::ModeSelect(m) => Some(u64::from(m.param_len)),
-            Self::PersistentReserveOut { param_len, .. } => Some(u64::from(*param_len)),
+            Self::PersistentReserveOut { param_len, .. } | Self::ExtendedCopy { param_len, .. } => Some(u64::from(*param_len)),
             Self::Reserve10 { param_len, .. } | Self::Release10 { param_len, .. } => Some(u64::from(*param_len)),
             _ => None,
         }
