@@ -49,9 +49,11 @@ impl LogicalUnit {
                     unmap_granularity_alignment: thin.then_some(0),
                     // No limit: WRITE SAME moves no data over the wire.
                     max_write_same_len: 0,
+                    // Without WRITE ATOMIC every atomic field is zero (SBC-4 §6.6.4; libiscsi's
+                    // WriteAtomic16.VPD checks it).
                     max_atomic_transfer_len: if self.backend.atomic_writes() { MAX_ATOMIC_BLOCKS } else { 0 },
-                    atomic_alignment: 1,
-                    atomic_granularity: 1,
+                    atomic_alignment: u32::from(self.backend.atomic_writes()),
+                    atomic_granularity: u32::from(self.backend.atomic_writes()),
                     ..BlockLimits::default()
                 }
                 .to_body()

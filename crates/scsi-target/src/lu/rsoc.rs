@@ -78,6 +78,9 @@ impl LogicalUnit {
         if !self.offers_or_write() {
             v.retain(|c| c.opcode != ORWRITE_16);
         }
+        if !self.backend.atomic_writes() {
+            v.retain(|c| c.opcode != WRITE_ATOMIC_16);
+        }
         v
     }
 

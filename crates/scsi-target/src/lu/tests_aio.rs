@@ -255,6 +255,9 @@ fn compare_and_write_is_refused_where_the_store_cannot_do_it_atomically() {
     // ORWRITE, on a shared store) out.
     let limits = run(&lu, &[0x12, 1, 0xb0, 0, 64, 0], &[]);
     assert_eq!(limits.data[5], 0, "MAXIMUM COMPARE AND WRITE LENGTH");
+    // No WRITE ATOMIC either: every atomic field of the page zero, and the command not listed.
+    assert_eq!(&limits.data[44..56], &[0; 12], "MAXIMUM ATOMIC TRANSFER LENGTH, ATOMIC ALIGNMENT, ATOMIC TRANSFER LENGTH GRANULARITY");
+    assert_eq!(run(&lu, &[0xa3, 0x0c, 0x01, op::WRITE_ATOMIC_16, 0, 0, 0, 0, 0, 64, 0, 0], &[]).data[1] & 0x07, 1);
     let one = |opcode: u8| run(&lu, &[0xa3, 0x0c, 0x01, opcode, 0, 0, 0, 0, 0, 64, 0, 0], &[]).data[1] & 0x07;
     assert_eq!(one(op::COMPARE_AND_WRITE), 1, "not supported");
     assert_eq!(one(op::ORWRITE_16), 1, "not supported");
