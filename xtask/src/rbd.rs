@@ -120,8 +120,9 @@ pub(crate) fn run(_args: &[String]) -> Result<(), String> {
 }
 
 /// libiscsi's conformance suite against a riser target whose LUN is an RBD image (512-byte
-/// blocks, so COMPARE AND WRITE is the cluster's), with the tests RBD cannot pass listed in
-/// `testdata/conformance/known-failures-rbd.txt`, each with its reason.
+/// blocks, so COMPARE AND WRITE is the cluster's), with the tests riser fails there listed in
+/// `testdata/conformance/known-failures-rbd.txt` and every test allowed to skip (what an RBD unit
+/// does not offer) in `testdata/conformance/skips-rbd.txt`, each with its reason.
 fn conformance(ceph: &Ceph, examples: &Path) -> Result<(), String> {
     ceph.rbd(&["create", "--size", "256M", "rbd/conformance"])?;
     let iqn = "iqn.2026-11.io.riser:rbd";
@@ -129,7 +130,8 @@ fn conformance(ceph: &Ceph, examples: &Path) -> Result<(), String> {
     let target = RunningTarget::start_from(examples, &["--target-name", iqn, "--lun", &lun, "--sanitize-rate", "40MiB"])?;
     let url = format!("iscsi://127.0.0.1:{}/{iqn}/0", target.port);
     let known = root().join("testdata/conformance/known-failures-rbd.txt");
-    let (passed, failed, skipped, ok) = crate::interop::conformance(&url, &known)?;
+    let skips = root().join("testdata/conformance/skips-rbd.txt");
+    let (passed, failed, skipped, ok) = crate::interop::conformance(&url, &known, Some(&skips))?;
     println!("iscsi-test-cu against an RBD LUN: {passed} passed, {failed} failed, {skipped} skipped");
     drop(target);
     let _ = ceph.rbd(&["rm", "--no-progress", "rbd/conformance"]);
