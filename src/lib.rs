@@ -35,6 +35,9 @@ pub use riser_iscsi as iscsi;
 pub use riser_iser as iser;
 #[cfg(feature = "rdma")]
 pub use riser_iwarp as iwarp;
+/// The librbd binding (feature `rbd`).
+#[cfg(feature = "rbd")]
+pub use riser_rbd as rbd;
 pub use riser_scsi as scsi;
 #[cfg(feature = "target")]
 pub use riser_target as target;

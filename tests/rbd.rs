@@ -7,8 +7,9 @@ use bytes::Bytes;
 use riser::initiator::{Error, Session, SessionConfig};
 use riser::scsi::lun::Lun;
 use riser::scsi::sense::{AscAscq, SenseKey, Status};
+use riser::target::aio::AsyncBackend;
 use riser::target::lu::{LogicalUnit, LuIdentity};
-use riser::target::rbd::{ClusterSpec, RbdStore, connect};
+use riser::target::rbd::{ClusterSpec, Gateway, GatewayConfig, RbdStore, connect};
 use riser::target::server::{Node, Target, TargetConfig};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -189,4 +190,140 @@ async fn a_resize_in_the_cluster_is_a_capacity_change() {
     let sense = seen.expect("a unit attention after the resize");
     assert_eq!((sense.key, sense.asc), (SenseKey::UNIT_ATTENTION, AscAscq::CAPACITY_DATA_CHANGED));
     assert_eq!(s.read_capacity(Lun::ZERO).await.unwrap().0, 32 << 11);
+}
+
+/// Two gateways of one image in this process, each with a cluster connection of its own (two
+/// clients, as two processes would be): units in port groups 1 (optimized) and 2.
+struct Pair {
+    stores: [Arc<RbdStore>; 2],
+    units: [Arc<LogicalUnit>; 2],
+    gateways: [Option<Gateway>; 2],
+}
+
+fn pair(conf: &Path, img: &str, takeover: Duration) -> Pair {
+    use riser::target::lu::{AccessState::*, TargetPortGroup};
+    let identity = LuIdentity::random();
+    let mut stores = Vec::new();
+    let mut units = Vec::new();
+    let mut gateways = Vec::new();
+    for group in [1u16, 2] {
+        // Not the process's shared connection: a client per gateway.
+        let opts = riser::rbd::ClusterOptions::for_lun_serving(Some(conf.to_path_buf())).with_option("rbd_skip_partial_discard", "false");
+        let cluster = riser::rbd::Cluster::connect(&opts).unwrap();
+        let store = RbdStore::open(&cluster, "rbd", "", img, 512).unwrap();
+        let lu = Arc::new(LogicalUnit::with_async(store.clone(), identity.clone()));
+        lu.set_port_groups(vec![TargetPortGroup::new(1, [1], ActiveOptimized), TargetPortGroup::new(2, [2], ActiveNonOptimized)]).unwrap();
+        let gw = Gateway::start(&store, &lu, GatewayConfig::new(group).takeover_after(takeover)).unwrap();
+        stores.push(store);
+        units.push(lu);
+        gateways.push(Some(gw));
+    }
+    let [s0, s1] = <[_; 2]>::try_from(stores).unwrap();
+    let [u0, u1] = <[_; 2]>::try_from(units).unwrap();
+    let [g0, g1] = <[_; 2]>::try_from(gateways).unwrap();
+    Pair { stores: [s0, s1], units: [u0, u1], gateways: [g0, g1] }
+}
+
+/// Wait up to `secs` for `cond`.
+async fn within(secs: u64, what: &str, cond: impl Fn() -> bool) {
+    for _ in 0..secs * 20 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("not within {secs} s: {what}");
+}
+
+fn nexus() -> riser::target::lu::Nexus {
+    riser::target::lu::Nexus::new("iqn.2026-11.io.riser:host,i,0x1", "iqn.2026-11.io.riser:t,t,0x1", 1)
+}
+
+/// The sense of TEST UNIT READY through `lu`, if it is not GOOD.
+fn tur(lu: &LogicalUnit) -> Option<(SenseKey, AscAscq)> {
+    let o = match lu.plan(&[0; 6], &nexus()) {
+        Ok(p) => lu.execute(&p, &[], &nexus()),
+        Err(o) => o,
+    };
+    o.sense.map(|s| {
+        let s = riser::scsi::sense::Sense::parse(&s).unwrap();
+        (s.key, s.asc)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_on_the_non_optimized_gateway_move_the_lock_and_fence_no_one() {
+    let Some(conf) = ceph() else { return };
+    let img = image(&conf, 16);
+    let p = pair(&conf, &img, Duration::from_secs(3));
+    within(5, "each gateway sees the other", || p.gateways.iter().all(|g| g.as_ref().unwrap().status().peers.len() == 1)).await;
+    // The optimized gateway writes (and takes the image's lock), then the other, then it again:
+    // the lock moves each way cooperatively.
+    for round in 0..3u32 {
+        for (i, s) in p.stores.iter().enumerate() {
+            let data = pattern(round * 10 + i as u32, 4096);
+            s.write(u64::from(round) * 8192 + i as u64 * 4096, data, false).await.unwrap();
+        }
+    }
+    // Time for a takeover to happen if one wrongly would.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for g in &p.gateways {
+        let st = g.as_ref().unwrap().status();
+        assert_eq!((st.optimized, st.takeovers, st.fenced), (Some(1), 0, false), "{st:?}");
+    }
+    for (i, s) in p.stores.iter().enumerate() {
+        s.write(1 << 20, pattern(99, 512), false).await.unwrap_or_else(|e| panic!("gateway {i} fenced: {e}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lun_reset_on_one_gateway_reaches_the_other_s_sessions() {
+    let Some(conf) = ceph() else { return };
+    let img = image(&conf, 16);
+    let p = pair(&conf, &img, Duration::from_secs(30));
+    for u in &p.units {
+        u.nexus_seen(&nexus());
+    }
+    p.units[0].reset();
+    assert_eq!(tur(&p.units[0]), Some((SenseKey::UNIT_ATTENTION, AscAscq::POWER_ON_RESET)));
+    within(5, "the other gateway's nexus gets the reset's unit attention", || {
+        tur(&p.units[1]) == Some((SenseKey::UNIT_ATTENTION, AscAscq::POWER_ON_RESET))
+    })
+    .await;
+    // Reported once, on each side, and not sent back.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(tur(&p.units[0]), None);
+    assert_eq!(tur(&p.units[1]), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_owner_is_fenced_before_the_other_gateway_takes_over() {
+    let Some(conf) = ceph() else { return };
+    let img = image(&conf, 16);
+    let mut p = pair(&conf, &img, Duration::from_secs(3));
+    p.units[1].nexus_seen(&nexus());
+    within(5, "each gateway sees the other", || p.gateways.iter().all(|g| g.as_ref().unwrap().status().peers.len() == 1)).await;
+    // The optimized gateway holds the lock (it wrote), then goes silent: it answers no ping,
+    // but its client still reaches the cluster, as a hung process's would.
+    p.stores[0].write(0, pattern(1, 4096), false).await.unwrap();
+    drop(p.gateways[0].take());
+    let started = std::time::Instant::now();
+    within(15, "the other gateway takes over", || p.gateways[1].as_ref().unwrap().status().takeovers == 1).await;
+    let took = started.elapsed();
+    // Counted from the silent gateway's last answer, up to a probe (1 s, and its 1 s wait)
+    // before it went silent.
+    assert!(took >= Duration::from_secs(1), "not before the takeover time: {took:?}");
+    // Fenced first: the silent gateway's writes can no longer land.
+    let late = p.stores[0].write(0, pattern(2, 4096), false).await;
+    assert!(late.is_err(), "a fenced gateway's write landed");
+    assert!(p.stores[0].fenced());
+    // Then optimized, and its sessions told.
+    assert_eq!(p.units[1].access_state(2), riser::target::lu::AccessState::ActiveOptimized);
+    assert_eq!(p.units[1].access_state(1), riser::target::lu::AccessState::ActiveNonOptimized);
+    assert_eq!(tur(&p.units[1]), Some((SenseKey::UNIT_ATTENTION, AscAscq::ASYMMETRIC_ACCESS_STATE_CHANGED)));
+    // The image has what the owner wrote before it went silent, and takes the new owner's writes.
+    let data = p.stores[1].read(0, 4096, Vec::new()).await.unwrap();
+    assert_eq!(&data[..], &pattern(1, 4096)[..]);
+    p.stores[1].write(0, pattern(3, 4096), false).await.unwrap();
+    eprintln!("takeover after {took:?}");
 }

@@ -115,6 +115,17 @@ struct State {
     alua: alua::Alua,
 }
 
+/// What a unit tells the other gateways exporting its store (a storage cluster's image seen
+/// through several riser processes): each call returns at once (the telling is the receiver's
+/// to do, off the command path), and the other gateways apply it with
+/// [`LogicalUnit::remote_reset`] and [`LogicalUnit::remote_unit_attention`].
+pub trait UnitEvents: Send + Sync + std::fmt::Debug {
+    /// The unit was reset here (LOGICAL UNIT RESET, a target reset).
+    fn reset(&self);
+    /// A unit attention was queued here for every nexus.
+    fn unit_attention(&self, asc: AscAscq);
+}
+
 /// One logical unit.
 #[derive(Debug)]
 pub struct LogicalUnit {
@@ -133,6 +144,8 @@ pub struct LogicalUnit {
     pr_store: Option<pr_store::PrStore>,
     /// EXTENDED COPY: running copies, held results, the units a copy may reach.
     copy: copy::CopyManager,
+    /// Where resets and unit attentions are told to the store's other gateways.
+    events: std::sync::OnceLock<Arc<dyn UnitEvents>>,
 }
 
 type R = Result<Outcome, Sense>;
@@ -163,6 +176,7 @@ impl LogicalUnit {
             sanitize_rate: None,
             pr_store: None,
             copy: copy::CopyManager::default(),
+            events: std::sync::OnceLock::new(),
         }
     }
 
@@ -228,33 +242,78 @@ impl LogicalUnit {
         self.backend.flush()
     }
 
-    /// Queue a unit attention for every nexus (or one).
+    /// Queue a unit attention for every nexus (or one). One already pending for a nexus is not
+    /// queued twice. One for every nexus is also told to the other gateways of the unit's store
+    /// ([`Self::set_events`]), except those each gateway finds itself (a capacity change, an
+    /// access state change).
     pub fn unit_attention(&self, asc: AscAscq, only: Option<&Nexus>) {
+        self.queue_unit_attention(asc, only);
+        if only.is_none()
+            && !matches!(asc, AscAscq::CAPACITY_DATA_CHANGED | AscAscq::ASYMMETRIC_ACCESS_STATE_CHANGED)
+            && let Some(e) = self.events.get()
+        {
+            e.unit_attention(asc);
+        }
+    }
+
+    fn queue_unit_attention(&self, asc: AscAscq, only: Option<&Nexus>) {
         let mut s = self.st();
+        let mut queued = 0;
         match only {
             Some(n) => {
-                s.unit_attention.entry(n.key().into()).or_default().push(asc);
-                s.ua_queued += 1;
+                let v = s.unit_attention.entry(n.key().into()).or_default();
+                if !v.contains(&asc) {
+                    v.push(asc);
+                    queued = 1;
+                }
             }
             None => {
-                s.unit_attention.values_mut().for_each(|v| v.push(asc));
-                s.ua_queued += s.unit_attention.len();
+                for v in s.unit_attention.values_mut().filter(|v| !v.contains(&asc)) {
+                    v.push(asc);
+                    queued += 1;
+                }
             }
         }
+        s.ua_queued += queued;
+    }
+
+    /// A unit attention for every nexus that another gateway of the store queued there (not told
+    /// on again).
+    pub fn remote_unit_attention(&self, asc: AscAscq) {
+        self.queue_unit_attention(asc, None);
     }
 
     /// LOGICAL UNIT RESET / target reset: RESERVE(6/10) reservations are released, a failed
     /// flush is forgiven, and every nexus gets POWER ON, RESET OR BUS DEVICE RESET OCCURRED
-    /// (persistent reservations stay).
+    /// (persistent reservations stay). The other gateways of the unit's store are told
+    /// ([`Self::set_events`]), and reset their unit too.
     pub fn reset(&self) {
+        self.remote_reset();
+        if let Some(e) = self.events.get() {
+            e.reset();
+        }
+    }
+
+    /// The reset another gateway of the store made: as [`Self::reset`], not told on again.
+    pub fn remote_reset(&self) {
         let mut s = self.st();
         s.reserved_by = None;
         // That unit attention tells every initiator that what sat in the write cache may be
         // gone, which is all a failed flush still had to say: flushes report afresh from here.
         s.flush_failed = false;
         // Every nexus, the issuer's included (SAM-5 §6.3.3; libiscsi's multipath test checks it).
-        s.unit_attention.values_mut().for_each(|v| v.push(AscAscq::POWER_ON_RESET));
-        s.ua_queued += s.unit_attention.len();
+        let mut queued = 0;
+        for v in s.unit_attention.values_mut().filter(|v| !v.contains(&AscAscq::POWER_ON_RESET)) {
+            v.push(AscAscq::POWER_ON_RESET);
+            queued += 1;
+        }
+        s.ua_queued += queued;
+    }
+
+    /// Tell `events` what happens to this unit that the other gateways exporting its store must
+    /// see too (resets, unit attentions for every nexus). Set once; false if already set.
+    pub fn set_events(&self, events: Arc<dyn UnitEvents>) -> bool {
+        self.events.set(events).is_ok()
     }
 
     /// Register a nexus so unit attentions can be queued for it.

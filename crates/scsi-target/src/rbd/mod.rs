@@ -10,14 +10,19 @@
 //! A resize made in the cluster (by `rbd resize`, or another gateway) is seen through the
 //! image's update watch and reported to every nexus as CAPACITY DATA HAS CHANGED.
 
+mod gateway;
+
+pub use gateway::{Gateway, GatewayConfig, GatewayStatus};
+
 use crate::aio::{AsyncBackend, Compared, Io};
 use crate::lu::LogicalUnit;
 use bytes::Bytes;
 use riser_rbd::{Cluster, ClusterOptions, CompareError, Image};
 use std::collections::HashMap;
+use std::future::Future;
 use std::io;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// How to reach a cluster: one connection per distinct (configuration, client id, keyring) is
@@ -69,12 +74,18 @@ fn to_io(e: riser_rbd::Error) -> io::Error {
 /// An RBD image as a unit's store.
 #[derive(Debug)]
 pub struct RbdStore {
+    cluster: Arc<Cluster>,
+    /// The I/O context of the image's pool (and namespace).
+    ioctx: riser_rbd::Ioctx,
     image: Arc<Image>,
     block_size: u32,
     /// The image's size in bytes, as last seen (refreshed by the update watch).
     size: AtomicU64,
     /// Where a size change is told (the unit over the store).
     unit: OnceLock<Weak<LogicalUnit>>,
+    /// The cluster refused an operation because this client is blocklisted (fenced by another
+    /// gateway): nothing this process sends reaches the image again.
+    fenced: Arc<AtomicBool>,
     _updates: Mutex<Option<riser_rbd::UpdateWatch>>,
 }
 
@@ -85,10 +96,13 @@ impl RbdStore {
         let image = Arc::new(Image::open(&ioctx, image).map_err(to_io)?);
         let size = image.size().map_err(to_io)?;
         let store = Arc::new(Self {
+            cluster: cluster.clone(),
+            ioctx: ioctx.clone(),
             image: image.clone(),
             block_size,
             size: AtomicU64::new(size),
             unit: OnceLock::new(),
+            fenced: Arc::default(),
             _updates: Mutex::new(None),
         });
         let weak = Arc::downgrade(&store);
@@ -113,6 +127,34 @@ impl RbdStore {
         &self.image
     }
 
+    /// The I/O context of the image's pool and namespace.
+    pub fn ioctx(&self) -> &riser_rbd::Ioctx {
+        &self.ioctx
+    }
+
+    /// The cluster this store's image is reached through.
+    pub fn cluster(&self) -> &Arc<Cluster> {
+        &self.cluster
+    }
+
+    /// Whether the cluster has refused this client (blocklisted: fenced by another gateway).
+    pub fn fenced(&self) -> bool {
+        self.fenced.load(Ordering::Acquire)
+    }
+
+    /// `f`'s result as an `io::Error`, noting a blocklisted client.
+    fn done<T: Send + 'static>(&self, f: impl Future<Output = Result<T, riser_rbd::Error>> + Send + 'static) -> Io<T> {
+        let fenced = self.fenced.clone();
+        Io::pending(async move {
+            f.await.map_err(|e| {
+                if e.is_blocklisted() && !fenced.swap(true, Ordering::AcqRel) {
+                    tracing::error!("this gateway's Ceph client is blocklisted (fenced by another gateway): its I/O fails from now on");
+                }
+                to_io(e)
+            })
+        })
+    }
+
     /// Read the image's size again; a change is a unit attention.
     fn refresh(&self) {
         let Ok(now) = self.image.size() else { return };
@@ -134,28 +176,22 @@ impl AsyncBackend for RbdStore {
         self.size.load(Ordering::Acquire) / u64::from(self.block_size)
     }
     fn read(&self, offset: u64, len: usize, buf: Vec<u8>) -> Io<Vec<u8>> {
-        let f = self.image.read(offset, len, buf);
-        Io::pending(async move { f.await.map_err(to_io) })
+        self.done(self.image.read(offset, len, buf))
     }
     fn write(&self, offset: u64, data: Bytes, fua: bool) -> Io<()> {
-        let f = self.image.write(offset, data, fua);
-        Io::pending(async move { f.await.map_err(to_io) })
+        self.done(self.image.write(offset, data, fua))
     }
     fn flush(&self) -> Io<()> {
-        let f = self.image.flush();
-        Io::pending(async move { f.await.map_err(to_io) })
+        self.done(self.image.flush())
     }
     fn unmap(&self, offset: u64, len: u64) -> Io<()> {
-        let f = self.image.discard(offset, len);
-        Io::pending(async move { f.await.map_err(to_io) })
+        self.done(self.image.discard(offset, len))
     }
     fn write_same(&self, offset: u64, len: u64, block: Bytes) -> Io<()> {
         if block.iter().all(|&b| b == 0) {
-            let f = self.image.write_zeroes(offset, len as usize);
-            return Io::pending(async move { f.await.map_err(to_io) });
+            return self.done(self.image.write_zeroes(offset, len as usize));
         }
-        let f = self.image.write_same(offset, len as usize, block);
-        Io::pending(async move { f.await.map_err(to_io) })
+        self.done(self.image.write_same(offset, len as usize, block))
     }
     fn compare_and_write(&self, offset: u64, compare: Bytes, data: Bytes) -> Io<Compared> {
         let f = self.image.compare_and_write(offset, compare, data);
