@@ -190,6 +190,26 @@ impl RunningTarget {
         Self::start_from(&root().join("target/release/examples"), args)
     }
 
+    /// The example target of the build in `examples`, configured by the file `config`, which
+    /// has it listen on 127.0.0.1:`port`.
+    fn start_config(examples: &Path, config: &Path, port: u16) -> Result<Self, String> {
+        let child = Command::new(examples.join("target"))
+            .arg("--config")
+            .arg(config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| format!("starting the target: {e}"))?;
+        let t = Self { child, port };
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Ok(t);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Err(format!("the target configured by {} did not listen on port {port}", config.display()))
+    }
+
     /// The example target of the build in `examples` (a directory holding `target`).
     fn start_from(examples: &Path, args: &[&str]) -> Result<Self, String> {
         let port = free_port()?;

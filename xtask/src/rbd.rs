@@ -83,12 +83,14 @@ impl Drop for Ceph {
     }
 }
 
-/// `cargo test ARGS` with the `rbd` builds' target directory and the cluster's configuration.
-fn cargo_test(ceph: &Ceph, args: &[&str]) -> Result<(), String> {
+/// `cargo test ARGS` with the `rbd` builds' target directory, the cluster's configuration and
+/// `env`.
+fn cargo_test(ceph: &Ceph, args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Result<(), String> {
     let st = Command::new(env!("CARGO"))
         .current_dir(root())
         .arg("test")
         .args(args)
+        .envs(env.iter().copied())
         .env("CARGO_TARGET_DIR", rbd_target_dir())
         .env("CEPH_CONF", &ceph.conf)
         .status()
@@ -112,11 +114,83 @@ pub(crate) fn run(_args: &[String]) -> Result<(), String> {
     crate::ensure_packages(&[("iscsi-test-cu", "libiscsi-bin")])?;
     let ceph = Ceph::up()?;
     println!("== riser-rbd: the librbd binding against the cluster");
-    cargo_test(&ceph, &["-p", "riser-rbd", "--features", "rbd"])?;
-    println!("== riser-target: RBD units end to end");
-    cargo_test(&ceph, &["--features", "rbd", "--test", "rbd"])?;
+    cargo_test(&ceph, &["-p", "riser-rbd", "--features", "rbd"], &[])?;
     let examples = build_rbd_examples()?;
-    conformance(&ceph, &examples)
+    println!("== RBD units end to end, two gateways, and the optimized gateway process killed under verified I/O");
+    let bin = examples.join("target");
+    cargo_test(&ceph, &["--features", "rbd", "--test", "rbd", "--", "--nocapture"], &[("RISER_TARGET_BIN", bin.as_os_str())])?;
+    conformance(&ceph, &examples)?;
+    multipath_across_gateways(&ceph, &examples)
+}
+
+/// A gateway of a pair exporting `rbd/IMAGE` (the TOML of `riser-target --config`): group
+/// `group` (1 or 2) on 127.0.0.1:`port`, the other gateway's group remote, group 1 optimized.
+pub(crate) fn gateway_config(ceph: &Ceph, image: &str, target: &str, group: u16, port: u16) -> String {
+    let other = 3 - group;
+    format!(
+        r#"[[store]]
+name = "shared"
+backing = "rbd:rbd/{image},conf={conf}"
+options = {{ takeover_secs = 3 }}
+
+[[target]]
+name = "{target}"
+open = true
+
+[[target.portal_group]]
+tag = {group}
+relative_port = {group}
+port_group = {group}
+portals = ["127.0.0.1:{port}"]
+
+[[target.remote_port_group]]
+port_group = {other}
+relative_ports = [{other}]
+
+[[target.lun]]
+lun = 0
+store = "shared"
+optimized_port_group = 1
+"#,
+        conf = ceph.conf.display()
+    )
+}
+
+/// libiscsi's MultipathIO tests with one path through each of two gateways of one image (a LUN
+/// reset on one must reach the other's sessions; COMPARE AND WRITE through both is the cluster's).
+fn multipath_across_gateways(ceph: &Ceph, examples: &Path) -> Result<(), String> {
+    ceph.rbd(&["create", "--size", "64M", "rbd/multipath"])?;
+    let iqn = "iqn.2026-11.io.riser:rbd-pair";
+    let dir = std::env::temp_dir().join(format!("riser-xtask-pair-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let mut gateways = Vec::new();
+    for group in [1u16, 2] {
+        let port = crate::free_port()?;
+        let file = dir.join(format!("gateway-{group}.toml"));
+        std::fs::write(&file, gateway_config(ceph, "multipath", iqn, group, port)).map_err(|e| e.to_string())?;
+        gateways.push(RunningTarget::start_config(examples, &file, port)?);
+    }
+    let urls: Vec<String> = gateways.iter().map(|g| format!("iscsi://127.0.0.1:{}/{iqn}/0", g.port)).collect();
+    println!("== iscsi-test-cu (SCSI.MultipathIO) with a path through each of two gateways: {}", urls.join(" "));
+    let out = Command::new("iscsi-test-cu")
+        .args(["--dataloss", "-i", "iqn.2026-11.io.riser.test:mp-1", "-I", "iqn.2026-11.io.riser.test:mp-2", "--test=SCSI.MultipathIO"])
+        .args(&urls)
+        .output()
+        .map_err(|e| format!("iscsi-test-cu: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    print!("{text}");
+    drop(gateways);
+    let _ = ceph.rbd(&["rm", "--no-progress", "rbd/multipath"]);
+    let _ = std::fs::remove_dir_all(&dir);
+    // CUnit's summary: "tests  RAN  N  PASSED  FAILED"; nothing may skip.
+    let row = text.lines().find(|l| l.trim_start().starts_with("tests")).unwrap_or("");
+    let n: Vec<u32> = row.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    let skipped = text.matches("[SKIPPED]").count();
+    println!("MultipathIO across two gateways: {row:?}, {skipped} skip messages");
+    match n[..] {
+        [total, ran, passed, 0, ..] if total == ran && ran == passed && total >= 4 && skipped == 0 => Ok(()),
+        _ => Err("libiscsi's MultipathIO across two gateways failed or skipped".into()),
+    }
 }
 
 /// libiscsi's conformance suite against a riser target whose LUN is an RBD image (512-byte

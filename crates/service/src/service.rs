@@ -257,10 +257,20 @@ impl Service {
         let mut errors = Vec::new();
         for s in &st.stores {
             let groups = config::port_groups_of(&st.targets, &s.spec.name);
-            match s.lu.set_port_groups(groups) {
+            match s.lu.set_port_groups(groups.clone()) {
                 Ok(true) => info!(store = %s.spec.name, groups = ?s.lu.port_groups(), "ALUA target port groups set"),
                 Ok(false) => {}
                 Err(e) => errors.push(OpError::Invalid(format!("store {}: ALUA: {e}", s.spec.name))),
+            }
+            // The groups this process serves the store through; any other is another gateway's.
+            let local: Vec<u16> = st
+                .targets
+                .iter()
+                .filter(|t| t.luns.values().any(|n| *n == s.spec.name))
+                .flat_map(|t| t.portal_groups.iter().map(|g| g.port_group))
+                .collect();
+            if let Err(e) = s.ha.sync(&s.lu, &local, &groups) {
+                errors.push(OpError::Invalid(format!("store {}: {e}", s.spec.name)));
             }
         }
         errors

@@ -175,6 +175,58 @@ pub struct Store {
     pub spec: StoreSpec,
     /// The unit over it.
     pub lu: Arc<LogicalUnit>,
+    /// Its coordination with other gateways of the same image (RBD stores).
+    pub ha: Ha,
+}
+
+/// How a store exported by several gateways (an RBD image behind several riser processes) is
+/// coordinated with the others ([`riser_target::rbd::Gateway`], feature `rbd`): nothing for
+/// other stores.
+#[derive(Debug, Clone, Default)]
+pub struct Ha {
+    #[cfg(feature = "rbd")]
+    rbd: Option<(Arc<riser_target::rbd::RbdStore>, std::time::Duration)>,
+    #[cfg(feature = "rbd")]
+    gateway: Arc<std::sync::Mutex<Option<riser_target::rbd::Gateway>>>,
+}
+
+impl Ha {
+    /// Follow the unit's ALUA model `model` (already set on `lu`): with port groups not in
+    /// `local` (another gateway's), coordinate with the other gateways as group `local`'s
+    /// optimized one or its first; without, stop coordinating. A gateway already running
+    /// keeps what the gateways agreed on (a takeover outlives a reload).
+    pub fn sync(&self, lu: &Arc<LogicalUnit>, local: &[u16], model: &[riser_target::lu::TargetPortGroup]) -> Result<(), String> {
+        #[cfg(feature = "rbd")]
+        {
+            use riser_target::lu::AccessState;
+            use riser_target::rbd::{Gateway, GatewayConfig};
+            let Some((store, takeover)) = &self.rbd else { return Ok(()) };
+            let mut running = self.gateway.lock().unwrap_or_else(|e| e.into_inner());
+            if local.is_empty() || model.iter().all(|g| local.contains(&g.id)) {
+                *running = None;
+                return Ok(());
+            }
+            let optimized = model.iter().find(|g| g.state == AccessState::ActiveOptimized).map(|g| g.id);
+            let group = optimized.filter(|g| local.contains(g)).unwrap_or(local[0]);
+            match &*running {
+                Some(g) if g.status().group == group => g.reassert(),
+                _ => {
+                    *running = None;
+                    let cfg = GatewayConfig::new(group).takeover_after(*takeover);
+                    *running = Some(Gateway::start(store, lu, cfg).map_err(|e| format!("coordinating with the other gateways: {e}"))?);
+                }
+            }
+        }
+        #[cfg(not(feature = "rbd"))]
+        let _ = (lu, local, model);
+        Ok(())
+    }
+
+    /// What the gateway coordination knows now, if it runs.
+    #[cfg(feature = "rbd")]
+    pub fn status(&self) -> Option<riser_target::rbd::GatewayStatus> {
+        self.gateway.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|g| g.status())
+    }
 }
 
 impl Store {
@@ -241,7 +293,7 @@ pub fn open(spec: &StoreSpec, sanitize_rate: Option<u64>, state_dir: Option<&Pat
     }
     let mut spec = spec.clone();
     spec.uuid = Some(uuid);
-    Ok(Store { spec, lu: Arc::new(lu) })
+    Ok(Store { spec, lu: Arc::new(lu), ha: Ha::default() })
 }
 
 /// Open an RBD store: the image on its cluster (the process's connection to that cluster, made
@@ -278,7 +330,12 @@ fn open_rbd(spec: &StoreSpec, r: &RbdSpec, sanitize_rate: Option<u64>, state_dir
     store.report_to(&lu);
     let mut spec = spec.clone();
     spec.uuid = Some(uuid);
-    Ok(Store { spec, lu })
+    let takeover = match spec.options.takeover_secs {
+        Some(s) if s < 2 => return Err(format!("store {name}: takeover_secs = {s}: at least 2")),
+        Some(s) => std::time::Duration::from_secs(u64::from(s)),
+        None => std::time::Duration::from_secs(8),
+    };
+    Ok(Store { spec, lu, ha: Ha { rbd: Some((store, takeover)), ..Ha::default() } })
 }
 
 /// Open an RBD store (this build has no RBD support: the feature `rbd` brings it).

@@ -126,6 +126,9 @@ struct Inner {
     me: u64,
     my_addr: String,
     peers: Mutex<HashMap<u64, Peer>>,
+    /// The optimized group the gateways agreed on (a takeover, another's, or the one adopted at
+    /// start), which outlives the configuration setting the unit's groups afresh.
+    agreed: Mutex<Option<u16>>,
     takeovers: Mutex<u64>,
     stop: AtomicBool,
     fenced_reported: AtomicBool,
@@ -181,6 +184,7 @@ impl Inner {
                     (Some("owner"), g) => {
                         if let Some(g) = parse_group(g) {
                             info!(unit = %lu.identity(), group = g, "another gateway owns the unit now");
+                            *self.agreed.lock().unwrap_or_else(|e| e.into_inner()) = Some(g);
                             if let Err(e) = lu.set_optimized(g) {
                                 warn!(unit = %lu.identity(), group = g, "{e}");
                             }
@@ -236,6 +240,7 @@ impl Inner {
             && self.optimized() != Some(ao)
         {
             info!(unit = %lu.identity(), group = ao, "the live gateways report another group optimized: adopted");
+            *self.agreed.lock().unwrap_or_else(|e| e.into_inner()) = Some(ao);
             let _ = lu.set_optimized(ao);
         }
     }
@@ -298,6 +303,7 @@ impl Inner {
             error!(unit = %lu.identity(), "{e}");
             return;
         }
+        *self.agreed.lock().unwrap_or_else(|e| e.into_inner()) = Some(self.cfg.group);
         *self.takeovers.lock().unwrap_or_else(|e| e.into_inner()) += 1;
         if let Err(e) = self.notify(&format!("owner {}", self.cfg.group), 2000) {
             warn!(unit = %lu.identity(), "telling the other gateways of the takeover: {e}");
@@ -373,6 +379,7 @@ impl Gateway {
             me: cluster.instance_id(),
             my_addr: cluster.blocklist_address().map_err(super::to_io)?,
             peers: Mutex::default(),
+            agreed: Mutex::default(),
             takeovers: Mutex::default(),
             stop: AtomicBool::new(false),
             fenced_reported: AtomicBool::new(false),
@@ -404,11 +411,18 @@ impl Gateway {
         }
     }
 
-    /// The unit's optimized group as the gateways last agreed it, set again (after the
-    /// configuration set the unit's groups afresh: a takeover outlives a reload).
-    pub fn reassert(&self, optimized: u16) {
-        if let Some(lu) = self.inner.unit() {
-            let _ = lu.set_optimized(optimized);
+    /// The unit's optimized group as the gateways last agreed it (a takeover, another
+    /// gateway's announcement), set again after the configuration set the unit's groups afresh:
+    /// a takeover outlives a reload.
+    pub fn reassert(&self) {
+        let agreed = *self.inner.agreed.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(g), Some(lu)) = (agreed, self.inner.unit()) {
+            let _ = lu.set_optimized(g);
+        }
+        if self.inner.store.fenced()
+            && let Some(lu) = self.inner.unit()
+        {
+            let _ = lu.set_access_state(self.inner.cfg.group, AccessState::Unavailable);
         }
     }
 }

@@ -113,6 +113,11 @@ pub struct StoreOptions {
     /// when the file system or device can).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thin: Option<bool>,
+    /// RBD stores exported by several gateways (the store's targets list remote port groups):
+    /// seconds the active/optimized gateway may go without answering the others before one of
+    /// them fences it and takes the unit over (default 8; at least 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub takeover_secs: Option<u32>,
 }
 
 impl StoreOptions {
