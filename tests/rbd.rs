@@ -378,9 +378,11 @@ optimized_port_group = 1
             .stderr(log)
             .spawn()
             .unwrap();
+        // Killed on drop, also if it never listens.
+        let g = Self { child, port };
         for _ in 0..100 {
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Self { child, port };
+                return g;
             }
             std::thread::sleep(Duration::from_millis(100));
         }
