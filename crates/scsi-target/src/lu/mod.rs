@@ -146,6 +146,8 @@ pub struct LogicalUnit {
     copy: copy::CopyManager,
     /// Where resets and unit attentions are told to the store's other gateways.
     events: std::sync::OnceLock<Arc<dyn UnitEvents>>,
+    /// Other gateways export the unit's store ([`LogicalUnit::set_gateways`]).
+    gateways: std::sync::atomic::AtomicBool,
 }
 
 type R = Result<Outcome, Sense>;
@@ -177,6 +179,7 @@ impl LogicalUnit {
             pr_store: None,
             copy: copy::CopyManager::default(),
             events: std::sync::OnceLock::new(),
+            gateways: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -308,6 +311,15 @@ impl LogicalUnit {
             queued += 1;
         }
         s.ua_queued += queued;
+    }
+
+    /// Whether other gateways (other processes, other units) export this unit's store too.
+    /// While they do, RESERVE/RELEASE and PERSISTENT RESERVE IN/OUT are refused (ILLEGAL
+    /// REQUEST, INVALID COMMAND OPERATION CODE, and not listed by REPORT SUPPORTED OPERATION
+    /// CODES): a reservation is kept by one unit, and one taken through this gateway would not
+    /// stop writes through another — refused rather than half kept.
+    pub fn set_gateways(&self, shared: bool) {
+        self.gateways.store(shared, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Tell `events` what happens to this unit that the other gateways exporting its store must
@@ -486,6 +498,19 @@ impl LogicalUnit {
             }
             Cdb::StartStopUnit { power_condition, loej, start, .. } => self.start_stop_unit(*power_condition, *loej, *start),
             Cdb::PreventAllowMediumRemoval { prevent, .. } => Ok(self.prevent_allow_medium_removal(*prevent)),
+            Cdb::Reserve6 { .. }
+            | Cdb::Reserve10 { .. }
+            | Cdb::Release6 { .. }
+            | Cdb::Release10 { .. }
+            | Cdb::PersistentReserveIn { .. }
+            | Cdb::PersistentReserveOut { .. }
+                if self.gateways.load(std::sync::atomic::Ordering::Relaxed) =>
+            {
+                // Reservations are kept per unit, and here the store is written through other
+                // gateways' units too: one taken here would not hold there. Refused rather than
+                // half kept (see `set_gateways`).
+                Err(illegal(AscAscq::INVALID_COMMAND_OPERATION_CODE))
+            }
             Cdb::Reserve6 { .. } | Cdb::Reserve10 { .. } => Ok(self.reserve(nexus)),
             Cdb::Release6 { .. } | Cdb::Release10 { .. } => Ok(self.release(nexus)),
             Cdb::PersistentReserveIn { service_action, alloc_len, .. } => self.pr_in(*service_action, *alloc_len),

@@ -81,6 +81,11 @@ impl LogicalUnit {
         if !self.backend.atomic_writes() {
             v.retain(|c| c.opcode != WRITE_ATOMIC_16);
         }
+        if self.gateways.load(std::sync::atomic::Ordering::Relaxed) {
+            v.retain(|c| {
+                ![RESERVE_6, RELEASE_6, RESERVE_10, RELEASE_10, PERSISTENT_RESERVE_IN, PERSISTENT_RESERVE_OUT].contains(&c.opcode)
+            });
+        }
         v
     }
 

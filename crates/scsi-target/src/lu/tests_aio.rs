@@ -309,3 +309,25 @@ fn a_capacity_change_outside_the_unit_is_a_unit_attention() {
     assert_eq!((s.key, s.asc), (SenseKey::UNIT_ATTENTION, AscAscq::CAPACITY_DATA_CHANGED));
     assert_eq!(run(&lu, &[0, 0, 0, 0, 0, 0], &[]).status, Status::GOOD);
 }
+
+#[test]
+fn reservations_are_refused_while_other_gateways_export_the_store() {
+    let lu = unit(Remote::new(1 << 20, 512));
+    // PERSISTENT RESERVE OUT, REGISTER key 1; RESERVE(6); PERSISTENT RESERVE IN, READ KEYS.
+    let mut params = [0u8; 24];
+    params[15] = 1;
+    let register = [0x5f, 0x00, 0, 0, 0, 0, 0, 0, 24, 0];
+    let reserve6 = [0x16, 0, 0, 0, 0, 0];
+    let read_keys = [0x5e, 0x00, 0, 0, 0, 0, 0, 0, 64, 0];
+    assert_eq!(run(&lu, &register, &params).status, Status::GOOD, "kept by the unit while it is the only gateway");
+    lu.set_gateways(true);
+    for (cdb, out) in [(&register[..], &params[..]), (&reserve6[..], &[][..]), (&read_keys[..], &[][..])] {
+        let s = sense_of(&run(&lu, cdb, out));
+        assert_eq!((s.key, s.asc), (SenseKey::ILLEGAL_REQUEST, AscAscq::INVALID_COMMAND_OPERATION_CODE), "{cdb:02x?}");
+    }
+    let one = |opcode: u8| run(&lu, &[0xa3, 0x0c, 0x01, opcode, 0, 0, 0, 0, 0, 64, 0, 0], &[]).data[1] & 0x07;
+    assert_eq!(one(0x16), 1, "RESERVE(6) not listed");
+    assert_eq!(run(&lu, &[0xa3, 0x0c, 0x02, 0x5f, 0, 0x00, 0, 0, 0, 64, 0, 0], &[]).data[1] & 0x07, 1, "PR OUT REGISTER not listed");
+    lu.set_gateways(false);
+    assert_eq!(run(&lu, &read_keys, &[]).status, Status::GOOD);
+}

@@ -25,6 +25,11 @@
 //!
 //! A gateway that finds itself blocklisted (fenced by another while it was hung) reports its
 //! own group unavailable: its I/O fails, and initiators go to the path that owns the unit.
+//!
+//! **Reservations are refused** on a coordinated unit (RESERVE/RELEASE, PERSISTENT RESERVE
+//! IN/OUT: ILLEGAL REQUEST, INVALID COMMAND OPERATION CODE; [`LogicalUnit::set_gateways`]): each
+//! gateway's unit keeps its own, and one taken through one gateway would not stop writes
+//! through the other. Keeping them in the cluster is the next step (see the README).
 
 use super::RbdStore;
 use crate::lu::{AccessState, LogicalUnit, UnitEvents};
@@ -393,6 +398,7 @@ impl Gateway {
             .map_err(super::to_io)?;
         inner.probe(true);
         unit.set_events(Arc::new(Teller(Mutex::new(tx))));
+        unit.set_gateways(true);
         let i = inner.clone();
         let thread = std::thread::Builder::new().name("riser-rbd-gateway".into()).spawn(move || i.run(&rx))?;
         info!(unit = %unit.identity(), object = %oid, group = inner.cfg.group, optimized = ?inner.optimized(), "coordinating with the image's other gateways");
@@ -430,6 +436,9 @@ impl Gateway {
 impl Drop for Gateway {
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::Release);
+        if let Some(lu) = self.inner.unit() {
+            lu.set_gateways(false);
+        }
         // The watch first: from here no callback runs, and the others see this gateway gone.
         drop(self.watch.take());
         if let Some(t) = self.thread.take() {
