@@ -284,12 +284,12 @@ async fn a_lun_reset_on_one_gateway_reaches_the_other_s_sessions() {
     for u in &p.units {
         u.nexus_seen(&nexus());
     }
-    p.units[0].reset();
+    // Once the reset is told (what a server awaits before it answers the reset), the other
+    // gateway's nexus holds the unit attention.
+    let told = p.units[0].reset_everywhere().expect("other gateways to tell");
+    tokio::time::timeout(Duration::from_secs(5), told).await.unwrap().unwrap();
     assert_eq!(tur(&p.units[0]), Some((SenseKey::UNIT_ATTENTION, AscAscq::POWER_ON_RESET)));
-    within(5, "the other gateway's nexus gets the reset's unit attention", || {
-        tur(&p.units[1]) == Some((SenseKey::UNIT_ATTENTION, AscAscq::POWER_ON_RESET))
-    })
-    .await;
+    assert_eq!(tur(&p.units[1]), Some((SenseKey::UNIT_ATTENTION, AscAscq::POWER_ON_RESET)));
     // Reported once, on each side, and not sent back.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(tur(&p.units[0]), None);

@@ -120,8 +120,9 @@ struct State {
 /// to do, off the command path), and the other gateways apply it with
 /// [`LogicalUnit::remote_reset`] and [`LogicalUnit::remote_unit_attention`].
 pub trait UnitEvents: Send + Sync + std::fmt::Debug {
-    /// The unit was reset here (LOGICAL UNIT RESET, a target reset).
-    fn reset(&self);
+    /// The unit was reset here (LOGICAL UNIT RESET, a target reset): what completes once the
+    /// other gateways have reset theirs (or given up on them), if anything.
+    fn reset(&self) -> Option<tokio::sync::oneshot::Receiver<()>>;
     /// A unit attention was queued here for every nexus.
     fn unit_attention(&self, asc: AscAscq);
 }
@@ -291,10 +292,16 @@ impl LogicalUnit {
     /// (persistent reservations stay). The other gateways of the unit's store are told
     /// ([`Self::set_events`]), and reset their unit too.
     pub fn reset(&self) {
+        drop(self.reset_everywhere());
+    }
+
+    /// [`Self::reset`], and what says when the other gateways of the unit's store have reset
+    /// theirs (their sessions hold the unit attention): a server answers the LOGICAL UNIT RESET
+    /// after that, so a host that then asks through another gateway finds it there. `None`
+    /// without other gateways.
+    pub fn reset_everywhere(&self) -> Option<tokio::sync::oneshot::Receiver<()>> {
         self.remote_reset();
-        if let Some(e) = self.events.get() {
-            e.reset();
-        }
+        self.events.get().and_then(|e| e.reset())
     }
 
     /// The reset another gateway of the store made: as [`Self::reset`], not told on again.

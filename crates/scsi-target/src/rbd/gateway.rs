@@ -103,7 +103,8 @@ struct Peer {
 /// Messages for the other gateways, from the unit.
 #[derive(Debug)]
 enum Tell {
-    Reset,
+    /// A reset, and who waits until the others have it.
+    Reset(tokio::sync::oneshot::Sender<()>),
     Ua(AscAscq),
 }
 
@@ -112,8 +113,10 @@ enum Tell {
 struct Teller(Mutex<mpsc::Sender<Tell>>);
 
 impl UnitEvents for Teller {
-    fn reset(&self) {
-        let _ = self.0.lock().unwrap_or_else(|e| e.into_inner()).send(Tell::Reset);
+    fn reset(&self) -> Option<tokio::sync::oneshot::Receiver<()>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).send(Tell::Reset(tx)).ok()?;
+        Some(rx)
     }
     fn unit_attention(&self, asc: AscAscq) {
         let _ = self.0.lock().unwrap_or_else(|e| e.into_inner()).send(Tell::Ua(asc));
@@ -334,12 +337,17 @@ impl Inner {
             let wait = next_probe.saturating_duration_since(Instant::now());
             match rx.recv_timeout(wait) {
                 Ok(t) => {
-                    let what = match t {
-                        Tell::Reset => "reset".to_string(),
-                        Tell::Ua(asc) => format!("ua {:04x}", asc.0),
+                    let (what, done) = match t {
+                        Tell::Reset(done) => ("reset".to_string(), Some(done)),
+                        Tell::Ua(asc) => (format!("ua {:04x}", asc.0), None),
                     };
+                    // The others apply it before they acknowledge: once the notification
+                    // returns, their sessions hold the unit attention.
                     if let Err(e) = self.notify(&what, 2000) {
                         warn!(object = %self.oid, "telling the other gateways ({what}): {e}");
+                    }
+                    if let Some(done) = done {
+                        let _ = done.send(());
                     }
                     continue;
                 }

@@ -47,6 +47,10 @@ impl IoGate {
     }
 }
 
+/// How long a reset waits for the unit's other gateways to have it before it is answered
+/// anyway (a gateway that does not answer is taken over and fenced by the others).
+const RESET_TOLD_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Backend I/O operations of a session running on the blocking pool.
 #[derive(Debug, Default)]
 pub(super) struct IoCount {
@@ -440,14 +444,15 @@ impl Session {
                     for g in self.abort_tags(&aborted) {
                         g.wait_idle().await;
                     }
-                    match reset {
-                        Reset::None => {}
-                        Reset::Unit(lun) => {
-                            if let Some(p) = view.find(lun) {
-                                p.lu.reset();
-                            }
-                        }
-                        Reset::Target => view.paths().for_each(|p| p.lu.reset()),
+                    // A reset reaches the unit's other gateways (another process exporting its
+                    // store) before it is answered, so the host finds its unit attention there.
+                    let told: Vec<_> = match reset {
+                        Reset::None => Vec::new(),
+                        Reset::Unit(lun) => view.find(lun).and_then(|p| p.lu.reset_everywhere()).into_iter().collect(),
+                        Reset::Target => view.paths().filter_map(|p| p.lu.reset_everywhere()).collect(),
+                    };
+                    for t in told {
+                        let _ = tokio::time::timeout(RESET_TOLD_TIMEOUT, t).await;
                     }
                     lock(&self.core).complete_task_management(itt);
                 }
