@@ -304,6 +304,8 @@ async fn statistics_count_what_the_sessions_did(t: Transport) {
     s.read(Lun::ZERO, 0, 16, 512).await.unwrap();
     s.read(Lun::ZERO, 16, 8, 512).await.unwrap();
     assert!(s.read(Lun::ZERO, 1 << 30, 1, 512).await.is_err(), "beyond the end");
+    // A command counts once its response is out: the initiator may have it a moment before.
+    until("every command counted", || target.stats().luns.get(&(TARGET.to_string(), 0)).is_some_and(|l| l.total_commands() >= 4)).await;
     let st = target.stats();
     let l = &st.luns[&(TARGET.to_string(), 0)];
     assert_eq!((l.write_bytes, l.read_bytes), (8192, 12288));
