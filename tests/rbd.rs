@@ -500,3 +500,45 @@ async fn two_gateway_processes_the_optimized_one_killed_under_verified_io() {
     drop(b);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn persistent_reservations_are_kept_in_the_cluster_for_both_gateways() {
+    let Some(conf) = ceph() else { return };
+    let img = image(&conf, 16);
+    let p = pair(&conf, &img, Duration::from_secs(30));
+    let a = riser::target::lu::Nexus::new("iqn.2026-11.io.riser:a,i,0x1", "iqn.2026-11.io.riser:t,t,0x1", 1);
+    let b = riser::target::lu::Nexus::new("iqn.2026-11.io.riser:b,i,0x1", "iqn.2026-11.io.riser:t,t,0x2", 2);
+    let run = |g: usize, n: &riser::target::lu::Nexus, cdb: &[u8], out: &[u8]| {
+        let lu = &p.units[g];
+        let plan = match lu.plan(cdb, n) {
+            Ok(plan) => plan,
+            Err(o) => return o,
+        };
+        let plan = riser::target::lu::Plan { edtl: out.len() as u32, ..plan };
+        lu.execute(&plan, out, n)
+    };
+    let pr_out = |sa: u8, ty: u8, key: u64, sa_key: u64| {
+        let mut params = [0u8; 24];
+        params[0..8].copy_from_slice(&key.to_be_bytes());
+        params[8..16].copy_from_slice(&sa_key.to_be_bytes());
+        ([0x5f, sa, ty, 0, 0, 0, 0, 0, 24, 0], params)
+    };
+    // The commands block on the cluster: off the runtime's threads.
+    let results = tokio::task::block_in_place(|| {
+        let mut r = Vec::new();
+        let (c, params) = pr_out(0x00, 0, 0, 0xa);
+        r.push(run(0, &a, &c, &params).status);
+        let (c, params) = pr_out(0x01, 0x01, 0xa, 0);
+        r.push(run(0, &a, &c, &params).status);
+        // Write Exclusive, held by A through gateway 0: B's write through gateway 1 conflicts.
+        r.push(run(1, &b, &[0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0], &[7; 512]).status);
+        // A releases through gateway 0; B's write goes through.
+        let (c, params) = pr_out(0x02, 0x01, 0xa, 0);
+        r.push(run(0, &a, &c, &params).status);
+        r.push(run(1, &b, &[0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0], &[7; 512]).status);
+        r
+    });
+    assert_eq!(results, [Status::GOOD, Status::GOOD, Status::RESERVATION_CONFLICT, Status::GOOD, Status::GOOD]);
+    let keys = tokio::task::block_in_place(|| run(1, &b, &[0x5e, 0x00, 0, 0, 0, 0, 0, 0, 64, 0], &[]));
+    assert_eq!(&keys.data[8..16], &0xau64.to_be_bytes()[..], "A's registration, seen through gateway 1");
+}

@@ -52,6 +52,17 @@ unsafe extern "C" {
     pub(crate) fn rados_ioctx_set_namespace(io: rados_ioctx_t, nspace: *const c_char);
     pub(crate) fn rados_cluster_fsid(cluster: rados_t, buf: *mut c_char, len: usize) -> c_int;
     pub(crate) fn rados_write_full(io: rados_ioctx_t, oid: *const c_char, buf: *const c_char, len: usize) -> c_int;
+    pub(crate) fn rados_read(io: rados_ioctx_t, oid: *const c_char, buf: *mut c_char, len: usize, off: u64) -> c_int;
+    pub(crate) fn rados_lock_exclusive(
+        io: rados_ioctx_t,
+        oid: *const c_char,
+        name: *const c_char,
+        cookie: *const c_char,
+        desc: *const c_char,
+        duration: *mut libc::timeval,
+        flags: u8,
+    ) -> c_int;
+    pub(crate) fn rados_unlock(io: rados_ioctx_t, oid: *const c_char, name: *const c_char, cookie: *const c_char) -> c_int;
     pub(crate) fn rados_watch3(
         io: rados_ioctx_t,
         o: *const c_char,

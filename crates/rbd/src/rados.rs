@@ -242,6 +242,44 @@ impl Ioctx {
         Error::check("rados_write_full", r.into()).map(drop)
     }
 
+    /// An object's content, up to `max` bytes (`rados_read`); `None` if the object does not
+    /// exist.
+    pub fn read(&self, oid: &str, max: usize) -> Result<Option<Vec<u8>>, Error> {
+        let oid = cstring(oid, "oid")?;
+        let mut buf = vec![0u8; max];
+        // SAFETY: valid ioctx; oid NUL-terminated; buf writable for its length.
+        let r = unsafe { ffi::rados_read(self.inner.handle, oid.as_ptr(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if r == -crate::ENOENT {
+            return Ok(None);
+        }
+        let n = Error::check("rados_read", r.into())? as usize;
+        buf.truncate(n.min(max));
+        Ok(Some(buf))
+    }
+
+    /// Takes the exclusive advisory lock `name` on an object for `cookie`
+    /// (`rados_lock_exclusive`), for at most `duration` (it expires then if its holder is gone).
+    /// `-EBUSY` while another holds it, `-EEXIST` if this client holds it with this cookie.
+    pub fn lock_exclusive(&self, oid: &str, name: &str, cookie: &str, duration: Duration) -> Result<(), Error> {
+        let (oid, name, cookie, desc) =
+            (cstring(oid, "oid")?, cstring(name, "name")?, cstring(cookie, "cookie")?, cstring("riser", "desc")?);
+        let mut tv =
+            libc::timeval { tv_sec: duration.as_secs() as libc::time_t, tv_usec: libc::suseconds_t::from(duration.subsec_micros() as i32) };
+        // SAFETY: valid ioctx; every string NUL-terminated and alive for the call; tv a local.
+        let r = unsafe {
+            ffi::rados_lock_exclusive(self.inner.handle, oid.as_ptr(), name.as_ptr(), cookie.as_ptr(), desc.as_ptr(), &mut tv, 0)
+        };
+        Error::check("rados_lock_exclusive", r.into()).map(drop)
+    }
+
+    /// Releases a lock taken with [`Ioctx::lock_exclusive`] (`rados_unlock`).
+    pub fn unlock(&self, oid: &str, name: &str, cookie: &str) -> Result<(), Error> {
+        let (oid, name, cookie) = (cstring(oid, "oid")?, cstring(name, "name")?, cstring(cookie, "cookie")?);
+        // SAFETY: valid ioctx; every string NUL-terminated and alive for the call.
+        let r = unsafe { ffi::rados_unlock(self.inner.handle, oid.as_ptr(), name.as_ptr(), cookie.as_ptr()) };
+        Error::check("rados_unlock", r.into()).map(drop)
+    }
+
     /// Watches an object (which must exist, see [`Ioctx::write_full`]) with the OSDs' default
     /// watch timeout (`osd_client_watch_timeout`, 30 s). See [`Ioctx::watch_with_timeout`].
     pub fn watch(&self, oid: &str, callback: impl Fn(Notify) -> Vec<u8> + Send + Sync + 'static) -> Result<Watch, Error> {

@@ -127,6 +127,16 @@ pub trait UnitEvents: Send + Sync + std::fmt::Debug {
     fn unit_attention(&self, asc: AscAscq);
 }
 
+/// Where the persistent reservations of a unit whose store several gateways export are kept
+/// (the cluster the store lives in): one PERSISTENT RESERVE OUT at a time over every gateway, on
+/// the state read fresh, and the new state known to every gateway before the command's GOOD.
+pub trait SharedReservations: Send + Sync + std::fmt::Debug {
+    /// Take the turn, give `f` the state's text as it is now (`None`: none yet), and publish
+    /// what `f` returns (`None`: unchanged) — kept, and every other gateway's unit given it —
+    /// before the turn is let go. Blocks: called on the blocking pool.
+    fn update(&self, f: &mut dyn FnMut(Option<&str>) -> Option<String>) -> std::io::Result<()>;
+}
+
 /// One logical unit.
 #[derive(Debug)]
 pub struct LogicalUnit {
@@ -149,6 +159,8 @@ pub struct LogicalUnit {
     events: std::sync::OnceLock<Arc<dyn UnitEvents>>,
     /// Other gateways export the unit's store ([`LogicalUnit::set_gateways`]).
     gateways: std::sync::atomic::AtomicBool,
+    /// Where persistent reservations are shared with those gateways, if anywhere.
+    shared_pr: std::sync::OnceLock<Arc<dyn SharedReservations>>,
 }
 
 type R = Result<Outcome, Sense>;
@@ -181,6 +193,7 @@ impl LogicalUnit {
             copy: copy::CopyManager::default(),
             events: std::sync::OnceLock::new(),
             gateways: std::sync::atomic::AtomicBool::new(false),
+            shared_pr: std::sync::OnceLock::new(),
         }
     }
 
@@ -321,10 +334,11 @@ impl LogicalUnit {
     }
 
     /// Whether other gateways (other processes, other units) export this unit's store too.
-    /// While they do, RESERVE/RELEASE and PERSISTENT RESERVE IN/OUT are refused (ILLEGAL
-    /// REQUEST, INVALID COMMAND OPERATION CODE, and not listed by REPORT SUPPORTED OPERATION
-    /// CODES): a reservation is kept by one unit, and one taken through this gateway would not
-    /// stop writes through another — refused rather than half kept.
+    /// While they do, RESERVE/RELEASE — and PERSISTENT RESERVE IN/OUT unless the gateways share
+    /// them ([`Self::set_shared_reservations`]) — are refused (ILLEGAL REQUEST, INVALID COMMAND
+    /// OPERATION CODE, and not listed by REPORT SUPPORTED OPERATION CODES): a reservation kept
+    /// by one unit would not stop writes through another gateway — refused rather than half
+    /// kept.
     pub fn set_gateways(&self, shared: bool) {
         self.gateways.store(shared, std::sync::atomic::Ordering::Relaxed);
     }
@@ -505,17 +519,18 @@ impl LogicalUnit {
             }
             Cdb::StartStopUnit { power_condition, loej, start, .. } => self.start_stop_unit(*power_condition, *loej, *start),
             Cdb::PreventAllowMediumRemoval { prevent, .. } => Ok(self.prevent_allow_medium_removal(*prevent)),
-            Cdb::Reserve6 { .. }
-            | Cdb::Reserve10 { .. }
-            | Cdb::Release6 { .. }
-            | Cdb::Release10 { .. }
-            | Cdb::PersistentReserveIn { .. }
-            | Cdb::PersistentReserveOut { .. }
+            Cdb::Reserve6 { .. } | Cdb::Reserve10 { .. } | Cdb::Release6 { .. } | Cdb::Release10 { .. }
                 if self.gateways.load(std::sync::atomic::Ordering::Relaxed) =>
             {
-                // Reservations are kept per unit, and here the store is written through other
-                // gateways' units too: one taken here would not hold there. Refused rather than
-                // half kept (see `set_gateways`).
+                // RESERVE(6/10) reservations are kept per unit, and here the store is written
+                // through other gateways' units too: one taken here would not hold there.
+                // Refused rather than half kept (see `set_gateways`).
+                Err(illegal(AscAscq::INVALID_COMMAND_OPERATION_CODE))
+            }
+            Cdb::PersistentReserveIn { .. } | Cdb::PersistentReserveOut { .. }
+                if self.gateways.load(std::sync::atomic::Ordering::Relaxed) && self.shared_pr.get().is_none() =>
+            {
+                // Persistent ones too, unless the gateways share them (`set_shared_reservations`).
                 Err(illegal(AscAscq::INVALID_COMMAND_OPERATION_CODE))
             }
             Cdb::Reserve6 { .. } | Cdb::Reserve10 { .. } => Ok(self.reserve(nexus)),

@@ -7,6 +7,7 @@ use bytes::Bytes;
 use riser_scsi::cdb::Cdb;
 use riser_scsi::sense::{AscAscq, Sense, Status};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 fn all_registrants(t: u8) -> bool {
     matches!(t, riser_scsi::pr::pr_type::WRITE_EXCLUSIVE_ALL_REGISTRANTS | riser_scsi::pr::pr_type::EXCLUSIVE_ACCESS_ALL_REGISTRANTS)
@@ -134,7 +135,7 @@ impl LogicalUnit {
             in_sa::READ_FULL_STATUS => self.full_status(&s.pr),
             in_sa::REPORT_CAPABILITIES => {
                 // CRH and TMV as ever; PTPL_C with a file to persist to, PTPL_A while APTPL is on.
-                let ptpl_c = if self.pr_store.is_some() { caps::BYTE2_PTPL_C } else { 0 };
+                let ptpl_c = if self.pr_store.is_some() || self.shared_pr.get().is_some() { caps::BYTE2_PTPL_C } else { 0 };
                 let ptpl_a = if s.pr.aptpl { caps::BYTE3_PTPL_A } else { 0 };
                 report_capabilities_to_bytes(caps::BYTE2_CRH | ptpl_c, caps::BYTE3_TMV | ptpl_a, 0xea01).to_vec()
             }
@@ -179,9 +180,12 @@ impl LogicalUnit {
         if out.len() != 24 && !p.spec_i_pt {
             return Err(illegal(AscAscq::PARAMETER_LIST_LENGTH_ERROR));
         }
-        // APTPL=1 needs a file to persist to (PTPL_C=0 without one).
-        if p.spec_i_pt || (p.aptpl && self.pr_store.is_none()) {
+        // APTPL=1 needs a file to persist to (PTPL_C=0 without one), or the cluster.
+        if p.spec_i_pt || (p.aptpl && self.pr_store.is_none() && self.shared_pr.get().is_none()) {
             return Err(Sense::invalid_field_in_parameter_list(20, None));
+        }
+        if let Some(shared) = self.shared_pr.get() {
+            return self.pr_out_shared(shared.as_ref(), sa, scope, ty, &p, nexus);
         }
         // Every service action works on a copy that replaces the state only once the command
         // has succeeded (and, with APTPL active, the file holds it).
@@ -233,6 +237,81 @@ impl LogicalUnit {
         }
         self.st().pr = next;
         Ok(o)
+    }
+}
+
+impl LogicalUnit {
+    /// PERSISTENT RESERVE OUT on a unit whose reservations the gateways of its store share: under
+    /// the cluster-wide turn, on the state read fresh from the cluster, published to every
+    /// gateway before GOOD.
+    fn pr_out_shared(
+        &self,
+        shared: &dyn super::SharedReservations,
+        sa: u8,
+        scope: u8,
+        ty: u8,
+        p: &riser_scsi::pr::PrOutParams,
+        nexus: &Nexus,
+    ) -> R {
+        use riser_scsi::pr::out_sa;
+        let mut result: Option<R> = None;
+        let mut committed: Option<Pr> = None;
+        let done = shared.update(&mut |text| {
+            let now = match text.map(super::pr_store::from_shared_text) {
+                None => Pr::default(),
+                Some(Ok(pr)) => pr,
+                Some(Err(e)) => {
+                    tracing::error!(unit = %self.identity, "the shared persistent reservation state is malformed: {e}");
+                    result = Some(Err(illegal(AscAscq::INSUFFICIENT_REGISTRATION_RESOURCES)));
+                    return None;
+                }
+            };
+            let mut next = now.clone();
+            let r = next.apply(sa, scope, ty, p, nexus);
+            if matches!(&r, Ok(o) if o.status == Status::GOOD) && matches!(sa, out_sa::REGISTER | out_sa::REGISTER_AND_IGNORE_EXISTING_KEY)
+            {
+                next.aptpl = p.aptpl;
+            }
+            let changed = matches!(&r, Ok(o) if o.status == Status::GOOD) && next != now;
+            self.st().pr = now;
+            result = Some(r);
+            changed.then(|| {
+                let text = super::pr_store::to_shared_text(&next);
+                committed = Some(next);
+                text
+            })
+        });
+        if let Err(e) = done {
+            tracing::error!(unit = %self.identity, "cannot keep the persistent reservations in the cluster, PERSISTENT RESERVE OUT refused: {e}");
+            return Err(illegal(AscAscq::INSUFFICIENT_REGISTRATION_RESOURCES));
+        }
+        if let Some(next) = committed {
+            self.st().pr = next;
+        }
+        result.unwrap_or_else(|| Err(illegal(AscAscq::INSUFFICIENT_REGISTRATION_RESOURCES)))
+    }
+
+    /// The reservation state the gateways of the unit's store share, as another gateway
+    /// changed it (`None`: there is none yet): it replaces the unit's.
+    pub fn load_shared_reservations(&self, text: Option<&str>) -> Result<(), String> {
+        let pr = match text {
+            Some(t) => super::pr_store::from_shared_text(t)?,
+            None => Pr::default(),
+        };
+        self.st().pr = pr;
+        Ok(())
+    }
+
+    /// Keep the unit's persistent reservations in `shared` (the cluster the store lives in), so
+    /// that every gateway exporting the store sees one reservation state; APTPL is then
+    /// honoured by the cluster. Set once; false if already set.
+    pub fn set_shared_reservations(&self, shared: Arc<dyn super::SharedReservations>) -> bool {
+        self.shared_pr.set(shared).is_ok()
+    }
+
+    /// The state as the gateways share it (its text), for a gateway that starts.
+    pub fn shared_reservations_text(&self) -> String {
+        super::pr_store::to_shared_text(&self.st().pr)
     }
 }
 

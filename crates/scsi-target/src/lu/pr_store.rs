@@ -142,9 +142,27 @@ impl PrStore {
 
 /// The file's text for `pr`.
 fn encode(pr: &Pr) -> String {
+    encode_as(pr, false)
+}
+
+/// The state as the gateways exporting one store share it (through the cluster): the file's
+/// records, APTPL whichever it is, and PRgeneration.
+pub(super) fn to_shared_text(pr: &Pr) -> String {
+    encode_as(pr, true)
+}
+
+/// The shared state's text, read back (see [`to_shared_text`]).
+pub(super) fn from_shared_text(text: &str) -> Result<Pr, String> {
+    decode_as(text, true)
+}
+
+fn encode_as(pr: &Pr, shared: bool) -> String {
     let mut s = format!("{MAGIC} {VERSION}\n");
     s.push_str("# riser-target persistent reservations (SPC-5 APTPL); rewritten whole on every change\n");
     let _ = writeln!(s, "aptpl {}", u8::from(pr.aptpl));
+    if shared {
+        let _ = writeln!(s, "generation {}", pr.generation);
+    }
     for (n, key) in &pr.registrations {
         let _ = writeln!(s, "registration {} {:#018x}", nexus_fields(n), key);
     }
@@ -161,6 +179,10 @@ fn nexus_fields(n: &Nexus) -> String {
 
 /// Parse a file's text (the error says what is wrong, and where).
 fn decode(text: &str) -> Result<Pr, String> {
+    decode_as(text, false)
+}
+
+fn decode_as(text: &str, shared: bool) -> Result<Pr, String> {
     let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l));
     match lines.next().map(|(_, l)| l.split(' ').collect::<Vec<_>>()).as_deref() {
         Some([MAGIC, v]) if *v == VERSION.to_string() => {}
@@ -183,11 +205,16 @@ fn decode(text: &str) -> Result<Pr, String> {
                 if aptpl.is_some() {
                     return Err(at("a second `aptpl` line".into()));
                 }
-                // The file only exists while APTPL is active; a 0 here is no state of ours.
-                if *v != "1" {
-                    return Err(at(format!("aptpl {v}: the file is only kept while APTPL is active (1)")));
+                // The file only exists while APTPL is active; a 0 here is no state of ours
+                // (the state gateways share holds either).
+                match (*v, shared) {
+                    ("1", _) => aptpl = Some(true),
+                    ("0", true) => aptpl = Some(false),
+                    _ => return Err(at(format!("aptpl {v}: the file is only kept while APTPL is active (1)"))),
                 }
-                aptpl = Some(true);
+            }
+            ["generation", g] if shared => {
+                pr.generation = g.parse().map_err(|_| at(format!("generation {g:?} is not a number")))?;
             }
             ["registration", i, t, rel, key] => {
                 let n = nexus(i, t, rel).map_err(at)?;

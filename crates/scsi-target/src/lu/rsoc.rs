@@ -82,9 +82,10 @@ impl LogicalUnit {
             v.retain(|c| c.opcode != WRITE_ATOMIC_16);
         }
         if self.gateways.load(std::sync::atomic::Ordering::Relaxed) {
-            v.retain(|c| {
-                ![RESERVE_6, RELEASE_6, RESERVE_10, RELEASE_10, PERSISTENT_RESERVE_IN, PERSISTENT_RESERVE_OUT].contains(&c.opcode)
-            });
+            v.retain(|c| ![RESERVE_6, RELEASE_6, RESERVE_10, RELEASE_10].contains(&c.opcode));
+            if self.shared_pr.get().is_none() {
+                v.retain(|c| ![PERSISTENT_RESERVE_IN, PERSISTENT_RESERVE_OUT].contains(&c.opcode));
+            }
         }
         v
     }

@@ -2,7 +2,8 @@
 //! thread, with the checks and sense of the synchronous path; what the store cannot do
 //! atomically is refused, and its write cache is reported as it is.
 
-use super::tests::{n, run, sense_of};
+use super::SharedReservations;
+use super::tests::{n, run, run_as, sense_of};
 use super::*;
 use crate::aio::{AsyncBackend, Compared, Io};
 use riser_scsi::cdb::op;
@@ -330,4 +331,79 @@ fn reservations_are_refused_while_other_gateways_export_the_store() {
     assert_eq!(run(&lu, &[0xa3, 0x0c, 0x02, 0x5f, 0, 0x00, 0, 0, 0, 64, 0, 0], &[]).data[1] & 0x07, 1, "PR OUT REGISTER not listed");
     lu.set_gateways(false);
     assert_eq!(run(&lu, &read_keys, &[]).status, Status::GOOD);
+}
+
+/// Reservations two gateways share through something like a cluster: a text under a lock,
+/// published to the other unit before the turn ends.
+#[derive(Debug, Default)]
+struct Cluster {
+    state: Mutex<Option<String>>,
+    units: Mutex<Vec<std::sync::Weak<LogicalUnit>>>,
+}
+
+#[derive(Debug)]
+struct Shared(Arc<Cluster>);
+
+impl SharedReservations for Shared {
+    fn update(&self, f: &mut dyn FnMut(Option<&str>) -> Option<String>) -> std::io::Result<()> {
+        let mut state = self.0.state.lock().unwrap();
+        if let Some(next) = f(state.as_deref()) {
+            *state = Some(next);
+            for u in self.0.units.lock().unwrap().iter().filter_map(std::sync::Weak::upgrade) {
+                u.load_shared_reservations(state.as_deref()).unwrap();
+            }
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn persistent_reservations_shared_by_two_gateways_hold_at_both() {
+    let cluster = Arc::new(Cluster::default());
+    let gateways: Vec<Arc<LogicalUnit>> = (0..2).map(|_| unit(Remote::new(1 << 20, 512))).collect();
+    for g in &gateways {
+        g.set_gateways(true);
+        assert!(g.set_shared_reservations(Arc::new(Shared(cluster.clone()))));
+        cluster.units.lock().unwrap().push(Arc::downgrade(g));
+    }
+    // Host A through gateway 0, host B through gateway 1 (different target ports).
+    let a = Nexus::new("iqn.2026-11.io.riser:a,i,0x1", "iqn.2026-11.io.riser:t,t,0x1", 1);
+    let b = Nexus::new("iqn.2026-11.io.riser:b,i,0x1", "iqn.2026-11.io.riser:t,t,0x2", 2);
+    let pr_out = |sa: u8, ty: u8, key: u64, sa_key: u64, aptpl: bool| {
+        let mut p = [0u8; 24];
+        p[0..8].copy_from_slice(&key.to_be_bytes());
+        p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+        p[20] = u8::from(aptpl);
+        ([0x5f, sa, ty, 0, 0, 0, 0, 0, 24, 0], p)
+    };
+    let run_on = |g: usize, n: &Nexus, cdb: &[u8], out: &[u8]| run_as(&gateways[g], cdb, out, n);
+    // A registers and takes a Write Exclusive reservation through gateway 0, with APTPL (the
+    // cluster keeps it).
+    let (c, p) = pr_out(0x00, 0, 0, 0xa, true);
+    assert_eq!(run_on(0, &a, &c, &p).status, Status::GOOD);
+    let (c, p) = pr_out(0x01, 0x01, 0xa, 0, false);
+    assert_eq!(run_on(0, &a, &c, &p).status, Status::GOOD);
+    // Gateway 1 enforces it: B's write conflicts; READ KEYS and READ RESERVATION there show A's.
+    let write = [0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    assert_eq!(run_on(1, &b, &write, &[0; 512]).status, Status::RESERVATION_CONFLICT);
+    let keys = run_on(1, &b, &[0x5e, 0x00, 0, 0, 0, 0, 0, 0, 64, 0], &[]);
+    assert_eq!((&keys.data[4..8], &keys.data[8..16]), (&[0, 0, 0, 8][..], &0xau64.to_be_bytes()[..]));
+    let res = run_on(1, &b, &[0x5e, 0x01, 0, 0, 0, 0, 0, 0, 64, 0], &[]);
+    assert_eq!((&res.data[8..16], res.data[21] & 0x0f), (&0xau64.to_be_bytes()[..], 1));
+    // B registers through gateway 1 and preempts A: gateway 0 now refuses A's write.
+    let (c, p) = pr_out(0x00, 0, 0, 0xb, false);
+    assert_eq!(run_on(1, &b, &c, &p).status, Status::GOOD);
+    let (c, p) = pr_out(0x04, 0x01, 0xb, 0xa, false);
+    assert_eq!(run_on(1, &b, &c, &p).status, Status::GOOD);
+    assert_eq!(run_on(0, &a, &write, &[0; 512]).status, Status::RESERVATION_CONFLICT);
+    assert_eq!(run_on(1, &b, &write, &[0; 512]).status, Status::GOOD);
+    // One generation over both, and the capability to persist (PTPL_C) on both.
+    let gen_at = |g: usize| u32::from_be_bytes(run_on(g, &a, &[0x5e, 0x00, 0, 0, 0, 0, 0, 0, 64, 0], &[]).data[0..4].try_into().unwrap());
+    assert_eq!(gen_at(0), gen_at(1));
+    let caps = run_on(0, &a, &[0x5e, 0x02, 0, 0, 0, 0, 0, 0, 8, 0], &[]);
+    assert_ne!(caps.data[2] & 0x01, 0, "PTPL_C");
+    // RESERVE(6) is still refused (to the holder: anyone else meets the conflict first): it
+    // would be one gateway's.
+    let s = sense_of(&run_on(1, &b, &[0x16, 0, 0, 0, 0, 0], &[]));
+    assert_eq!(s.asc, AscAscq::INVALID_COMMAND_OPERATION_CODE);
 }

@@ -26,10 +26,15 @@
 //! A gateway that finds itself blocklisted (fenced by another while it was hung) reports its
 //! own group unavailable: its I/O fails, and initiators go to the path that owns the unit.
 //!
-//! **Reservations are refused** on a coordinated unit (RESERVE/RELEASE, PERSISTENT RESERVE
-//! IN/OUT: ILLEGAL REQUEST, INVALID COMMAND OPERATION CODE; [`LogicalUnit::set_gateways`]): each
-//! gateway's unit keeps its own, and one taken through one gateway would not stop writes
-//! through the other. Keeping them in the cluster is the next step (see the README).
+//! **Persistent reservations are kept in the cluster**, in `riser.pr.<image id>` beside the
+//! image: a PERSISTENT RESERVE OUT takes that object's exclusive lock (one at a time over every
+//! gateway), applies the service action to the state read fresh from it, writes it back, and
+//! tells the others, who read it before they acknowledge — so when the command returns GOOD,
+//! every live gateway enforces the new state (one that answered late has it at its next probe,
+//! within a second). APTPL is the cluster's to keep: a gateway that starts alone drops a state
+//! without APTPL (a power-on), one that joins others takes theirs. RESERVE/RELEASE (SPC-2) are
+//! refused on a coordinated unit ([`LogicalUnit::set_gateways`]): one gateway's would not
+//! hold at the other.
 
 use super::RbdStore;
 use crate::lu::{AccessState, LogicalUnit, UnitEvents};
@@ -189,6 +194,7 @@ impl Inner {
                             lu.remote_unit_attention(AscAscq(v));
                         }
                     }
+                    (Some("pr"), _) => self.load_reservations(&lu),
                     (Some("owner"), g) => {
                         if let Some(g) = parse_group(g) {
                             info!(unit = %lu.identity(), group = g, "another gateway owns the unit now");
@@ -203,6 +209,24 @@ impl Inner {
             }
         }
         self.alive_payload()
+    }
+
+    /// The object the gateways keep the unit's persistent reservations in.
+    fn pr_oid(&self) -> String {
+        self.oid.replacen("riser.gw.", "riser.pr.", 1)
+    }
+
+    /// Read the shared reservation state and give it to the unit.
+    fn load_reservations(&self, lu: &LogicalUnit) {
+        match self.ioctx.read(&self.pr_oid(), PR_MAX_BYTES) {
+            Ok(bytes) => {
+                let text = bytes.map(|b| String::from_utf8_lossy(&b).into_owned());
+                if let Err(e) = lu.load_shared_reservations(text.as_deref()) {
+                    error!(unit = %lu.identity(), "the shared persistent reservation state is malformed: {e}");
+                }
+            }
+            Err(e) => warn!(unit = %lu.identity(), "reading the shared persistent reservations: {e}"),
+        }
     }
 
     fn notify(&self, what: &str, timeout_ms: u64) -> io::Result<riser_rbd::NotifyReplies> {
@@ -358,6 +382,10 @@ impl Inner {
                 return;
             }
             self.probe(false);
+            // A gateway that missed a reservation change (it answered late) has it within a probe.
+            if let Some(lu) = self.unit() {
+                self.load_reservations(&lu);
+            }
             self.check_fenced();
             if !self.store.fenced() {
                 self.check_owner(started);
@@ -365,6 +393,58 @@ impl Inner {
             next_probe = Instant::now() + self.cfg.probe_interval;
         }
     }
+}
+
+/// How large the shared reservation state may grow (a registration is one line of ~300 bytes).
+const PR_MAX_BYTES: usize = 1 << 20;
+
+/// How long one PERSISTENT RESERVE OUT waits for another gateway's to end.
+const PR_TURN_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a gateway's turn lasts at most if it dies holding it.
+const PR_TURN_HOLD: Duration = Duration::from_secs(15);
+
+/// The unit's persistent reservations, kept in a RADOS object beside the image: one PERSISTENT
+/// RESERVE OUT at a time over the gateways (the object's exclusive lock), the state read fresh
+/// under it, written, and every other gateway told (it reads the object before it answers)
+/// before the turn ends.
+#[derive(Debug)]
+struct SharedPr(Weak<Inner>);
+
+impl crate::lu::SharedReservations for SharedPr {
+    fn update(&self, f: &mut dyn FnMut(Option<&str>) -> Option<String>) -> io::Result<()> {
+        let inner = self.0.upgrade().ok_or_else(|| io::Error::other("the gateway coordination has stopped"))?;
+        let oid = inner.pr_oid();
+        let cookie = format!("{}-{:?}", inner.me, std::thread::current().id());
+        let started = Instant::now();
+        loop {
+            match inner.ioctx.lock_exclusive(&oid, "riser-pr", &cookie, PR_TURN_HOLD) {
+                Ok(()) => break,
+                Err(e) if e.errno() == Some(-libc_ebusy()) && started.elapsed() < PR_TURN_WAIT => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => return Err(super::to_io(e)),
+            }
+        }
+        let result = (|| {
+            let text = inner.ioctx.read(&oid, PR_MAX_BYTES).map_err(super::to_io)?.map(|b| String::from_utf8_lossy(&b).into_owned());
+            if let Some(next) = f(text.as_deref()) {
+                if next.len() > PR_MAX_BYTES {
+                    return Err(io::Error::new(io::ErrorKind::OutOfMemory, "the reservation state outgrows its object"));
+                }
+                inner.ioctx.write_full(&oid, next.as_bytes()).map_err(super::to_io)?;
+                inner.notify("pr", 2000)?;
+            }
+            Ok(())
+        })();
+        let _ = inner.ioctx.unlock(&oid, "riser-pr", &cookie);
+        result
+    }
+}
+
+/// EBUSY, as librados returns it negated.
+const fn libc_ebusy() -> i32 {
+    16
 }
 
 impl Gateway {
@@ -405,7 +485,24 @@ impl Gateway {
             })
             .map_err(super::to_io)?;
         inner.probe(true);
+        // The reservations the gateways share: a gateway that starts alone starts the unit
+        // afresh (a power-on: only APTPL state survives it); one that joins others takes theirs.
+        let alone = inner.peers.lock().unwrap_or_else(|e| e.into_inner()).is_empty();
+        let pr_oid = inner.pr_oid();
+        let shared = ioctx.read(&pr_oid, PR_MAX_BYTES).map_err(super::to_io)?.map(|b| String::from_utf8_lossy(&b).into_owned());
+        match shared {
+            Some(text) => {
+                unit.load_shared_reservations(Some(&text))
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{pr_oid}: {e}")))?;
+                if alone && !text.lines().any(|l| l == "aptpl 1") {
+                    unit.load_shared_reservations(None).map_err(io::Error::other)?;
+                    ioctx.write_full(&pr_oid, unit.shared_reservations_text().as_bytes()).map_err(super::to_io)?;
+                }
+            }
+            None => ioctx.write_full(&pr_oid, unit.shared_reservations_text().as_bytes()).map_err(super::to_io)?,
+        }
         unit.set_events(Arc::new(Teller(Mutex::new(tx))));
+        unit.set_shared_reservations(Arc::new(SharedPr(Arc::downgrade(&inner))));
         unit.set_gateways(true);
         let i = inner.clone();
         let thread = std::thread::Builder::new().name("riser-rbd-gateway".into()).spawn(move || i.run(&rx))?;
