@@ -542,3 +542,19 @@ async fn persistent_reservations_are_kept_in_the_cluster_for_both_gateways() {
     let keys = tokio::task::block_in_place(|| run(1, &b, &[0x5e, 0x00, 0, 0, 0, 0, 0, 0, 64, 0], &[]));
     assert_eq!(&keys.data[8..16], &0xau64.to_be_bytes()[..], "A's registration, seen through gateway 1");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zeros_written_through_one_gateway_over_the_other_s_data_read_as_zeros() {
+    let Some(conf) = ceph() else { return };
+    let img = image(&conf, 16);
+    let p = pair(&conf, &img, Duration::from_secs(30));
+    for round in 0..3u8 {
+        // Gateway 1 writes blocks 0..4, gateway 0 writes zeros over 256 blocks (WRITE SAME).
+        p.stores[1].write(0, Bytes::from(vec![round + 1; 2048]), false).await.unwrap();
+        p.stores[0].write_same(0, 256 * 512, Bytes::from(vec![0u8; 512])).await.unwrap();
+        for (g, s) in p.stores.iter().enumerate() {
+            let d = s.read(0, 2048, Vec::new()).await.unwrap();
+            assert!(d.iter().all(|&b| b == 0), "round {round}: gateway {g} reads {:?}", &d[..8]);
+        }
+    }
+}
