@@ -428,7 +428,7 @@ async fn two_gateway_processes_the_optimized_one_killed_under_verified_io() {
         .failover_timeout(Duration::from_secs(60))
         .reconnect_backoff(Duration::from_millis(100), Duration::from_secs(1));
     let mp = Multipath::connect(paths, cfg).await.unwrap();
-    use riser::initiator::alua::AluaState::{ActiveNonOptimized, ActiveOptimized};
+    use riser::initiator::alua::AccessState::{ActiveNonOptimized, ActiveOptimized};
     let states: Vec<_> = mp.paths().iter().map(|p| p.state).collect();
     assert_eq!(states, [Some(ActiveOptimized), Some(ActiveNonOptimized)]);
 

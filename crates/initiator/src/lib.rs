@@ -30,8 +30,8 @@
 //!
 //! Modules: `session` (the driver: [`Session`]), `login` (connecting and logging in),
 //! `discovery` ([`discover`]), `scsi` (the typed SCSI helpers of [`Session`]), `connector`
-//! (how connections are made: [`TcpConnector`], [`IserConnector`]), [`alua`] (REPORT TARGET
-//! PORT GROUPS and its parser), `multipath` ([`Multipath`]).
+//! (how connections are made: [`TcpConnector`], [`IserConnector`]), [`alua`] (riser-scsi's
+//! access states and REPORT TARGET PORT GROUPS data, re-exported), `multipath` ([`Multipath`]).
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -247,7 +247,7 @@ async fn io_goes_on_through_the_other_gateway_and_the_path_comes_back() {
     // Both groups active/optimized: active/active.
     assert_eq!(mp.alua_supported(), Some(true));
     let ps = mp.paths();
-    assert!(ps.iter().all(|p| p.up && p.state == Some(riser_initiator::alua::AluaState::ActiveOptimized)), "{ps:?}");
+    assert!(ps.iter().all(|p| p.up && p.state == Some(AccessState::ActiveOptimized)), "{ps:?}");
     assert_eq!(ps.iter().map(|p| p.relative_port).collect::<Vec<_>>(), [Some(1), Some(2)]);
     assert_eq!(mp.read_capacity().await.unwrap(), (BLOCKS, BLOCK));
 
@@ -370,7 +370,7 @@ async fn a_path_down_at_connect_is_brought_up_later() {
 /// in the target and a way to set a group's state on a gateway (see `set_state`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn alua_optimized_first_and_writes_fail_over_once_the_other_group_owns_the_unit() {
-    use riser_initiator::alua::AluaState::{ActiveNonOptimized, ActiveOptimized, Unavailable};
+    use riser_initiator::alua::AccessState::{ActiveNonOptimized, ActiveOptimized, Unavailable};
     let backend = Arc::new(RamBackend::new(BLOCKS * u64::from(BLOCK), BLOCK));
     let identity = LuIdentity::random();
     let a = Gateway::start(&backend, &identity, 1, None).await;
@@ -416,21 +416,13 @@ async fn alua_optimized_first_and_writes_fail_over_once_the_other_group_owns_the
 }
 
 /// Set the access states of groups 1 and 2 as both gateways report them.
-fn set_state(a: &Gateway, b: &Gateway, group1: riser_initiator::alua::AluaState, group2: riser_initiator::alua::AluaState) {
+fn set_state(a: &Gateway, b: &Gateway, group1: AccessState, group2: AccessState) {
     set_state_on(a, group1, group2);
     set_state_on(b, group1, group2);
 }
 
-/// Set the access states of groups 1 and 2 as gateway `g` reports them.
-fn set_state_on(g: &Gateway, group1: riser_initiator::alua::AluaState, group2: riser_initiator::alua::AluaState) {
-    use riser_initiator::alua::AluaState as A;
-    let state = |s: A| match s {
-        A::ActiveOptimized => AccessState::ActiveOptimized,
-        A::ActiveNonOptimized => AccessState::ActiveNonOptimized,
-        A::Standby => AccessState::Standby,
-        A::Unavailable => AccessState::Unavailable,
-        A::Transitioning => AccessState::Transitioning,
-        other => panic!("{other:?} is not a state the target takes"),
-    };
-    g.lu.set_port_groups(vec![TargetPortGroup::new(1, [1], state(group1)), TargetPortGroup::new(2, [2], state(group2))]).unwrap();
+/// Set the access states of groups 1 and 2 as gateway `g` reports them (the target's states
+/// and the initiator's are riser-scsi's one type).
+fn set_state_on(g: &Gateway, group1: AccessState, group2: AccessState) {
+    g.lu.set_port_groups(vec![TargetPortGroup::new(1, [1], group1), TargetPortGroup::new(2, [2], group2)]).unwrap();
 }

@@ -164,6 +164,17 @@ pub struct TargetPortGroups {
 }
 
 impl TargetPortGroups {
+    /// The access state of target port group `id`, if reported.
+    pub fn state_of(&self, id: u16) -> Option<AccessState> {
+        self.groups.iter().find(|g| g.id == id).map(|g| g.state)
+    }
+
+    /// The target port group the port with relative target port identifier `port` belongs to,
+    /// if reported.
+    pub fn group_of_port(&self, port: u16) -> Option<u16> {
+        self.groups.iter().find(|g| g.relative_ports.contains(&port)).map(|g| g.id)
+    }
+
     /// Encode. The RETURN DATA LENGTH counts every byte after the first four.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut b = alloc::vec![0u8; 4];
@@ -194,21 +205,35 @@ impl TargetPortGroups {
     /// must be for [`parse`](Self::parse) to see it all.
     pub fn required_len(b: &[u8]) -> Result<usize, Error> {
         need("REPORT TARGET PORT GROUPS data", b, 4)?;
-        Ok(4 + u32_at(b, 0) as usize)
+        Ok((u32_at(b, 0) as usize).saturating_add(4))
     }
 
-    /// Parse the whole parameter data (an error names the length needed when the buffer holds
-    /// less than the RETURN DATA LENGTH announces). The format is told by byte 4's FORMAT TYPE
-    /// (bits 6-4), reserved in the first descriptor of the length only format.
+    /// Parse the whole parameter data; bytes beyond what its RETURN DATA LENGTH covers are
+    /// ignored. The format is told by byte 4's FORMAT TYPE (bits 6-4), reserved (zero) in the
+    /// first descriptor of the length only format; a reserved FORMAT TYPE is refused.
+    ///
+    /// [`Error::Truncated`] when the buffer holds less than the RETURN DATA LENGTH announces
+    /// (ask again with the allocation length [`required_len`](Self::required_len) tells);
+    /// [`Error::InvalidField`] when the data contradicts itself (a RETURN DATA LENGTH ending
+    /// inside the extended header or a descriptor, a reserved FORMAT TYPE): asking again for
+    /// more would not help.
     pub fn parse(b: &[u8]) -> Result<Self, Error> {
         let what = "REPORT TARGET PORT GROUPS data";
         let end = Self::required_len(b)?;
         need(what, b, end)?;
         let mut at = 4;
         let mut implicit_transition_time = None;
-        if end >= 8 && (b[4] >> 4) & 0x7 == format::EXTENDED {
-            implicit_transition_time = Some(b[5]);
-            at = 8;
+        if end > 4 {
+            match (b[4] >> 4) & 0x7 {
+                format::LENGTH_ONLY => {}
+                format::EXTENDED if end >= 8 => {
+                    implicit_transition_time = Some(b[5]);
+                    at = 8;
+                }
+                // The RETURN DATA LENGTH ends inside the extended header.
+                format::EXTENDED => return Err(Error::InvalidField { what, byte: 0, bit: None }),
+                _ => return Err(Error::InvalidField { what, byte: 4, bit: Some(6) }),
+            }
         }
         let mut groups = Vec::new();
         while at < end {
@@ -298,6 +323,155 @@ mod tests {
         assert!(TargetPortGroups::parse(&short).is_err());
         assert!(TargetPortGroups::parse(&[0, 0, 0, 3, 0, 0, 0]).is_err(), "a partial descriptor");
         assert_eq!(TargetPortGroups::parse(&[0, 0, 0, 0]).unwrap(), TargetPortGroups::default());
+    }
+
+    /// A descriptor as a target might send it: state byte, group, status, ports.
+    fn desc(state: u8, group: u16, status: u8, ports: &[u16]) -> Vec<u8> {
+        let mut d = alloc::vec![state, 0x8f, 0, 0, 0, status, 0, ports.len() as u8];
+        d[2..4].copy_from_slice(&group.to_be_bytes());
+        for p in ports {
+            d.extend_from_slice(&[0, 0]);
+            d.extend_from_slice(&p.to_be_bytes());
+        }
+        d
+    }
+
+    fn length_only(descs: &[Vec<u8>]) -> Vec<u8> {
+        let body: Vec<u8> = descs.concat();
+        let mut d = (body.len() as u32).to_be_bytes().to_vec();
+        d.extend(body);
+        d
+    }
+
+    fn extended(transition: u8, descs: &[Vec<u8>]) -> Vec<u8> {
+        let body: Vec<u8> = descs.concat();
+        let mut d = ((body.len() + 4) as u32).to_be_bytes().to_vec();
+        d.extend([0x10, transition, 0, 0]);
+        d.extend(body);
+        d
+    }
+
+    #[test]
+    fn parses_what_a_target_sends_in_the_length_only_format() {
+        let d = length_only(&[desc(0x80, 1, 0, &[1, 3]), desc(0x01, 2, 2, &[2])]);
+        let r = TargetPortGroups::parse(&d).unwrap();
+        assert_eq!(r.implicit_transition_time, None);
+        assert_eq!(r.groups.len(), 2);
+        assert_eq!(
+            r.groups[0],
+            PortGroupDescriptor {
+                pref: true,
+                state: AccessState::ActiveOptimized,
+                supported: 0x8f,
+                id: 1,
+                status: 0,
+                vendor: 0,
+                relative_ports: alloc::vec![1, 3]
+            }
+        );
+        assert_eq!(
+            (r.groups[1].id, r.groups[1].state, r.groups[1].pref, r.groups[1].status),
+            (2, AccessState::ActiveNonOptimized, false, status::IMPLICIT)
+        );
+        assert_eq!((r.group_of_port(3), r.group_of_port(2), r.group_of_port(9)), (Some(1), Some(2), None));
+        assert_eq!((r.state_of(2), r.state_of(7)), (Some(AccessState::ActiveNonOptimized), None));
+    }
+
+    #[test]
+    fn parses_what_a_target_sends_in_the_extended_format() {
+        let d = extended(30, &[desc(0x0f, 0x0102, 0, &[]), desc(0x0e, 5, 0, &[7, 8, 9])]);
+        let r = TargetPortGroups::parse(&d).unwrap();
+        assert_eq!(r.implicit_transition_time, Some(30));
+        assert_eq!(
+            r.groups.iter().map(|g| (g.id, g.state)).collect::<Vec<_>>(),
+            [(0x0102, AccessState::Transitioning), (5, AccessState::Offline)]
+        );
+        assert_eq!(r.groups[1].relative_ports, [7, 8, 9]);
+        // No descriptors at all, either format.
+        assert_eq!(TargetPortGroups::parse(&extended(0, &[])).unwrap().groups, []);
+        assert_eq!(TargetPortGroups::parse(&length_only(&[])).unwrap().groups, []);
+    }
+
+    #[test]
+    fn every_state_code_maps() {
+        let states: Vec<_> = [0, 1, 2, 3, 4, 0xe, 0xf, 7].into_iter().map(AccessState::from_code).collect();
+        assert_eq!(
+            states,
+            [
+                AccessState::ActiveOptimized,
+                AccessState::ActiveNonOptimized,
+                AccessState::Standby,
+                AccessState::Unavailable,
+                AccessState::LbaDependent,
+                AccessState::Offline,
+                AccessState::Transitioning,
+                AccessState::Reserved(7)
+            ]
+        );
+    }
+
+    #[test]
+    fn bytes_beyond_the_return_data_length_are_ignored() {
+        let mut d = length_only(&[desc(0, 1, 0, &[1])]);
+        d.extend([0xff; 16]);
+        assert_eq!(TargetPortGroups::parse(&d).unwrap().groups.len(), 1);
+    }
+
+    #[test]
+    fn data_cut_short_is_refused_at_every_length() {
+        for d in [length_only(&[desc(0, 1, 0, &[1, 2]), desc(1, 2, 0, &[3])]), extended(9, &[desc(0, 1, 0, &[1]), desc(1, 2, 0, &[])])] {
+            assert!(TargetPortGroups::parse(&d).is_ok());
+            for n in 0..d.len() {
+                assert!(matches!(TargetPortGroups::parse(&d[..n]), Err(Error::Truncated { .. })), "{n} of {} bytes", d.len());
+            }
+        }
+        // A header whose length says there is more than there is (the allocation was short).
+        let mut d = length_only(&[desc(0, 1, 0, &[1])]);
+        let full = TargetPortGroups::required_len(&d).unwrap();
+        d.truncate(10);
+        assert!(TargetPortGroups::parse(&d).is_err());
+        assert_eq!(full, 16);
+        // A RETURN DATA LENGTH that ends inside a descriptor, or inside the extended header:
+        // the data contradicts itself (asking for more would not help).
+        let mut d = length_only(&[desc(0, 1, 0, &[1])]);
+        d[3] = 6;
+        assert!(matches!(TargetPortGroups::parse(&d), Err(Error::InvalidField { .. })));
+        assert!(matches!(TargetPortGroups::parse(&[0, 0, 0, 2, 0x10, 0]), Err(Error::InvalidField { byte: 0, .. })));
+        assert_eq!(TargetPortGroups::required_len(&[0xff, 0xff, 0xff, 0xff]), Ok(0xffff_ffff + 4));
+    }
+
+    #[test]
+    fn garbage_never_panics_and_reserved_formats_are_refused() {
+        // A small deterministic generator: every length up to 64, many contents.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut parsed = 0;
+        for _ in 0..20_000 {
+            let len = (next() % 64) as usize;
+            let mut d: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            if d.len() >= 4 && next() % 2 == 0 {
+                // A plausible length, so the descriptor walk runs too.
+                let l = (d.len() - 4) as u32;
+                d[..4].copy_from_slice(&l.to_be_bytes());
+            }
+            if let Ok(r) = TargetPortGroups::parse(&d) {
+                parsed += 1;
+                assert!(r.groups.iter().all(|g| g.relative_ports.len() <= MAX_PORTS_PER_GROUP));
+            }
+        }
+        assert!(parsed > 0, "some well-formed inputs were generated");
+        for f in 2..8u8 {
+            let d = [0, 0, 0, 4, f << 4, 0, 0, 0];
+            assert_eq!(
+                TargetPortGroups::parse(&d),
+                Err(Error::InvalidField { what: "REPORT TARGET PORT GROUPS data", byte: 4, bit: Some(6) })
+            );
+        }
     }
 
     #[test]

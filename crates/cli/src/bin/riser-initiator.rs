@@ -11,6 +11,9 @@
 //!    over the first --size bytes; prints IOPS, MiB/s and latency percentiles (HdrHistogram),
 //!    --latency-cdf FILE writes the latency distribution as CSV)
 //!   (soak: --seconds of write/read-back/compare rounds that ride out connection losses)
+//!   [--path URL]...  a further path to the same unit (another portal, its target and LUN there):
+//!    the URL and every --path form one multipath handle (riser_initiator::Multipath) that
+//!    follows the ALUA states and fails over; for readcap, read, write, verify, bench, load, soak
 //!   [--rdma-provider soft|rdma-core] [--rdma-keys auto|windows|per-region|fixed-pool]
 //!   [--chap-file PATH] [--mutual-chap-file PATH]
 //!   [--iser-param signal_every=N|send_depth=N]...
@@ -26,7 +29,8 @@
 
 use bytes::Bytes;
 use clap::Parser;
-use riser::initiator::{Error, IserConnector, Lun, Session, SessionConfig, discover_via};
+use riser::initiator::alua::AccessState;
+use riser::initiator::{Error, IserConnector, Lun, Multipath, MultipathConfig, PathSpec, Session, SessionConfig, discover_via};
 use riser::iser::IserConfig;
 use riser::iwarp::SoftRnic;
 use std::sync::Arc;
@@ -40,6 +44,13 @@ struct Args {
     command: String,
     /// iscsi://HOST[:PORT]/TARGET_IQN/LUN, or iser://HOST[:PORT]/TARGET_IQN/LUN
     url: String,
+    /// A further path to the same unit (repeatable): iscsi://HOST[:PORT]/TARGET_IQN/LUN (or
+    /// iser://, as the URL). The URL and every --path then form one multipath handle: it checks
+    /// they reach one unit, prints each path's ALUA state, sends I/O to the active/optimized
+    /// paths, fails over when one dies, and prints its counters at the end. For readcap, read,
+    /// write, verify, bench, load and soak.
+    #[arg(long = "path", value_name = "URL")]
+    paths: Vec<String>,
     /// Bytes to read, write or verify (suffixes KiB, MiB, GiB).
     #[arg(long, default_value = "64MiB")]
     size: String,
@@ -159,6 +170,109 @@ fn fmt_err(e: Error) -> String {
     e.to_string()
 }
 
+/// Where the I/O commands go: one session's LUN, or a multipath handle over the URL and every
+/// `--path` (one unit through several portals).
+#[derive(Clone)]
+enum Dev {
+    One(Session, Lun),
+    Multi(Multipath),
+}
+
+impl Dev {
+    async fn read(&self, lba: u64, blocks: u32, bs: u32) -> Result<Bytes, String> {
+        match self {
+            Self::One(s, lun) => s.read(*lun, lba, blocks, bs).await.map_err(fmt_err),
+            Self::Multi(m) => m.read(lba, blocks, bs).await.map_err(|e| e.to_string()),
+        }
+    }
+
+    async fn write(&self, lba: u64, data: Bytes, bs: u32) -> Result<(), String> {
+        match self {
+            Self::One(s, lun) => s.write(*lun, lba, data, bs).await.map_err(fmt_err),
+            Self::Multi(m) => m.write(lba, data, bs).await.map_err(|e| e.to_string()),
+        }
+    }
+
+    async fn read_capacity(&self) -> Result<(u64, u32), String> {
+        match self {
+            Self::One(s, lun) => s.read_capacity(*lun).await.map_err(fmt_err),
+            Self::Multi(m) => m.read_capacity().await.map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Hand a read's buffer back for reuse (a single session's pool).
+    fn recycle(&self, d: Bytes) {
+        if let Self::One(s, _) = self {
+            s.recycle(d);
+        }
+    }
+
+    /// Log out; a multipath handle prints its counters first.
+    async fn close(&self) -> Result<(), String> {
+        match self {
+            Self::One(s, _) => s.logout().await.map_err(fmt_err),
+            Self::Multi(m) => {
+                let st = m.stats();
+                println!(
+                    "multipath: path_failures={} reissued_reads={} reissued_writes={} writes_in_doubt={} alua_reports={} paths_restored={}",
+                    st.path_failures, st.reissued_reads, st.reissued_writes, st.writes_in_doubt, st.alua_reports, st.paths_restored
+                );
+                m.close().await;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// An access state as SPC-5 names it.
+fn state_name(s: Option<AccessState>) -> String {
+    match s {
+        Some(AccessState::ActiveOptimized) => "active/optimized".into(),
+        Some(AccessState::ActiveNonOptimized) => "active/non-optimized".into(),
+        Some(AccessState::Standby) => "standby".into(),
+        Some(AccessState::Unavailable) => "unavailable".into(),
+        Some(AccessState::LbaDependent) => "logical block dependent".into(),
+        Some(AccessState::Offline) => "offline".into(),
+        Some(AccessState::Transitioning) => "transitioning".into(),
+        Some(AccessState::Reserved(c)) => format!("reserved state {c:#x}"),
+        None => "not reported".into(),
+    }
+}
+
+/// Log in on every path (the URL, then each `--path`) as one multipath handle, and print the
+/// paths and their access states.
+async fn connect_multipath(urls: &[Url], cfg: SessionConfig) -> Result<Multipath, String> {
+    let specs = urls
+        .iter()
+        .map(|u| {
+            let target = u.target.clone().ok_or("every path needs iscsi://HOST[:PORT]/TARGET_IQN/LUN (or iser://...)")?;
+            Ok(PathSpec::new(u.host.clone(), target, u.lun))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let mp = Multipath::connect(specs, MultipathConfig::new(cfg)).await.map_err(|e| e.to_string())?;
+    let naa: String = mp.naa().iter().map(|b| format!("{b:02x}")).collect();
+    let alua = match mp.alua_supported() {
+        Some(true) => "ALUA states from REPORT TARGET PORT GROUPS",
+        Some(false) => "no REPORT TARGET PORT GROUPS: every path taken as active/optimized",
+        None => "ALUA states not read yet: every path taken as active/optimized",
+    };
+    println!("multipath: {} paths to unit naa.{naa} ({alua})", urls.len());
+    for (i, p) in mp.paths().iter().enumerate() {
+        let opt = |v: Option<u16>| v.map_or("-".to_string(), |v| v.to_string());
+        println!(
+            "  path {i}: {} {} LUN {}: {}, target port group {}, relative port {}, {}",
+            p.portal,
+            p.target_name,
+            p.lun.number().unwrap_or(0),
+            if p.up { "up" } else { "down" },
+            opt(p.group),
+            opt(p.relative_port),
+            state_name(p.state)
+        );
+    }
+    Ok(mp)
+}
+
 /// Run `total` bytes of I/O in `io`-byte requests with `qd` in flight; `f(offset, len)`.
 async fn pump<F, Fut>(total: u64, io: u64, qd: usize, f: F) -> Result<(), String>
 where
@@ -217,6 +331,14 @@ async fn run() -> Result<(), String> {
     let a = Args::parse();
     let provider = riser::cli::RdmaProvider::parse(&a.rdma_provider)?;
     let url = parse_url(&a.url, provider)?;
+    let mut urls = vec![];
+    for p in &a.paths {
+        let u = parse_url(p, provider)?;
+        if u.iser != url.iser {
+            return Err(format!("--path {p}: every path takes the URL's transport (iscsi:// or iser://)"));
+        }
+        urls.push(u);
+    }
     let mut cfg = SessionConfig::new(a.initiator_name.clone(), url.target.clone().unwrap_or_default());
     for kv in &a.param {
         riser::cli::set_operational(&mut cfg.login.operational, kv)?;
@@ -234,12 +356,18 @@ async fn run() -> Result<(), String> {
         riser::cli::set_iser(&mut iser, kv)?;
     }
     if url.iser {
+        if !urls.is_empty() && provider == riser::cli::RdmaProvider::RdmaCore {
+            return Err("--path with --rdma-provider rdma-core is not supported: the RDMA device is chosen by the route to one host".into());
+        }
         cfg.connector = match provider {
             riser::cli::RdmaProvider::Soft => Arc::new(IserConnector::new(SoftRnic::default(), iser)),
             riser::cli::RdmaProvider::RdmaCore => rdma_core_connector(&url.host, a.rdma_keys.as_deref(), iser).await?,
         };
     } else if a.rdma_keys.is_some() {
         return Err("--rdma-keys applies to iser:// URLs with --rdma-provider rdma-core".into());
+    }
+    if !urls.is_empty() && matches!(a.command.as_str(), "discover" | "luns" | "inquiry") {
+        return Err(format!("{} takes one URL: --path is for readcap, read, write, verify, bench, load and soak", a.command));
     }
     if a.command == "discover" {
         let addr = tokio::net::lookup_host(&url.host).await.map_err(|e| e.to_string())?.next().ok_or("no address")?;
@@ -255,9 +383,15 @@ async fn run() -> Result<(), String> {
     if url.target.is_none() {
         return Err("this command needs iscsi://HOST[:PORT]/TARGET_IQN/LUN (or iser://...)".into());
     }
-    let s = Session::connect(&url.host, cfg).await.map_err(fmt_err)?;
-    let lun = url.lun;
-    if a.command == "luns" {
+    let dev = if urls.is_empty() {
+        Dev::One(Session::connect(&url.host, cfg).await.map_err(fmt_err)?, url.lun)
+    } else {
+        urls.insert(0, url);
+        Dev::Multi(connect_multipath(&urls, cfg).await?)
+    };
+    if let Dev::One(s, _) = &dev
+        && a.command == "luns"
+    {
         // REPORT LUNS, then each LUN's capacity and serial number.
         for l in s.report_luns().await.map_err(fmt_err)? {
             let (blocks, bs) = s.read_capacity(l).await.map_err(fmt_err)?;
@@ -270,7 +404,7 @@ async fn run() -> Result<(), String> {
         }
         return Ok(());
     }
-    let (blocks, bs) = s.read_capacity(lun).await.map_err(fmt_err)?;
+    let (blocks, bs) = dev.read_capacity().await?;
     let size = riser::cli::parse_size(&a.size)?;
     let io = riser::cli::parse_size(&a.block_size)?.max(u64::from(bs)) / u64::from(bs) * u64::from(bs);
     let offset = riser::cli::parse_size(&a.offset)?;
@@ -281,6 +415,8 @@ async fn run() -> Result<(), String> {
     let size = size.min(capacity.saturating_sub(offset)) / u64::from(bs) * u64::from(bs);
     match a.command.as_str() {
         "inquiry" => {
+            let Dev::One(s, lun) = &dev else { unreachable!("inquiry takes one URL") };
+            let lun = *lun;
             let i = s.inquiry(lun).await.map_err(fmt_err)?;
             println!("vendor: {}", String::from_utf8_lossy(&i.vendor).trim());
             println!("product: {}", String::from_utf8_lossy(&i.product).trim());
@@ -293,7 +429,7 @@ async fn run() -> Result<(), String> {
         "readcap" => println!("{blocks} blocks of {bs} bytes ({} MiB)", capacity >> 20),
         "read" | "write" | "verify" => {
             let start = Instant::now();
-            let sess = s.clone();
+            let sess = dev.clone();
             let seed = a.seed;
             if a.command != "read" {
                 let input = match &a.input {
@@ -310,7 +446,7 @@ async fn run() -> Result<(), String> {
                         if data.len() % bs as usize != 0 || data.is_empty() {
                             return Err("input is not a whole number of blocks".into());
                         }
-                        sess.write(lun, (offset + at) / u64::from(bs), data, bs).await.map_err(fmt_err)
+                        sess.write((offset + at) / u64::from(bs), data, bs).await
                     }
                 })
                 .await?;
@@ -319,7 +455,7 @@ async fn run() -> Result<(), String> {
             }
             if a.command != "write" {
                 let start = Instant::now();
-                let sess = s.clone();
+                let sess = dev.clone();
                 let verify = a.command == "verify";
                 let out = Arc::new(std::sync::Mutex::new(if a.output.is_some() { vec![0u8; size as usize] } else { Vec::new() }));
                 let out2 = out.clone();
@@ -327,7 +463,7 @@ async fn run() -> Result<(), String> {
                     let sess = sess.clone();
                     let out = out2.clone();
                     async move {
-                        let d = sess.read(lun, (offset + at) / u64::from(bs), (len / bs as usize) as u32, bs).await.map_err(fmt_err)?;
+                        let d = sess.read((offset + at) / u64::from(bs), (len / bs as usize) as u32, bs).await?;
                         if verify && d != pattern(seed, offset + at, len) {
                             return Err(format!("data mismatch in the {len} bytes at offset {}", offset + at));
                         }
@@ -362,7 +498,7 @@ async fn run() -> Result<(), String> {
                 for rw in [Rw::Read, Rw::Write] {
                     bar.set_message(format!("{} KiB {}", io >> 10, rw.name()));
                     let span = size.min(capacity - offset).max(io);
-                    let l = load(&s, Where { lun, bs, offset, span }, io, a.queue_depth, rw, a.seconds, a.seed).await?;
+                    let l = load(&dev, Where { bs, offset, span }, io, a.queue_depth, rw, a.seconds, a.seed).await?;
                     table.push(format!("{:>9} {:>6} {:>11.1} {:>10.0}", format!("{}KiB", io >> 10), rw.name(), l.mib_s(), l.iops()));
                     bar.inc(1);
                 }
@@ -375,7 +511,7 @@ async fn run() -> Result<(), String> {
         "load" => {
             let rw = Rw::parse(&a.rw)?;
             let span = size.max(io);
-            let l = load(&s, Where { lun, bs, offset, span }, io, a.queue_depth, rw, a.seconds, a.seed).await?;
+            let l = load(&dev, Where { bs, offset, span }, io, a.queue_depth, rw, a.seconds, a.seed).await?;
             let us = |q: f64| l.latency.value_at_quantile(q) as f64 / 1000.0;
             println!(
                 "load rw={} bs={io} qd={} ios={} seconds={:.3} iops={:.0} mib_s={:.1} p50_us={:.1} p99_us={:.1} p999_us={:.1} max_us={:.1}",
@@ -398,11 +534,10 @@ async fn run() -> Result<(), String> {
                 std::fs::write(p, csv).map_err(|e| format!("{}: {e}", p.display()))?;
             }
         }
-        "soak" => soak(&s, lun, bs, offset, size.max(io), io, &a).await?,
+        "soak" => soak(&dev, bs, offset, size.max(io), io, &a).await?,
         other => return Err(format!("unknown command {other:?}")),
     }
-    s.logout().await.map_err(fmt_err)?;
-    Ok(())
+    dev.close().await
 }
 
 /// The direction and order of a `load`.
@@ -443,11 +578,10 @@ impl Rw {
     }
 }
 
-/// The part of the LUN a `load` runs over: `span` bytes from byte `offset` of `lun`, in
-/// blocks of `bs` bytes.
+/// The part of the unit a `load` runs over: `span` bytes from byte `offset`, in blocks of `bs`
+/// bytes.
 #[derive(Clone, Copy)]
 struct Where {
-    lun: Lun,
     bs: u32,
     offset: u64,
     span: u64,
@@ -474,7 +608,7 @@ impl Load {
 /// For `seconds`, `qd` workers each issue `io`-byte commands one after the other: in order
 /// through the span (the workers share one cursor) or at random aligned offsets in it. Each
 /// command's latency, issue to status, goes into an HdrHistogram (1 ns .. 1 h, 3 digits).
-async fn load(s: &Session, at: Where, io: u64, qd: usize, rw: Rw, seconds: f64, seed: u64) -> Result<Load, String> {
+async fn load(s: &Dev, at: Where, io: u64, qd: usize, rw: Rw, seconds: f64, seed: u64) -> Result<Load, String> {
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     let slots = (at.span / io).max(1);
     let cursor = Arc::new(AtomicU64::new(0));
@@ -499,12 +633,11 @@ async fn load(s: &Session, at: Where, io: u64, qd: usize, rw: Rw, seconds: f64, 
                 };
                 let lba = (at.offset + slot * io) / u64::from(at.bs);
                 let t0 = Instant::now();
-                let r = if rw.writes() {
-                    s.write(at.lun, lba, data.clone(), at.bs).await
+                if rw.writes() {
+                    s.write(lba, data.clone(), at.bs).await?;
                 } else {
-                    s.read(at.lun, lba, (io / u64::from(at.bs)) as u32, at.bs).await.map(|d| s.recycle(d))
-                };
-                r.map_err(fmt_err)?;
+                    s.read(lba, (io / u64::from(at.bs)) as u32, at.bs).await.map(|d| s.recycle(d))?;
+                }
                 hist.saturating_record(t0.elapsed().as_nanos() as u64);
             }
             Ok::<_, String>(hist)
@@ -521,7 +654,7 @@ async fn load(s: &Session, at: Where, io: u64, qd: usize, rw: Rw, seconds: f64, 
 /// block, reads it back and compares. Failures (a target gone, a connection lost) are reported
 /// once when they start, with their cause, and once when the session works again; the session
 /// reconnects by itself. Exits non-zero on any data mismatch, or if the last round failed.
-async fn soak(s: &Session, lun: Lun, bs: u32, offset: u64, span: u64, io: u64, a: &Args) -> Result<(), String> {
+async fn soak(s: &Dev, bs: u32, offset: u64, span: u64, io: u64, a: &Args) -> Result<(), String> {
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     #[derive(Default)]
     struct Log {
@@ -547,8 +680,8 @@ async fn soak(s: &Session, lun: Lun, bs: u32, offset: u64, span: u64, io: u64, a
                 let data = pattern(seed ^ (round << 8 | w), at, io as usize);
                 round += 1;
                 let r = async {
-                    s.write(lun, at / u64::from(bs), data.clone(), bs).await?;
-                    s.read(lun, at / u64::from(bs), (io / u64::from(bs)) as u32, bs).await
+                    s.write(at / u64::from(bs), data.clone(), bs).await?;
+                    s.read(at / u64::from(bs), (io / u64::from(bs)) as u32, bs).await
                 }
                 .await;
                 let now = start.elapsed().as_secs_f64();
@@ -577,7 +710,6 @@ async fn soak(s: &Session, lun: Lun, bs: u32, offset: u64, span: u64, io: u64, a
                         Err(e) => {
                             l.failed += 1;
                             l.last_ok = false;
-                            let e = e.to_string();
                             if l.failing_since.is_none() {
                                 l.failing_since = Some(Instant::now());
                                 l.outages += 1;

@@ -2,9 +2,7 @@
 
 mod select;
 
-use crate::alua::{
-    AluaState, SenseAction, TargetPortGroups, parse_report_target_port_groups, report_target_port_groups_cdb, rtpg_full_len, sense_action,
-};
+use crate::alua::{AccessState, SenseAction, TargetPortGroups, rtpg_cdb, sense_action};
 use crate::{CommandResult, Error, Session, SessionConfig};
 use bytes::Bytes;
 use riser_scsi::cdb::{Cdb, CdbSize, Rw};
@@ -174,7 +172,7 @@ pub struct PathStatus {
     pub relative_port: Option<u16>,
     /// Its access state: active/optimized when the target does not support REPORT TARGET PORT
     /// GROUPS (or it has not been read yet); `None` when the report does not place the path.
-    pub state: Option<AluaState>,
+    pub state: Option<AccessState>,
     /// Commands sent on it and not yet answered.
     pub in_flight: usize,
 }
@@ -880,17 +878,17 @@ impl Shared {
 async fn rtpg(session: &Session, lun: Lun, ran_on: &mut Option<u32>) -> Result<Option<TargetPortGroups>, Error> {
     let (mut extended, mut alloc) = (true, 4096u32);
     for _ in 0..6 {
-        let cdb = report_target_port_groups_cdb(alloc, extended);
+        let cdb = rtpg_cdb(alloc, extended);
         let r = session.command_on_link(lun, &cdb, None, alloc, &mut |g| *ran_on = Some(g)).await?;
         if r.status == Status::GOOD {
-            if let Some(full) = rtpg_full_len(&r.data)
+            if let Ok(full) = TargetPortGroups::required_len(&r.data)
                 && full > r.data.len()
                 && alloc < RTPG_MAX_ALLOC
             {
                 alloc = u32::try_from(full).unwrap_or(RTPG_MAX_ALLOC).min(RTPG_MAX_ALLOC);
                 continue;
             }
-            return parse_report_target_port_groups(&r.data).map(Some).map_err(|e| Error::Protocol(e.to_string()));
+            return TargetPortGroups::parse(&r.data).map(Some).map_err(|e| Error::Protocol(e.to_string()));
         }
         match sense_action(r.sense.as_deref()) {
             SenseAction::Illegal if extended => extended = false,

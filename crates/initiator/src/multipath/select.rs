@@ -3,7 +3,7 @@
 //! failed path may be issued again elsewhere. It is fed events (a path logged in, a path
 //! failed, REPORT TARGET PORT GROUPS began and answered) and does no I/O.
 
-use crate::alua::{AluaState, TargetPortGroups};
+use crate::alua::{AccessState, TargetPortGroups};
 
 /// What is known of the unit's access states.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,10 +51,10 @@ pub(super) struct Failure {
 
 /// The preference class of a path: 0 active/optimized, 1 active/non-optimized (and logical
 /// block dependent, and a port no report places), `None` not to be used for I/O.
-fn class(state: Option<AluaState>) -> Option<u8> {
+fn class(state: Option<AccessState>) -> Option<u8> {
     match state {
-        Some(AluaState::ActiveOptimized) => Some(0),
-        Some(AluaState::ActiveNonOptimized | AluaState::LogicalBlockDependent) | None => Some(1),
+        Some(AccessState::ActiveOptimized) => Some(0),
+        Some(AccessState::ActiveNonOptimized | AccessState::LbaDependent) | None => Some(1),
         Some(_) => None,
     }
 }
@@ -163,10 +163,10 @@ impl Selector {
     }
 
     /// The access state of `path` as last reported (`None`: not reported, or not known).
-    pub(super) fn state_of(&self, path: usize) -> Option<AluaState> {
+    pub(super) fn state_of(&self, path: usize) -> Option<AccessState> {
         match &self.alua {
             Alua::Known { report, .. } => report.state_of(self.group_of(path)?),
-            Alua::Unsupported | Alua::Unknown => Some(AluaState::ActiveOptimized),
+            Alua::Unsupported | Alua::Unknown => Some(AccessState::ActiveOptimized),
         }
     }
 
@@ -203,13 +203,13 @@ impl Selector {
             return false;
         }
         let Some(failed_group) = self.group_of(f.path) else { return false };
-        if report.state_of(failed_group) == Some(AluaState::ActiveOptimized) {
+        if report.state_of(failed_group) == Some(AccessState::ActiveOptimized) {
             return false;
         }
         (0..self.paths.len()).any(|i| {
             i != f.path
                 && self.paths[i].up
-                && self.group_of(i).is_some_and(|g| g != failed_group && report.state_of(g) == Some(AluaState::ActiveOptimized))
+                && self.group_of(i).is_some_and(|g| g != failed_group && report.state_of(g) == Some(AccessState::ActiveOptimized))
         })
     }
 }
@@ -217,21 +217,18 @@ impl Selector {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::alua::TargetPortGroup;
+    use crate::alua::PortGroupDescriptor;
 
-    fn report(states: &[(u16, AluaState, &[u16])]) -> TargetPortGroups {
+    fn report(states: &[(u16, AccessState, &[u16])]) -> TargetPortGroups {
         TargetPortGroups {
-            extended: true,
-            implicit_transition_secs: 0,
+            implicit_transition_time: Some(0),
             groups: states
                 .iter()
-                .map(|&(group, state, ports)| TargetPortGroup {
-                    group,
+                .map(|&(id, state, ports)| PortGroupDescriptor {
+                    id,
                     state,
-                    preferred: false,
-                    supported: 0,
-                    status: 0,
-                    ports: ports.to_vec(),
+                    relative_ports: ports.to_vec(),
+                    ..PortGroupDescriptor::default()
                 })
                 .collect(),
         }
@@ -263,7 +260,7 @@ mod tests {
         s.path_up(1, 0, Some(2), None);
         s.path_up(2, 0, Some(2), None);
         let t = s.rtpg_issued();
-        s.rtpg_answered(t, report(&[(1, AluaState::ActiveNonOptimized, &[]), (2, AluaState::ActiveOptimized, &[])]));
+        s.rtpg_answered(t, report(&[(1, AccessState::ActiveNonOptimized, &[]), (2, AccessState::ActiveOptimized, &[])]));
         assert_eq!(picks(&mut s, 4), [Some(1), Some(2), Some(1), Some(2)]);
         s.path_failed(1, 0);
         s.path_failed(2, 0);
@@ -272,7 +269,7 @@ mod tests {
         assert_eq!(picks(&mut s, 2), [Some(2), Some(2)]);
         // Standby, unavailable, offline and transitioning groups take no I/O.
         let t = s.rtpg_issued();
-        s.rtpg_answered(t, report(&[(1, AluaState::Standby, &[]), (2, AluaState::Transitioning, &[])]));
+        s.rtpg_answered(t, report(&[(1, AccessState::Standby, &[]), (2, AccessState::Transitioning, &[])]));
         assert_eq!(s.pick(), None);
     }
 
@@ -282,9 +279,9 @@ mod tests {
         s.path_up(0, 0, None, Some(10));
         s.path_up(1, 0, None, Some(20));
         let t = s.rtpg_issued();
-        s.rtpg_answered(t, report(&[(1, AluaState::ActiveOptimized, &[10]), (2, AluaState::Unavailable, &[20])]));
+        s.rtpg_answered(t, report(&[(1, AccessState::ActiveOptimized, &[10]), (2, AccessState::Unavailable, &[20])]));
         assert_eq!(picks(&mut s, 3), [Some(0), Some(0), Some(0)]);
-        assert_eq!(s.state_of(1), Some(AluaState::Unavailable));
+        assert_eq!(s.state_of(1), Some(AccessState::Unavailable));
     }
 
     #[test]
@@ -293,9 +290,9 @@ mod tests {
         s.path_up(0, 0, Some(1), None);
         let old = s.rtpg_issued();
         let new = s.rtpg_issued();
-        s.rtpg_answered(new, report(&[(1, AluaState::ActiveOptimized, &[])]));
-        s.rtpg_answered(old, report(&[(1, AluaState::Standby, &[])]));
-        assert_eq!(s.state_of(0), Some(AluaState::ActiveOptimized));
+        s.rtpg_answered(new, report(&[(1, AccessState::ActiveOptimized, &[])]));
+        s.rtpg_answered(old, report(&[(1, AccessState::Standby, &[])]));
+        assert_eq!(s.state_of(0), Some(AccessState::ActiveOptimized));
     }
 
     #[test]
@@ -331,16 +328,16 @@ mod tests {
         s.path_up(1, 0, Some(2), None);
         s.path_up(2, 0, Some(1), None);
         let t = s.rtpg_issued();
-        s.rtpg_answered(t, report(&[(1, AluaState::ActiveOptimized, &[]), (2, AluaState::ActiveNonOptimized, &[])]));
+        s.rtpg_answered(t, report(&[(1, AccessState::ActiveOptimized, &[]), (2, AccessState::ActiveNonOptimized, &[])]));
         let f = s.path_failed(0, 0);
         // A report issued before the failure says nothing of what followed it.
-        let stale = report(&[(1, AluaState::Unavailable, &[]), (2, AluaState::ActiveOptimized, &[])]);
+        let stale = report(&[(1, AccessState::Unavailable, &[]), (2, AccessState::ActiveOptimized, &[])]);
         s.rtpg_answered(t, stale.clone());
         assert!(!s.write_may_be_reissued(&f), "a report issued before the failure");
         // Fresh, but the failed path's group is still optimized (its gateway still owns the
         // unit; path 2 of that group is up): no fencing is implied.
         let t = s.rtpg_issued();
-        s.rtpg_answered(t, report(&[(1, AluaState::ActiveOptimized, &[]), (2, AluaState::ActiveNonOptimized, &[])]));
+        s.rtpg_answered(t, report(&[(1, AccessState::ActiveOptimized, &[]), (2, AccessState::ActiveNonOptimized, &[])]));
         assert!(!s.write_may_be_reissued(&f));
         // Fresh, group 2 optimized but its only path is down.
         s.path_failed(1, 0);
@@ -359,7 +356,7 @@ mod tests {
         s.path_up(1, 0, Some(2), None);
         let f = s.path_failed(0, 0);
         let t = s.rtpg_issued();
-        s.rtpg_answered(t, report(&[(2, AluaState::ActiveOptimized, &[])]));
+        s.rtpg_answered(t, report(&[(2, AccessState::ActiveOptimized, &[])]));
         assert!(!s.write_may_be_reissued(&f));
         s.path_up(0, 1, None, None);
         assert!(s.write_may_be_reissued(&f));
