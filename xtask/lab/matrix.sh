@@ -943,7 +943,7 @@ MPATH_BUDGET=${MPATH_BUDGET:-900}
 # B after A's death waits in librbd until the dead owner's exclusive lock can be broken (its
 # watch expires: the OSD's osd_client_watch_timeout, 30 s): longer than Linux's default 30 s.
 MPATH_SCSI_TIMEOUT=${MPATH_SCSI_TIMEOUT:-90}
-MPATH_CHUNK_KIB=${MPATH_CHUNK_KIB:-128}
+MPATH_CHUNK_KIB=${MPATH_CHUNK_KIB:-256}
 MPATH_REGION_MIB=${MPATH_REGION_MIB:-32}
 # Writes (chunks) the writer must complete in each phase: before the kill, on B, after failback.
 MPATH_PHASE_N=${MPATH_PHASE_N:-8}
@@ -1116,7 +1116,7 @@ mp_fail() {
 }
 
 cell_rbd-mpath() {
-  cell_begin "rbd-mpath open-iscsi + dm-multipath (ALUA) -> two riser gateways on one RBD image, the active one killed under O_DIRECT writes"
+  cell_begin "rbd-mpath open-iscsi + dm-multipath (ALUA) -> 2 riser gateways on 1 RBD image, A killed under O_DIRECT writes"
   MP_T0=$(now)
   GW_A_PID="" GW_B_PID="" MP_MPATHD_PID="" MP_UDEVD_PID="" MP_WRITER_PID="" MP_MAP="" MP_CONF=""
   local b t0 t detail ch watch
@@ -1138,7 +1138,7 @@ cell_rbd-mpath() {
   if ! CEPH_CONF=$MP_CONF timeout 120 rbd create --size 64M rbd/mpath > "$CELL_LOG/rbd-create.txt" 2>&1; then mp_fail ceph "rbd create: $(tail_log "$CELL_LOG/rbd-create.txt")"; return; fi
   watch=$(CEPH_CONF=$MP_CONF timeout 60 ceph config get osd osd_client_watch_timeout 2>/dev/null)
   step_t ceph
-  detail="ceph (memstore) up + 64 MiB image in $(secs "$t0") s (osd_client_watch_timeout ${watch:-?} s)"
+  detail="ceph up + image $(secs "$t0") s (osd watch timeout ${watch:-?} s)"
   note "$detail"
 
   # 2. The two gateways.
@@ -1229,7 +1229,7 @@ EOT
   cp "$CELL_LOG/multipath-ll.txt" "$CELL_LOG/multipath-ll-start.txt"
   if ! wait_for 30 test -b "/dev/mapper/$MP_MAP"; then mp_fail "multipath map" "no /dev/mapper/$MP_MAP"; return; fi
   step_t login-map
-  detail="$detail; 2 gateways, 2 logins ($MP_SDA via A, $MP_SDB via B) -> 1 map $MP_MAP by $how ($(secs "$t0") s): A prio 50 active, B prio 10 enabled"
+  detail="$detail; 1 map $MP_MAP by $how ($(secs "$t0") s): A $MP_SDA prio 50 active, B $MP_SDB prio 10 enabled"
   note "$detail"
 
   # 5. The writer; A killed once it runs.
@@ -1263,7 +1263,7 @@ EOT
   if [ "$wb1" -le "$wb0" ]; then mp_fail failover "$MPATH_PHASE_N chunks written after A's death, yet no write completed on B's $MP_SDB ($wb0 -> $wb1)"; return; fi
   case $pa in *" failed "*) ;; *) mp_fail failover "A's path after its death: [$pa], not failed"; return ;; esac
   step_t failover
-  detail="$detail; writer ${rate} MiB/s (${MPATH_CHUNK_KIB} KiB O_DIRECT chunks, each read back and compared); A SIGKILLed: I/O went on through B, the first write completed ${gap% *} s after the kill (longest stall ${gap#* } s), $MP_SDB +$((wb1 - wb0)) writes, A's path [${pa#* }], B's [${pb#* }]"
+  detail="$detail; writer: ${MPATH_CHUNK_KIB} KiB O_DIRECT chunks, each read back+compared, ${rate} MiB/s; A SIGKILLed: I/O went on via B, STALL ${gap#* } s, $MP_SDB +$((wb1 - wb0)) writes, A [${pa#* }], B [${pb#* }]"
   note "$detail"
 
   # 6. A again: its path comes back and takes the I/O again (failback immediate).
@@ -1281,7 +1281,7 @@ EOT
   gap2=$(mp_gap "$t_back" "$(now)")
   if [ "$wa2" -le "$wa1" ]; then mp_fail failback "A's path back in the active group, yet no write completed on $MP_SDA ($wa1 -> $wa2)"; return; fi
   step_t failback
-  detail="$detail; A restarted: both paths active/ready again (A's group active) in $back s, writes on $MP_SDA again (+$((wa2 - wa1))), longest stall around the restart ${gap2#* } s"
+  detail="$detail; A restarted: path back (both active/ready, A's group active) in $back s, $MP_SDA +$((wa2 - wa1)) writes, stall ${gap2#* } s"
   note "$detail"
 
   # 7. The writer stopped; the whole region read back and compared with what was last written.
@@ -1307,12 +1307,18 @@ EOT
     verified=$((n * ch))
   fi
   step_t verify
-  detail="$detail; writer stopped: $total chunks ($((total * MPATH_CHUNK_KIB / 1024)) MiB) written and read back, all identical; the region read again through the map: $((verified >> 10)) KiB identical to the last write of every chunk ($(secs "$t0") s)"
+  detail="$detail; $total chunks ($((total * MPATH_CHUNK_KIB)) KiB) written, each read back identical; region re-read: $((verified >> 10)) KiB identical to the last writes"
   local scsi_to failing
   scsi_to=$(dmesg | grep -c 'timing out command\|scsi_eh\|Abort')
   failing=$(dmesg | grep -c 'Failing path')
+  local conn
+  conn=$(dmesg | grep -c 'detected conn error')
   mp_down
-  cell_pass "$detail | kernel: $failing 'Failing path', $scsi_to SCSI timeout/abort lines, $(dmesg | grep -c 'detected conn error') conn errors"
+  if ! wait_for 60 _no_sessions || _mp_map; then
+    cell_fail leftovers "after the teardown: sessions [$(ls /sys/class/iscsi_session/ | tr '\n' ' ')], maps [$(dmsetup ls --target multipath 2>&1 | tr '\n' ' ')]"
+    return
+  fi
+  cell_pass "$detail; kernel: $failing 'Failing path', $scsi_to SCSI timeout/abort lines, $conn conn errors; no session/map left"
 }
 
 lab_init
