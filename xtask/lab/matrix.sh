@@ -52,6 +52,19 @@
 #                 empty, no sdX.
 #   ops-iser      the same over open-iscsi + ib_iser on siw -> the riser target's software iWARP
 #                 RNIC (10.233.1.1:3260).
+#   rbd-mpath     HA gateways on Ceph RBD under the kernel's multipath (not in --quick: minutes
+#                 under TCG; its own budget MPATH_BUDGET, 900 s): a Ceph cluster in the guest
+#                 (CEPH_UP, memstore), one RBD image served by two riser gateways (RISER_RBD_TARGET,
+#                 built with `rbd`; service config files, one target name, implicit ALUA: A on
+#                 MPATH_A (rxe's address) port group 1, optimized; B on MPATH_B (siw's) group 2,
+#                 non-optimized). udevd, multipathd (group_by_prio, prio alua, hardware_handler
+#                 "1 alua", failback immediate, no_path_retry 12, tur), open-iscsi logged in to
+#                 both: one map, A's path active (prio 50), B's enabled (prio 10). A writer puts
+#                 MPATH_CHUNK_KIB chunks through the map with O_DIRECT, each read back and
+#                 compared; A is SIGKILLed: I/O must go on through B (the stall is measured: the
+#                 dead owner's RBD lock is broken once its watch expires); A is started again: its
+#                 path must be active/ready again and take the writes; then the whole region is
+#                 read back and compared. MPATH_SCSI_TIMEOUT (90): both paths' SCSI timeout.
 #   lio-selftest  self-test of the LIO iSER setup used by cell 3: open-iscsi + ib_iser -> LIO +
 #                 ib_isert on rxe, the full block-device test. Not cell 3.
 #   lio-selftest-tcp  the same over TCP (the LIO setup of 6b).
@@ -62,6 +75,7 @@
 # pid) and the target's socket count as before the login.
 #
 # Environment: RISER_TARGET, RISER_INITIATOR, RISERCTL (paths; default target/release/examples/...),
+# RISER_RBD_TARGET (default target/rbd/release/examples/target), CEPH_UP, MPATH_* (rbd-mpath),
 # CELLS, LINKS (cell 2; default "rxe siw"), TCP_IP (default siw's 10.233.1.1, else rxe's),
 # RISER_IQN (the riser target's name), LIO_IQN, DD_MIB, DD_BS, FAULT_LOAD_BS, TARGET_RUST_LOG (RUST_LOG of the riser
 # target), ISCSID_CONF_EXTRA (more iscsid.conf lines), PCAP=1 (tcpdump per cell), LAB_LOGS
@@ -75,7 +89,7 @@ LIB=$(dirname "$0")/lib.sh
 
 RISER_TARGET=${RISER_TARGET:-$PWD/target/release/examples/target}
 RISER_INITIATOR=${RISER_INITIATOR:-$PWD/target/release/examples/initiator}
-CELLS=${CELLS:-traps 1 2 3 3b 4 5 6 7 fault fault-tcp fault-rinit fault-target ops ops-iser}
+CELLS=${CELLS:-traps 1 2 3 3b 4 5 6 7 fault fault-tcp fault-rinit fault-target ops ops-iser rbd-mpath}
 LINKS=${LINKS:-rxe siw}
 RXE_IP=10.233.0.1
 SIW_IP=10.233.1.1
@@ -909,11 +923,410 @@ cell_ops-iser() {
   ops_cell iser "$SIW_IP:3260" "{target} --iser-portal {addr}:3260 --lun ram:64MiB --lun ram:32MiB --lun ram:16MiB --control {control}"
 }
 
+# ------------------------------------------------------------------------------ rbd-mpath
+# Two riser gateways (the target built with `rbd`: RISER_RBD_TARGET), one RBD image of a Ceph
+# cluster started in the guest (CEPH_UP: ../shared/ceph/ceph-up.sh, memstore), one target name,
+# implicit ALUA: gateway A's port group 1 (MPATH_A) optimized, gateway B's group 2 (MPATH_B)
+# non-optimized. Linux: open-iscsi (iscsi_tcp) logged in to both, dm-multipath (multipathd with
+# udevd, the alua prioritiser, group_by_prio) makes one map; a writer puts MPATH_CHUNK_KIB chunks
+# of two random patterns through it with O_DIRECT (each read back and compared at once); A is
+# SIGKILLed under it, I/O must go on through B; A is started again, its path must come back and
+# take the I/O again; at the end the whole region is read back and compared.
+RISER_RBD_TARGET=${RISER_RBD_TARGET:-$PWD/target/rbd/release/examples/target}
+CEPH_UP=${CEPH_UP:-$(dirname "$TGTD_IN_GUEST")/../ceph/ceph-up.sh}
+MPATH_IQN=${MPATH_IQN:-iqn.2026-11.io.riser:ha}
+MPATH_A=${MPATH_A:-$RXE_IP:3260}
+MPATH_B=${MPATH_B:-$SIW_IP:3260}
+# The cell's own time budget (seconds; every wait of the cell is cut to what is left of it).
+MPATH_BUDGET=${MPATH_BUDGET:-900}
+# The SCSI command timeout of both paths (/sys/block/sdX/device/timeout). The first write through
+# B after A's death waits in librbd until the dead owner's exclusive lock can be broken (its
+# watch expires: the OSD's osd_client_watch_timeout, 30 s, counted from A's last ping): measured
+# 22-23 s on B, inside Linux's default 30 s (MPATH_SCSI_TIMEOUT=30 passed), but by little.
+MPATH_SCSI_TIMEOUT=${MPATH_SCSI_TIMEOUT:-90}
+MPATH_CHUNK_KIB=${MPATH_CHUNK_KIB:-256}
+MPATH_REGION_MIB=${MPATH_REGION_MIB:-32}
+# Writes (chunks) the writer must complete in each phase: before the kill, on B, after failback.
+MPATH_PHASE_N=${MPATH_PHASE_N:-8}
+MP_CEPH_DIR=/tmp/lab-ceph-mpath
+MP_W=/tmp/lab-mp
+
+# mp_left [CAP]: seconds left of the cell's budget (at most CAP), at least 1.
+mp_left() {
+  awk -v t0="$MP_T0" -v b="$MPATH_BUDGET" -v now="$(now)" -v cap="${1:-999999}" \
+    'BEGIN { l = int(t0 + b - now); if (l > cap) l = cap; if (l < 1) l = 1; print l }'
+}
+
+# mp_gw_config a|b: gateway A's or B's configuration file (in the cell's logs).
+mp_gw_config() {
+  local me=$1 addr tag peer
+  if [ "$me" = a ]; then addr=$MPATH_A tag=1 peer=2; else addr=$MPATH_B tag=2 peer=1; fi
+  cat > "$CELL_LOG/gw-$me.toml" << EOT
+# rbd-mpath gateway ${me^^}: port group $tag of $MPATH_IQN, the peer's group $peer remote.
+portal = ["none"]
+
+[limits]
+drain_timeout = 5
+
+[[store]]
+name = "shared"
+backing = "rbd:rbd/mpath,conf=$MP_CONF"
+
+[[target]]
+name = "$MPATH_IQN"
+
+[[target.portal_group]]
+tag = $tag
+relative_port = $tag
+port_group = $tag
+portals = ["$addr"]
+
+[[target.remote_port_group]]
+port_group = $peer
+relative_ports = [$peer]
+
+[[target.lun]]
+lun = 0
+store = "shared"
+optimized_port_group = 1
+EOT
+}
+
+# mp_gw_start a|b LOGNAME: starts gateway A or B (GW_A_PID / GW_B_PID).
+mp_gw_start() {
+  local addr=$MPATH_A
+  [ "$1" = a ] || addr=$MPATH_B
+  riser_target_start "$2" "$addr" "$RISER_RBD_TARGET" --config "$CELL_LOG/gw-$1.toml" || return 1
+  if [ "$1" = a ]; then GW_A_PID=$TARGET_PID; else GW_B_PID=$TARGET_PID; fi
+  TARGET_PID=""
+}
+
+# mp_sd ADDR:PORT: the sdX of LUN 0 of the session to that portal.
+mp_sd() {
+  local s c b
+  for s in /sys/class/iscsi_session/session*; do
+    [ "$(cat "$s/targetname" 2>/dev/null)" = "$MPATH_IQN" ] || continue
+    for c in "$s"/device/connection*/iscsi_connection/connection*; do
+      [ "$(cat "$c/persistent_address" 2>/dev/null):$(cat "$c/persistent_port" 2>/dev/null)" = "$1" ] || continue
+      for b in "$s"/device/target*/*:0/block/*; do
+        [ -e "$b" ] && [ -b "/dev/${b##*/}" ] && { echo "${b##*/}"; return 0; }
+      done
+    done
+  done
+  return 1
+}
+_mp_sd() { mp_sd "$1" > /dev/null; }
+
+# mp_topo: one line per path of the map, "sdX PRIO GROUP_STATUS DM_STATE CHECKER_STATE", from
+# `multipath -ll` (also kept in $CELL_LOG/multipath-ll.txt).
+mp_topo() {
+  timeout 30 multipath -ll > "$CELL_LOG/multipath-ll.txt" 2>&1
+  awk '
+    /prio=/ { match($0, /prio=-?[0-9]+/); p = substr($0, RSTART + 5, RLENGTH - 5)
+              match($0, /status=[a-z]+/); s = substr($0, RSTART + 7, RLENGTH - 7) }
+    / [0-9]+:[0-9]+:[0-9]+:[0-9]+ sd[a-z]+ / { for (i = 1; i <= NF; i++) if ($i ~ /^sd[a-z]+$/) print $i, p, s, $(i + 2), $(i + 3) }
+  ' "$CELL_LOG/multipath-ll.txt"
+}
+# mp_path SDX: that path's line of mp_topo.
+mp_path() { mp_topo | awk -v d="$1" '$1 == d'; }
+# _mp_two_up: the map has both paths, A's active/ready in the active group of prio 50, B's
+# active/ready in an enabled group of prio 10.
+_mp_two_up() {
+  local t
+  t=$(mp_topo)
+  [ "$(echo "$t" | grep -c .)" = 2 ] || return 1
+  echo "$t" | grep -qx "$MP_SDA 50 active active ready" && echo "$t" | grep -qx "$MP_SDB 10 enabled active ready"
+}
+_mp_map() { [ -n "$(dmsetup ls --target multipath 2>/dev/null | awk '$1 != "No" { print $1 }')" ]; }
+# mp_writes SDX: write requests completed on a path (the 5th field of its stat).
+mp_writes() { awk '{ print $5 }' "/sys/block/$1/stat"; }
+
+# mp_writer DEV: writes chunk after chunk of the region (pass p: pattern p%2), each read back
+# and compared; one line per chunk in $MP_W.log: "ok PASS CHUNK EPOCH" (or "ERR ..." and exit).
+mp_writer() {
+  local dev=$1 ch=$((MPATH_CHUNK_KIB << 10)) n p=0 i=0 pat
+  n=$(((MPATH_REGION_MIB << 20) / ch))
+  while [ ! -e "$MP_W.stop" ]; do
+    pat=$MP_W-p$((p % 2)).bin
+    if ! dd if="$pat" of="$dev" bs="$ch" count=1 skip="$i" seek="$i" oflag=direct conv=notrunc status=none 2>> "$MP_W.err"; then
+      echo "ERR write $p $i $EPOCHREALTIME" >> "$MP_W.log"
+      return 1
+    fi
+    if ! dd if="$dev" of="$MP_W-chunk.bin" bs="$ch" count=1 skip="$i" iflag=direct status=none 2>> "$MP_W.err" \
+      || ! cmp -s -i "0:$((i * ch))" -n "$ch" "$MP_W-chunk.bin" "$pat"; then
+      echo "ERR verify $p $i $EPOCHREALTIME" >> "$MP_W.log"
+      return 1
+    fi
+    echo "ok $p $i $EPOCHREALTIME" >> "$MP_W.log"
+    i=$((i + 1))
+    [ "$i" -lt "$n" ] || { i=0; p=$((p + 1)); }
+  done
+}
+# mp_oks_after T: chunks the writer completed after time T.
+mp_oks_after() { awk -v t="$1" '$1 == "ok" && $4 > t { n++ } END { print n + 0 }' "$MP_W.log"; }
+_mp_oks_after() { [ "$(mp_oks_after "$1")" -ge "$2" ]; }
+_mp_writer_ok() { kill -0 "$MP_WRITER_PID" 2>/dev/null && ! grep -q '^ERR' "$MP_W.log"; }
+_mp_progress() { _mp_writer_ok && _mp_oks_after "$1" "$2"; }
+# mp_gap T0 T1: "FIRST MAX": seconds from T0 to the first chunk completed after it, and the
+# longest time between two completions (T0 counting as one) up to T1.
+mp_gap() {
+  awk -v a="$1" -v b="$2" '$1 == "ok" && $4 > a && $4 <= b {
+      d = $4 - (prev ? prev : a); if (!first) first = $4 - a; if (d > max) max = d; prev = $4 }
+    END { printf "%.1f %.1f", first, max }' "$MP_W.log"
+}
+# mp_writer_fail: why the writer stopped (for a FAIL detail).
+mp_writer_fail() {
+  local e
+  e=$(grep -m1 '^ERR' "$MP_W.log")
+  if [ -n "$e" ]; then echo "writer: $e, $(tail_log "$MP_W.err" 2)"; elif ! kill -0 "$MP_WRITER_PID" 2>/dev/null; then echo "writer exited"; else echo "writer: $(grep -c '^ok' "$MP_W.log") chunks, the last at $(tail -n 1 "$MP_W.log" | cut -d' ' -f4)"; fi
+}
+
+# mp_down: everything the cell started, stopped (best effort, in order: writer, map, sessions,
+# multipathd, udevd, gateways, cluster).
+mp_down() {
+  touch "$MP_W.stop"
+  [ -n "${MP_WRITER_PID:-}" ] && { wait_for 60 _gone "$MP_WRITER_PID" || kill -KILL "$MP_WRITER_PID" $(pgrep -P "$MP_WRITER_PID") 2>/dev/null; wait "$MP_WRITER_PID" 2>/dev/null; }
+  MP_WRITER_PID=""
+  [ -n "${MP_MAP:-}" ] && timeout 60 multipath -f "$MP_MAP" >> "$CELL_LOG/teardown.txt" 2>&1
+  timeout 60 multipath -F >> "$CELL_LOG/teardown.txt" 2>&1
+  local p
+  for p in "$MPATH_A" "$MPATH_B"; do
+    timeout "$T_LOGIN" iscsiadm -m node -T "$MPATH_IQN" -p "$p" --logout >> "$CELL_LOG/teardown.txt" 2>&1
+    iscsiadm -m discoverydb -t st -p "$p" -o delete > /dev/null 2>&1
+  done
+  iscsiadm -m node -o delete -T "$MPATH_IQN" > /dev/null 2>&1
+  stop_pid "${MP_MPATHD_PID:-}" 15
+  MP_MPATHD_PID=""
+  stop_pid "${MP_UDEVD_PID:-}" 10
+  MP_UDEVD_PID=""
+  stop_pid "${GW_A_PID:-}" 20
+  stop_pid "${GW_B_PID:-}" 20
+  GW_A_PID="" GW_B_PID=""
+  [ -n "${MP_CONF:-}" ] && CEPH_DIR=$MP_CEPH_DIR bash "$(dirname "$CEPH_UP")/ceph-down.sh" >> "$CELL_LOG/teardown.txt" 2>&1
+  MP_CONF=""
+  rm -f "$MP_W"-p0.bin "$MP_W"-p1.bin "$MP_W"-chunk.bin "$MP_W"-read.bin "$MP_W.stop"
+}
+
+# mp_fail STEP WHY: the kernel's and the gateways' view, cleanup, FAIL.
+mp_fail() {
+  local view
+  view=$(mp_topo | tr '\n' ';')
+  [ -f "$MP_W.log" ] && cp "$MP_W.log" "$MP_W.err" "$CELL_LOG/" 2>/dev/null
+  mp_down
+  cell_fail "$1" "$2 | paths: [${view%;}]$(conn_context) | gw A: $(tail_log "$CELL_LOG/gw-a.log" 1) | gw B: $(tail_log "$CELL_LOG/gw-b.log" 1)"
+}
+
+cell_rbd-mpath() {
+  cell_begin "rbd-mpath open-iscsi + dm-multipath (ALUA) -> 2 riser gateways on 1 RBD image, A killed under O_DIRECT writes"
+  MP_T0=$(now)
+  GW_A_PID="" GW_B_PID="" MP_MPATHD_PID="" MP_UDEVD_PID="" MP_WRITER_PID="" MP_MAP="" MP_CONF=""
+  local b t0 t detail ch watch
+  ch=$((MPATH_CHUNK_KIB << 10))
+  [ -x "$RISER_RBD_TARGET" ] || { cell_fail setup "no target built with rbd at $RISER_RBD_TARGET (RISER_RBD_TARGET)"; return; }
+  [ -f "$CEPH_UP" ] || { cell_fail setup "no $CEPH_UP (CEPH_UP)"; return; }
+  for b in multipathd multipath dmsetup udevadm rbd ceph-mon ceph-osd; do
+    command -v "$b" > /dev/null || { cell_fail setup "$b not installed on the host (multipath-tools, udev, ceph-mon ceph-osd ceph-common)"; return; }
+  done
+  local udevd=/usr/lib/systemd/systemd-udevd
+  [ -x "$udevd" ] || { cell_fail setup "no $udevd"; return; }
+  rm -f "$MP_W".*
+
+  # 1. The cluster and the image.
+  t0=$(now)
+  CEPH_DIR=$MP_CEPH_DIR timeout "$(mp_left 300)" bash "$CEPH_UP" > "$CELL_LOG/ceph-up.txt" 2>&1
+  MP_CONF=$(sed -n 's/^CEPH_CONF=//p' "$CELL_LOG/ceph-up.txt" | tr -d '"')
+  if [ -z "$MP_CONF" ]; then MP_CONF=$MP_CEPH_DIR/ceph.conf; mp_fail ceph "ceph-up.sh: $(tail_log "$CELL_LOG/ceph-up.txt" 4)"; return; fi
+  if ! CEPH_CONF=$MP_CONF timeout 120 rbd create --size 64M rbd/mpath > "$CELL_LOG/rbd-create.txt" 2>&1; then mp_fail ceph "rbd create: $(tail_log "$CELL_LOG/rbd-create.txt")"; return; fi
+  watch=$(CEPH_CONF=$MP_CONF timeout 60 ceph config get osd osd_client_watch_timeout 2>/dev/null)
+  step_t ceph
+  detail="ceph up + image $(secs "$t0") s (osd watch timeout ${watch:-?} s)"
+  note "$detail"
+
+  # 2. The two gateways.
+  mp_gw_config a
+  mp_gw_config b
+  if ! mp_gw_start a gw-a; then mp_fail "gateway A" "$TARGET_ERR"; return; fi
+  if ! mp_gw_start b gw-b; then mp_fail "gateway B" "$TARGET_ERR"; return; fi
+  step_t gateways
+
+  # 3. udevd, then multipathd (it learns of paths through udev's events; the WWID is udev's
+  # ID_SERIAL).
+  modprobe -a dm_mod dm_multipath dm_round_robin dm_service_time scsi_dh_alua 2> "$CELL_LOG/modprobe.err" || { mp_fail setup "modprobe: $(tail_log "$CELL_LOG/modprobe.err")"; return; }
+  mkdir -p /run/udev /etc/multipath
+  "$udevd" > "$CELL_LOG/udevd.log" 2>&1 &
+  MP_UDEVD_PID=$!
+  if ! wait_for 30 test -S /run/udev/control; then mp_fail udevd "no /run/udev/control: $(tail_log "$CELL_LOG/udevd.log")"; return; fi
+  udevadm trigger --action=add --subsystem-match=block > /dev/null 2>&1
+  timeout 60 udevadm settle
+  cat > /etc/multipath.conf << EOT
+defaults {
+    user_friendly_names no
+    find_multipaths greedy
+    polling_interval 5
+}
+blacklist {
+    device {
+        vendor ".*"
+        product ".*"
+    }
+}
+blacklist_exceptions {
+    device {
+        vendor "RISER"
+        product "RISER DISK"
+    }
+}
+devices {
+    device {
+        vendor "RISER"
+        product "RISER DISK"
+        path_grouping_policy group_by_prio
+        detect_prio no
+        prio alua
+        hardware_handler "1 alua"
+        failback immediate
+        no_path_retry 12
+        path_checker tur
+        fast_io_fail_tmo 5
+    }
+}
+EOT
+  cp /etc/multipath.conf "$CELL_LOG/multipath.conf"
+  multipathd -d -s -v3 > "$CELL_LOG/multipathd.log" 2>&1 &
+  MP_MPATHD_PID=$!
+  if ! wait_for 30 eval 'timeout 10 multipathd show daemon > /dev/null 2>&1'; then mp_fail multipathd "no answer: $(tail_log "$CELL_LOG/multipathd.log")"; return; fi
+  step_t multipathd
+
+  # 4. Both paths: discovery and login at each gateway, the replacement timeout of a multipath
+  # setup (5 s: a dead path's I/O fails over instead of waiting).
+  t0=$(now)
+  local p
+  for p in "$MPATH_A" "$MPATH_B"; do
+    if ! kinit_discover "$p" default "$MPATH_IQN"; then mp_fail discovery "$MPATH_IQN not offered by $p: $(_oneline "$DISC_OUT")"; return; fi
+    iscsiadm -m node -T "$MPATH_IQN" -p "$p" -o update -n node.session.timeo.replacement_timeout -v 5 >> "$CELL_LOG/login.txt" 2>&1
+    if ! kinit_login "$p" default "$MPATH_IQN"; then mp_fail login "$p: $(tail_log "$CELL_LOG/login.txt")"; return; fi
+  done
+  if ! wait_for "$(mp_left "$WAIT_DEV")" _mp_sd "$MPATH_A" || ! wait_for "$(mp_left "$WAIT_DEV")" _mp_sd "$MPATH_B"; then
+    mp_fail "block devices" "sdX for A [$(mp_sd "$MPATH_A")], for B [$(mp_sd "$MPATH_B")]"
+    return
+  fi
+  MP_SDA=$(mp_sd "$MPATH_A")
+  MP_SDB=$(mp_sd "$MPATH_B")
+  for b in "$MP_SDA" "$MP_SDB"; do echo "$MPATH_SCSI_TIMEOUT" > "/sys/block/$b/device/timeout"; done
+  timeout 60 udevadm settle
+  iscsiadm -m session -P3 > "$CELL_LOG/session-P3.txt" 2>&1
+  local how="multipathd"
+  if ! wait_for "$(mp_left 30)" _mp_map; then
+    # multipathd made no map from the udev events: multipath(8) makes it (noted).
+    timeout 60 multipath -v3 > "$CELL_LOG/multipath-v3.txt" 2>&1
+    how="multipath(8)"
+  fi
+  if ! wait_for "$(mp_left 60)" _mp_two_up; then
+    mp_fail "multipath map" "made by $how: not one map with A's $MP_SDA active (prio 50) and B's $MP_SDB enabled (prio 10): $(tr '\n' ' ' < "$CELL_LOG/multipath-ll.txt" | tr -s ' ') | udev ID_SERIAL $MP_SDA: $(udevadm info -q property -n "/dev/$MP_SDA" 2>/dev/null | sed -n 's/^ID_SERIAL=//p')"
+    return
+  fi
+  MP_MAP=$(dmsetup ls --target multipath | awk 'NR == 1 { print $1 }')
+  [ "$(dmsetup ls --target multipath | grep -c .)" = 1 ] || { mp_fail "multipath map" "more than one map: $(dmsetup ls --target multipath | tr '\n' ' ')"; return; }
+  cp "$CELL_LOG/multipath-ll.txt" "$CELL_LOG/multipath-ll-start.txt"
+  if ! wait_for 30 test -b "/dev/mapper/$MP_MAP"; then mp_fail "multipath map" "no /dev/mapper/$MP_MAP"; return; fi
+  step_t login-map
+  detail="$detail; 1 map $MP_MAP by $how ($(secs "$t0") s): A $MP_SDA prio 50 active, B $MP_SDB prio 10 enabled"
+  note "$detail"
+
+  # 5. The writer; A killed once it runs.
+  head -c $((MPATH_REGION_MIB << 20)) /dev/urandom > "$MP_W-p0.bin"
+  head -c $((MPATH_REGION_MIB << 20)) /dev/urandom > "$MP_W-p1.bin"
+  : > "$MP_W.log"
+  : > "$MP_W.err"
+  mp_writer "/dev/mapper/$MP_MAP" &
+  MP_WRITER_PID=$!
+  t0=$(now)
+  if ! wait_for "$(mp_left 300)" _mp_progress 0 "$MPATH_PHASE_N"; then mp_fail "writes (both paths up)" "$(mp_writer_fail)"; return; fi
+  local rate wa0 wb0 wa1 wb1 t_kill t_on_b gap
+  rate=$(awk -v n="$(mp_oks_after 0)" -v c="$MPATH_CHUNK_KIB" -v d="$(secs "$t0")" 'BEGIN { printf "%.2f", n * c / 1024 / (d > 0 ? d : 1) }')
+  wa0=$(mp_writes "$MP_SDA")
+  wb0=$(mp_writes "$MP_SDB")
+  step_t writes-ab
+  t_kill=$(now)
+  kill -KILL "$GW_A_PID"
+  wait "$GW_A_PID" 2>/dev/null
+  GW_A_PID=""
+  note "gateway A killed"
+  if ! wait_for "$(mp_left 300)" _mp_progress "$t_kill" "$MPATH_PHASE_N"; then mp_fail "failover" "$(mp_oks_after "$t_kill") chunks written in $(secs "$t_kill") s after A's death; $(mp_writer_fail)"; return; fi
+  t_on_b=$(now)
+  gap=$(mp_gap "$t_kill" "$t_on_b")
+  wa1=$(mp_writes "$MP_SDA")
+  wb1=$(mp_writes "$MP_SDB")
+  local pa pb
+  pa=$(mp_path "$MP_SDA")
+  pb=$(mp_path "$MP_SDB")
+  cp "$CELL_LOG/multipath-ll.txt" "$CELL_LOG/multipath-ll-failover.txt"
+  if [ "$wb1" -le "$wb0" ]; then mp_fail failover "$MPATH_PHASE_N chunks written after A's death, yet no write completed on B's $MP_SDB ($wb0 -> $wb1)"; return; fi
+  case $pa in *" failed "*) ;; *) mp_fail failover "A's path after its death: [$pa], not failed"; return ;; esac
+  step_t failover
+  detail="$detail; writer: ${MPATH_CHUNK_KIB} KiB O_DIRECT chunks, each read back+compared, ${rate} MiB/s; A SIGKILLed: I/O went on via B, STALL ${gap#* } s, $MP_SDB +$((wb1 - wb0)) writes, A [${pa#* }], B [${pb#* }]"
+  note "$detail"
+
+  # 6. A again: its path comes back and takes the I/O again (failback immediate).
+  local t_back t_path back
+  t_back=$(now)
+  if ! mp_gw_start a gw-a2; then mp_fail "gateway A restart" "$TARGET_ERR"; return; fi
+  if ! wait_for "$(mp_left 240)" _mp_two_up; then mp_fail "path back" "$(secs "$t_back") s after A's restart: $(tr '\n' ' ' < "$CELL_LOG/multipath-ll.txt" | tr -s ' ')"; return; fi
+  t_path=$(now)
+  back=$(secs "$t_back" "$t_path")
+  cp "$CELL_LOG/multipath-ll.txt" "$CELL_LOG/multipath-ll-back.txt"
+  wa1=$(mp_writes "$MP_SDA")
+  if ! wait_for "$(mp_left 300)" _mp_progress "$t_path" "$MPATH_PHASE_N"; then mp_fail "after failback" "$(mp_writer_fail)"; return; fi
+  local wa2 gap2
+  wa2=$(mp_writes "$MP_SDA")
+  gap2=$(mp_gap "$t_back" "$(now)")
+  if [ "$wa2" -le "$wa1" ]; then mp_fail failback "A's path back in the active group, yet no write completed on $MP_SDA ($wa1 -> $wa2)"; return; fi
+  step_t failback
+  detail="$detail; A restarted: path back (both active/ready, A's group active) in $back s, $MP_SDA +$((wa2 - wa1)) writes, stall ${gap2#* } s"
+  note "$detail"
+
+  # 7. The writer stopped; the whole region read back and compared with what was last written.
+  touch "$MP_W.stop"
+  if ! wait_for "$(mp_left 120)" _gone "$MP_WRITER_PID"; then mp_fail "writer stop" "$(mp_writer_fail)"; return; fi
+  wait "$MP_WRITER_PID"
+  local rc=$? last lp li n total
+  MP_WRITER_PID=""
+  cp "$MP_W.log" "$MP_W.err" "$CELL_LOG/"
+  if [ $rc != 0 ] || grep -q '^ERR' "$MP_W.log"; then mp_fail writer "rc=$rc $(mp_writer_fail)"; return; fi
+  n=$(((MPATH_REGION_MIB << 20) / ch))
+  total=$(grep -c '^ok' "$MP_W.log")
+  last=$(grep '^ok' "$MP_W.log" | tail -n 1)
+  lp=$(echo "$last" | cut -d' ' -f2)
+  li=$(echo "$last" | cut -d' ' -f3)
+  t0=$(now)
+  if ! timeout "$T_IO" dd if="/dev/mapper/$MP_MAP" of="$MP_W-read.bin" bs=1M count="$MPATH_REGION_MIB" iflag=direct status=none 2> "$CELL_LOG/dd-read.err"; then mp_fail verify "dd read: $(tail_log "$CELL_LOG/dd-read.err")"; return; fi
+  # Chunks 0..li hold pass lp's pattern, the rest pass lp-1's (none before the first pass ended).
+  if ! cmp -n $(((li + 1) * ch)) "$MP_W-read.bin" "$MP_W-p$((lp % 2)).bin" > "$CELL_LOG/cmp.txt" 2>&1; then mp_fail verify "chunks 0..$li (pass $lp): $(tail_log "$CELL_LOG/cmp.txt" 1)"; return; fi
+  local verified=$(((li + 1) * ch))
+  if [ "$lp" -gt 0 ] && [ $((li + 1)) -lt "$n" ]; then
+    if ! cmp -n $(((n - li - 1) * ch)) -i "$(((li + 1) * ch)):$(((li + 1) * ch))" "$MP_W-read.bin" "$MP_W-p$(((lp - 1) % 2)).bin" > "$CELL_LOG/cmp.txt" 2>&1; then mp_fail verify "chunks $((li + 1))..$((n - 1)) (pass $((lp - 1))): $(tail_log "$CELL_LOG/cmp.txt" 1)"; return; fi
+    verified=$((n * ch))
+  fi
+  step_t verify
+  detail="$detail; $total chunks ($((total * MPATH_CHUNK_KIB)) KiB) written, each read back identical; region re-read: $((verified >> 10)) KiB identical to the last writes"
+  local scsi_to failing
+  scsi_to=$(dmesg | grep -c 'timing out command\|scsi_eh\|Abort')
+  failing=$(dmesg | grep -c 'Failing path')
+  local conn
+  conn=$(dmesg | grep -c 'detected conn error')
+  mp_down
+  if ! wait_for 60 _no_sessions || _mp_map; then
+    cell_fail leftovers "after the teardown: sessions [$(ls /sys/class/iscsi_session/ | tr '\n' ' ')], maps [$(dmsetup ls --target multipath 2>&1 | tr '\n' ' ')]"
+    return
+  fi
+  cell_pass "$detail; kernel: $failing 'Failing path', $scsi_to SCSI timeout/abort lines, $conn conn errors; no session/map left"
+}
+
 lab_init
 iscsid_start || { echo "FAIL setup (iscsid): cannot start iscsid"; echo "0 passed, 1 failed"; exit 1; }
 note "cells: $CELLS; links: $(ls /sys/class/infiniband 2>/dev/null | tr '\n' ' '); TCP_IP $TCP_IP"
 for c in $CELLS; do
-  if declare -F "cell_$c" > /dev/null; then "cell_$c"; else cell_begin "$c"; cell_fail "selection" "no such cell (traps 1 2 3 3b 4 5 6 6a 6b 7 fault fault-tcp fault-rinit fault-target ops ops-iser lio-selftest lio-selftest-tcp)"; fi
+  if declare -F "cell_$c" > /dev/null; then "cell_$c"; else cell_begin "$c"; cell_fail "selection" "no such cell (traps 1 2 3 3b 4 5 6 6a 6b 7 fault fault-tcp fault-rinit fault-target ops ops-iser rbd-mpath lio-selftest lio-selftest-tcp)"; fi
 done
 iscsid_stop
 lab_summary

@@ -11,13 +11,17 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// Every cell of the matrix (see xtask/lab/matrix.sh).
-const ALL: &str = "traps 1 2 3 3b 4 5 6 7 fault fault-tcp fault-rinit fault-target ops ops-iser";
+const ALL: &str = "traps 1 2 3 3b 4 5 6 7 fault fault-tcp fault-rinit fault-target ops ops-iser rbd-mpath";
 /// The CI subset: the provider's traps, cells 1, 2, 4 and 5 on siw, rping, and the target
 /// changed live through its control socket under the kernel's initiator over TCP (ops).
 const QUICK: &str = "traps 1 2 4 5 7 ops";
+/// The HA-gateway cell (Ceph in the guest, two riser gateways on one RBD image, dm-multipath):
+/// minutes under TCG, never in QUICK; the VM's timeout grows by its budget when it runs.
+const RBD_MPATH: &str = "rbd-mpath";
+const RBD_MPATH_BUDGET: u32 = 900;
 
 /// Variables handed on to matrix.sh when set in the environment (see its header).
-const PASS_ENV: [&str; 21] = [
+const PASS_ENV: [&str; 27] = [
     "CELL2_TARGET_CMD",
     "CELL2_LABEL",
     "CELL3_INITIATOR",
@@ -39,6 +43,12 @@ const PASS_ENV: [&str; 21] = [
     "PCAP",
     "RISER_IQN",
     "LIO_IQN",
+    "MPATH_BUDGET",
+    "MPATH_SCSI_TIMEOUT",
+    "MPATH_CHUNK_KIB",
+    "MPATH_REGION_MIB",
+    "MPATH_PHASE_N",
+    "MPATH_IQN",
 ];
 
 pub(crate) fn run(args: &[String]) -> Result<(), String> {
@@ -51,6 +61,12 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     } else {
         ALL.into()
     };
+    let rbd_mpath = cells.split_whitespace().any(|c| c == RBD_MPATH);
+    if rbd_mpath {
+        // Before the lab's setup: the guest's initramfs copies the host's ld.so.cache.
+        crate::rbd::ensure_ceph()?;
+        ensure_debs(&["multipath-tools", "udev"])?;
+    }
     let (examples, tests) = prepare()?;
     let host = host_without_rdma(&examples.join("target"))?;
     let shared = std::fs::canonicalize(shared()).map_err(|e| format!("{}: {e}", shared().display()))?;
@@ -69,7 +85,12 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
         env.push("LINKS=siw".into());
     }
     env.extend(PASS_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| format!("{k}={v}"))));
-    let timeout = if quick { 1800 } else { 5400 };
+    let mut timeout = if quick { 1800 } else { 5400 };
+    if rbd_mpath {
+        env.extend(prepare_rbd_mpath(&shared)?);
+        let budget = std::env::var("MPATH_BUDGET").ok().and_then(|b| b.parse().ok()).unwrap_or(RBD_MPATH_BUDGET);
+        timeout += budget;
+    }
     run_script(&shared, timeout, &env, "xtask/lab/matrix.sh", host)
 }
 
@@ -82,6 +103,16 @@ pub(crate) fn prepare() -> Result<(PathBuf, PathBuf), String> {
     ensure_debs(&["cmake", "libclang-dev", "open-iscsi", "e2fsprogs", "tgt", "jq"])?;
     setup()?;
     build()
+}
+
+/// The rbd-mpath cell's environment lines: the example target built with `rbd` (Ceph's packages
+/// and multipath-tools are installed before the lab's setup), the Ceph fixture's script.
+fn prepare_rbd_mpath(shared: &Path) -> Result<Vec<String>, String> {
+    let examples = crate::rbd::build_rbd_examples()?;
+    Ok(vec![
+        format!("RISER_RBD_TARGET={}", examples.join("target").display()),
+        format!("CEPH_UP={}", shared.join("ceph/ceph-up.sh").display()),
+    ])
 }
 
 /// Debian packages by name (some have no command to look for).
