@@ -46,9 +46,8 @@ pub(crate) fn conformance(url: &str, known: &std::path::Path, skips: Option<&std
             .collect(),
         None => Vec::new(),
     };
-    let skip_allowed = |name: &str| {
-        allowed.iter().any(|a| a == name || a.strip_suffix(".*").is_some_and(|suite| name.split('.').next() == Some(suite)))
-    };
+    let skip_allowed =
+        |name: &str| allowed.iter().any(|a| a == name || a.strip_suffix(".*").is_some_and(|suite| name.split('.').next() == Some(suite)));
     let script = shared().join("peers/run-conformance.sh");
     if !script.exists() {
         return Err(format!("{} not found (set RISER_SHARED)", script.display()));

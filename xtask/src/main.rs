@@ -50,6 +50,7 @@ use std::time::Duration;
 
 mod ab;
 mod bench;
+mod bench_rbd;
 mod evaluate;
 mod fuzz;
 mod interop;
