@@ -10,8 +10,11 @@
 //! `split` (default) puts the cluster's monitor and OSD on CPU 0 and the rest (the gateway and its
 //! client; `rbd bench`, which is librbd's client itself) on CPU 1; `none` lets everything float.
 //! Each run also records the CPU time of the cluster's daemons, of the gateway and of the client
-//! (/proc), as cores busy over the run and CPU microseconds per I/O, to show where a ratio below
-//! 1 goes.
+//! (/proc), as cores busy over the run and CPU microseconds per I/O, the CPU the rest of the
+//! machine took meanwhile (it is shared), and how long the daemons' and the gateway's threads
+//! waited for a core (schedstat), to show where a ratio below 1 goes. The "cost" column is the
+//! ratio of CPU per I/O (rbd bench's over the gateway path's, Ceph included): what the throughput
+//! ratio comes to where the work is CPU-bound on cores of its own.
 
 use crate::rbd::{Ceph, build_rbd_examples, ensure_ceph};
 use crate::{RunningTarget, arg_value, ensure_packages, measure::proc_cpu, median, shared};
@@ -92,6 +95,21 @@ struct Run {
     client_cpu: f64,
     /// CPU seconds of the whole machine (every process: other users of it too).
     machine_cpu: f64,
+    /// Seconds the threads of Ceph's daemons and of the gateway spent runnable but waiting for a
+    /// core (/proc/PID/task/*/schedstat).
+    ceph_wait: f64,
+    gateway_wait: f64,
+}
+
+/// Seconds the threads of process `pid` have waited on a run queue, summed (schedstat's second
+/// field; threads that have ended are not counted).
+fn run_queue_wait(pid: u32) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0.0 };
+    let ns: u64 = tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok()?.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum();
+    ns as f64 / 1e9
 }
 
 /// CPU seconds the whole machine has spent busy (/proc/stat: all but idle and iowait).
@@ -163,6 +181,8 @@ impl Bench<'_> {
     fn measure(&self, cmd: &mut Command) -> Result<(String, Run), String> {
         let cpu = |pids: &[u32]| pids.iter().map(|p| proc_cpu(&format!("/proc/{p}/stat"), 14)).sum::<f64>();
         let gw = [self.target.child.id()];
+        let wait = |pids: &[u32]| pids.iter().map(|&p| run_queue_wait(p)).sum::<f64>();
+        let (cw0, gw0) = (wait(&self.daemons), wait(&gw));
         let (c0, g0, k0, m0, t0) = (cpu(&self.daemons), cpu(&gw), proc_cpu("/proc/self/stat", 16), machine_cpu(), Instant::now());
         let out = cmd.output().map_err(|e| format!("{:?}: {e}", cmd.get_program()))?;
         let run = Run {
@@ -172,6 +192,8 @@ impl Bench<'_> {
             gateway_cpu: cpu(&gw) - g0,
             client_cpu: proc_cpu("/proc/self/stat", 16) - k0,
             machine_cpu: machine_cpu() - m0,
+            ceph_wait: wait(&self.daemons) - cw0,
+            gateway_wait: wait(&gw) - gw0,
         };
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         if !out.status.success() {
@@ -354,10 +376,24 @@ pub(crate) fn bench_rbd(args: &[String]) -> Result<(), String> {
          (other users of it); CPU µs per I/O (busy / IOPS)"
     );
     println!(
-        "{:<10} {:<16} {:>6} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8}",
-        "workload", "tool", "ceph", "gateway", "client", "gw+cli", "others", "µs ceph", "µs gw", "µs cli"
+        "{:<10} {:<16} {:>6} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8} {:>6} {:>9} {:>9}",
+        "workload",
+        "tool",
+        "ceph",
+        "gateway",
+        "client",
+        "gw+cli",
+        "others",
+        "µs ceph",
+        "µs gw",
+        "µs cli",
+        "µs all",
+        "cost",
+        "wait ceph",
+        "wait gw"
     );
     for (wi, w) in WORKLOADS.into_iter().enumerate() {
+        let mut base_cost = f64::NAN;
         for (ti, tool) in TOOLS.into_iter().enumerate() {
             let rs = &runs[wi][ti];
             if rs.is_empty() {
@@ -368,17 +404,29 @@ pub(crate) fn bench_rbd(args: &[String]) -> Result<(), String> {
             let gk = m(&|r| (r.gateway_cpu + r.client_cpu) / r.wall);
             let others = m(&|r| (r.machine_cpu - r.ceph_cpu - r.gateway_cpu - r.client_cpu).max(0.0) / r.wall);
             let per = |f: &dyn Fn(&Run) -> f64| m(&|r| f(r) / r.wall / r.iops * 1e6);
+            let all = per(&|r| r.ceph_cpu + r.gateway_cpu + r.client_cpu);
+            if ti == 0 {
+                base_cost = all;
+            }
             println!(
-                "{:<10} {:<16} {c:>6.2} {g:>8.2} {k:>7.2} {gk:>7.2} {others:>7.2} {:>8.1} {:>8.1} {:>8.1}",
+                "{:<10} {:<16} {c:>6.2} {g:>8.2} {k:>7.2} {gk:>7.2} {others:>7.2} {:>8.1} {:>8.1} {:>8.1} {all:>8.1} {:>5.2}x {:>9.1} {:>9.1}",
                 w.rw,
                 tool.name(),
                 per(&|r| r.ceph_cpu),
                 per(&|r| r.gateway_cpu),
-                per(&|r| r.client_cpu)
+                per(&|r| r.client_cpu),
+                base_cost / all,
+                per(&|r| r.ceph_wait),
+                per(&|r| r.gateway_wait)
             );
         }
     }
-    println!("(wall times include each tool's start and login: the µs per I/O are slight overestimates, alike on both sides)");
+    println!(
+        "(wall times include each tool's start and login: the µs per I/O are slight overestimates, alike on both sides; \
+         µs all: Ceph + gateway + client; cost: rbd bench's µs all over this row's, the ratio to expect where the work is \
+         CPU-bound on cores it has to itself; wait ceph, wait gw: µs per I/O their threads spent runnable but \
+         waiting for a core, the machine's contention)"
+    );
     let _ = ceph.rbd(&["rm", "--no-progress", IMAGE]);
     Ok(())
 }
