@@ -121,6 +121,9 @@ pub(crate) fn bench(args: &[String]) -> Result<(), String> {
     if arg_value(args, "--against").is_some() {
         return crate::ab::bench_against(args);
     }
+    if args.iter().any(|a| a == "--rbd") {
+        return crate::bench_rbd::bench_rbd(args);
+    }
     if args.iter().any(|a| a == "--live") {
         return crate::live::bench_live(args);
     }

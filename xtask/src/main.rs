@@ -10,6 +10,14 @@
 //!   iWARP RNIC against raw TCP for 4 KiB–4 MiB messages (`--rdma-only`: just that part); then
 //!   riser iSER against riser TCP, same target and initiator, 4 KiB–16 MiB, with CPU seconds per
 //!   GiB of each process (`--iser-only`: just that part).
+//! * `bench --rbd [--reps N] [--runtime S] [--pin split|none]` — a riser gateway serving a Ceph RBD
+//!   image (the example target built with `rbd`) against `rbd bench` straight on librbd, on one
+//!   throw-away cluster of `../shared/ceph` (its own directory and port): 4 KiB random reads and
+//!   writes and 1 MiB sequential reads and writes, QD 16 and librbd's cache off on both sides;
+//!   through the gateway with iscsi-perf, fio's libiscsi engine and the riser initiator; runs
+//!   interleaved, medians and ratios to the `rbd bench` run beside each, and the CPU each process
+//!   spent. `--pin split` (default): Ceph's mon and OSD on CPU 0, gateway and client (or rbd bench)
+//!   on CPU 1; `--pin none`: nothing pinned.
 //! * `lab [--quick] [CELL...]` — build with the rdma-core provider, check it fails cleanly on this
 //!   host (no RDMA), boot the RDMA lab VM once (../shared/lab/rdma-lab.sh: soft-RoCE rxe and
 //!   soft-iWARP siw) and run the interop matrix of xtask/lab/matrix.sh inside it: riser on
@@ -50,6 +58,7 @@ use std::time::Duration;
 
 mod ab;
 mod bench;
+mod bench_rbd;
 mod evaluate;
 mod fuzz;
 mod interop;
@@ -89,7 +98,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo | interop | rbd | lab [--quick] [CELL...] | soak [--minutes N | --seconds N] [--sessions N] [--queue-depth N] | faults [--cuts N] [--kills N] | evaluate [--quick] [--lab] [--reps N] [--out DIR] [--only SECTIONS] [--publish] | evaluate --plot-only DIR [--publish] | bench [--full] [--reps N] [--runtime S] [--rdma-only | --iser-only | --against DIR | --live [--seconds S]] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>"
+                "usage: cargo xtask <demo | interop | rbd | lab [--quick] [CELL...] | soak [--minutes N | --seconds N] [--sessions N] [--queue-depth N] | faults [--cuts N] [--kills N] | evaluate [--quick] [--lab] [--reps N] [--out DIR] [--only SECTIONS] [--publish] | evaluate --plot-only DIR [--publish] | bench [--full] [--reps N] [--runtime S] [--rdma-only | --iser-only | --rbd [--pin split|none] | --against DIR | --live [--seconds S]] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>"
             );
             return ExitCode::from(2);
         }

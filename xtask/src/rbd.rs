@@ -51,23 +51,40 @@ pub(crate) fn ensure_ceph() -> Result<(), String> {
 /// A running single-node cluster, stopped when dropped.
 pub(crate) struct Ceph {
     pub(crate) conf: PathBuf,
+    dir: &'static str,
+    port: &'static str,
 }
 
 impl Ceph {
+    /// The suite's cluster (its own directory and monitor port).
     pub(crate) fn up() -> Result<Self, String> {
+        Self::up_at(CEPH_DIR, CEPH_PORT)
+    }
+
+    /// A cluster in `dir` whose monitor takes `port` (and the next; daemons bind port+10..+99),
+    /// so two users of the machine (the suite and the benchmark) each have their own.
+    pub(crate) fn up_at(dir: &'static str, port: &'static str) -> Result<Self, String> {
         let script = shared().join("ceph/ceph-up.sh");
         let out = Command::new("bash")
             .arg(&script)
-            .env("CEPH_DIR", CEPH_DIR)
-            .env("CEPH_PORT", CEPH_PORT)
+            .env("CEPH_DIR", dir)
+            .env("CEPH_PORT", port)
             .output()
             .map_err(|e| format!("{}: {e}", script.display()))?;
         let text = String::from_utf8_lossy(&out.stdout);
         let conf = text.lines().find_map(|l| l.strip_prefix("CEPH_CONF=")).map(|c| PathBuf::from(c.trim().trim_matches('"')));
         match conf {
-            Some(conf) if out.status.success() => Ok(Self { conf }),
+            Some(conf) if out.status.success() => Ok(Self { conf, dir, port }),
             _ => Err(format!("the Ceph cluster did not start: {text}{}", String::from_utf8_lossy(&out.stderr))),
         }
+    }
+
+    /// The process ids of the monitor and the OSD (from their pid files).
+    pub(crate) fn daemon_pids(&self) -> Vec<u32> {
+        ["mon.a", "osd.0"]
+            .iter()
+            .filter_map(|d| std::fs::read_to_string(format!("{}/run/{d}.pid", self.dir)).ok()?.trim().parse().ok())
+            .collect()
     }
 
     /// `rbd ARGS` against this cluster.
@@ -79,7 +96,7 @@ impl Ceph {
 
 impl Drop for Ceph {
     fn drop(&mut self) {
-        let _ = Command::new("bash").arg(shared().join("ceph/ceph-down.sh")).env("CEPH_DIR", CEPH_DIR).env("CEPH_PORT", CEPH_PORT).status();
+        let _ = Command::new("bash").arg(shared().join("ceph/ceph-down.sh")).env("CEPH_DIR", self.dir).env("CEPH_PORT", self.port).status();
     }
 }
 
