@@ -223,7 +223,16 @@ pub(crate) fn finish_read(ret: isize, op: &Op) -> Result<Vec<u8>, Error> {
     let Keep::Read(buf) = &op.keep else { return Err(Error::Malformed("read buffer")) };
     // The future resolves once, so the buffer is still there.
     let mut buf = lock(buf).take().unwrap_or_default();
-    buf.truncate(ret as usize);
+    // librbd returns how many bytes it read into the buffer from its start: at most the
+    // request's length, for which `Image::read` reserved room.
+    let n = (ret as usize).min(op.len as usize);
+    if n > buf.capacity() {
+        return Err(Error::Malformed("read length"));
+    }
+    // SAFETY: librbd wrote `n` bytes from the start of the buffer's allocation (the completion
+    // has fired: `ret` is its result), so its first `n` bytes are initialised, and `n` is
+    // within its capacity.
+    unsafe { buf.set_len(n) };
     Ok(buf)
 }
 
