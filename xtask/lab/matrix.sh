@@ -61,9 +61,11 @@
 #                 "1 alua", failback immediate, no_path_retry 12, tur), open-iscsi logged in to
 #                 both: one map, A's path active (prio 50), B's enabled (prio 10). A writer puts
 #                 MPATH_CHUNK_KIB chunks through the map with O_DIRECT, each read back and
-#                 compared; A is SIGKILLed: I/O must go on through B (the stall is measured: the
-#                 dead owner's RBD lock is broken once its watch expires); A is started again: its
-#                 path must be active/ready again and take the writes; then the whole region is
+#                 compared; A is SIGKILLed: I/O must go on through B (the stall is measured), and
+#                 B must take the unit over (it fences A through the cluster, then reports its
+#                 group active/optimized: prio 50); A is started again: its path must be
+#                 active/ready again (enabled: B keeps the unit) while the writes go on through
+#                 B; then the whole region is
 #                 read back and compared. MPATH_SCSI_TIMEOUT (90): both paths' SCSI timeout.
 #   lio-selftest  self-test of the LIO iSER setup used by cell 3: open-iscsi + ib_iser -> LIO +
 #                 ib_isert on rxe, the full block-device test. Not cell 3.
@@ -1037,6 +1039,15 @@ _mp_two_up() {
   [ "$(echo "$t" | grep -c .)" = 2 ] || return 1
   echo "$t" | grep -qx "$MP_SDA 50 active active ready" && echo "$t" | grep -qx "$MP_SDB 10 enabled active ready"
 }
+_mp_b_optimized() { case $(mp_path "$MP_SDB") in *" 50 active active ready"*) return 0 ;; *) return 1 ;; esac; }
+# _mp_back_b_owns: both paths active/ready again, B's in the active group of prio 50 (B took the
+# unit over and keeps it: A, restarted, learns that from B) and A's in an enabled group of prio 10.
+_mp_back_b_owns() {
+  local t
+  t=$(mp_topo)
+  [ "$(echo "$t" | grep -c .)" = 2 ] || return 1
+  echo "$t" | grep -qx "$MP_SDB 50 active active ready" && echo "$t" | grep -qx "$MP_SDA 10 enabled active ready"
+}
 _mp_map() { [ -n "$(dmsetup ls --target multipath 2>/dev/null | awk '$1 != "No" { print $1 }')" ]; }
 # mp_writes SDX: write requests completed on a path (the 5th field of its stat).
 mp_writes() { awk '{ print $5 }' "/sys/block/$1/stat"; }
@@ -1263,26 +1274,34 @@ EOT
   cp "$CELL_LOG/multipath-ll.txt" "$CELL_LOG/multipath-ll-failover.txt"
   if [ "$wb1" -le "$wb0" ]; then mp_fail failover "$MPATH_PHASE_N chunks written after A's death, yet no write completed on B's $MP_SDB ($wb0 -> $wb1)"; return; fi
   case $pa in *" failed "*) ;; *) mp_fail failover "A's path after its death: [$pa], not failed"; return ;; esac
+  # B took the unit over (it fenced A through the cluster first): its group active/optimized,
+  # which multipathd reads from REPORT TARGET PORT GROUPS after the ASYMMETRIC ACCESS STATE
+  # CHANGED unit attention.
+  if ! wait_for "$(mp_left 60)" _mp_b_optimized; then mp_fail takeover "B's path after A's death: [$(mp_path "$MP_SDB")], not in the active group of prio 50"; return; fi
+  pb=$(mp_path "$MP_SDB")
   step_t failover
   detail="$detail; writer: ${MPATH_CHUNK_KIB} KiB O_DIRECT chunks, each read back+compared, ${rate} MiB/s; A SIGKILLed: I/O went on via B, STALL ${gap#* } s, $MP_SDB +$((wb1 - wb0)) writes, A [${pa#* }], B [${pb#* }]"
   note "$detail"
 
-  # 6. A again: its path comes back and takes the I/O again (failback immediate).
+  # 6. A again: its path comes back (active/ready). B took the unit over when A died and keeps
+  # it (A, restarted, learns that from B: no failback that would move the lock back), so A's path
+  # returns in the enabled group and the writes go on through B.
   local t_back t_path back
   t_back=$(now)
   if ! mp_gw_start a gw-a2; then mp_fail "gateway A restart" "$TARGET_ERR"; return; fi
-  if ! wait_for "$(mp_left 240)" _mp_two_up; then mp_fail "path back" "$(secs "$t_back") s after A's restart: $(tr '\n' ' ' < "$CELL_LOG/multipath-ll.txt" | tr -s ' ')"; return; fi
+  if ! wait_for "$(mp_left 240)" _mp_back_b_owns; then mp_fail "path back" "$(secs "$t_back") s after A's restart: $(tr '\n' ' ' < "$CELL_LOG/multipath-ll.txt" | tr -s ' ')"; return; fi
   t_path=$(now)
   back=$(secs "$t_back" "$t_path")
   cp "$CELL_LOG/multipath-ll.txt" "$CELL_LOG/multipath-ll-back.txt"
-  wa1=$(mp_writes "$MP_SDA")
-  if ! wait_for "$(mp_left 300)" _mp_progress "$t_path" "$MPATH_PHASE_N"; then mp_fail "after failback" "$(mp_writer_fail)"; return; fi
-  local wa2 gap2
-  wa2=$(mp_writes "$MP_SDA")
+  local wb2
+  wb2=$(mp_writes "$MP_SDB")
+  if ! wait_for "$(mp_left 300)" _mp_progress "$t_path" "$MPATH_PHASE_N"; then mp_fail "after A's return" "$(mp_writer_fail)"; return; fi
+  local wb3 gap2
+  wb3=$(mp_writes "$MP_SDB")
   gap2=$(mp_gap "$t_back" "$(now)")
-  if [ "$wa2" -le "$wa1" ]; then mp_fail failback "A's path back in the active group, yet no write completed on $MP_SDA ($wa1 -> $wa2)"; return; fi
+  if [ "$wb3" -le "$wb2" ]; then mp_fail "after A's return" "no write completed on B's $MP_SDB ($wb2 -> $wb3)"; return; fi
   step_t failback
-  detail="$detail; A restarted: path back (both active/ready, A's group active) in $back s, $MP_SDA +$((wa2 - wa1)) writes, stall ${gap2#* } s"
+  detail="$detail; A restarted: path back (active/ready, enabled: B keeps the unit) in $back s, $MP_SDB +$((wb3 - wb2)) writes, stall ${gap2#* } s"
   note "$detail"
 
   # 7. The writer stopped; the whole region read back and compared with what was last written.
