@@ -5,7 +5,7 @@
 use super::{LogicalUnit, LuIdentity, Nexus, Outcome, Plan, R, bad_field, illegal};
 use crate::aio::{AsyncBackend, BlockOn, Compared};
 use bytes::Bytes;
-use riser_scsi::cdb::{Cdb, CdbSize, Rw, rw_flags};
+use riser_scsi::cdb::{Cdb, Rw, rw_flags};
 use riser_scsi::sense::{AscAscq, Sense, SenseKey};
 use std::future::Future;
 use std::io;
@@ -18,6 +18,20 @@ pub type Running = Pin<Box<dyn Future<Output = Outcome> + Send + 'static>>;
 /// Largest write the unit makes at once where it writes a pattern itself (WRITE SAME on a store
 /// without it).
 const FILL_CHUNK: u64 = 1 << 20;
+
+/// The commands an asynchronous store's futures carry.
+pub(super) fn on_data_path(c: &Cdb) -> bool {
+    matches!(
+        c,
+        Cdb::Read(_)
+            | Cdb::Write(_)
+            | Cdb::WriteAndVerify(_)
+            | Cdb::SynchronizeCache(_)
+            | Cdb::Unmap { .. }
+            | Cdb::WriteSame(_)
+            | Cdb::CompareAndWrite { .. }
+    )
+}
 
 impl LogicalUnit {
     /// A logical unit over an asynchronous store: READ, WRITE, SYNCHRONIZE CACHE, UNMAP, WRITE
@@ -43,17 +57,7 @@ impl LogicalUnit {
     /// Whether [`Self::execute_async`] runs `plan` (the unit has an asynchronous store and the
     /// command is one of its data path).
     pub fn runs_async(&self, plan: &Plan) -> bool {
-        self.aio.is_some()
-            && matches!(
-                plan.cdb,
-                Cdb::Read(_)
-                    | Cdb::Write(_)
-                    | Cdb::WriteAndVerify(_)
-                    | Cdb::SynchronizeCache(_)
-                    | Cdb::Unmap { .. }
-                    | Cdb::WriteSame(_)
-                    | Cdb::CompareAndWrite { .. }
-            )
+        self.aio.is_some() && on_data_path(&plan.cdb)
     }
 
     /// Start a planned command on the unit's asynchronous store: the future of its outcome, or
@@ -175,48 +179,22 @@ impl LogicalUnit {
     }
 
     async fn write_same_async(&self, aio: &Arc<dyn AsyncBackend>, r: &Rw, out: &Bytes) -> R {
-        if r.protect() != 0 {
-            return Err(bad_field(1, Some(7)));
-        }
-        let ndob = r.size == CdbSize::Sixteen && r.flags & rw_flags::NDOB != 0;
-        let unmap = r.flags & rw_flags::UNMAP != 0;
-        if r.flags & rw_flags::ANCHOR != 0 {
-            return Err(bad_field(1, Some(4)));
-        }
-        let blocks = if r.blocks == 0 { self.blocks().saturating_sub(r.lba) } else { u64::from(r.blocks) };
-        if r.lba.checked_add(blocks).is_none_or(|e| e > self.blocks()) {
-            return Err(illegal(AscAscq::LBA_OUT_OF_RANGE));
-        }
-        self.write_protected()?;
-        let bs = u64::from(self.bs());
-        let block = if ndob {
-            Bytes::from(vec![0; bs as usize])
-        } else if out.len() >= bs as usize {
-            out.slice(..bs as usize)
+        let super::rw::SameWrite { off, len, dealloc, block } = self.check_write_same(r, out)?;
+        let done = if dealloc {
+            aio.unmap(off, len).await
         } else {
-            return Err(illegal(AscAscq::PARAMETER_LIST_LENGTH_ERROR));
+            let block = block.map_or_else(|| Bytes::from(vec![0; self.bs() as usize]), |b| out.slice_ref(b));
+            self.fill(aio, off, len, block).await
         };
-        // UNMAP=1 on a thin unit deallocates whatever the pattern (LBPRZ=1), as `rw::write_same`.
-        let (off, len) = (r.lba * bs, blocks * bs);
-        let done = if unmap && aio.thin() { aio.unmap(off, len).await } else { self.fill(aio, off, len, block).await };
         done.map_err(|_| self.io_error(false))?;
         self.settle_async(aio, false).await
     }
 
     async fn unmap_async(&self, aio: &Arc<dyn AsyncBackend>, out: &[u8]) -> R {
-        let ds = riser_scsi::unmap::parse(out).map_err(|e| e.sense(false))?;
-        self.write_protected()?;
-        let bs = u64::from(self.bs());
-        if ds.iter().any(|d| d.lba.checked_add(u64::from(d.blocks)).is_none_or(|e| e > self.blocks())) {
-            return Err(illegal(AscAscq::LBA_OUT_OF_RANGE));
-        }
-        if ds.len() > 256 {
-            return Err(bad_field(7, None));
-        }
-        for d in &ds {
-            let (off, len) = (d.lba * bs, u64::from(d.blocks) * bs);
+        for (off, len) in self.check_unmap(out)? {
             // A store that cannot deallocate gets zeros (the blocks read as zeros afterwards either way).
-            let done = if aio.thin() { aio.unmap(off, len).await } else { self.fill(aio, off, len, vec![0; bs as usize].into()).await };
+            let done =
+                if aio.thin() { aio.unmap(off, len).await } else { self.fill(aio, off, len, vec![0; self.bs() as usize].into()).await };
             done.map_err(|_| self.io_error(false))?;
         }
         self.settle_async(aio, false).await
@@ -228,20 +206,9 @@ impl LogicalUnit {
             // Not offered (never emulated with a read and a write other writers could split).
             return Err(illegal(AscAscq::INVALID_COMMAND_OPERATION_CODE));
         }
-        if flags >> 5 != 0 {
-            return Err(bad_field(1, Some(7)));
-        }
-        if blocks > max {
-            return Err(bad_field(13, None));
-        }
-        if blocks == 0 {
+        let Some((off, len)) = self.check_compare_and_write(lba, blocks, flags, &out, max)? else {
             return Ok(Outcome::good(Bytes::new()));
-        }
-        let (off, len) = self.range(lba, u64::from(blocks))?;
-        if out.len() < 2 * len {
-            return Err(illegal(AscAscq::PARAMETER_LIST_LENGTH_ERROR));
-        }
-        self.write_protected()?;
+        };
         match aio.compare_and_write(off, out.slice(..len), out.slice(len..2 * len)).await {
             Ok(Compared::Written) => self.settle_async(aio, flags & rw_flags::FUA != 0).await,
             Ok(Compared::Mismatch(at)) => {

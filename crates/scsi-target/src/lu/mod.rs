@@ -472,16 +472,7 @@ impl LogicalUnit {
     /// Route a command to the handler of its family.
     fn run(&self, c: &Cdb, out: &[u8], nexus: &Nexus, read_buf: Vec<u8>) -> R {
         if let Some(aio) = &self.aio
-            && matches!(
-                c,
-                Cdb::Read(_)
-                    | Cdb::Write(_)
-                    | Cdb::WriteAndVerify(_)
-                    | Cdb::SynchronizeCache(_)
-                    | Cdb::Unmap { .. }
-                    | Cdb::WriteSame(_)
-                    | Cdb::CompareAndWrite { .. }
-            )
+            && aio::on_data_path(c)
         {
             // Called synchronously (on the blocking pool, or by an embedder) on an asynchronous
             // store: the same path as `execute_async`, waited for here.

@@ -49,6 +49,16 @@ impl Drop for RangeGuard<'_> {
     }
 }
 
+/// What a checked WRITE SAME does: over `len` bytes at `off`, deallocate (UNMAP=1 on a thin
+/// unit, whatever the pattern: LBPRZ=1, the blocks then read as zeros, as Linux LIO does and
+/// libiscsi's suite expects) or write `block` (`None`: zeros, for NDOB).
+pub(super) struct SameWrite<'a> {
+    pub(super) off: u64,
+    pub(super) len: u64,
+    pub(super) dealloc: bool,
+    pub(super) block: Option<&'a [u8]>,
+}
+
 impl LogicalUnit {
     /// Check an LBA range against the capacity.
     pub(super) fn range(&self, lba: u64, blocks: u64) -> Result<(u64, usize), Sense> {
@@ -202,7 +212,8 @@ impl LogicalUnit {
         }
     }
 
-    pub(super) fn write_same(&self, r: &Rw, out: &[u8]) -> R {
+    /// WRITE SAME, checked (see [`SameWrite`]).
+    pub(super) fn check_write_same<'a>(&self, r: &Rw, out: &'a [u8]) -> Result<SameWrite<'a>, Sense> {
         if r.protect() != 0 {
             return Err(bad_field(1, Some(7)));
         }
@@ -217,61 +228,82 @@ impl LogicalUnit {
         }
         self.write_protected()?;
         let bs = u64::from(self.bs());
-        let pattern: Vec<u8> = if ndob {
-            vec![0; bs as usize]
+        let block = if ndob { None } else { Some(out.get(..bs as usize).ok_or_else(|| illegal(AscAscq::PARAMETER_LIST_LENGTH_ERROR))?) };
+        Ok(SameWrite { off: r.lba * bs, len: blocks * bs, dealloc: unmap && self.backend.thin(), block })
+    }
+
+    pub(super) fn write_same(&self, r: &Rw, out: &[u8]) -> R {
+        let SameWrite { off, len, dealloc, block } = self.check_write_same(r, out)?;
+        if dealloc {
+            self.backend.unmap(off, len).map_err(|_| self.io_error(false))?;
         } else {
-            out.get(..bs as usize).ok_or_else(|| illegal(AscAscq::PARAMETER_LIST_LENGTH_ERROR))?.to_vec()
-        };
-        // UNMAP=1 on a thin LU deallocates whatever the pattern (LBPRZ=1: the blocks then read
-        // as zeros), as Linux LIO does and libiscsi's suite expects.
-        if unmap && self.backend.thin() {
-            self.backend.unmap(r.lba * bs, blocks * bs).map_err(|_| self.io_error(false))?;
-        } else {
+            let bs = u64::from(self.bs());
+            let pattern = block.map_or_else(|| vec![0; bs as usize], <[u8]>::to_vec);
             let per_chunk = (1u64 << 20) / bs;
+            let blocks = len / bs;
             let chunk: Vec<u8> = pattern.iter().copied().cycle().take((per_chunk.min(blocks) * bs) as usize).collect();
             let mut b = 0;
             while b < blocks {
                 let n = per_chunk.min(blocks - b);
-                self.backend.write((r.lba + b) * bs, &chunk[..(n * bs) as usize]).map_err(|_| self.io_error(false))?;
+                self.backend.write(off + b * bs, &chunk[..(n * bs) as usize]).map_err(|_| self.io_error(false))?;
                 b += n;
             }
         }
         self.settle(false)
     }
 
-    pub(super) fn unmap(&self, out: &[u8]) -> R {
+    /// UNMAP, checked: the byte ranges of its descriptors.
+    pub(super) fn check_unmap(&self, out: &[u8]) -> Result<Vec<(u64, u64)>, Sense> {
         let ds = riser_scsi::unmap::parse(out).map_err(|e| e.sense(false))?;
         self.write_protected()?;
-        let bs = u64::from(self.bs());
-        for d in &ds {
-            if d.lba.checked_add(u64::from(d.blocks)).is_none_or(|e| e > self.blocks()) {
-                return Err(illegal(AscAscq::LBA_OUT_OF_RANGE));
-            }
+        if ds.iter().any(|d| d.lba.checked_add(u64::from(d.blocks)).is_none_or(|e| e > self.blocks())) {
+            return Err(illegal(AscAscq::LBA_OUT_OF_RANGE));
         }
         if ds.len() > 256 {
             return Err(bad_field(7, None));
         }
-        for d in &ds {
-            self.backend.unmap(d.lba * bs, u64::from(d.blocks) * bs).map_err(|_| self.io_error(false))?;
+        let bs = u64::from(self.bs());
+        Ok(ds.iter().map(|d| (d.lba * bs, u64::from(d.blocks) * bs)).collect())
+    }
+
+    pub(super) fn unmap(&self, out: &[u8]) -> R {
+        for (off, len) in self.check_unmap(out)? {
+            self.backend.unmap(off, len).map_err(|_| self.io_error(false))?;
         }
         self.settle(false)
     }
 
-    pub(super) fn compare_and_write(&self, lba: u64, blocks: u8, flags: u8, out: &[u8]) -> R {
+    /// COMPARE AND WRITE of at most `max` blocks, checked: the byte range compared and
+    /// written (`None`: zero blocks, nothing to do).
+    pub(super) fn check_compare_and_write(
+        &self,
+        lba: u64,
+        blocks: u8,
+        flags: u8,
+        out: &[u8],
+        max: u8,
+    ) -> Result<Option<(u64, usize)>, Sense> {
         if flags >> 5 != 0 {
             return Err(bad_field(1, Some(7)));
         }
-        if blocks > 1 {
+        if blocks > max {
             return Err(bad_field(13, None));
         }
         if blocks == 0 {
-            return Ok(Outcome::good(Bytes::new()));
+            return Ok(None);
         }
         let (off, len) = self.range(lba, u64::from(blocks))?;
         if out.len() < 2 * len {
             return Err(illegal(AscAscq::PARAMETER_LIST_LENGTH_ERROR));
         }
         self.write_protected()?;
+        Ok(Some((off, len)))
+    }
+
+    pub(super) fn compare_and_write(&self, lba: u64, blocks: u8, flags: u8, out: &[u8]) -> R {
+        let Some((off, len)) = self.check_compare_and_write(lba, blocks, flags, out, 1)? else {
+            return Ok(Outcome::good(Bytes::new()));
+        };
         let held = self.read_modify_write.lock(off..off + len as u64);
         let mut cur = vec![0u8; len];
         self.backend.read(off, &mut cur).map_err(|_| self.io_error(true))?;

@@ -4,7 +4,8 @@
 //! with its status.
 
 use super::lock;
-use super::session::{BUDGET_UNIT, IoGate, Session, Slot};
+use super::session::{BUDGET_UNIT, IoCount, IoGate, Session, Slot};
+use super::view::PathGuard;
 use crate::lu::{LogicalUnit, Outcome, Plan};
 use bytes::Bytes;
 use riser_datamover::SequenceError;
@@ -15,6 +16,36 @@ use riser_scsi::sense::{AscAscq, Sense, SenseKey, Status};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use tracing::{debug, warn};
+
+/// A command's backend I/O running apart from its task (on the blocking pool, or a store's
+/// future spawned): until it is dropped, when the I/O is over, a LUN removal waits for it (the
+/// path) and, when `gated`, so do task management (the task's gate) and the session's end (the
+/// session's count).
+struct InFlight {
+    gate: Option<(Arc<IoGate>, Arc<IoCount>)>,
+    _path: PathGuard,
+}
+
+impl InFlight {
+    fn new(gate: &Arc<IoGate>, io: &Arc<IoCount>, path: PathGuard, gated: bool) -> Self {
+        let gate = gated.then(|| {
+            gate.busy.store(true, Ordering::Release);
+            io.enter();
+            (gate.clone(), io.clone())
+        });
+        Self { gate, _path: path }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some((g, io)) = self.gate.take() {
+            g.busy.store(false, Ordering::Release);
+            g.idle.notify_waiters();
+            io.leave();
+        }
+    }
+}
 
 /// Sense for write data that broke its sequence or did not come.
 fn data_phase_error(lu: &LogicalUnit) -> Outcome {
@@ -171,15 +202,10 @@ impl Session {
             let Some(running) = lu.execute_async(&plan, data_out.slice(..usable), &self.nexus, read_buf) else {
                 return;
             };
-            gate.busy.store(true, Ordering::Release);
-            self.io.enter();
-            let (g, io, held) = (gate.clone(), self.io.clone(), path.enter());
+            let in_flight = InFlight::new(gate, &self.io, path.enter(), true);
             let Ok(o) = tokio::spawn(async move {
                 let o = running.await;
-                drop(held);
-                g.busy.store(false, Ordering::Release);
-                g.idle.notify_waiters();
-                io.leave();
+                drop(in_flight);
                 o
             })
             .await
@@ -197,24 +223,12 @@ impl Session {
             let nexus = self.nexus.clone();
             let plan2: Plan = plan.clone();
             // A SANITIZE is not waited for: it goes on across task management and reinstatement
-            // by design, and the LU fences the medium while it runs.
-            let gated = !lu.outlives_its_task(&plan);
-            if gated {
-                gate.busy.store(true, Ordering::Release);
-                self.io.enter();
-            }
-            let (g, io) = (gate.clone(), self.io.clone());
-            // The I/O holds the path too: a LUN being removed waits for it even if this task is
-            // aborted meanwhile.
-            let held = path.enter();
+            // by design, and the LU fences the medium while it runs. The I/O holds the path
+            // either way: a LUN being removed waits for it even if this task is aborted meanwhile.
+            let in_flight = InFlight::new(gate, &self.io, path.enter(), !lu.outlives_its_task(&plan));
             let Ok(r) = tokio::task::spawn_blocking(move || {
                 let r = (lu2.execute_into(&plan2, &data_out[..usable], &nexus, read_buf), data_out);
-                drop(held);
-                if gated {
-                    g.busy.store(false, Ordering::Release);
-                    g.idle.notify_waiters();
-                    io.leave();
-                }
+                drop(in_flight);
                 r
             })
             .await
