@@ -338,35 +338,13 @@ struct GatewayProcess {
 impl GatewayProcess {
     fn start(bin: &Path, dir: &Path, conf: &Path, img: &str, group: u16, ports: [u16; 2]) -> Self {
         let port = ports[usize::from(group - 1)];
-        let other = 3 - group;
-        let toml = format!(
-            r#"
-[[store]]
-name = "shared"
-backing = "rbd:rbd/{img},conf={conf}"
-options = {{ takeover_secs = 3 }}
-
-[[target]]
-name = "{TARGET}"
-open = true
-
-[[target.portal_group]]
-tag = {group}
-relative_port = {group}
-port_group = {group}
-portals = ["127.0.0.1:{port}"]
-
-[[target.remote_port_group]]
-port_group = {other}
-relative_ports = [{other}]
-
-[[target.lun]]
-lun = 0
-store = "shared"
-optimized_port_group = 1
-"#,
-            conf = conf.display()
-        );
+        let toml = include_str!("../testdata/rbd/gateway.toml")
+            .replace("{image}", img)
+            .replace("{conf}", &conf.display().to_string())
+            .replace("{target}", TARGET)
+            .replace("{group}", &group.to_string())
+            .replace("{other}", &(3 - group).to_string())
+            .replace("{port}", &port.to_string());
         let file = dir.join(format!("gateway-{group}.toml"));
         std::fs::write(&file, toml).unwrap();
         let log = std::fs::File::create(dir.join(format!("gateway-{group}.log"))).unwrap();

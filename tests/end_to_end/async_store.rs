@@ -2,9 +2,7 @@
 //! cluster's do): the data path end to end, task management that waits for a store operation
 //! in flight, and a LUN removal that waits for one.
 
-use crate::support::{AsyncGated, Gated, TARGET, Transport, WAIT, pattern, until, write10};
-use riser::iscsi::keys::OperationalConfig;
-use riser::iscsi::wire::{Header, TaskMgmtRequest, TmfFunction, TmfResponse};
+use crate::support::{AsyncGated, Gated, TARGET, Transport, WAIT, pattern, until};
 use riser::scsi::lun::Lun;
 use riser::target::backend::BlockBackend;
 use riser::target::lu::{LogicalUnit, LuIdentity};
@@ -50,39 +48,7 @@ async fn reads_and_writes_of_every_size_at_queue_depth_16(t: Transport) {
 async fn task_management_waits_for_the_store_operation_of_an_aborted_write(t: Transport) {
     let gated = Gated::new();
     let addr = t.start_with(unit(&gated), |_| {}, |_| {}).await;
-    let op = OperationalConfig::default().initial_r2t(false).immediate_data(true);
-    let mut r = t.raw(addr, op, 11).await;
-    for (i, function) in [TmfFunction::ABORT_TASK, TmfFunction::LOGICAL_UNIT_RESET].into_iter().enumerate() {
-        gated.hold(true);
-        let itt = 0x900 + i as u32;
-        let h = r.command(itt, &write10(0, 1), 512, true, true, false);
-        let ref_cmd_sn = r.cmd_sn.wrapping_sub(1);
-        r.send(h, &[3; 512]).await;
-        until("the write reached the store", || gated.waiting() > 0).await;
-        let done_before = gated.done();
-        let tmf = TaskMgmtRequest {
-            immediate: true,
-            function,
-            lun: Lun::ZERO,
-            itt: 0x9f0 + i as u32,
-            ref_task_tag: itt,
-            cmd_sn: r.cmd_sn,
-            exp_stat_sn: r.o.stat_sn,
-            ref_cmd_sn,
-            ..TaskMgmtRequest::default()
-        };
-        r.send(Header::TaskMgmtRequest(tmf), &[]).await;
-        assert!(r.next_within(Duration::from_millis(400)).await.is_none(), "{function:?} answered while the store still writes");
-        gated.hold(false);
-        match r.next().await {
-            (Header::TaskMgmtResponse(t), _) => assert_eq!(t.response, TmfResponse::COMPLETE),
-            other => panic!("{other:?}"),
-        }
-        assert_eq!(gated.done(), done_before + 1, "the store's write ended before the answer");
-        let h = r.command(0x9e0 + i as u32, &[0; 6], 0, false, true, false);
-        r.send(h, &[]).await;
-        let _ = r.response(0x9e0 + i as u32, |_| {}).await;
-    }
+    crate::task_management::tmf_waits_for_the_aborted_write(t, addr, &gated, 11).await;
 }
 
 async fn a_removed_lun_answers_once_its_store_write_is_over(t: Transport) {

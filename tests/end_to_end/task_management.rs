@@ -123,8 +123,15 @@ async fn abort_task_set_ends_the_commands_before_it_not_those_after(t: Transport
 async fn task_management_waits_for_the_aborted_writes_backend_io(t: Transport) {
     let gated = Gated::new();
     let addr = t.start_on(gated.clone(), |_| {}, |_| {}).await;
+    tmf_waits_for_the_aborted_write(t, addr, &gated, 10).await;
+}
+
+/// Against the target at `addr`, whose LUN 0 writes through `gated`: ABORT TASK, then LUN RESET,
+/// each of a write held at the gate, is answered only once that write is over (session ISID
+/// `80 00 00 00 00 isid`).
+pub(crate) async fn tmf_waits_for_the_aborted_write(t: Transport, addr: std::net::SocketAddr, gated: &Gated, isid: u8) {
     let op = OperationalConfig::default().initial_r2t(false).immediate_data(true);
-    let mut r = t.raw(addr, op, 10).await;
+    let mut r = t.raw(addr, op, isid).await;
     for (i, function) in [TmfFunction::ABORT_TASK, TmfFunction::LOGICAL_UNIT_RESET].into_iter().enumerate() {
         gated.hold(true);
         let itt = 0x700 + i as u32;

@@ -202,9 +202,18 @@ impl RunningTarget {
     /// The example target of the build in `examples`, configured by the file `config`, which
     /// has it listen on 127.0.0.1:`port`.
     fn start_config(examples: &Path, config: &Path, port: u16) -> Result<Self, String> {
-        let child = Command::new(examples.join("target"))
-            .arg("--config")
-            .arg(config)
+        Self::spawn(Command::new(examples.join("target")).arg("--config").arg(config), port)
+    }
+
+    /// The example target of the build in `examples` (a directory holding `target`).
+    fn start_from(examples: &Path, args: &[&str]) -> Result<Self, String> {
+        let port = free_port()?;
+        Self::spawn(Command::new(examples.join("target")).args(["--portal", &format!("127.0.0.1:{port}")]).args(args), port)
+    }
+
+    /// Start `cmd`, a target that is to listen on 127.0.0.1:`port`, and wait until it does.
+    fn spawn(cmd: &mut Command, port: u16) -> Result<Self, String> {
+        let child = cmd
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -216,28 +225,7 @@ impl RunningTarget {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        Err(format!("the target configured by {} did not listen on port {port}", config.display()))
-    }
-
-    /// The example target of the build in `examples` (a directory holding `target`).
-    fn start_from(examples: &Path, args: &[&str]) -> Result<Self, String> {
-        let port = free_port()?;
-        let portal = format!("127.0.0.1:{port}");
-        let child = Command::new(examples.join("target"))
-            .args(["--portal", &portal])
-            .args(args)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .map_err(|e| format!("starting the target: {e}"))?;
-        let t = Self { child, port };
-        for _ in 0..100 {
-            if std::net::TcpStream::connect(&portal).is_ok() {
-                return Ok(t);
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Err(format!("the target did not listen on {portal}"))
+        Err(format!("the target did not listen on 127.0.0.1:{port}"))
     }
 }
 

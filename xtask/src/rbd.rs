@@ -140,37 +140,19 @@ pub(crate) fn run(_args: &[String]) -> Result<(), String> {
     multipath_across_gateways(&ceph, &examples)
 }
 
-/// A gateway of a pair exporting `rbd/IMAGE` (the TOML of `riser-target --config`): group
-/// `group` (1 or 2) on 127.0.0.1:`port`, the other gateway's group remote, group 1 optimized.
-pub(crate) fn gateway_config(ceph: &Ceph, image: &str, target: &str, group: u16, port: u16) -> String {
-    let other = 3 - group;
-    format!(
-        r#"[[store]]
-name = "shared"
-backing = "rbd:rbd/{image},conf={conf}"
-options = {{ takeover_secs = 3 }}
-
-[[target]]
-name = "{target}"
-open = true
-
-[[target.portal_group]]
-tag = {group}
-relative_port = {group}
-port_group = {group}
-portals = ["127.0.0.1:{port}"]
-
-[[target.remote_port_group]]
-port_group = {other}
-relative_ports = [{other}]
-
-[[target.lun]]
-lun = 0
-store = "shared"
-optimized_port_group = 1
-"#,
-        conf = ceph.conf.display()
-    )
+/// A gateway of a pair exporting `rbd/IMAGE` (the TOML of `riser-target --config`, from
+/// `testdata/rbd/gateway.toml`): group `group` (1 or 2) on 127.0.0.1:`port`, the other gateway's
+/// group remote, group 1 optimized.
+pub(crate) fn gateway_config(ceph: &Ceph, image: &str, target: &str, group: u16, port: u16) -> Result<String, String> {
+    let template = root().join("testdata/rbd/gateway.toml");
+    let text = std::fs::read_to_string(&template).map_err(|e| format!("{}: {e}", template.display()))?;
+    Ok(text
+        .replace("{image}", image)
+        .replace("{conf}", &ceph.conf.display().to_string())
+        .replace("{target}", target)
+        .replace("{group}", &group.to_string())
+        .replace("{other}", &(3 - group).to_string())
+        .replace("{port}", &port.to_string()))
 }
 
 /// libiscsi's MultipathIO tests with one path through each of two gateways of one image (a LUN
@@ -184,7 +166,7 @@ fn multipath_across_gateways(ceph: &Ceph, examples: &Path) -> Result<(), String>
     for group in [1u16, 2] {
         let port = crate::free_port()?;
         let file = dir.join(format!("gateway-{group}.toml"));
-        std::fs::write(&file, gateway_config(ceph, "multipath", iqn, group, port)).map_err(|e| e.to_string())?;
+        std::fs::write(&file, gateway_config(ceph, "multipath", iqn, group, port)?).map_err(|e| e.to_string())?;
         gateways.push(RunningTarget::start_config(examples, &file, port)?);
     }
     let urls: Vec<String> = gateways.iter().map(|g| format!("iscsi://127.0.0.1:{}/{iqn}/0", g.port)).collect();

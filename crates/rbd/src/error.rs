@@ -13,6 +13,8 @@ pub const ENOENT: i32 = 2;
 /// `EROFS` on Linux: librbd's answer to a write while another client holds the exclusive lock
 /// and will not give it up.
 pub const EROFS: i32 = 30;
+/// `EBUSY` on Linux: an object lock held by another client (`Ioctx::lock_exclusive`).
+pub const EBUSY: i32 = 16;
 
 /// A failure reported by librados or librbd, or an argument the binding refused before
 /// calling them. Never produced by a panic: every librbd error ends up here.

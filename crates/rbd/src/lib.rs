@@ -44,7 +44,7 @@ mod image;
 #[allow(unsafe_code)]
 mod rados;
 
-pub use error::{CompareError, EBLOCKLISTED, EILSEQ, ENOENT, EROFS, ETIMEDOUT, Error};
+pub use error::{CompareError, EBLOCKLISTED, EBUSY, EILSEQ, ENOENT, EROFS, ETIMEDOUT, Error};
 pub use notify::{Notify, NotifyAck, NotifyReplies, NotifyTimeout};
 pub use options::ClusterOptions;
 

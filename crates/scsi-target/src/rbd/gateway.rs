@@ -420,7 +420,7 @@ impl crate::lu::SharedReservations for SharedPr {
         loop {
             match inner.ioctx.lock_exclusive(&oid, "riser-pr", &cookie, PR_TURN_HOLD) {
                 Ok(()) => break,
-                Err(e) if e.errno() == Some(-libc_ebusy()) && started.elapsed() < PR_TURN_WAIT => {
+                Err(e) if e.errno() == Some(-riser_rbd::EBUSY) && started.elapsed() < PR_TURN_WAIT => {
                     std::thread::sleep(Duration::from_millis(10));
                 }
                 Err(e) => return Err(super::to_io(e)),
@@ -440,11 +440,6 @@ impl crate::lu::SharedReservations for SharedPr {
         let _ = inner.ioctx.unlock(&oid, "riser-pr", &cookie);
         result
     }
-}
-
-/// EBUSY, as librados returns it negated.
-const fn libc_ebusy() -> i32 {
-    16
 }
 
 impl Gateway {
