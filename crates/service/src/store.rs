@@ -221,12 +221,6 @@ impl Ha {
         let _ = (lu, local, model);
         Ok(())
     }
-
-    /// What the gateway coordination knows now, if it runs.
-    #[cfg(feature = "rbd")]
-    pub fn status(&self) -> Option<riser_target::rbd::GatewayStatus> {
-        self.gateway.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|g| g.status())
-    }
 }
 
 impl Store {

@@ -49,11 +49,6 @@ impl LogicalUnit {
         lu
     }
 
-    /// The asynchronous store, if the unit has one.
-    pub fn async_backend(&self) -> Option<&Arc<dyn AsyncBackend>> {
-        self.aio.as_ref()
-    }
-
     /// Whether [`Self::execute_async`] runs `plan` (the unit has an asynchronous store and the
     /// command is one of its data path).
     pub fn runs_async(&self, plan: &Plan) -> bool {
