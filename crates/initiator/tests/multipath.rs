@@ -216,6 +216,15 @@ fn spawn_workers(
     (0..DEPTH).map(|w| tokio::spawn(worker(mp.clone(), w, expected.clone(), tally.clone(), stop.clone(), verify))).collect()
 }
 
+/// Freeze gateway `a` (path 0) and wait until at least 4 commands sent on it are certain to stay
+/// unanswered. A command counts as in flight until its task has taken its answer, so right after
+/// the freeze some counted ones were answered already; they are let through first.
+async fn hang(a: &Gateway, mp: &Multipath) {
+    a.freeze();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    until(Duration::from_secs(10), "commands in flight on A", || mp.paths()[0].in_flight >= 4).await;
+}
+
 /// Wait until `cond` holds (at most `within`).
 async fn until(within: Duration, what: &str, mut cond: impl FnMut() -> bool) {
     let end = Instant::now() + within;
@@ -259,8 +268,7 @@ async fn io_goes_on_through_the_other_gateway_and_the_path_comes_back() {
     // Both paths carry I/O.
     until(Duration::from_secs(10), "I/O on both gateways", || a.commands() > 50 && b.commands() > 50).await;
     // Kill A with commands in flight on it: it hangs first, so they stay in flight.
-    a.freeze();
-    until(Duration::from_secs(10), "commands in flight on A", || mp.paths()[0].in_flight >= 4).await;
+    hang(&a, &mp).await;
     a.kill();
     until(Duration::from_secs(10), "path A marked down", || !mp.paths()[0].up).await;
 
@@ -311,8 +319,7 @@ async fn writes_in_flight_on_a_dead_gateway_fail_clearly_when_nothing_proves_the
     // Writes only, so what is in flight on A when it dies is writes.
     let workers = spawn_workers(&mp, &expected, &tally, &stop, false);
     until(Duration::from_secs(10), "I/O on both gateways", || a.commands() > 50 && b.commands() > 50).await;
-    a.freeze();
-    until(Duration::from_secs(10), "writes in flight on A", || mp.paths()[0].in_flight >= 4).await;
+    hang(&a, &mp).await;
     let killed = Instant::now();
     a.kill();
     // A never comes back and the target gives no access states: the writes that were in flight
@@ -394,8 +401,7 @@ async fn alua_optimized_first_and_writes_fail_over_once_the_other_group_owns_the
     let tally = Arc::new(Tally::default());
     let stop = Arc::new(AtomicBool::new(false));
     let workers = spawn_workers(&mp, &expected, &tally, &stop, true);
-    a.freeze();
-    until(Duration::from_secs(10), "commands in flight on A", || mp.paths()[0].in_flight >= 4).await;
+    hang(&a, &mp).await;
     a.kill();
     // B takes the unit over (having fenced A): it reports itself optimized, A unavailable. The
     // writes that were in flight on A go through B after a fresh REPORT TARGET PORT GROUPS,
