@@ -502,9 +502,14 @@ fault_cell() {
   dev=$(kinit_dev "$RISER_IQN")
   local during
   during=$(res_snapshot "$TARGET_PID")
-  # The load: O_DIRECT writes over the whole LUN, again and again.
+  # The load: O_DIRECT writes over the whole LUN, again and again until the fault (each pass
+  # exactly the LUN's size: a dd that runs into the end fails with ENOSPC, which ended the load
+  # before the fault once a pass took less than FAULT_AFTER).
   # (1 MiB: bs=4M over ib_iser runs into the riser target's receive shortage, see DD_BS in lib.sh.)
-  (while dd if=/dev/zero of="/dev/$dev" bs="${FAULT_LOAD_BS:-1M}" oflag=direct status=none 2>> "$CELL_LOG/load.err"; do :; done) &
+  local bs_bytes pass_blocks
+  bs_bytes=$(numfmt --from=iec "${FAULT_LOAD_BS:-1M}")
+  pass_blocks=$(($(cat "/sys/block/$dev/size") * 512 / bs_bytes))
+  (while dd if=/dev/zero of="/dev/$dev" bs="$bs_bytes" count="$pass_blocks" oflag=direct status=none 2>> "$CELL_LOG/load.err"; do :; done) &
   load=$!
   st0=$(awk '{print $7}' "/sys/block/$dev/stat")
   sleep "${FAULT_AFTER:-6}"
