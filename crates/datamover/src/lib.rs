@@ -431,6 +431,26 @@ pub trait Datamover: Send + Sync + core::fmt::Debug {
     /// The next notification (Control_Notify, Connection_Terminate_Notify, …).
     fn next_event(&self) -> BoxFuture<'_, DmEvent>;
 
+    /// A notification that is already here, without waiting (`None`: none yet). The iSCSI
+    /// layer handles every PDU that has arrived before it lets what they produced leave (see
+    /// [`hold_sends`](Self::hold_sends)). Default: none (each event then takes its own turn).
+    fn try_next_event(&self) -> Option<DmEvent> {
+        None
+    }
+
+    /// Start gathering: what is sent from now on (Send_Control, Put_Data, R2Ts) may wait in the
+    /// datamover, in order, until [`release_sends`](Self::release_sends), so the responses of
+    /// one turn of the iSCSI layer leave together (TCP: one `writev`). A datamover may let
+    /// gathered PDUs leave earlier (when a lot has gathered); it never reorders them. The
+    /// caller must release before it waits for anything the peer would have to answer.
+    /// Default: nothing is held.
+    fn hold_sends(&self) {}
+
+    /// Let everything gathered since [`hold_sends`](Self::hold_sends) leave, and stop gathering.
+    fn release_sends(&self) -> BoxFuture<'_, Result<(), DmError>> {
+        Box::pin(async { Ok(()) })
+    }
+
     /// Send_Control for a SCSI Command on the initiator, with the task's buffers (RFC 5047 §7.1:
     /// the I/O buffer descriptors travel with the command): a read buffer of `read_len` bytes and
     /// the write data. TCP sends immediate and unsolicited data and answers R2Ts; iSER registers

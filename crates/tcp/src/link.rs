@@ -61,6 +61,15 @@ pub trait LinkTx: Send {
     fn write_pdu<'a>(&'a mut self, header: &'a Header, ahs: &'a [u8], data: &'a [&'a [u8]]) -> BoxFuture<'a, Result<(), DmError>>;
     /// Apply new framing parameters.
     fn set_params(&mut self, p: LinkParams);
-    /// Close the sending direction.
+    /// Close the sending direction (what was gathered leaves first).
     fn shutdown(&mut self) -> BoxFuture<'_, ()>;
+    /// Gather (`true`): PDUs written from now on may wait in the link, in order, until
+    /// [`flush`](Self::flush) (or until a lot has gathered). Default: every PDU leaves at once.
+    fn gather(&mut self, on: bool) {
+        let _ = on;
+    }
+    /// Write out what was gathered.
+    fn flush(&mut self) -> BoxFuture<'_, Result<(), DmError>> {
+        Box::pin(async { Ok(()) })
+    }
 }

@@ -168,17 +168,35 @@ impl LinkRx for TcpRx {
     }
 }
 
-/// Sending half of a TCP link.
+/// While gathering, a PDU of at most this many bytes is copied into the gathering buffer; a
+/// larger one leaves at once (after what was gathered), its data written from where it is.
+const GATHER_PDU_MAX: usize = 64 << 10;
+/// Gathered bytes that are written out without waiting for the flush.
+const GATHER_LIMIT: usize = 256 << 10;
+
+/// Sending half of a TCP link. While [gathering](LinkTx::gather), small PDUs are copied into a
+/// buffer that leaves in one write at the flush.
 #[derive(Debug)]
 pub struct TcpTx {
     w: OwnedWriteHalf,
     p: LinkParams,
+    gather: bool,
+    out: Vec<u8>,
 }
 
 impl TcpTx {
     /// Wrap a write half.
     pub fn new(w: OwnedWriteHalf) -> Self {
-        Self { w, p: LinkParams::default() }
+        Self { w, p: LinkParams::default(), gather: false, out: Vec::new() }
+    }
+
+    async fn write_out(&mut self) -> Result<(), DmError> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        let r = self.w.write_all(&self.out).await.map_err(io_err);
+        self.out.clear();
+        r
     }
 }
 
@@ -194,17 +212,21 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(w: &mut W, mut bufs: &mut [Io
     Ok(())
 }
 
+/// Largest BHS + AHS + header digest (AHS: at most 255 words).
+const HEAD_MAX: usize = BHS_LEN + 255 * 4 + 4;
+
 impl LinkTx for TcpTx {
     fn write_pdu<'a>(&'a mut self, header: &'a Header, ahs: &'a [u8], data: &'a [&'a [u8]]) -> BoxFuture<'a, Result<(), DmError>> {
         Box::pin(async move {
             let dsl: usize = data.iter().map(|d| d.len()).sum();
-            let mut head = Vec::with_capacity(BHS_LEN + ahs.len() + 4);
-            let mut bhs = [0u8; BHS_LEN];
-            header.emit(&mut bhs, ahs.len(), dsl as u32);
-            head.extend_from_slice(&bhs);
-            head.extend_from_slice(ahs);
+            let mut head = [0u8; HEAD_MAX];
+            header.emit((&mut head[..BHS_LEN]).try_into().expect("BHS_LEN bytes"), ahs.len(), dsl as u32);
+            let mut head_len = BHS_LEN + ahs.len();
+            head[BHS_LEN..head_len].copy_from_slice(ahs);
             if self.p.header_digest == Digest::Crc32c {
-                head.extend_from_slice(&crc32c(&head).to_le_bytes());
+                let crc = crc32c(&head[..head_len]);
+                head[head_len..head_len + 4].copy_from_slice(&crc.to_le_bytes());
+                head_len += 4;
             }
             let mut tail = [0u8; 7];
             let pad = pad4(dsl) - dsl;
@@ -215,8 +237,19 @@ impl LinkTx for TcpTx {
                 tail[pad..pad + 4].copy_from_slice(&crc.to_le_bytes());
                 tail_len += 4;
             }
+            if self.gather && dsl <= GATHER_PDU_MAX {
+                self.out.extend_from_slice(&head[..head_len]);
+                data.iter().for_each(|d| self.out.extend_from_slice(d));
+                self.out.extend_from_slice(&tail[..tail_len]);
+                if self.out.len() >= GATHER_LIMIT {
+                    self.write_out().await?;
+                }
+                return Ok(());
+            }
+            // What was gathered leaves first: PDUs never overtake each other.
+            self.write_out().await?;
             let mut slices = Vec::with_capacity(data.len() + 2);
-            slices.push(IoSlice::new(&head));
+            slices.push(IoSlice::new(&head[..head_len]));
             slices.extend(data.iter().filter(|d| !d.is_empty()).map(|d| IoSlice::new(d)));
             if tail_len > 0 {
                 slices.push(IoSlice::new(&tail[..tail_len]));
@@ -231,8 +264,17 @@ impl LinkTx for TcpTx {
 
     fn shutdown(&mut self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
+            let _ = self.write_out().await;
             let _ = self.w.shutdown().await;
         })
+    }
+
+    fn gather(&mut self, on: bool) {
+        self.gather = on;
+    }
+
+    fn flush(&mut self) -> BoxFuture<'_, Result<(), DmError>> {
+        Box::pin(self.write_out())
     }
 }
 

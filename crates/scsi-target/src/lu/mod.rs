@@ -213,6 +213,13 @@ impl LogicalUnit {
         matches!(plan.cdb, Cdb::Sanitize { .. })
     }
 
+    /// Whether every command of the data path completes at memory speed on this unit: its store
+    /// is in memory and synchronous. The server then runs the common commands in the receiving
+    /// task itself, with no task of their own.
+    pub fn at_memory_speed(&self) -> bool {
+        self.aio.is_none() && self.backend.in_memory()
+    }
+
     /// Whether `plan` may block its thread for long (file I/O, a SANITIZE without IMMED that
     /// waits for the whole operation, a read-modify-write that may wait for another on the
     /// same blocks, whose disk may hang, a PERSISTENT RESERVE OUT that syncs its file, or an

@@ -124,6 +124,32 @@ impl Drop for Slot {
 /// REPORT LUNS's operation code.
 const REPORT_LUNS: u8 = 0xa0;
 
+/// Whether a command runs in the session's receiving task: it needs no write data beyond what
+/// came with it (nothing to wait for from the initiator) and it ends at memory speed — REPORT
+/// LUNS, a LUN the nexus does not see, or one of the common commands on a unit whose store is in
+/// memory ([`LogicalUnit::at_memory_speed`]). Everything else (Data-Out to collect, a store that
+/// blocks or completes later, a rare command that may take long) gets a task of its own.
+fn runs_inline(
+    cmd: &riser_iscsi::wire::ScsiCommand,
+    opcode: u8,
+    split: riser_iscsi::session::WriteSplit,
+    lu: Option<&crate::lu::LogicalUnit>,
+) -> bool {
+    if cmd.write && split.immediate < cmd.expected_data_len {
+        return false;
+    }
+    let Some(lu) = lu else { return true };
+    lu.at_memory_speed()
+        && matches!(
+            opcode,
+            // TEST UNIT READY, REQUEST SENSE, INQUIRY, MODE SENSE(6/10), READ CAPACITY(10),
+            // SERVICE ACTION IN(16), SYNCHRONIZE CACHE(10/16)
+            0x00 | 0x03 | 0x12 | 0x1a | 0x5a | 0x25 | 0x9e | 0x35 | 0x91
+            // READ and WRITE (6, 10, 12, 16)
+            | 0x08 | 0x28 | 0xa8 | 0x88 | 0x0a | 0x2a | 0xaa | 0x8a
+        )
+}
+
 /// The least size of the running-command table at which ended commands are swept out.
 const SWEEP_MIN: usize = 64;
 
@@ -184,6 +210,9 @@ pub(super) struct Session {
     pub(super) data_timeout: Duration,
     /// A send timed out: the connection is being dropped.
     dead: AtomicBool,
+    /// The I/O gate of the commands run in the receiving task (never waited on: nothing is
+    /// aborted while they run).
+    inline_gate: Arc<IoGate>,
 }
 
 impl std::fmt::Debug for Session {
@@ -237,6 +266,7 @@ impl Session {
             send_timeout: c.send_timeout,
             data_timeout: c.data_timeout,
             dead: AtomicBool::new(false),
+            inline_gate: Arc::new(IoGate::default()),
         }
     }
 
@@ -388,7 +418,7 @@ impl Session {
                 }
                 (None, _) => armed = None,
             }
-            let event = if armed.is_some() {
+            let mut event = if armed.is_some() {
                 tokio::select! {
                     biased;
                     e = self.dm.next_event() => Some(e),
@@ -400,26 +430,20 @@ impl Session {
             } else {
                 Some(self.dm.next_event().await)
             };
-            // The one clock reading per PDU.
-            let now = self.now();
-            // A change of the target's configuration shows at the next PDU.
-            if target.registry.generation.load(Ordering::SeqCst) != view.generation {
-                self.refresh(target, &mut view, false);
-            }
-            match event {
-                None => lock(&self.core).handle_timeout(now),
-                Some(DmEvent::Control(p)) => lock(&self.core).handle_pdu(now, &p.header, p.ahs, p.data, p.immediate),
-                Some(DmEvent::Malformed { bhs, error }) => {
-                    info!(nexus = %self.nexus, %error, "malformed PDU");
-                    lock(&self.core).handle_malformed(now, bhs, error);
+            // One turn: every PDU that has arrived is handled (memory-speed commands run to
+            // their end in it), and what they produced leaves together at the turn's end.
+            self.dm.hold_sends();
+            let go_on = loop {
+                if !self.handle(target, &mut view, event).await {
+                    break false;
                 }
-                Some(DmEvent::Terminated(why)) => {
-                    debug!(nexus = %self.nexus, ?why, "connection ended");
-                    break;
+                match self.dm.try_next_event() {
+                    Some(e) => event = Some(e),
+                    None => break true,
                 }
-                Some(_) => continue,
-            }
-            if !self.drive(target, &mut view, now).await {
+            };
+            self.release_sends().await;
+            if !go_on {
                 break;
             }
         }
@@ -431,15 +455,51 @@ impl Session {
         self.nexus_lost(&view);
     }
 
+    /// One event (`None`: the timer): fed to the machine, and what the machine asks done;
+    /// `false` once the connection ends.
+    async fn handle(self: &Arc<Self>, target: &Arc<Target>, view: &mut View, event: Option<DmEvent>) -> bool {
+        // The one clock reading per PDU.
+        let now = self.now();
+        // A change of the target's configuration shows at the next PDU.
+        if target.registry.generation.load(Ordering::SeqCst) != view.generation {
+            self.refresh(target, view, false);
+        }
+        match event {
+            None => lock(&self.core).handle_timeout(now),
+            Some(DmEvent::Control(p)) => lock(&self.core).handle_pdu(now, &p.header, p.ahs, p.data, p.immediate),
+            Some(DmEvent::Malformed { bhs, error }) => {
+                info!(nexus = %self.nexus, %error, "malformed PDU");
+                lock(&self.core).handle_malformed(now, bhs, error);
+            }
+            Some(DmEvent::Terminated(why)) => {
+                debug!(nexus = %self.nexus, ?why, "connection ended");
+                return false;
+            }
+            Some(_) => return true,
+        }
+        self.drive(target, view, now).await
+    }
+
+    /// Let what the turn gathered leave. A transport that takes nothing for `send_timeout`
+    /// ends the connection.
+    pub(super) async fn release_sends(&self) {
+        match tokio::time::timeout(self.send_timeout, self.dm.release_sends()).await {
+            Ok(_) => {}
+            Err(_) => self.send_failed("responses"),
+        }
+    }
+
     /// Do what the machine asks, and send what it queued; `false` once the connection ends.
     async fn drive(self: &Arc<Self>, target: &Arc<Target>, view: &mut View, now: Duration) -> bool {
         loop {
             let event = lock(&self.core).poll_event();
             let Some(event) = event else { break };
             match event {
-                TargetEvent::Command { task, cmd, ahs, split } => self.spawn_command(target, view, task, cmd, ahs, split, now),
+                TargetEvent::Command { task, cmd, ahs, split } => self.start_command(target, view, task, cmd, ahs, split, now).await,
                 TargetEvent::Discard { itt } => self.dm.deallocate_task_resources(itt),
                 TargetEvent::TaskManagement { itt, aborted, reset } => {
+                    // Nothing gathered waits on what follows (it may take a while).
+                    self.release_sends().await;
                     // Answered only once no aborted task's backend write can still land.
                     for g in self.abort_tags(&aborted) {
                         g.wait_idle().await;
@@ -460,9 +520,13 @@ impl Session {
                     let text = self.text_answer(&data, target);
                     lock(&self.core).answer_text(req, text);
                 }
-                TargetEvent::Logout { req, aborted } => self.logout(req, &aborted, view).await,
+                TargetEvent::Logout { req, aborted } => {
+                    self.release_sends().await;
+                    self.logout(req, &aborted, view).await;
+                }
                 TargetEvent::Close(why) => {
                     self.flush().await;
+                    self.release_sends().await;
                     info!(nexus = %self.nexus, ?why, "closing the connection");
                     self.dm.terminate();
                     return false;
@@ -478,8 +542,10 @@ impl Session {
         true
     }
 
+    /// Run a command: in this task when it ends at memory speed without waiting for the
+    /// initiator (see [`runs_inline`]), else as a task of its own.
     #[allow(clippy::too_many_arguments)]
-    fn spawn_command(
+    async fn start_command(
         self: &Arc<Self>,
         target: &Target,
         view: &mut View,
@@ -489,11 +555,20 @@ impl Session {
         split: riser_iscsi::session::WriteSplit,
         now: Duration,
     ) {
-        let full_cdb = riser_iscsi::wire::Pdu::new(Header::ScsiCommand(cmd), ahs, Bytes::new()).full_cdb().unwrap_or_default();
+        let full_cdb = if ahs.is_empty() {
+            cmd.cdb.to_vec()
+        } else {
+            riser_iscsi::wire::Pdu::new(Header::ScsiCommand(cmd), ahs, Bytes::new()).full_cdb().unwrap_or_default()
+        };
         let opcode = full_cdb.first().copied().unwrap_or(0);
         // REPORT LUNS answers from the nexus's LUN inventory, whichever LUN it is sent to.
         let (path, report) = if opcode == REPORT_LUNS { (None, Some(view.luns())) } else { (self.enter(target, view, cmd.lun), None) };
+        let inline = runs_inline(&cmd, opcode, split, path.as_ref().map(|p| &*p.path().lu));
         let slot = Slot { session: self.clone(), task, held: AtomicBool::new(true), path, op: Op::of(opcode), start: now };
+        if inline {
+            // Nothing to abort meanwhile: task management is handled after it, in this task.
+            return self.command(cmd, full_cdb, split, &slot, &self.inline_gate, report).await;
+        }
         let me = self.clone();
         let gate = Arc::new(IoGate::default());
         let g = gate.clone();

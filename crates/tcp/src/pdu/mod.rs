@@ -24,7 +24,7 @@ use riser_iscsi::session::TransferLimits;
 use riser_iscsi::wire::{Header, R2t, ScsiCommand};
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 use tokio::sync::{Mutex, Notify, mpsc, watch};
@@ -102,6 +102,8 @@ struct Shared {
     /// Once a PDU's header is in, its AHS and data segment must follow within this long
     /// (milliseconds): a peer that announces a segment and stalls cannot hold the connection.
     segment_timeout_ms: AtomicU64,
+    /// Sends are gathered ([`Datamover::hold_sends`]) until released.
+    gathering: AtomicBool,
 }
 
 /// Default of [`PduDatamover::set_segment_timeout`]: a whole data segment (at most 16 MiB) in
@@ -152,6 +154,7 @@ impl PduDatamover {
             phase: watch::Sender::new(Phase::Login),
             login_rx: Mutex::new(Some(rx)),
             segment_timeout_ms: AtomicU64::new(DEFAULT_SEGMENT_TIMEOUT.as_millis() as u64),
+            gathering: AtomicBool::new(false),
         });
         let me = Self { shared: shared.clone() };
         let r2t_server = me.clone().serve_r2ts(r2t_rx);
@@ -294,6 +297,7 @@ impl PduDatamover {
         {
             tx.set_params(p);
         }
+        tx.gather(self.shared.gathering.load(Ordering::Acquire));
         tx.write_pdu(&header, ahs, data).await
     }
 }
@@ -375,6 +379,26 @@ impl Datamover for PduDatamover {
 
     fn terminate(&self) {
         self.shared.phase.send_replace(Phase::Closed);
+    }
+
+    fn try_next_event(&self) -> Option<DmEvent> {
+        if *self.shared.phase.borrow() == Phase::Login {
+            return None;
+        }
+        self.shared.events_rx.try_lock().ok()?.try_recv().ok()
+    }
+
+    fn hold_sends(&self) {
+        self.shared.gathering.store(true, Ordering::Release);
+    }
+
+    fn release_sends(&self) -> BoxFuture<'_, Result<(), DmError>> {
+        Box::pin(async move {
+            let mut tx = self.shared.tx.lock().await;
+            self.shared.gathering.store(false, Ordering::Release);
+            tx.gather(false);
+            tx.flush().await
+        })
     }
 
     fn next_event(&self) -> BoxFuture<'_, DmEvent> {
