@@ -5,10 +5,11 @@ use rustix::fs::{FallocateFlags, SeekFrom};
 use rustix::io::Errno;
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::ops::Range;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
 use std::path::Path;
-use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// What a logical unit stores its blocks in. Offsets and lengths are in bytes and always lie
 /// within the device (the SCSI core checks ranges first).
@@ -93,32 +94,185 @@ fn grown_blocks(size: u64, block_size: u32, blocks: u64) -> io::Result<u64> {
     Ok(want)
 }
 
-/// A RAM disk. Memory is touched only when written (the kernel zero-fills pages lazily), and
-/// unmapped blocks are tracked so GET LBA STATUS can report them.
+/// The size a RAM disk's segment aims at: the unit of locking and of allocation. 1 MiB keeps
+/// the per-segment overhead (a padded lock, 128 bytes) near 0.01 % of the disk, makes a command
+/// of up to 1 MiB (the usual largest burst) take one or two locks, and still spreads the I/O of
+/// a disk of a few hundred MiB over hundreds of locks, so concurrent commands seldom meet on one.
+const SEGMENT_BYTES: u64 = 1 << 20;
+
+/// How many buckets of segments a RAM disk can have; bucket `k` holds `base << k` segments, so
+/// 48 of them are more than any memory.
+const BUCKETS: usize = 48;
+
+/// A RAM disk. It is cut into segments of about [`SEGMENT_BYTES`] (whole words of 64 blocks),
+/// each with a lock of its own, so commands on different segments share no lock and no cache
+/// line written per command (a bitmap word is written only when a block's state changes, not
+/// when a block is written again). A segment's memory is allocated when it is first written (zeroed
+/// lazily by the kernel) and freed when it is unmapped whole; unmapped blocks are tracked so GET
+/// LBA STATUS can report them.
+///
+/// Atomicity ([`BlockBackend::atomic_writes`]): a command takes the locks of every segment it
+/// covers, in ascending order (so commands never deadlock), and holds them all until it is done;
+/// a write (or an unmap) is therefore all-or-nothing to concurrent reads and writes even when it
+/// spans segments.
+///
+/// Growth ([`BlockBackend::resize`]) never moves a segment: segments live in buckets of doubling
+/// size, each created once (a [`OnceLock`]), so finding a segment is two loads and commands never
+/// take a lock shared by the whole disk. The size is an atomic published after the new segments
+/// exist.
 #[derive(Debug)]
 pub struct RamBackend {
     block_size: u32,
-    data: RwLock<Vec<u8>>,
-    mapped: RwLock<Vec<u64>>,
+    /// Blocks per segment: a multiple of 64, so a bitmap word never spans segments.
+    segment_blocks: u64,
+    /// Bytes per segment.
+    segment_bytes: u64,
+    /// log2 of the number of segments in bucket 0.
+    base_shift: u32,
+    blocks: AtomicU64,
+    buckets: [OnceLock<Box<[Segment]>>; BUCKETS],
+    /// Held by `resize` only.
+    growing: Mutex<()>,
+}
+
+/// One segment of a [`RamBackend`], alone on its cache lines (128 bytes: the adjacent-line
+/// prefetcher fetches lines in pairs).
+#[derive(Debug)]
+#[repr(align(128))]
+struct Segment {
+    /// The segment's bytes, `None` until first written (and after it is unmapped whole): it then
+    /// reads as zeros.
+    data: RwLock<Option<Box<[u8]>>>,
+    /// Which blocks hold data, a bit per block. Changed only under the write lock of `data` (so
+    /// a load and a store suffice), read without it.
+    mapped: Box<[AtomicU64]>,
+}
+
+impl Segment {
+    fn new(blocks: u64) -> Self {
+        Self { data: RwLock::new(None), mapped: (0..blocks / 64).map(|_| AtomicU64::new(0)).collect() }
+    }
+
+    /// Set (`on`) or clear the bits of blocks `first..end` (of this segment). The caller holds
+    /// the write lock of `data`: no one else changes the bits, so a word already as wanted (a
+    /// block written again) is left alone and the others are stored, without a read-modify-write.
+    fn mark(&self, first: u64, end: u64, on: bool) {
+        let mut b = first;
+        while b < end {
+            let (w, bit) = ((b / 64) as usize, b % 64);
+            let n = (64 - bit).min(end - b);
+            let mask = if n == 64 { u64::MAX } else { ((1u64 << n) - 1) << bit };
+            let old = self.mapped[w].load(Ordering::Relaxed);
+            let new = if on { old | mask } else { old & !mask };
+            if new != old {
+                self.mapped[w].store(new, Ordering::Release);
+            }
+            b += n;
+        }
+    }
+}
+
+/// A part of a command that falls in one segment.
+struct Piece<'a> {
+    segment: &'a Segment,
+    /// Byte range in the segment.
+    at: Range<usize>,
+    /// Byte range in the command's buffer.
+    buf: Range<usize>,
+}
+
+/// Locks held on every segment a command covers, taken in ascending order. The first is kept
+/// apart so a command within one segment (the common case) allocates nothing.
+struct Held<'a, G> {
+    first: (G, Piece<'a>),
+    rest: Vec<(G, Piece<'a>)>,
+}
+
+impl<'a, G> Held<'a, G> {
+    fn all(&mut self) -> impl Iterator<Item = &mut (G, Piece<'a>)> {
+        std::iter::once(&mut self.first).chain(self.rest.iter_mut())
+    }
 }
 
 impl RamBackend {
     /// A RAM disk of `size` bytes (rounded down to whole blocks) with `block_size`-byte blocks.
     pub fn new(size: u64, block_size: u32) -> Self {
-        let blocks = size / u64::from(block_size);
-        let bytes = (blocks * u64::from(block_size)) as usize;
-        Self { block_size, data: RwLock::new(vec![0; bytes]), mapped: RwLock::new(vec![0; (blocks as usize).div_ceil(64)]) }
+        let bs = u64::from(block_size);
+        let blocks = size / bs;
+        let segment_blocks = (SEGMENT_BYTES / bs / 64).max(1) * 64;
+        let base = blocks.div_ceil(segment_blocks).max(1).next_power_of_two();
+        let r = Self {
+            block_size,
+            segment_blocks,
+            segment_bytes: segment_blocks * bs,
+            base_shift: base.trailing_zeros(),
+            blocks: AtomicU64::new(blocks),
+            buckets: std::array::from_fn(|_| OnceLock::new()),
+            growing: Mutex::new(()),
+        };
+        r.buckets[0].get_or_init(|| (0..base).map(|_| Segment::new(segment_blocks)).collect());
+        r
     }
 
-    fn mark(&self, offset: u64, len: u64, on: bool) {
-        let bs = u64::from(self.block_size);
-        let mut m = self.mapped.write().unwrap_or_else(|e| e.into_inner());
-        for b in offset / bs..(offset + len).div_ceil(bs) {
-            let (w, bit) = ((b / 64) as usize, b % 64);
-            if let Some(word) = m.get_mut(w) {
-                if on { *word |= 1 << bit } else { *word &= !(1 << bit) }
-            }
+    /// Bucket and index in it of segment `i`: bucket `k` holds segments `base * (2^k - 1)` up to
+    /// `base * (2^(k+1) - 1)`.
+    fn locate(&self, i: u64) -> (usize, usize) {
+        let q = (i >> self.base_shift) + 1;
+        let k = 63 - q.leading_zeros();
+        (k as usize, (i - (((1u64 << k) - 1) << self.base_shift)) as usize)
+    }
+
+    fn segment(&self, i: u64) -> Option<&Segment> {
+        let (k, j) = self.locate(i);
+        self.buckets.get(k)?.get()?.get(j)
+    }
+
+    /// The piece of segment `i` from byte `at` of the disk, `offset` being where the command's
+    /// buffer starts and `end` where it ends.
+    fn piece(&self, i: u64, at: u64, offset: u64, end: u64) -> io::Result<Piece<'_>> {
+        let start = at - i * self.segment_bytes;
+        let n = (self.segment_bytes - start).min(end - at);
+        // Every segment below the size exists (it is created before the size is published).
+        let segment = self.segment(i).ok_or_else(|| io::Error::other(format!("RAM disk segment {i} missing")))?;
+        Ok(Piece { segment, at: start as usize..(start + n) as usize, buf: (at - offset) as usize..(at - offset + n) as usize })
+    }
+
+    /// Take `lock` on the segments of the `len` bytes at `offset`, in ascending order, once the
+    /// range is known to lie within the disk.
+    fn hold<'a, G>(&'a self, offset: u64, len: usize, what: &str, lock: impl Fn(&'a Segment) -> G) -> io::Result<Held<'a, G>> {
+        let beyond = || io::Error::other(format!("{what} beyond the end"));
+        let end = offset.checked_add(len as u64).ok_or_else(beyond)?;
+        if end > self.num_blocks() * u64::from(self.block_size) {
+            return Err(beyond());
         }
+        let (first, last) = (offset / self.segment_bytes, end.saturating_sub(1) / self.segment_bytes);
+        // Nothing to do when `len` is 0: the lock taken on that segment (which exists, the first
+        // one when the disk is empty) is moot.
+        let first = first.min(last);
+        let p = self.piece(first, offset, offset, end)?;
+        let mut at = offset + p.at.len() as u64;
+        let mut held = Held { first: (lock(p.segment), p), rest: Vec::new() };
+        for i in first + 1..=last {
+            let p = self.piece(i, at, offset, end)?;
+            at += p.at.len() as u64;
+            held.rest.push((lock(p.segment), p));
+        }
+        Ok(held)
+    }
+
+    fn read_lock(s: &Segment) -> RwLockReadGuard<'_, Option<Box<[u8]>>> {
+        s.data.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write_lock(s: &Segment) -> RwLockWriteGuard<'_, Option<Box<[u8]>>> {
+        s.data.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The bitmap word holding block `b` (0 beyond the disk).
+    fn word(&self, b: u64) -> u64 {
+        self.segment(b / self.segment_blocks)
+            .and_then(|s| s.mapped.get(((b % self.segment_blocks) / 64) as usize))
+            .map_or(0, |w| w.load(Ordering::Acquire))
     }
 }
 
@@ -127,63 +281,78 @@ impl BlockBackend for RamBackend {
         self.block_size
     }
     fn num_blocks(&self) -> u64 {
-        self.data.read().unwrap_or_else(|e| e.into_inner()).len() as u64 / u64::from(self.block_size)
+        self.blocks.load(Ordering::Acquire)
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let d = self.data.read().unwrap_or_else(|e| e.into_inner());
-        let at = offset as usize;
-        let src = d.get(at..at + buf.len()).ok_or_else(|| io::Error::other("read beyond the end"))?;
-        buf.copy_from_slice(src);
+        let mut held = self.hold(offset, buf.len(), "read", Self::read_lock)?;
+        for (g, p) in held.all() {
+            match g.as_deref() {
+                Some(d) => buf[p.buf.clone()].copy_from_slice(&d[p.at.clone()]),
+                None => buf[p.buf.clone()].fill(0),
+            }
+        }
         Ok(())
     }
     fn read_into(&self, offset: u64, len: usize, out: &mut Vec<u8>) -> io::Result<()> {
-        let d = self.data.read().unwrap_or_else(|e| e.into_inner());
-        let at = offset as usize;
-        let src = d.get(at..at + len).ok_or_else(|| io::Error::other("read beyond the end"))?;
+        let mut held = self.hold(offset, len, "read", Self::read_lock)?;
         out.clear();
-        out.extend_from_slice(src);
+        out.reserve(len);
+        for (g, p) in held.all() {
+            match g.as_deref() {
+                Some(d) => out.extend_from_slice(&d[p.at.clone()]),
+                None => out.resize(out.len() + p.at.len(), 0),
+            }
+        }
         Ok(())
     }
     fn write(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
-        {
-            let mut d = self.data.write().unwrap_or_else(|e| e.into_inner());
-            let at = offset as usize;
-            d.get_mut(at..at + buf.len()).ok_or_else(|| io::Error::other("write beyond the end"))?.copy_from_slice(buf);
+        let (sb, bs) = (self.segment_bytes as usize, u64::from(self.block_size));
+        let mut held = self.hold(offset, buf.len(), "write", Self::write_lock)?;
+        for (g, p) in held.all() {
+            // Allocation is zeroed lazily by the kernel (a fresh mapping): only what is
+            // written is touched.
+            let d = g.get_or_insert_with(|| vec![0; sb].into_boxed_slice());
+            d[p.at.clone()].copy_from_slice(&buf[p.buf.clone()]);
+            let (start, end) = (p.at.start as u64, p.at.end as u64);
+            p.segment.mark(start / bs, end.div_ceil(bs), true);
         }
-        self.mark(offset, buf.len() as u64, true);
         Ok(())
     }
     fn flush(&self) -> io::Result<()> {
         Ok(())
     }
     fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
-        {
-            let mut d = self.data.write().unwrap_or_else(|e| e.into_inner());
-            let at = offset as usize;
-            d.get_mut(at..at + len as usize).ok_or_else(|| io::Error::other("unmap beyond the end"))?.fill(0);
+        let len = usize::try_from(len).map_err(|_| io::Error::other("unmap beyond the end"))?;
+        let (sb, bs) = (self.segment_bytes as usize, u64::from(self.block_size));
+        let mut held = self.hold(offset, len, "unmap", Self::write_lock)?;
+        for (g, p) in held.all() {
+            if p.at.len() == sb {
+                // The whole segment: give its memory back.
+                **g = None;
+            } else if let Some(d) = g.as_deref_mut() {
+                d[p.at.clone()].fill(0);
+            }
+            let (start, end) = (p.at.start as u64, p.at.end as u64);
+            p.segment.mark(start / bs, end.div_ceil(bs), false);
         }
-        self.mark(offset, len, false);
         Ok(())
     }
     fn is_mapped(&self, offset: u64) -> bool {
         let b = offset / u64::from(self.block_size);
-        let m = self.mapped.read().unwrap_or_else(|e| e.into_inner());
-        m.get((b / 64) as usize).is_some_and(|w| w & (1 << (b % 64)) != 0)
+        b < self.num_blocks() && self.word(b) & (1 << (b % 64)) != 0
     }
     fn mapping(&self, offset: u64, len: u64) -> io::Result<(bool, u64)> {
         let bs = u64::from(self.block_size);
         let (first, count) = (offset / bs, (len / bs).max(1));
-        let m = self.mapped.read().unwrap_or_else(|e| e.into_inner());
-        let word = |b: u64| m.get((b / 64) as usize).copied().unwrap_or(0);
-        let mapped = word(first) & (1 << (first % 64)) != 0;
+        let mapped = self.word(first) & (1 << (first % 64)) != 0;
         let same = if mapped { u64::MAX } else { 0 };
         let mut n = 1;
         while n < count {
             let b = first + n;
             // Whole words in the state of the run are skipped at once.
-            if b % 64 == 0 && count - n >= 64 && word(b) == same {
+            if b % 64 == 0 && count - n >= 64 && self.word(b) == same {
                 n += 64;
-            } else if (word(b) & (1 << (b % 64)) != 0) == mapped {
+            } else if (self.word(b) & (1 << (b % 64)) != 0) == mapped {
                 n += 1;
             } else {
                 break;
@@ -195,23 +364,36 @@ impl BlockBackend for RamBackend {
         true
     }
     fn atomic_writes(&self) -> bool {
-        // Each write holds the data lock for its whole range.
+        // Each command holds the locks of all the segments it covers for its whole range.
         true
     }
     fn in_memory(&self) -> bool {
         true
     }
     fn resize(&self, size: u64) -> io::Result<()> {
-        let mut d = self.data.write().unwrap_or_else(|e| e.into_inner());
+        let _growing = self.growing.lock().unwrap_or_else(|e| e.into_inner());
         let bs = u64::from(self.block_size);
-        let blocks = grown_blocks(size, self.block_size, d.len() as u64 / bs)?;
-        let bytes = usize::try_from(blocks * bs).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "too large"))?;
-        // New memory is zero, as unmapped blocks read; reads and writes wait while it grows.
-        let more = bytes - d.len();
-        d.try_reserve_exact(more).map_err(|_| io::Error::new(io::ErrorKind::OutOfMemory, "no memory to grow the RAM disk"))?;
-        d.resize(bytes, 0);
-        let mut m = self.mapped.write().unwrap_or_else(|e| e.into_inner());
-        m.resize((blocks as usize).div_ceil(64), 0);
+        let blocks = grown_blocks(size, self.block_size, self.num_blocks())?;
+        let too_large = || io::Error::new(io::ErrorKind::InvalidInput, "too large");
+        usize::try_from(blocks.checked_mul(bs).ok_or_else(too_large)?).map_err(|_| too_large())?;
+        // New blocks are zero and unmapped, as unmapped blocks read: nothing ever wrote past the
+        // old end (commands are checked against the size), not even in the old last segment.
+        // Commands go on meanwhile; they see the new size once its segments exist.
+        let segments = blocks.div_ceil(self.segment_blocks);
+        if segments > 0 {
+            let (last, _) = self.locate(segments - 1);
+            for k in 0..=last {
+                let slot = self.buckets.get(k).ok_or_else(too_large)?;
+                if slot.get().is_none() {
+                    let n = (1usize << self.base_shift).checked_shl(k as u32).ok_or_else(too_large)?;
+                    let mut v = Vec::new();
+                    v.try_reserve_exact(n).map_err(|_| io::Error::new(io::ErrorKind::OutOfMemory, "no memory to grow the RAM disk"))?;
+                    v.extend((0..n).map(|_| Segment::new(self.segment_blocks)));
+                    let _ = slot.set(v.into_boxed_slice());
+                }
+            }
+        }
+        self.blocks.store(blocks, Ordering::Release);
         Ok(())
     }
 }
@@ -573,6 +755,150 @@ mod tests {
         f.read(512, &mut b).unwrap();
         assert_eq!(b, [3; 512]);
         std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn ram_writes_spanning_segments_are_never_torn() {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicBool;
+        const SEG: u64 = SEGMENT_BYTES;
+        let r = Arc::new(RamBackend::new(4 * SEG, 512));
+        assert_eq!(r.segment_bytes, SEG);
+        // Across one boundary (8 KiB), and across three segments (one of them whole).
+        let ranges = [(SEG - 4096, 8192usize), (2 * SEG - 4096, (SEG + 8192) as usize)];
+        let stop = Arc::new(AtomicBool::new(false));
+        let writers: Vec<_> = (1..=2u8)
+            .map(|w| {
+                let (r, stop) = (r.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    for i in 0..400usize {
+                        let (offset, len) = ranges[i % 2];
+                        // Writers race each other too; every fourth turn unmaps (zeros).
+                        if i % 4 == 3 {
+                            r.unmap(offset, len as u64).unwrap();
+                        } else {
+                            r.write(offset, &vec![w * 100 + (i % 50) as u8 + 1; len]).unwrap();
+                        }
+                    }
+                    stop.store(true, Ordering::Relaxed);
+                })
+            })
+            .collect();
+        let readers: Vec<_> = (0..2)
+            .map(|t| {
+                let (r, stop) = (r.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut out = Vec::new();
+                    let mut reads = 0;
+                    while !stop.load(Ordering::Relaxed) || reads < 50 {
+                        let (offset, len) = ranges[reads % 2];
+                        if t == 0 {
+                            out.resize(len, 0xff);
+                            r.read(offset, &mut out).unwrap();
+                        } else {
+                            r.read_into(offset, len, &mut out).unwrap();
+                        }
+                        assert_eq!(out.len(), len);
+                        let first = out[0];
+                        assert!(out.iter().all(|&b| b == first), "a torn write seen at {offset} + {len}");
+                        reads += 1;
+                    }
+                })
+            })
+            .collect();
+        for h in writers.into_iter().chain(readers) {
+            h.join().unwrap();
+        }
+        // The last state of each range is uniform too, and the mapping agrees with it.
+        let mut out = Vec::new();
+        for (offset, len) in ranges {
+            r.read_into(offset, len, &mut out).unwrap();
+            assert!(out.iter().all(|&b| b == out[0]));
+            assert_eq!(r.mapping(offset, len as u64).unwrap(), (out[0] != 0, len as u64));
+        }
+    }
+
+    #[test]
+    fn ram_segments_hold_through_growth_and_whole_unmaps() {
+        for bs in [512u32, 4096, 65536] {
+            let bsl = u64::from(bs);
+            let r = RamBackend::new(3 * bsl, bs);
+            let sb = r.segment_bytes;
+            assert_eq!((sb % (64 * bsl), r.num_blocks()), (0, 3));
+            r.write(bsl, &[5; 512]).unwrap();
+            assert!(r.write(3 * bsl - 256, &[0; 512]).is_err(), "beyond the end");
+            assert!(r.read(u64::MAX - 10, &mut [0; 512]).is_err(), "overflowing");
+            assert!(r.read(3 * bsl, &mut []).is_ok(), "nothing at the end");
+            // Grow over several buckets; the old last segment is reused.
+            let mut size = 3 * bsl;
+            for grow in [sb, 3 * sb + 7 * bsl, 10 * sb, 33 * sb] {
+                let old = size;
+                size += grow;
+                r.resize(size).unwrap();
+                assert_eq!(r.num_blocks(), size / bsl, "block size {bs}");
+                let mut b = vec![1; 2 * bs as usize];
+                r.read(old - bsl, &mut b).unwrap();
+                assert!(b[bs as usize..].iter().all(|&x| x == 0), "the grown part reads zeros");
+                assert!(!r.is_mapped(old));
+                // A write straddling the old end, and one at the very end.
+                r.write(old - bsl, &vec![7; 2 * bs as usize]).unwrap();
+                r.write(size - bsl, &vec![8; bs as usize]).unwrap();
+                r.read(old - bsl, &mut b).unwrap();
+                assert!(b.iter().all(|&x| x == 7));
+                assert!(r.is_mapped(old) && r.is_mapped(size - bsl) && !r.is_mapped(size));
+            }
+            let mut b = [0; 512];
+            r.read(bsl, &mut b).unwrap();
+            assert_eq!(b, [5; 512], "old data kept");
+            // Unmapping a whole segment and a piece of the next.
+            r.write(sb, &vec![9; 2 * sb as usize]).unwrap();
+            r.unmap(sb, sb + bsl).unwrap();
+            assert_eq!(r.mapping(sb, 2 * sb).unwrap(), (false, sb + bsl));
+            let mut out = Vec::new();
+            r.read_into(sb, 2 * sb as usize, &mut out).unwrap();
+            assert!(out[..(sb + bsl) as usize].iter().all(|&x| x == 0) && out[(sb + bsl) as usize..].iter().all(|&x| x == 9));
+            r.write(sb + 3 * bsl, &vec![4; bs as usize]).unwrap();
+            r.read(sb + 3 * bsl, &mut b).unwrap();
+            assert_eq!(b, [4; 512], "an unmapped segment is written again");
+            assert_eq!(r.mapping(sb, 2 * sb).unwrap(), (false, 3 * bsl));
+        }
+    }
+
+    #[test]
+    fn ram_resize_while_commands_run() {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicBool;
+        let r = Arc::new(RamBackend::new(1 << 20, 512));
+        let (stop, done) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+        let io = {
+            let (r, stop, done) = (r.clone(), stop.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut out = Vec::new();
+                for i in 0u64.. {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    // Anywhere in the disk as it is now, the new end included.
+                    let blocks = r.num_blocks();
+                    let at = (i * 7919 % (blocks - 8)) * 512;
+                    r.write(at, &[i as u8; 4096]).unwrap();
+                    r.read_into(at, 4096, &mut out).unwrap();
+                    assert!(out.iter().all(|&b| b == i as u8));
+                    done.store(i + 1, Ordering::Relaxed);
+                }
+            })
+        };
+        for mib in 2..40u64 {
+            // Commands run between every two resizes.
+            let seen = done.load(Ordering::Relaxed);
+            while done.load(Ordering::Relaxed) < seen + 2 && !io.is_finished() {
+                std::thread::yield_now();
+            }
+            r.resize(mib << 20).unwrap();
+            assert_eq!(r.num_blocks(), mib << 11);
+        }
+        stop.store(true, Ordering::Relaxed);
+        io.join().unwrap();
     }
 
     #[test]
