@@ -4,10 +4,12 @@
 //! alike. Each round starts one build's target, runs bench-client.sh (libiscsi's iscsi-perf and
 //! fio) against it over TCP and that build's initiator over TCP and iSER (software RNIC), then
 //! the other build's; per workload it prints both medians and the median of the per-round
-//! ratios (this / reference).
+//! ratios (this / reference). Each round also measures per core: the target alone on CPU 0,
+//! its clients on CPU 1 (eight iscsi-perf sessions: target CPU per command; the build's
+//! initiator at QD 32 and QD 1).
 
 use crate::bench::bench_client;
-use crate::measure::initiator_run_from;
+use crate::measure::{initiator_run_from, proc_cpu};
 use crate::{RunningTarget, arg_value, build_examples, ensure_packages, free_port, median, root, shared};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -33,6 +35,81 @@ fn round(examples: &Path, env: &[(&str, String)]) -> Result<Round, String> {
     Ok(rows)
 }
 
+/// Per-core figures: the build's target alone on CPU 0 (taskset), its clients on CPU 1 — eight
+/// iscsi-perf sessions at QD 32 (4 KiB random reads: target CPU per command, IOPS), then the
+/// build's own initiator at QD 32 (IOPS) and QD 1 (p50 latency), `secs` seconds each.
+fn pinned_round(examples: &Path, secs: u64) -> Result<Round, String> {
+    let iqn = "iqn.2026-11.io.riser:bench-pinned";
+    let port = free_port()?;
+    let t = RunningTarget::spawn(
+        Command::new("taskset").args(["-c", "0"]).arg(examples.join("target")).args([
+            "--portal",
+            &format!("127.0.0.1:{port}"),
+            "--target-name",
+            iqn,
+            "--lun",
+            "ram:1GiB",
+        ]),
+        port,
+    )?;
+    let url = format!("iscsi://127.0.0.1:{port}/{iqn}/0");
+    let stat = format!("/proc/{}/stat", t.child.id());
+    let mut rows = Round::new();
+    // Eight sessions of libiscsi's iscsi-perf.
+    let c0 = proc_cpu(&stat, 14);
+    let perfs: Vec<_> = (0..8)
+        .map(|k| {
+            Command::new("taskset")
+                .args(["-c", "1", "iscsi-perf", "-i", &format!("iqn.2026-11.io.riser:pinned-{k}"), "-m", "32", "-b", "8", "-r", "-t"])
+                .arg(secs.to_string())
+                .arg(&url)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .map_err(|e| format!("iscsi-perf: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut iops = 0.0;
+    for p in perfs {
+        let out = p.wait_with_output().map_err(|e| format!("iscsi-perf: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        // The last "iops average N" is the whole run's.
+        let last = text.rsplit("iops average ").next().and_then(|r| r.split_whitespace().next()).and_then(|n| n.parse::<f64>().ok());
+        iops += last.ok_or_else(|| format!("iscsi-perf printed no IOPS: {}", text.trim()))?;
+    }
+    let cpu = proc_cpu(&stat, 14) - c0;
+    rows.insert(format!("{:<13} {:<14} {:>5} {:>3} {:<6}", "iscsi-perf×8", "randread-pin", 4096, 32, "IOPS"), iops);
+    rows.insert(
+        format!("{:<13} {:<14} {:>5} {:>3} {:<6}", "target-cpu", "randread-pin", 4096, 32, "us/cmd"),
+        cpu * 1e6 / (iops * secs as f64),
+    );
+    for (qd, key, unit) in [(32u32, "iops=", "IOPS"), (1, "p50_us=", "p50 us")] {
+        let out = Command::new("taskset")
+            .args(["-c", "1"])
+            .arg(examples.join("initiator"))
+            .args([
+                "load",
+                &url,
+                "--rw",
+                "randread",
+                "--block-size",
+                "4KiB",
+                "--queue-depth",
+                &qd.to_string(),
+                "--seconds",
+                &secs.to_string(),
+            ])
+            .output()
+            .map_err(|e| format!("initiator load: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let v = text.split(key).nth(1).and_then(|r| r.split_whitespace().next()).and_then(|n| n.parse::<f64>().ok());
+        let v =
+            v.ok_or_else(|| format!("initiator load printed no {key}: {}{}", text.trim(), String::from_utf8_lossy(&out.stderr).trim()))?;
+        rows.insert(format!("{:<13} {:<14} {:>5} {:>3} {:<6}", "riser-TCP", "randread-pin", 4096, qd, unit), v);
+    }
+    Ok(rows)
+}
+
 pub(crate) fn bench_against(args: &[String]) -> Result<(), String> {
     let reference = PathBuf::from(arg_value(args, "--against").ok_or("--against DIR")?);
     for b in ["target", "initiator"] {
@@ -41,7 +118,8 @@ pub(crate) fn bench_against(args: &[String]) -> Result<(), String> {
         }
     }
     let reps: usize = arg_value(args, "--reps").and_then(|r| r.parse().ok()).unwrap_or(3);
-    ensure_packages(&[("iscsi-perf", "libiscsi-bin")])?;
+    let secs: u64 = arg_value(args, "--runtime").and_then(|r| r.parse().ok()).unwrap_or(5);
+    ensure_packages(&[("iscsi-perf", "libiscsi-bin"), ("taskset", "util-linux")])?;
     let _ = Command::new("bash").arg(shared().join("peers/build-fio-libiscsi.sh")).status();
     build_examples()?;
     let this = root().join("target/release/examples");
@@ -59,7 +137,8 @@ pub(crate) fn bench_against(args: &[String]) -> Result<(), String> {
             if r % 2 == 0 { [(&this, true), (&reference, false)] } else { [(&reference, false), (&this, true)] };
         for (dir, is_this) in order {
             println!("== round {}/{reps}: {}", r + 1, dir.display());
-            let rows = round(dir, &env)?;
+            let mut rows = round(dir, &env)?;
+            rows.extend(pinned_round(dir, secs)?);
             if is_this { ours.push(rows) } else { theirs.push(rows) }
         }
     }

@@ -104,6 +104,9 @@ struct Shared {
     segment_timeout_ms: AtomicU64,
     /// Sends are gathered ([`Datamover::hold_sends`]) until released.
     gathering: AtomicBool,
+    /// Initiator: PDUs were gathered; the flusher writes them out once the executor's ready
+    /// tasks have run.
+    flush_due: Notify,
 }
 
 /// Default of [`PduDatamover::set_segment_timeout`]: a whole data segment (at most 16 MiB) in
@@ -155,15 +158,18 @@ impl PduDatamover {
             login_rx: Mutex::new(Some(rx)),
             segment_timeout_ms: AtomicU64::new(DEFAULT_SEGMENT_TIMEOUT.as_millis() as u64),
             gathering: AtomicBool::new(false),
+            flush_due: Notify::new(),
         });
         let me = Self { shared: shared.clone() };
         let r2t_server = me.clone().serve_r2ts(r2t_rx);
+        let flusher = Self::flush_when_due(shared.clone());
         let driver = async move {
             // Receiving and answering R2Ts run side by side so a large Data-Out burst never
             // stops us from reading (both sides writing into full sockets would deadlock).
             tokio::select! {
                 _ = Self::drive(shared) => {}
                 _ = r2t_server => {}
+                _ = flusher => {}
             }
         };
         (me, driver)
@@ -288,17 +294,39 @@ impl PduDatamover {
         }
     }
 
+    /// Initiator: write out what the commands of one round of the executor gathered, each time
+    /// a send asks for it ([`Self::send`]). The flush waits until every task that was ready has
+    /// run: the commands they send leave together, in one write.
+    async fn flush_when_due(shared: Arc<Shared>) {
+        loop {
+            shared.flush_due.notified().await;
+            tokio::task::yield_now().await;
+            if shared.tx.lock().await.flush().await.is_err() {
+                // The commands gathered are lost with the connection: it ends, and so do they
+                // (the receive loop sees the close and tells the session).
+                shared.phase.send_replace(Phase::Closed);
+                return std::future::pending().await;
+            }
+        }
+    }
+
     async fn send(&self, header: Header, ahs: &[u8], data: &[&[u8]]) -> Result<(), DmError> {
         let mut tx = self.shared.tx.lock().await;
+        let enabled = *self.shared.phase.borrow() != Phase::Login;
         // New framing applies to what is sent once the datamover is enabled: the final login
         // PDU, sent after Notice_Key_Values, still goes out with the login's.
-        if *self.shared.phase.borrow() != Phase::Login
-            && let Some(p) = lock(&self.shared.pending_tx_params).take()
-        {
+        if enabled && let Some(p) = lock(&self.shared.pending_tx_params).take() {
             tx.set_params(p);
         }
-        tx.gather(self.shared.gathering.load(Ordering::Acquire));
-        tx.write_pdu(&header, ahs, data).await
+        // An initiator's PDUs in full feature phase always gather, and a flush follows soon
+        // (`flush_when_due`); a target's while its session holds them (`hold_sends`).
+        let deferred = enabled && self.shared.role == Role::Initiator;
+        tx.gather(deferred || self.shared.gathering.load(Ordering::Acquire));
+        tx.write_pdu(&header, ahs, data).await?;
+        if deferred {
+            self.shared.flush_due.notify_one();
+        }
+        Ok(())
     }
 }
 
