@@ -296,6 +296,45 @@ mod tests {
         Header::DataOut(DataOut { final_: true, lun: Lun::ZERO, itt: n, ttt: 7, exp_stat_sn: 0, data_sn: n, buffer_offset: 0 })
     }
 
+    /// While gathering, small PDUs wait for the flush and then leave together; a large one
+    /// leaves at once, after what was gathered before it: the order is always the sending order.
+    #[tokio::test]
+    async fn gathered_pdus_leave_at_the_flush_in_order() {
+        let (a, b) = connected().await;
+        let (_, w) = a.into_split();
+        let mut tx = TcpTx::new(w);
+        let (r, _keep) = b.into_split();
+        let mut rx = TcpRx::new(r);
+        rx.set_params(LinkParams { max_recv_data_segment_length: 1 << 20, ..LinkParams::default() });
+        let nothing_yet = |rx: &mut TcpRx| {
+            let mut probe = [0u8; 1];
+            matches!(rx.r.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+        };
+        tx.gather(true);
+        for i in 0..3u32 {
+            tx.write_pdu(&data_out(i), &[], &[&[i as u8; 100]]).await.unwrap();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(nothing_yet(&mut rx), "gathered PDUs left before the flush");
+        tx.flush().await.unwrap();
+        // A large PDU while gathering: the two small ones before it leave first.
+        for i in 3..5u32 {
+            tx.write_pdu(&data_out(i), &[], &[&[i as u8; 100]]).await.unwrap();
+        }
+        let big = vec![5u8; GATHER_PDU_MAX + 1];
+        tx.write_pdu(&data_out(5), &[], &[&big]).await.unwrap();
+        tx.write_pdu(&data_out(6), &[], &[&[6u8; 10]]).await.unwrap();
+        tx.gather(false);
+        tx.flush().await.unwrap();
+        for i in 0..7u32 {
+            let h = rx.read_header().await.unwrap().unwrap();
+            assert_eq!(h.header, data_out(i));
+            let mut d = vec![0u8; h.data_len];
+            rx.read_data(&mut d).await.unwrap();
+            assert!(d.iter().all(|b| *b == i as u8), "PDU {i}");
+        }
+    }
+
     /// PDUs with both digests, written by `TcpTx`, arrive cut at arbitrary points (from single
     /// bytes to many PDUs in one read, segments smaller and larger than the read-ahead): every
     /// header and segment comes out whole and in order, a clean end of stream only between PDUs.

@@ -378,6 +378,10 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
         }
     }
 
+    fn try_next_event(&self) -> Option<DmEvent> {
+        self.s.events_rx.try_lock().ok()?.try_recv().ok()
+    }
+
     fn next_event(&self) -> BoxFuture<'_, DmEvent> {
         Box::pin(async move {
             match self.s.events_rx.lock().await.recv().await {

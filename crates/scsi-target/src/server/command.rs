@@ -100,6 +100,8 @@ impl Session {
 
     /// Run a command: `report` holds the nexus's LUNs for REPORT LUNS, otherwise the command
     /// runs on the unit of the slot's path (or gets LOGICAL UNIT NOT SUPPORTED without one).
+    /// `inline`: it runs in the session's receiving task (one such command at a time).
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn command(
         &self,
         c: ScsiCommand,
@@ -108,6 +110,7 @@ impl Session {
         slot: &Slot,
         gate: &Arc<IoGate>,
         report: Option<Vec<Lun>>,
+        inline: bool,
     ) {
         let (edtl, immediate) = (c.expected_data_len, split.immediate);
         if let Some(luns) = report {
@@ -168,8 +171,11 @@ impl Session {
             };
             return self.scsi_response(&o, Residual::Overflow(out_len), 0, slot).await;
         }
-        // The command's memory: its write data, or the read data it may produce.
-        let _budget = self.reserve(u64::from(edtl)).await;
+        // The command's memory: its write data, or the read data it may produce. A command of
+        // at most one budget unit run in the receiving task takes none: there is one such
+        // command per connection at a time, so its memory is bounded per connection already
+        // (and the target-wide budget, which every connection writes, is left alone).
+        let _budget = if inline && u64::from(edtl) <= BUDGET_UNIT { None } else { self.reserve(u64::from(edtl)).await };
         let mut data_out = Bytes::new();
         if c.write && edtl > 0 {
             match tokio::time::timeout(self.data_timeout, self.fetch_write_data(&c, split, out_len)).await {

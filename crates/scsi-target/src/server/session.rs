@@ -567,7 +567,7 @@ impl Session {
         let slot = Slot { session: self.clone(), task, held: AtomicBool::new(true), path, op: Op::of(opcode), start: now };
         if inline {
             // Nothing to abort meanwhile: task management is handled after it, in this task.
-            return self.command(cmd, full_cdb, split, &slot, &self.inline_gate, report).await;
+            return self.command(cmd, full_cdb, split, &slot, &self.inline_gate, report, true).await;
         }
         let me = self.clone();
         let gate = Arc::new(IoGate::default());
@@ -581,7 +581,7 @@ impl Session {
         // once into its allocation; spawned by value, the runtime moved it about ten times
         // (~1 700 instructions of memcpy per command).
         let handle = tokio::spawn(Box::pin(async move {
-            me.command(cmd, full_cdb, split, &slot, &g, report).await;
+            me.command(cmd, full_cdb, split, &slot, &g, report, false).await;
         }));
         let mut running = lock(&self.running);
         if running.len() >= self.sweep_at.load(Ordering::Relaxed) {
