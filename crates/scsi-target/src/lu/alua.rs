@@ -100,6 +100,11 @@ impl Alua {
 
     /// What refuses a command `c` through a port of `group`: the additional sense code of NOT
     /// READY, or `None` when it is served. Cheap while every group is active.
+    /// Whether some group's access state refuses commands.
+    pub(super) fn restricts(&self) -> bool {
+        self.restricts
+    }
+
     pub(super) fn refusal(&self, group: u16, c: &Cdb) -> Option<AscAscq> {
         if !self.restricts {
             return None;

@@ -43,6 +43,7 @@ use riser_scsi::sense::{AscAscq, Sense, SenseKey, Status};
 use rw::RangeLocks;
 use sanitize::{SanitizeJob, SanitizeState};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use aio::Running;
@@ -115,6 +116,65 @@ struct State {
     alua: alua::Alua,
 }
 
+/// Flags of a unit's [`State`] that the common commands read without taking its lock: a
+/// READ or WRITE on a quiet unit (nothing pending, reserved, sanitizing or refused by an
+/// access state) writes nothing that other connections' commands write too.
+///
+/// A command that finds the unit quiet is ordered before a change that is being made meanwhile
+/// — as it would be had it taken the lock just before the change: the check was never atomic
+/// with the command's execution.
+struct Fast;
+
+impl Fast {
+    /// No unit attention queued, no RESERVE or persistent reservation held, no sanitize
+    /// running or failed, no access state that refuses commands.
+    const QUIET: u8 = 1;
+    /// The Caching mode page's WCE.
+    const WCE: u8 = 2;
+    /// The Control mode page's SWP.
+    const SWP: u8 = 4;
+}
+
+/// A value on a cache line of its own.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Padded<T>(T);
+
+/// The locked [`State`]; letting it go updates the unit's [`Fast`] flags.
+struct StateGuard<'a> {
+    g: std::sync::MutexGuard<'a, State>,
+    fast: &'a AtomicU8,
+}
+
+impl std::ops::Deref for StateGuard<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.g
+    }
+}
+
+impl std::ops::DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.g
+    }
+}
+
+impl Drop for StateGuard<'_> {
+    fn drop(&mut self) {
+        let s = &mut *self.g;
+        let quiet = s.ua_queued == 0
+            && s.reserved_by.is_none()
+            && s.pr.holder.is_none()
+            && !s.alua.restricts()
+            && matches!(s.sanitize_state(), SanitizeState::Idle);
+        let f = if quiet { Fast::QUIET } else { 0 } | if s.wce { Fast::WCE } else { 0 } | if s.swp { Fast::SWP } else { 0 };
+        // Written only when it changes: the line stays shared by the cores that read it.
+        if self.fast.load(Ordering::Relaxed) != f {
+            self.fast.store(f, Ordering::Release);
+        }
+    }
+}
+
 /// What a unit tells the other gateways exporting its store (a storage cluster's image seen
 /// through several riser processes): each call returns at once (the telling is the receiver's
 /// to do, off the command path), and the other gateways apply it with
@@ -148,6 +208,9 @@ pub struct LogicalUnit {
     aio: Option<Arc<dyn crate::aio::AsyncBackend>>,
     identity: LuIdentity,
     state: Mutex<State>,
+    /// [`Fast`] flags of `state`, read by every command without the lock; on a cache line of
+    /// its own (the lock's word is written by every command that takes it).
+    fast: Padded<AtomicU8>,
     read_modify_write: RangeLocks,
     sanitize_rate: Option<u64>,
     /// Where persistent reservations are kept while APTPL is active
@@ -187,6 +250,7 @@ impl LogicalUnit {
             aio: None,
             identity,
             state: Mutex::new(State { wce: true, ..State::default() }),
+            fast: Padded(AtomicU8::new(Fast::QUIET | Fast::WCE)),
             read_modify_write: RangeLocks::default(),
             sanitize_rate: None,
             pr_store: None,
@@ -233,8 +297,15 @@ impl LogicalUnit {
             || matches!(plan.cdb, Cdb::ExtendedCopy { .. })
     }
 
-    fn st(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    /// The unit's state, locked. Whoever changed it, the flags the data path reads without
+    /// the lock ([`Fast`]) are brought up to date before the lock is let go.
+    fn st(&self) -> StateGuard<'_> {
+        StateGuard { g: self.state.lock().unwrap_or_else(|e| e.into_inner()), fast: &self.fast.0 }
+    }
+
+    /// The state's flags as of the last time its lock was let go.
+    fn fast(&self) -> u8 {
+        self.fast.0.load(Ordering::Acquire)
     }
 
     /// The unit's identity.
@@ -347,7 +418,7 @@ impl LogicalUnit {
     /// by one unit would not stop writes through another gateway — refused rather than half
     /// kept.
     pub fn set_gateways(&self, shared: bool) {
-        self.gateways.store(shared, std::sync::atomic::Ordering::Relaxed);
+        self.gateways.store(shared, Ordering::Relaxed);
     }
 
     /// Tell `events` what happens to this unit that the other gateways exporting its store must
@@ -399,7 +470,7 @@ impl LogicalUnit {
         };
         // A pending unit attention is reported once, except to INQUIRY, REPORT LUNS and
         // REQUEST SENSE (SAM-5 §5.14).
-        if !matches!(c, Cdb::Inquiry { .. } | Cdb::ReportLuns { .. } | Cdb::RequestSense { .. }) {
+        if !matches!(c, Cdb::Inquiry { .. } | Cdb::ReportLuns { .. } | Cdb::RequestSense { .. }) && self.fast() & Fast::QUIET == 0 {
             let mut s = self.st();
             // While a sanitize runs (or after it failed) the medium is off limits (SBC-4 §4.11.2).
             match s.sanitize_state() {
@@ -518,7 +589,7 @@ impl LogicalUnit {
             Cdb::StartStopUnit { power_condition, loej, start, .. } => self.start_stop_unit(*power_condition, *loej, *start),
             Cdb::PreventAllowMediumRemoval { prevent, .. } => Ok(self.prevent_allow_medium_removal(*prevent)),
             Cdb::Reserve6 { .. } | Cdb::Reserve10 { .. } | Cdb::Release6 { .. } | Cdb::Release10 { .. }
-                if self.gateways.load(std::sync::atomic::Ordering::Relaxed) =>
+                if self.gateways.load(Ordering::Relaxed) =>
             {
                 // RESERVE(6/10) reservations are kept per unit, and here the store is written
                 // through other gateways' units too: one taken here would not hold there.
@@ -526,7 +597,7 @@ impl LogicalUnit {
                 Err(illegal(AscAscq::INVALID_COMMAND_OPERATION_CODE))
             }
             Cdb::PersistentReserveIn { .. } | Cdb::PersistentReserveOut { .. }
-                if self.gateways.load(std::sync::atomic::Ordering::Relaxed) && self.shared_pr.get().is_none() =>
+                if self.gateways.load(Ordering::Relaxed) && self.shared_pr.get().is_none() =>
             {
                 // Persistent ones too, unless the gateways share them (`set_shared_reservations`).
                 Err(illegal(AscAscq::INVALID_COMMAND_OPERATION_CODE))

@@ -2,7 +2,7 @@
 //! conflict check every command passes before it runs.
 
 use super::pr_store::{Pr, PrStore};
-use super::{LogicalUnit, Nexus, Outcome, R, bad_field, illegal, truncate};
+use super::{Fast, LogicalUnit, Nexus, Outcome, R, bad_field, illegal, truncate};
 use bytes::Bytes;
 use riser_scsi::cdb::Cdb;
 use riser_scsi::sense::{AscAscq, Sense, Status};
@@ -47,6 +47,10 @@ impl LogicalUnit {
     }
 
     pub(super) fn reservation_conflict(&self, c: &Cdb, nexus: &Nexus) -> Option<Outcome> {
+        if self.fast() & Fast::QUIET != 0 {
+            // No reservation is held.
+            return None;
+        }
         let s = self.st();
         let allowed_always = matches!(
             c,

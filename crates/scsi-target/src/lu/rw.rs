@@ -2,7 +2,7 @@
 //! COMPARE AND WRITE, WRITE SAME, UNMAP, PRE-FETCH and SYNCHRONIZE CACHE, with the range
 //! checks, the flush and FUA rules, and the range locks of the read-modify-write commands.
 
-use super::{LogicalUnit, MAX_ATOMIC_BLOCKS, MAX_TRANSFER_BLOCKS, Outcome, R, bad_field, illegal};
+use super::{Fast, LogicalUnit, MAX_ATOMIC_BLOCKS, MAX_TRANSFER_BLOCKS, Outcome, R, bad_field, illegal};
 use bytes::Bytes;
 use riser_scsi::cdb::{CdbSize, Rw, rw_flags};
 use riser_scsi::sense::{AscAscq, Sense, SenseKey};
@@ -105,14 +105,14 @@ impl LogicalUnit {
     /// medium, so flush first. `fua` is false for commands without the bit (WRITE SAME, UNMAP:
     /// byte 1 bit 3 of WRITE SAME is UNMAP, not FUA).
     pub(super) fn settle(&self, fua: bool) -> Result<Outcome, Sense> {
-        if fua || !self.st().wce {
+        if fua || self.fast() & Fast::WCE == 0 {
             self.flush()?;
         }
         Ok(Outcome::good(Bytes::new()))
     }
 
     pub(super) fn write_protected(&self) -> Result<(), Sense> {
-        if self.st().swp { Err(Sense::new(SenseKey::DATA_PROTECT, AscAscq::WRITE_PROTECTED)) } else { Ok(()) }
+        if self.fast() & Fast::SWP != 0 { Err(Sense::new(SenseKey::DATA_PROTECT, AscAscq::WRITE_PROTECTED)) } else { Ok(()) }
     }
 
     /// SYNCHRONIZE CACHE (10/16).

@@ -164,7 +164,7 @@ fn copies_across_units_of_a_directory() {
     let o = xcopy(&a, &list(vec![cscd(&a), cscd(&b)], vec![Segment::blocks(0, 1, 8, 0, 40)]));
     assert_eq!(o.status, Status::GOOD, "{o:?}");
     assert!(read(&b, 40, 8).iter().all(|&x| x == 0x5a));
-    assert_eq!(b.copy.peer_uses.load(std::sync::atomic::Ordering::SeqCst), 0, "the peer is let go");
+    assert_eq!(b.copy.peer_uses.load(Ordering::SeqCst), 0, "the peer is let go");
     // Issued at b, from b to a (b is the copy manager, a the peer).
     fill(&b, 0, 1, 0x77);
     assert_eq!(xcopy(&b, &list(vec![cscd(&b), cscd(&a)], vec![Segment::blocks(0, 1, 1, 0, 500)])).status, Status::GOOD);
