@@ -300,6 +300,9 @@ impl PduDatamover {
     async fn flush_when_due(shared: Arc<Shared>) {
         loop {
             shared.flush_due.notified().await;
+            // Deferred until the executor has looked at its I/O too: the answers that arrived
+            // meanwhile wake their tasks, whose next commands join this write. (A task that
+            // wakes itself runs sooner: 3 % less latency at QD 1, 13 % fewer IOPS at QD 32.)
             tokio::task::yield_now().await;
             if shared.tx.lock().await.flush().await.is_err() {
                 // The commands gathered are lost with the connection: it ends, and so do they
