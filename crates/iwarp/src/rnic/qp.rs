@@ -4,7 +4,7 @@
 use super::cq::SoftCq;
 use super::mr::{SoftMr, SoftPd};
 use super::rx::{RxStream, receive};
-use super::tx::{Engine, Tx, TxItem, TxOutcome, Unblocked, transmit};
+use super::tx::{Engine, Out, Tx, TxItem, TxOutcome, now, transmit};
 use super::{RnicShared, lock, wc};
 use crate::wire::{Term, TerminateMsg};
 use riser_verbs::{
@@ -12,10 +12,10 @@ use riser_verbs::{
 };
 use std::collections::VecDeque;
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::mpsc::{Sender, channel};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
+use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 use tracing::{debug, warn};
 
 /// Where a queue pair is in its life.
@@ -53,7 +53,7 @@ const INLINE_MAX: u64 = 16 << 10;
 /// transmit inline while it holds nothing, or it would overtake.
 #[derive(Clone, Debug)]
 pub(super) struct TxQueue {
-    pub(super) items: Sender<TxItem>,
+    pub(super) items: UnboundedSender<TxItem>,
     pub(super) queued: Arc<AtomicUsize>,
 }
 
@@ -76,7 +76,8 @@ pub(super) struct QpShared {
     pub(super) recv_cq: Arc<SoftCq>,
     pub(super) rq: Mutex<VecDeque<RecvWr>>,
     pub(super) orq: Mutex<VecDeque<PendingRead>>,
-    pub(super) orq_cv: Condvar,
+    /// Signals every change that can make room under the ORD (a response, the stream's end).
+    pub(super) orq_room: tokio::sync::Notify,
     pub(super) state: Mutex<QpState>,
     pub(super) state_cv: Condvar,
     pub(super) closed: tokio::sync::Notify,
@@ -93,10 +94,16 @@ pub(super) struct QpShared {
     pub(super) ird_in_use: AtomicU32,
     /// Responder side: nothing may be sent before the initiator's first FPDU (RFC 5044).
     pub(super) may_send: Mutex<bool>,
-    pub(super) may_send_cv: Condvar,
+    pub(super) may_send_now: tokio::sync::Notify,
     pub(super) terminate_received: Mutex<Option<Term>>,
     pub(super) terminate_sent: Mutex<Option<Term>>,
+    /// The Terminate watchdog's thread.
     pub(super) threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// Engine tasks (receiver, transmitter) still running, and the signal of each ending.
+    pub(super) engines: Mutex<usize>,
+    pub(super) engines_cv: Condvar,
+    /// The engines run on the RNIC's own runtime (no runtime was current at the start).
+    pub(super) own_runtime: AtomicBool,
     /// Active side: where [`Provider::connect`](riser_verbs::Provider::connect) connects to.
     pub(super) dest: Mutex<Option<SocketAddr>>,
 }
@@ -122,6 +129,14 @@ impl Drop for SoftQp {
                 let _ = t.join();
             }
         }
+        // Engines on the RNIC's own runtime always make progress: a caller outside any runtime
+        // finds them ended when the drop returns, as it found the threads joined. On the
+        // caller's runtime they end on their own (waiting for them there could block the
+        // very thread that is to run them).
+        if self.s.own_runtime.load(Ordering::Acquire) && tokio::runtime::Handle::try_current().is_err() {
+            let n = lock(&self.s.engines);
+            drop(self.s.engines_cv.wait_while(n, |n| *n > 0).unwrap_or_else(|e| e.into_inner()));
+        }
     }
 }
 
@@ -145,7 +160,7 @@ impl SoftQp {
                 recv_cq: recv_cq.clone(),
                 rq: Mutex::new(VecDeque::new()),
                 orq: Mutex::new(VecDeque::new()),
-                orq_cv: Condvar::new(),
+                orq_room: tokio::sync::Notify::new(),
                 state: Mutex::new(QpState::Idle),
                 state_cv: Condvar::new(),
                 closed: tokio::sync::Notify::new(),
@@ -158,10 +173,13 @@ impl SoftQp {
                 ord: AtomicU32::new(0),
                 ird_in_use: AtomicU32::new(0),
                 may_send: Mutex::new(true),
-                may_send_cv: Condvar::new(),
+                may_send_now: tokio::sync::Notify::new(),
                 terminate_received: Mutex::new(None),
                 terminate_sent: Mutex::new(None),
                 threads: Mutex::new(Vec::new()),
+                engines: Mutex::new(0),
+                engines_cv: Condvar::new(),
+                own_runtime: AtomicBool::new(false),
                 dest: Mutex::new(None),
             }),
         }))
@@ -203,20 +221,22 @@ impl SoftQp {
         // copied, to be sent by the transmitter. Local errors (a bad key…) take the
         // transmitter's path; nothing was written then. A read is completed by the receiver
         // when its response arrives.
-        let mut out = Unblocked { sock: socket2::SockRef::from(&*w), rest: Vec::new() };
-        // Never stopped half-way: what the socket refused is owed to the stream.
-        let len = match tx.work_request(&self.s, &mut out, wr, &|| false) {
-            TxOutcome::Done(n) => Some(n),
-            TxOutcome::Pending => None,
-            TxOutcome::LocalError(_) | TxOutcome::Io(_) => return false,
+        let mut out = Out::NoWait { sock: w, rest: Vec::new() };
+        // Never stopped half-way: what the socket refused is owed to the stream. Nothing here
+        // waits (the writer never does, the ORD room was checked), so one poll finishes it.
+        let len = match now(tx.work_request(&self.s, &mut out, wr, &|| false)) {
+            Some(TxOutcome::Done(n)) => Some(n),
+            Some(TxOutcome::Pending) => None,
+            Some(TxOutcome::LocalError(_) | TxOutcome::Io(_)) | None => return false,
         };
-        if out.rest.is_empty() {
+        let Out::NoWait { rest, .. } = out else { return false };
+        if rest.is_empty() {
             if let Some(n) = len {
                 self.s.complete_send(wr, WcStatus::Success, n);
             }
             return true;
         }
-        let rest = TxItem::Rest { bytes: out.rest, wr: wr.clone(), len };
+        let rest = TxItem::Rest { bytes: rest, wr: wr.clone(), len };
         if lock(&self.s.tx).as_ref().is_none_or(|q| q.send(rest).is_err()) {
             // Part of an FPDU went out and the rest cannot follow: the stream is unusable (a
             // read already queued is flushed by the failure).
@@ -229,36 +249,57 @@ impl SoftQp {
         true
     }
 
-    /// Start the engines on an established stream.
+    /// Start the engines on an established stream: a receiver task and a transmitter task on
+    /// the caller's tokio runtime, or on the RNIC's own when no runtime is current.
     pub(super) fn start(&self, stream: TcpStream, crc: bool, responder: bool, est: Established, rtr_write: bool) -> Result<()> {
         stream.set_read_timeout(None)?;
         stream.set_write_timeout(None)?;
         stream.set_nodelay(true)?;
-        let rx_stream = stream.try_clone()?;
-        let tx_stream = stream.try_clone()?;
+        stream.set_nonblocking(true)?;
+        let shut = stream.try_clone()?;
+        let (rt, own) = super::engine_runtime()?;
+        let sock = {
+            let _in = rt.enter();
+            Arc::new(tokio::net::TcpStream::from_std(stream)?)
+        };
         self.s.ird.store(u32::from(est.ird), Ordering::Release);
         self.s.ord.store(u32::from(est.ord), Ordering::Release);
         *lock(&self.s.established) = Some(est);
-        *lock(&self.s.sock) = Some(stream);
+        *lock(&self.s.sock) = Some(shut);
         *lock(&self.s.may_send) = !responder;
-        let (items, rxq) = channel();
+        let (items, mut rxq) = unbounded_channel();
         let txq = TxQueue { items, queued: self.s.queued.clone() };
         if rtr_write {
             let _ = txq.send(TxItem::RtrWrite);
         }
         let max_segment = self.s.rnic.config.max_segment.clamp(4, 65516) & !3;
-        *lock(&self.s.engine) = Some(Engine { w: tx_stream, tx: Tx { crc, max_segment, msn_send: 0, msn_read: 0 } });
+        *lock(&self.s.engine) = Some(Engine { w: sock.clone(), tx: Tx { crc, max_segment, msn_send: 0, msn_read: 0 } });
         *lock(&self.s.tx) = Some(txq.clone());
         *lock(&self.s.state) = QpState::Connected;
-        let s = self.s.clone();
-        let tx = std::thread::Builder::new().name("iwarp-tx".into()).spawn(move || transmit(&s, rxq)).map_err(Error::Io)?;
-        let s = self.s.clone();
-        let rx = std::thread::Builder::new()
-            .name("iwarp-rx".into())
-            .spawn(move || receive(&s, RxStream::new(rx_stream), crc, &txq))
-            .map_err(Error::Io)?;
-        lock(&self.s.threads).extend([tx, rx]);
+        self.s.own_runtime.store(own, Ordering::Release);
+        *lock(&self.s.engines) = 2;
+        let running = EngineRunning(self.s.clone());
+        rt.spawn(async move {
+            transmit(&running.0, &mut rxq).await;
+        });
+        let running = EngineRunning(self.s.clone());
+        rt.spawn(async move {
+            receive(&running.0, RxStream::socket(sock), crc, &txq).await;
+        });
         Ok(())
+    }
+}
+
+/// Held by an engine task while it runs. Its end, however it comes (the task returned, or the
+/// runtime dropped it), is counted; an engine that ends before the stream did fails the queue
+/// pair, so nothing waits for completions that cannot come.
+struct EngineRunning(Arc<QpShared>);
+
+impl Drop for EngineRunning {
+    fn drop(&mut self) {
+        self.0.fail();
+        *lock(&self.0.engines) -= 1;
+        self.0.engines_cv.notify_all();
     }
 }
 
@@ -307,8 +348,7 @@ impl QpShared {
         // still waiting for the first FPDU, or a Read Request waiting for ORD room (woken
         // under the queue's lock so the waiter cannot miss the state change).
         self.may_send_release();
-        drop(lock(&self.orq));
-        self.orq_cv.notify_all();
+        self.orq_room.notify_waiters();
         // A transmitter stuck in a write to a peer that reads nothing would hold the stream
         // open for ever: close at the deadline whatever happened to the Terminate.
         let s = self.clone();
@@ -361,7 +401,36 @@ impl QpShared {
 
     pub(super) fn may_send_release(&self) {
         *lock(&self.may_send) = true;
-        self.may_send_cv.notify_all();
+        self.may_send_now.notify_waiters();
+    }
+
+    /// Wait until this side may send (see `may_send`).
+    pub(super) async fn may_send_wait(&self) {
+        loop {
+            let mut n = std::pin::pin!(self.may_send_now.notified());
+            n.as_mut().enable();
+            let ok = *lock(&self.may_send);
+            if ok {
+                return;
+            }
+            n.await;
+        }
+    }
+
+    /// Wait until an RDMA Read may go out: fewer than ORD outstanding, or the stream no longer
+    /// connected (the request then meets that).
+    pub(super) async fn ord_room_wait(&self) {
+        loop {
+            let mut n = std::pin::pin!(self.orq_room.notified());
+            n.as_mut().enable();
+            let ord = self.ord.load(Ordering::Acquire) as usize;
+            // No ORD at all: the request fails at once (a local error).
+            let room = ord == 0 || lock(&self.orq).len() < ord;
+            if room || self.state() != QpState::Connected {
+                return;
+            }
+            n.await;
+        }
     }
 
     fn flush_receives(&self) {
@@ -375,7 +444,7 @@ impl QpShared {
     /// about), the rest flushed.
     pub(super) fn flush_reads(&self, head_status: Option<WcStatus>) {
         let reads: Vec<PendingRead> = lock(&self.orq).drain(..).collect();
-        self.orq_cv.notify_all();
+        self.orq_room.notify_waiters();
         for (i, r) in reads.into_iter().enumerate() {
             if r.internal {
                 continue;
