@@ -484,7 +484,9 @@ impl QueuePair for SoftQp {
         match self.s.state() {
             QpState::Idle => return Err(Error::NotConnected),
             QpState::Connected => {
-                if self.post_inline(&wr) {
+                // On a runtime the request is queued: the transmitter gathers what the ready
+                // tasks post into one write. A poster outside any runtime writes inline.
+                if tokio::runtime::Handle::try_current().is_err() && self.post_inline(&wr) {
                     return Ok(());
                 }
                 if let Some(tx) = lock(&self.s.tx).as_ref()

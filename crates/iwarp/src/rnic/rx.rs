@@ -20,24 +20,37 @@ enum Source<'a> {
     Memory(io::Cursor<&'a [u8]>),
 }
 
+/// Spill buffer: room for a few small messages (a 4 KiB RDMA Write and the Send behind it) in
+/// one read.
+const SPILL: usize = 16 << 10;
+
+/// Spill used while large payloads stream in: their bytes should land in place, not here.
+const SPILL_BULK: usize = 512;
+
+/// Payload from which a segment counts as bulk (see `place`).
+const BULK_SEGMENT: usize = 8 << 10;
+
 /// The receive side of the socket. Each read fills the caller's destination first (a region's
 /// memory, for payload) and spills what follows (the FPDU's pad and CRC, the next headers) into
-/// a small buffer, so one system call per FPDU suffices and payload never passes through an
-/// intermediate buffer beyond the few bytes that shared a read with a header.
+/// a buffer, so one system call per FPDU suffices. While segments are large the spill is small,
+/// so payload hardly passes through it; while they are small it takes several FPDUs at once
+/// (copying a few KiB costs less than a system call).
 pub(super) struct RxStream<'a> {
     inner: Source<'a>,
-    buf: Box<[u8; 512]>,
+    buf: Box<[u8; SPILL]>,
     start: usize,
     end: usize,
+    /// The spill's size for the next read.
+    spill: usize,
 }
 
 impl<'a> RxStream<'a> {
     pub(super) fn socket(sock: Arc<TcpStream>) -> Self {
-        Self { inner: Source::Socket(sock), buf: Box::new([0; 512]), start: 0, end: 0 }
+        Self { inner: Source::Socket(sock), buf: Box::new([0; SPILL]), start: 0, end: 0, spill: SPILL }
     }
 
     pub(super) fn memory(bytes: &'a [u8]) -> Self {
-        Self { inner: Source::Memory(io::Cursor::new(bytes)), buf: Box::new([0; 512]), start: 0, end: 0 }
+        Self { inner: Source::Memory(io::Cursor::new(bytes)), buf: Box::new([0; SPILL]), start: 0, end: 0, spill: SPILL }
     }
 
     /// Read what is there into `dst` (not empty) without waiting: `Ok(0)` at the stream's end,
@@ -49,7 +62,7 @@ impl<'a> RxStream<'a> {
             self.start += n;
             return Ok(n);
         }
-        let mut iov = [IoSliceMut::new(dst), IoSliceMut::new(&mut self.buf[..])];
+        let mut iov = [IoSliceMut::new(dst), IoSliceMut::new(&mut self.buf[..self.spill])];
         let got = match &mut self.inner {
             Source::Socket(s) => s.try_read_vectored(&mut iov)?,
             Source::Memory(c) => c.read_vectored(&mut iov)?,
@@ -436,6 +449,7 @@ enum Commit {
 /// Read `len` payload bytes from the stream straight into `mr` at `off` (the region locked
 /// for each read, never across a wait).
 async fn place(r: &mut RxStream<'_>, mr: &SoftMr, off: usize, len: usize, crc: &mut Crc) -> Result<(), RxError> {
+    r.spill = if len >= BULK_SEGMENT { SPILL_BULK } else { SPILL };
     let mut done = 0;
     while done < len {
         let got = {

@@ -65,6 +65,8 @@ pub(super) enum Out<'a> {
     /// kept in `rest` for the transmitter. It never waits and never fails: a broken socket
     /// leaves everything to the transmitter, which meets the error.
     NoWait { sock: &'a TcpStream, rest: Vec<u8> },
+    /// Memory: FPDUs gathered to leave in one write (see [`transmit`]).
+    Gather(Vec<u8>),
     /// Nowhere (fuzzing).
     Sink,
 }
@@ -99,6 +101,10 @@ impl Out<'_> {
                 }
                 match self {
                     Out::Sink => Ok(total - done),
+                    Out::Gather(buf) => {
+                        bufs.iter().for_each(|b| buf.extend_from_slice(b));
+                        Ok(total - done)
+                    }
                     Out::Wait(sock) => sock.try_write_vectored(&bufs),
                     Out::NoWait { sock, rest } => {
                         let mut sent = 0;
@@ -276,10 +282,98 @@ pub(super) enum TxOutcome {
     Io(io::Error),
 }
 
+/// Largest request the transmitter gathers with others (payload bytes; a Read Request and a
+/// Read Response count by what they read).
+const GATHER_ITEM_MAX: u64 = 16 << 10;
+
+/// What the transmitter gathers at most before it writes.
+const GATHER_MAX: usize = 256 << 10;
+
+/// Whether `item` may be gathered: small, on a connected stream, and (a Read Request) with room
+/// under the ORD now (only the engine's holder adds to the outbound read queue).
+fn gatherable(s: &QpShared, item: &TxItem) -> bool {
+    if s.state() != QpState::Connected {
+        return false;
+    }
+    match item {
+        TxItem::Wr(wr) => match wr.op {
+            SendOp::RdmaRead { .. } => {
+                let ord = s.ord.load(Ordering::Acquire) as usize;
+                lock(&s.orq).len() < ord
+            }
+            _ => wr.sg_list.iter().map(|e| u64::from(e.length)).sum::<u64>() <= GATHER_ITEM_MAX,
+        },
+        TxItem::ReadResponse { req, .. } => u64::from(req.size) <= GATHER_ITEM_MAX,
+        TxItem::RtrWrite => true,
+        _ => false,
+    }
+}
+
+/// Why gathering stopped at an item: what to do once what was gathered before it has left.
+enum Halt {
+    /// A local protection or length error: the request completes with it, a Terminate follows.
+    Local(SendWr, WcStatus),
+    /// The stream is ending: the request (if it has a completion) is flushed.
+    Ended(Option<SendWr>),
+}
+
+/// Frame a gatherable item into `out` (a [`Out::Gather`]): the completion it is owed once
+/// written, if any.
+async fn gather_item(s: &Arc<QpShared>, tx: &mut Tx, out: &mut Out<'_>, item: TxItem) -> Result<Option<(SendWr, u32)>, Halt> {
+    let stop = &|| s.state() != QpState::Connected;
+    match item {
+        TxItem::Wr(wr) => match tx.work_request(s, out, &wr, stop).await {
+            TxOutcome::Done(n) => Ok(Some((wr, n))),
+            TxOutcome::Pending => Ok(None),
+            TxOutcome::LocalError(st) => Err(Halt::Local(wr, st)),
+            TxOutcome::Io(_) => Err(Halt::Ended(Some(wr))),
+        },
+        TxItem::ReadResponse { req, src } => {
+            let mut freed = false;
+            let r = tx
+                .read_response(
+                    out,
+                    &req,
+                    src.as_ref(),
+                    &mut || {
+                        freed = true;
+                        s.ird_in_use.fetch_sub(1, Ordering::AcqRel);
+                    },
+                    stop,
+                )
+                .await;
+            if !freed {
+                s.ird_in_use.fetch_sub(1, Ordering::AcqRel);
+            }
+            r.map(|()| None).map_err(|_| Halt::Ended(None))
+        }
+        TxItem::RtrWrite => {
+            let mut hb = [0u8; 14];
+            Header::Tagged { op: Opcode::Write, last: true, stag: 1, to: 0 }.emit(&mut hb);
+            send_fpdu(out, tx.crc, &hb, None, Piece::Bytes(&[])).await.map(|()| None).map_err(|_| Halt::Ended(None))
+        }
+        // Not gatherable (see `gatherable`).
+        other => {
+            flush_item(s, other);
+            Ok(None)
+        }
+    }
+}
+
 /// The transmitter task: send the queued items in order until told to stop, then flush what
-/// is left.
+/// is left. Small requests are gathered: once the runtime's ready tasks have run (each may
+/// post), every small item queued is framed into one buffer that leaves in one write, and
+/// their completions follow it; anything else is written straight from its region.
 pub(super) async fn transmit(s: &Arc<QpShared>, items: &mut UnboundedReceiver<TxItem>) {
-    while let Some(item) = items.recv().await {
+    let mut held = None;
+    loop {
+        let item = match held.take() {
+            Some(item) => item,
+            None => match items.recv().await {
+                Some(item) => item,
+                None => break,
+            },
+        };
         // The responder waits for the initiator's first FPDU before sending anything.
         s.may_send_wait().await;
         // An RDMA Read beyond the ORD waits for a response (or the stream's end), in order.
@@ -289,24 +383,77 @@ pub(super) async fn transmit(s: &Arc<QpShared>, items: &mut UnboundedReceiver<Tx
         let stop = matches!(item, TxItem::Stop);
         // The engine is taken for the item (a poster finding it gone queues its request).
         let taken = lock(&s.engine).take();
-        match taken {
-            Some(mut engine) => {
-                transmit_item(s, &mut engine, item).await;
-                let mut slot = lock(&s.engine);
-                *slot = Some(engine);
-                // Counted down under the engine lock: a poster seeing zero may write inline.
-                s.queued.fetch_sub(1, Ordering::AcqRel);
+        let Some(mut engine) = taken else {
+            flush_item(s, item);
+            s.queued.fetch_sub(1, Ordering::AcqRel);
+            if stop {
+                break;
             }
-            None => {
-                flush_item(s, item);
-                s.queued.fetch_sub(1, Ordering::AcqRel);
+            continue;
+        };
+        let mut count = 1;
+        if gatherable(s, &item) {
+            tokio::task::yield_now().await;
+            let mut out = Out::Gather(Vec::new());
+            let mut owed = Vec::new();
+            let mut halt = None;
+            let mut next = Some(item);
+            while let Some(item) = next.take() {
+                match gather_item(s, &mut engine.tx, &mut out, item).await {
+                    Ok(c) => owed.extend(c),
+                    Err(h) => {
+                        halt = Some(h);
+                        break;
+                    }
+                }
+                if matches!(&out, Out::Gather(b) if b.len() >= GATHER_MAX) {
+                    break;
+                }
+                match items.try_recv() {
+                    Ok(item) if gatherable(s, &item) => {
+                        count += 1;
+                        next = Some(item);
+                    }
+                    Ok(item) => held = Some(item),
+                    Err(_) => {}
+                }
             }
+            let Out::Gather(bytes) = out else { unreachable!("gathering into memory") };
+            let written = bytes.is_empty() || Out::Wait(&engine.w).write(None, &[Piece::Bytes(&bytes)]).await.is_ok();
+            let status = if written { WcStatus::Success } else { WcStatus::WrFlushErr };
+            for (wr, n) in owed {
+                s.complete_send(&wr, status, if written { n } else { 0 });
+            }
+            if !written {
+                s.fail();
+            }
+            match halt {
+                Some(Halt::Local(wr, st)) => s.terminate(terminate_for(Term::RDMAP_CATASTROPHIC), || s.complete_send(&wr, st, 0)),
+                Some(Halt::Ended(wr)) => {
+                    if let Some(wr) = wr {
+                        s.complete_send(&wr, WcStatus::WrFlushErr, 0);
+                    }
+                    s.fail();
+                }
+                None => {}
+            }
+        } else {
+            transmit_item(s, &mut engine, item).await;
         }
+        let mut slot = lock(&s.engine);
+        *slot = Some(engine);
+        // Counted down under the engine lock: a poster seeing zero may write inline.
+        s.queued.fetch_sub(count, Ordering::AcqRel);
+        drop(slot);
         if stop {
             break;
         }
     }
     // Whatever is still queued is flushed.
+    if let Some(item) = held {
+        s.queued.fetch_sub(1, Ordering::AcqRel);
+        flush_item(s, item);
+    }
     items.close();
     while let Ok(item) = items.try_recv() {
         s.queued.fetch_sub(1, Ordering::AcqRel);
