@@ -189,7 +189,7 @@ impl<P: Provider + 'static> Shared<P> {
     /// Post a send-queue request now and hand back the receiver of its completion status.
     pub(super) fn post_queued(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Arc<Mr<P>>>) -> Result<oneshot::Receiver<WcStatus>, DmError> {
         let (tx, rx) = oneshot::channel();
-        self.post_wr(op, sg, keep, Some(tx))?;
+        self.post_wr(op, sg, keep, Some(tx), true)?;
         Ok(rx)
     }
 
@@ -198,12 +198,35 @@ impl<P: Provider + 'static> Shared<P> {
     /// a send queue completes in order. Every [`IserConfig::signal_every`]th is signaled so that always
     /// happens; a signaled one is in `waiting` until it completes (see `terminate`).
     pub(super) fn post_unawaited(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Arc<Mr<P>>>, signal: bool) -> Result<(), DmError> {
-        self.post_wr(op, sg, keep, signal.then(|| oneshot::channel().0))
+        self.post_wr(op, sg, keep, signal.then(|| oneshot::channel().0), false)
+    }
+
+    /// Post what was gathered since `hold_sends`, as one list, and stop gathering.
+    pub(super) fn release_sends(&self) -> Result<(), DmError> {
+        let mut u = lock(&self.unsignaled);
+        let Some(list) = u.gathering.take().filter(|l| !l.is_empty()) else { return Ok(()) };
+        if let Err(e) = self.qp.post_send_list(list) {
+            drop(u);
+            // Their bookkeeping cannot be told apart any more: the connection ends.
+            let e = rdma("post gathered work requests")(e);
+            self.fail(e);
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// Post one request: signaled when someone waits, else now and then. Posting is
-    /// serialised, so request ids increase in posting order.
-    fn post_wr(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Arc<Mr<P>>>, done: Option<oneshot::Sender<WcStatus>>) -> Result<(), DmError> {
+    /// serialised, so request ids increase in posting order. While sends are held, a request
+    /// nobody `awaited` is gathered; one that is awaited is posted at once, with what was
+    /// gathered before it.
+    fn post_wr(
+        &self,
+        op: SendOp,
+        sg: Vec<Sge>,
+        keep: Option<Arc<Mr<P>>>,
+        done: Option<oneshot::Sender<WcStatus>>,
+        awaited: bool,
+    ) -> Result<(), DmError> {
         if self.closed.load(Ordering::Acquire) {
             return Err(DmError::Closed);
         }
@@ -219,12 +242,31 @@ impl<P: Provider + 'static> Shared<P> {
             u.held.push_back((wr_id, mr));
         }
         tracing::trace!(role = ?self.role, wr_id, ?op, signaled, "iSER post");
-        if let Err(e) = self.qp.post_send(SendWr { wr_id, op, sg_list: sg, signaled }) {
+        let wr = SendWr { wr_id, op, sg_list: sg, signaled };
+        let (posted, with_gathered) = match u.gathering.as_mut() {
+            Some(list) if !awaited => {
+                list.push(wr);
+                return Ok(());
+            }
+            Some(list) if !list.is_empty() => {
+                let mut list = std::mem::take(list);
+                list.push(wr);
+                (self.qp.post_send_list(list), true)
+            }
+            _ => (self.qp.post_send(wr), false),
+        };
+        if let Err(e) = posted {
             lock(&self.waiting).remove(&wr_id);
             if u.held.back().is_some_and(|(id, _)| *id == wr_id) {
                 u.held.pop_back();
             }
-            return Err(rdma("post a work request")(e));
+            let e = rdma("post a work request")(e);
+            if with_gathered {
+                // The gathered requests' bookkeeping cannot be told apart: the connection ends.
+                drop(u);
+                self.fail(e);
+            }
+            return Err(e);
         }
         Ok(())
     }

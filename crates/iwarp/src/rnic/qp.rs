@@ -4,7 +4,7 @@
 use super::cq::SoftCq;
 use super::mr::{SoftMr, SoftPd};
 use super::rx::{RxStream, receive};
-use super::tx::{Engine, Out, Tx, TxItem, TxOutcome, now, transmit};
+use super::tx::{Engine, Out, Piece, Tx, TxItem, TxOutcome, now, transmit};
 use super::{RnicShared, lock, wc};
 use crate::wire::{Term, TerminateMsg};
 use riser_verbs::{
@@ -49,6 +49,9 @@ const TERMINATE_LINGER: Duration = Duration::from_secs(2);
 /// Largest Send or RDMA Write a poster transmits inline (see `SoftQp::post_inline`).
 const INLINE_MAX: u64 = 16 << 10;
 
+/// Largest payload of the requests a poster transmits inline together.
+const INLINE_LIST_MAX: u64 = 256 << 10;
+
 /// The transmitter's queue, counting what it holds (queued or being sent): a poster may only
 /// transmit inline while it holds nothing, or it would overtake.
 #[derive(Clone, Debug)]
@@ -58,10 +61,12 @@ pub(super) struct TxQueue {
 }
 
 impl TxQueue {
-    pub(super) fn send(&self, item: TxItem) -> std::result::Result<(), ()> {
+    /// Queue `item`; back if the transmitter is gone.
+    pub(super) fn send(&self, item: TxItem) -> std::result::Result<(), TxItem> {
         self.queued.fetch_add(1, Ordering::AcqRel);
-        self.items.send(item).map_err(|_| {
+        self.items.send(item).map_err(|e| {
             self.queued.fetch_sub(1, Ordering::AcqRel);
+            e.0
         })
     }
 }
@@ -195,58 +200,105 @@ impl SoftQp {
         *lock(&self.s.terminate_sent)
     }
 
-    /// Transmit a small Send or RDMA Write on the caller's thread when the transmitter is idle
-    /// (a doorbell without a thread hand-off). The message is framed under the engine lock and
-    /// written without blocking; what the socket does not take at once goes to the transmitter
-    /// as the next item, so the stream stays in order and a peer that stops reading can stall
-    /// only the transmitter, never the caller. False: not taken, queue it.
-    fn post_inline(&self, wr: &SendWr) -> bool {
+    /// Transmit small requests on the caller's thread when the transmitter is idle (a
+    /// doorbell without a hand-off). They are framed under the engine lock and written without
+    /// blocking (one request straight from its region; several gathered into one buffer, one
+    /// write); what the socket does not take at once goes to the transmitter as the next item,
+    /// so the stream stays in order and a peer that stops reading can stall only the
+    /// transmitter, never the caller. Returns how many of `wrs` were taken, from the front: the
+    /// caller queues the rest (a request meeting a local error, a bad key…, is left to the
+    /// transmitter's path; nothing of it was framed).
+    fn post_inline(&self, wrs: &[SendWr]) -> usize {
         // A Read Request is small whatever it reads; the data is placed by the receiver.
-        let read = matches!(wr.op, SendOp::RdmaRead { .. });
-        let small = read || wr.sg_list.iter().map(|e| u64::from(e.length)).sum::<u64>() <= INLINE_MAX;
-        if !small || !*lock(&self.s.may_send) {
-            return false;
+        let payload = |wr: &SendWr| match wr.op {
+            SendOp::RdmaRead { .. } => 0,
+            _ => wr.sg_list.iter().map(|e| u64::from(e.length)).sum::<u64>(),
+        };
+        let reads = wrs.iter().filter(|wr| matches!(wr.op, SendOp::RdmaRead { .. })).count();
+        let small = wrs.iter().all(|wr| payload(wr) <= INLINE_MAX) && wrs.iter().map(payload).sum::<u64>() <= INLINE_LIST_MAX;
+        if wrs.is_empty() || !small || !*lock(&self.s.may_send) {
+            return 0;
         }
-        let Ok(mut engine) = self.s.engine.try_lock() else { return false };
-        let Some(Engine { w, tx }) = engine.as_mut() else { return false };
+        let Ok(mut engine) = self.s.engine.try_lock() else { return 0 };
+        let Some(Engine { w, tx }) = engine.as_mut() else { return 0 };
         if self.s.queued.load(Ordering::Acquire) != 0 {
-            return false;
+            return 0;
         }
         // A read beyond the ORD waits in the transmitter, never here. Only the engine's holder
         // adds to the outbound read queue, so room seen now is still there below.
-        if read && lock(&self.s.orq).len() >= self.s.ord.load(Ordering::Acquire) as usize {
-            return false;
+        if reads > 0 && lock(&self.s.orq).len() + reads > self.s.ord.load(Ordering::Acquire) as usize {
+            return 0;
         }
-        // Written straight from the region without blocking; only what the socket refuses is
-        // copied, to be sent by the transmitter. Local errors (a bad key…) take the
-        // transmitter's path; nothing was written then. A read is completed by the receiver
-        // when its response arrives.
-        let mut out = Out::NoWait { sock: w, rest: Vec::new() };
-        // Never stopped half-way: what the socket refused is owed to the stream. Nothing here
-        // waits (the writer never does, the ORD room was checked), so one poll finishes it.
-        let len = match now(tx.work_request(&self.s, &mut out, wr, &|| false)) {
-            Some(TxOutcome::Done(n)) => Some(n),
-            Some(TxOutcome::Pending) => None,
-            Some(TxOutcome::LocalError(_) | TxOutcome::Io(_)) | None => return false,
-        };
-        let Out::NoWait { rest, .. } = out else { return false };
-        if rest.is_empty() {
-            if let Some(n) = len {
-                self.s.complete_send(wr, WcStatus::Success, n);
+        // Only what the socket refuses is copied, to be sent by the transmitter. A read is
+        // completed by the receiver when its response arrives.
+        let mut out = if wrs.len() == 1 { Out::NoWait { sock: w, rest: Vec::new() } } else { Out::Gather(Vec::new()) };
+        let mut owed = Vec::new();
+        let mut taken = 0;
+        for wr in wrs {
+            // Never stopped half-way: what the socket refused is owed to the stream. Nothing
+            // here waits (the writers never do, the ORD room was checked), so one poll
+            // finishes it.
+            match now(tx.work_request(&self.s, &mut out, wr, &|| false)) {
+                Some(TxOutcome::Done(n)) => owed.push((wr.clone(), n)),
+                Some(TxOutcome::Pending) => {}
+                Some(TxOutcome::LocalError(_) | TxOutcome::Io(_)) | None => break,
             }
-            return true;
+            taken += 1;
         }
-        let rest = TxItem::Rest { bytes: rest, wr: wr.clone(), len };
-        if lock(&self.s.tx).as_ref().is_none_or(|q| q.send(rest).is_err()) {
+        if taken == 0 {
+            return 0;
+        }
+        if let Out::Gather(bytes) = out {
+            out = Out::NoWait { sock: w, rest: Vec::new() };
+            let _ = now(out.write(None, &[Piece::Bytes(&bytes)]));
+        }
+        let Out::NoWait { rest, .. } = out else { unreachable!("written without waiting above") };
+        if rest.is_empty() {
+            for (wr, n) in &owed {
+                self.s.complete_send(wr, WcStatus::Success, *n);
+            }
+            return taken;
+        }
+        let rest = TxItem::Rest { bytes: rest, owed };
+        let refused = match lock(&self.s.tx).as_ref() {
+            Some(q) => q.send(rest),
+            None => Err(rest),
+        };
+        if let Err(TxItem::Rest { owed, .. }) = refused {
             // Part of an FPDU went out and the rest cannot follow: the stream is unusable (a
             // read already queued is flushed by the failure).
             drop(engine);
-            if len.is_some() {
+            for (wr, _) in &owed {
                 self.s.complete_send(wr, WcStatus::WrFlushErr, 0);
             }
             self.s.fail();
         }
-        true
+        taken
+    }
+
+    /// Refuse a request the queue pair cannot take at all.
+    fn check(&self, wr: &SendWr) -> Result<()> {
+        if wr.sg_list.len() > self.s.caps.max_sge as usize {
+            return Err(Error::Invalid(Invalid::TooManySge { got: wr.sg_list.len(), max: self.s.caps.max_sge as usize }));
+        }
+        if matches!(wr.op, SendOp::RdmaRead { .. }) && wr.sg_list.len() != 1 {
+            return Err(Error::Invalid(Invalid::ReadSinkCount { got: wr.sg_list.len() }));
+        }
+        Ok(())
+    }
+
+    /// Queue requests for the transmitter (flushed if the stream is ending).
+    fn queue(&self, wrs: impl IntoIterator<Item = SendWr>) {
+        let tx = lock(&self.s.tx).clone();
+        for wr in wrs {
+            let refused = match tx.as_ref() {
+                Some(q) => q.send(TxItem::Wr(wr)),
+                None => Err(TxItem::Wr(wr)),
+            };
+            if let Err(TxItem::Wr(wr)) = refused {
+                self.s.complete_send(&wr, WcStatus::WrFlushErr, 0);
+            }
+        }
     }
 
     /// Start the engines on an established stream: a receiver task and a transmitter task on
@@ -475,30 +527,44 @@ impl QpShared {
 
 impl QueuePair for SoftQp {
     fn post_send(&self, wr: SendWr) -> Result<()> {
-        if wr.sg_list.len() > self.s.caps.max_sge as usize {
-            return Err(Error::Invalid(Invalid::TooManySge { got: wr.sg_list.len(), max: self.s.caps.max_sge as usize }));
-        }
-        if matches!(wr.op, SendOp::RdmaRead { .. }) && wr.sg_list.len() != 1 {
-            return Err(Error::Invalid(Invalid::ReadSinkCount { got: wr.sg_list.len() }));
-        }
+        self.check(&wr)?;
         match self.s.state() {
-            QpState::Idle => return Err(Error::NotConnected),
+            QpState::Idle => Err(Error::NotConnected),
             QpState::Connected => {
                 // On a runtime the request is queued: the transmitter gathers what the ready
                 // tasks post into one write. A poster outside any runtime writes inline.
-                if tokio::runtime::Handle::try_current().is_err() && self.post_inline(&wr) {
+                if tokio::runtime::Handle::try_current().is_err() && self.post_inline(std::slice::from_ref(&wr)) == 1 {
                     return Ok(());
                 }
-                if let Some(tx) = lock(&self.s.tx).as_ref()
-                    && tx.send(TxItem::Wr(wr.clone())).is_ok()
-                {
-                    return Ok(());
-                }
+                self.queue([wr]);
+                Ok(())
             }
-            QpState::Terminating | QpState::Error => {}
+            QpState::Terminating | QpState::Error => {
+                self.s.complete_send(&wr, WcStatus::WrFlushErr, 0);
+                Ok(())
+            }
         }
-        self.s.complete_send(&wr, WcStatus::WrFlushErr, 0);
-        Ok(())
+    }
+
+    /// Every request is checked first (an invalid one fails the call and none is posted); then
+    /// they are written at once, together, when the transmitter is idle, else queued for it
+    /// (it gathers them).
+    fn post_send_list(&self, wrs: Vec<SendWr>) -> Result<()> {
+        wrs.iter().try_for_each(|wr| self.check(wr))?;
+        match self.s.state() {
+            QpState::Idle => Err(Error::NotConnected),
+            QpState::Connected => {
+                let taken = self.post_inline(&wrs);
+                self.queue(wrs.into_iter().skip(taken));
+                Ok(())
+            }
+            QpState::Terminating | QpState::Error => {
+                for wr in &wrs {
+                    self.s.complete_send(wr, WcStatus::WrFlushErr, 0);
+                }
+                Ok(())
+            }
+        }
     }
 
     fn post_recv(&self, wr: RecvWr) -> Result<()> {

@@ -25,9 +25,9 @@ pub(super) enum TxItem {
     /// The unsent tail of a request begun inline by its poster (see `SoftQp::post_inline`).
     Rest {
         bytes: Vec<u8>,
-        wr: SendWr,
-        /// Its completion's byte count once sent; None for a read (its response completes it).
-        len: Option<u32>,
+        /// The completions (with their byte counts) owed once these bytes are out; reads are
+        /// not among them (their responses complete them).
+        owed: Vec<(SendWr, u32)>,
     },
     /// Answer a validated Read Request (`src` is None for zero-length reads).
     ReadResponse {
@@ -73,7 +73,7 @@ pub(super) enum Out<'a> {
 
 impl Out<'_> {
     /// Write `pieces` (`Piece::Mem` ranges of `mem`) in order, all of them.
-    async fn write(&mut self, mem: Option<&SoftMr>, pieces: &[Piece<'_>]) -> io::Result<()> {
+    pub(super) async fn write(&mut self, mem: Option<&SoftMr>, pieces: &[Piece<'_>]) -> io::Result<()> {
         let total: usize = pieces
             .iter()
             .map(|p| match p {
@@ -199,16 +199,16 @@ async fn transmit_item(s: &Arc<QpShared>, engine: &mut Engine, item: TxItem) {
         // The tail of an FPDU begun inline is written even when a Terminate follows it, or the
         // Terminate would land inside that FPDU and the peer could not parse it.
         TxItem::Rest { .. } if state == QpState::Error => flush_item(s, item),
-        TxItem::Rest { bytes, wr, len } => match w.write(None, &[Piece::Bytes(&bytes)]).await {
+        TxItem::Rest { bytes, owed } => match w.write(None, &[Piece::Bytes(&bytes)]).await {
             Ok(()) => {
-                if let Some(n) = len {
-                    s.complete_send(&wr, WcStatus::Success, n);
+                for (wr, n) in &owed {
+                    s.complete_send(wr, WcStatus::Success, *n);
                 }
             }
             Err(e) => {
                 debug!("iwarp transmit: {e}");
-                if len.is_some() {
-                    s.complete_send(&wr, WcStatus::WrFlushErr, 0);
+                for (wr, _) in &owed {
+                    s.complete_send(wr, WcStatus::WrFlushErr, 0);
                 }
                 s.fail();
             }
@@ -465,7 +465,8 @@ pub(super) async fn transmit(s: &Arc<QpShared>, items: &mut UnboundedReceiver<Tx
 /// inline does not (the read is in the outbound read queue, flushed with it).
 fn flush_item(s: &QpShared, item: TxItem) {
     match item {
-        TxItem::Wr(wr) | TxItem::Rest { wr, len: Some(_), .. } => s.complete_send(&wr, WcStatus::WrFlushErr, 0),
+        TxItem::Wr(wr) => s.complete_send(&wr, WcStatus::WrFlushErr, 0),
+        TxItem::Rest { owed, .. } => owed.iter().for_each(|(wr, _)| s.complete_send(wr, WcStatus::WrFlushErr, 0)),
         _ => {}
     }
 }
