@@ -20,9 +20,9 @@ enum Source<'a> {
     Memory(io::Cursor<&'a [u8]>),
 }
 
-/// Spill buffer: room for a few small messages (a 4 KiB RDMA Write and the Send behind it) in
-/// one read.
-const SPILL: usize = 16 << 10;
+/// Spill buffer: room for a turn's worth of small messages (a 4 KiB RDMA Write and the Send
+/// behind it, several commands' worth) in one read.
+const SPILL: usize = 64 << 10;
 
 /// Spill used while large payloads stream in: their bytes should land in place, not here.
 const SPILL_BULK: usize = 512;
@@ -37,7 +37,7 @@ const BULK_SEGMENT: usize = 8 << 10;
 /// (copying a few KiB costs less than a system call).
 pub(super) struct RxStream<'a> {
     inner: Source<'a>,
-    buf: Box<[u8; SPILL]>,
+    buf: Box<[u8]>,
     start: usize,
     end: usize,
     /// The spill's size for the next read.
@@ -46,11 +46,11 @@ pub(super) struct RxStream<'a> {
 
 impl<'a> RxStream<'a> {
     pub(super) fn socket(sock: Arc<TcpStream>) -> Self {
-        Self { inner: Source::Socket(sock), buf: Box::new([0; SPILL]), start: 0, end: 0, spill: SPILL }
+        Self { inner: Source::Socket(sock), buf: vec![0; SPILL].into_boxed_slice(), start: 0, end: 0, spill: SPILL }
     }
 
     pub(super) fn memory(bytes: &'a [u8]) -> Self {
-        Self { inner: Source::Memory(io::Cursor::new(bytes)), buf: Box::new([0; SPILL]), start: 0, end: 0, spill: SPILL }
+        Self { inner: Source::Memory(io::Cursor::new(bytes)), buf: vec![0; SPILL].into_boxed_slice(), start: 0, end: 0, spill: SPILL }
     }
 
     /// Read what is there into `dst` (not empty) without waiting: `Ok(0)` at the stream's end,
