@@ -28,6 +28,7 @@ use riser_verbs::{
 };
 use rx::{RxStream, receive};
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -156,6 +157,32 @@ impl RnicConfig {
     }
 }
 
+/// Hashes an STag index (looked up for every work request and every tagged segment): one
+/// multiplication spreads it over the bits the table uses. The indexes are this RNIC's own, not
+/// chosen by peers (a peer's STag only looks one up).
+#[derive(Default)]
+struct IndexHasher(u64);
+
+impl Hasher for IndexHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, i: u32) {
+        self.write_u64(u64::from(i));
+    }
+
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
 /// The software RNIC (a [`Provider`]).
 #[derive(Clone, Debug)]
 pub struct SoftRnic {
@@ -167,7 +194,7 @@ pub struct SoftRnic {
 struct RnicShared {
     config: RnicConfig,
     /// STag index → region.
-    regions: Mutex<HashMap<u32, Weak<SoftMr>>>,
+    regions: Mutex<HashMap<u32, Weak<SoftMr>, BuildHasherDefault<IndexHasher>>>,
     next_index: AtomicU32,
     next_pd: AtomicU64,
 }
@@ -191,7 +218,7 @@ impl SoftRnic {
         Self {
             shared: Arc::new(RnicShared {
                 config,
-                regions: Mutex::new(HashMap::new()),
+                regions: Mutex::new(HashMap::default()),
                 next_index: AtomicU32::new(start.max(1)),
                 next_pd: AtomicU64::new(1),
             }),

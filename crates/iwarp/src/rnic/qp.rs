@@ -231,7 +231,9 @@ impl SoftQp {
         }
         // Only what the socket refuses is copied, to be sent by the transmitter. A read is
         // completed by the receiver when its response arrives.
-        let mut out = if wrs.len() == 1 { Out::NoWait { sock: w, rest: Vec::new() } } else { Out::Gather(Vec::new()) };
+        // Room for the payload and each request's FPDU framing (one FPDU each: all are small).
+        let room = wrs.iter().map(payload).sum::<u64>() as usize + wrs.len() * 64;
+        let mut out = if wrs.len() == 1 { Out::NoWait { sock: w, rest: Vec::new() } } else { Out::Gather(Vec::with_capacity(room)) };
         let mut owed = Vec::new();
         let mut taken = 0;
         for wr in wrs {

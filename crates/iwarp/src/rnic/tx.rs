@@ -289,6 +289,10 @@ const GATHER_ITEM_MAX: u64 = 16 << 10;
 /// What the transmitter gathers at most before it writes.
 const GATHER_MAX: usize = 256 << 10;
 
+/// Largest gathering buffer the transmitter keeps for the next write (a queue pair idle after
+/// a burst holds no more than this).
+const SPARE_MAX: usize = 64 << 10;
+
 /// Whether `item` may be gathered: small, on a connected stream, and (a Read Request) with room
 /// under the ORD now (only the engine's holder adds to the outbound read queue).
 fn gatherable(s: &QpShared, item: &TxItem) -> bool {
@@ -366,6 +370,8 @@ async fn gather_item(s: &Arc<QpShared>, tx: &mut Tx, out: &mut Out<'_>, item: Tx
 /// their completions follow it; anything else is written straight from its region.
 pub(super) async fn transmit(s: &Arc<QpShared>, items: &mut UnboundedReceiver<TxItem>) {
     let mut held = None;
+    // The gathering buffer, kept from one write to the next.
+    let mut spare = Vec::new();
     loop {
         let item = match held.take() {
             Some(item) => item,
@@ -394,7 +400,7 @@ pub(super) async fn transmit(s: &Arc<QpShared>, items: &mut UnboundedReceiver<Tx
         let mut count = 1;
         if gatherable(s, &item) {
             tokio::task::yield_now().await;
-            let mut out = Out::Gather(Vec::new());
+            let mut out = Out::Gather(std::mem::take(&mut spare));
             let mut owed = Vec::new();
             let mut halt = None;
             let mut next = Some(item);
@@ -418,8 +424,12 @@ pub(super) async fn transmit(s: &Arc<QpShared>, items: &mut UnboundedReceiver<Tx
                     Err(_) => {}
                 }
             }
-            let Out::Gather(bytes) = out else { unreachable!("gathering into memory") };
+            let Out::Gather(mut bytes) = out else { unreachable!("gathering into memory") };
             let written = bytes.is_empty() || Out::Wait(&engine.w).write(None, &[Piece::Bytes(&bytes)]).await.is_ok();
+            if bytes.capacity() <= SPARE_MAX {
+                bytes.clear();
+                spare = bytes;
+            }
             let status = if written { WcStatus::Success } else { WcStatus::WrFlushErr };
             for (wr, n) in owed {
                 s.complete_send(&wr, status, if written { n } else { 0 });
