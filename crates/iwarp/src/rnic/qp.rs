@@ -6,7 +6,7 @@ use super::mr::{SoftMr, SoftPd};
 use super::rx::{RxStream, receive};
 use super::tx::{Engine, Out, Piece, Tx, TxItem, TxOutcome, now, transmit};
 use super::{RnicShared, lock, wc};
-use crate::wire::{Term, TerminateMsg};
+use crate::wire::{ReadRequest, Term, TerminateMsg};
 use riser_verbs::{
     Access, BoxFuture, Error, Established, Invalid, QpCaps, QueuePair, RecvWr, Result, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
@@ -46,8 +46,10 @@ pub(super) struct PendingRead {
 /// bound keeps such a peer from holding the stream, its threads and its memory open.
 const TERMINATE_LINGER: Duration = Duration::from_secs(2);
 
-/// Largest Send or RDMA Write a poster transmits inline (see `SoftQp::post_inline`).
-const INLINE_MAX: u64 = 16 << 10;
+/// Largest Send or RDMA Write a poster transmits inline (see `SoftQp::post_inline`), and
+/// largest Read Response the receiver sends inline (see `QpShared::respond_inline`): what the
+/// socket refuses of it is copied.
+const INLINE_MAX: u64 = 64 << 10;
 
 /// Largest payload of the requests a poster transmits inline together.
 const INLINE_LIST_MAX: u64 = 256 << 10;
@@ -360,6 +362,50 @@ impl Drop for EngineRunning {
 impl QpShared {
     pub(super) fn state(&self) -> QpState {
         *lock(&self.state)
+    }
+
+    /// Answer a validated Read Request on the receiver's task when the transmitter is idle (no
+    /// hand-off), counted in `ird_in_use` already: written without blocking, straight from the
+    /// region; what the socket does not take at once goes to the transmitter as the next item.
+    /// False: not taken, queue it.
+    pub(super) fn respond_inline(&self, req: &ReadRequest, src: Option<&Arc<SoftMr>>) -> bool {
+        if u64::from(req.size) > INLINE_MAX || !*lock(&self.may_send) || self.state() != QpState::Connected {
+            return false;
+        }
+        let Ok(mut engine) = self.engine.try_lock() else { return false };
+        let Some(Engine { w, tx }) = engine.as_mut() else { return false };
+        if self.queued.load(Ordering::Acquire) != 0 {
+            return false;
+        }
+        let mut out = Out::NoWait { sock: w, rest: Vec::new() };
+        let mut freed = false;
+        // Never waits, never stops half-way: one poll finishes it.
+        let _ = now(tx.read_response(
+            &mut out,
+            req,
+            src,
+            &mut || {
+                freed = true;
+                self.ird_in_use.fetch_sub(1, Ordering::AcqRel);
+            },
+            &|| false,
+        ));
+        if !freed {
+            self.ird_in_use.fetch_sub(1, Ordering::AcqRel);
+        }
+        let Out::NoWait { rest, .. } = out else { unreachable!("written without waiting above") };
+        if !rest.is_empty() {
+            let refused = match lock(&self.tx).as_ref() {
+                Some(q) => q.send(TxItem::Rest { bytes: rest, owed: Vec::new() }).is_err(),
+                None => true,
+            };
+            if refused {
+                // Part of an FPDU went out and the rest cannot follow: the stream is unusable.
+                drop(engine);
+                self.fail();
+            }
+        }
+        true
     }
 
     /// Leave the connected state without a Terminate: close the socket and flush every

@@ -425,6 +425,9 @@ impl Rx {
                     Some(mr)
                 };
                 s.ird_in_use.fetch_add(1, Ordering::AcqRel);
+                if s.respond_inline(&req, src.as_ref()) {
+                    return Ok(());
+                }
                 tx.send(TxItem::ReadResponse { req, src }).map_err(|_| RxError::Closed)
             }
             Commit::Terminated(t) => {
