@@ -30,11 +30,15 @@ const SPILL_BULK: usize = 512;
 /// Payload from which a segment counts as bulk (see `place`).
 const BULK_SEGMENT: usize = 8 << 10;
 
+/// Small segments in a row after which the spill grows again: a bulk stream's commands and
+/// responses between its large segments do not, so its payload never lands in the spill.
+const SMALL_RUN: u32 = 8;
+
 /// The receive side of the socket. Each read fills the caller's destination first (a region's
 /// memory, for payload) and spills what follows (the FPDU's pad and CRC, the next headers) into
 /// a buffer, so one system call per FPDU suffices. While segments are large the spill is small,
-/// so payload hardly passes through it; while they are small it takes several FPDUs at once
-/// (copying a few KiB costs less than a system call).
+/// so payload hardly passes through it; once they have been small for a while (`SMALL_RUN`) it
+/// takes several FPDUs at once (copying a few KiB costs less than a system call).
 pub(super) struct RxStream<'a> {
     inner: Source<'a>,
     buf: Box<[u8]>,
@@ -42,15 +46,24 @@ pub(super) struct RxStream<'a> {
     end: usize,
     /// The spill's size for the next read.
     spill: usize,
+    /// Small segments placed since the last large one.
+    small_run: u32,
 }
 
 impl<'a> RxStream<'a> {
     pub(super) fn socket(sock: Arc<TcpStream>) -> Self {
-        Self { inner: Source::Socket(sock), buf: vec![0; SPILL].into_boxed_slice(), start: 0, end: 0, spill: SPILL }
+        Self { inner: Source::Socket(sock), buf: vec![0; SPILL].into_boxed_slice(), start: 0, end: 0, spill: SPILL, small_run: 0 }
     }
 
     pub(super) fn memory(bytes: &'a [u8]) -> Self {
-        Self { inner: Source::Memory(io::Cursor::new(bytes)), buf: vec![0; SPILL].into_boxed_slice(), start: 0, end: 0, spill: SPILL }
+        Self {
+            inner: Source::Memory(io::Cursor::new(bytes)),
+            buf: vec![0; SPILL].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            spill: SPILL,
+            small_run: 0,
+        }
     }
 
     /// Read what is there into `dst` (not empty) without waiting: `Ok(0)` at the stream's end,
@@ -452,7 +465,14 @@ enum Commit {
 /// Read `len` payload bytes from the stream straight into `mr` at `off` (the region locked
 /// for each read, never across a wait).
 async fn place(r: &mut RxStream<'_>, mr: &SoftMr, off: usize, len: usize, crc: &mut Crc) -> Result<(), RxError> {
-    r.spill = if len >= BULK_SEGMENT { SPILL_BULK } else { SPILL };
+    if len >= BULK_SEGMENT {
+        (r.spill, r.small_run) = (SPILL_BULK, 0);
+    } else {
+        r.small_run = r.small_run.saturating_add(1);
+        if r.small_run >= SMALL_RUN {
+            r.spill = SPILL;
+        }
+    }
     let mut done = 0;
     while done < len {
         let got = {
