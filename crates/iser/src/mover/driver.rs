@@ -281,15 +281,30 @@ impl<P: Provider + 'static> Shared<P> {
         invalidate: Option<u32>,
     ) -> Result<(), DmError> {
         let dsl: usize = data.iter().map(|d| d.len()).sum();
-        let mut buf = Vec::with_capacity(ISER_HEADERS_LEN + ahs.len() + dsl);
-        buf.extend_from_slice(&ih.emit());
+        let len = ISER_HEADERS_LEN + ahs.len() + dsl;
         let mut bhs = [0u8; 48];
         header.emit(&mut bhs, ahs.len(), dsl as u32);
-        buf.extend_from_slice(&bhs);
-        buf.extend_from_slice(ahs);
-        data.iter().for_each(|d| buf.extend_from_slice(d));
-        let mr = self.pd.register(buf, Access::empty()).map_err(rdma("register a send buffer"))?;
-        let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
+        let ihb = ih.emit();
+        let parts = || [&ihb[..], &bhs[..], ahs].into_iter().chain(data.iter().copied());
+        let mr = match self.small_send_buffer(len) {
+            // A registered buffer of the connection's, free again: written in place.
+            Some(mr) => {
+                mr.write(&mut |b| {
+                    let mut at = 0;
+                    for p in parts() {
+                        b[at..at + p.len()].copy_from_slice(p);
+                        at += p.len();
+                    }
+                });
+                mr
+            }
+            None => {
+                let mut buf = Vec::with_capacity(len);
+                parts().for_each(|p| buf.extend_from_slice(p));
+                self.pd.register(buf, Access::empty()).map_err(rdma("register a send buffer"))?
+            }
+        };
+        let sge = Sge { addr: mr.addr(), length: len as u32, lkey: mr.lkey() };
         let op = match invalidate {
             Some(rkey) => SendOp::SendWithInvalidate { rkey },
             None => SendOp::Send,
@@ -298,6 +313,34 @@ impl<P: Provider + 'static> Shared<P> {
         // task management, text, reject) is signaled, so a connection's end can wait for it.
         let routine = matches!(header, Header::ScsiCommand(_) | Header::ScsiResponse(_) | Header::DataOut(_));
         self.post_unawaited(op, vec![sge], Some(mr), !routine)
+    }
+}
+
+/// Largest message sent from the connection's registered send buffers (responses, commands
+/// without immediate data, NOPs…); larger ones get a registration of their own.
+pub(super) const SMALL_SEND: usize = 512;
+
+/// Registered send buffers a connection keeps at most (more Sends in flight register their own).
+const SMALL_SENDS: usize = 64;
+
+impl<P: Provider + 'static> Shared<P> {
+    /// A registered send buffer for a message of `len` bytes that nothing else holds (the
+    /// request that last used it has completed, or a later one has: see `Unsignaled`), or a new
+    /// one while there are fewer than [`SMALL_SENDS`]; `None`: register one for this message.
+    fn small_send_buffer(&self, len: usize) -> Option<Arc<Mr<P>>> {
+        if len > SMALL_SEND {
+            return None;
+        }
+        let mut bufs = lock(&self.send_bufs);
+        if let Some(mr) = bufs.iter().find(|mr| Arc::strong_count(mr) == 1) {
+            return Some(mr.clone());
+        }
+        if bufs.len() >= SMALL_SENDS {
+            return None;
+        }
+        let mr = self.pd.register(vec![0u8; SMALL_SEND], Access::empty()).ok()?;
+        bufs.push(mr.clone());
+        Some(mr)
     }
 }
 

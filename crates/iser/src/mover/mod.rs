@@ -211,6 +211,8 @@ struct Shared<P: Provider> {
     unexpected: Mutex<Unexpected>,
     ff_posted: AtomicBool,
     closed: AtomicBool,
+    /// Registered buffers for small Sends, reused once free (see `small_send_buffer`).
+    send_bufs: Mutex<Vec<Arc<Mr<P>>>>,
 }
 
 /// The iSER datamover of one connection (initiator or target).
@@ -263,6 +265,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             unexpected: Mutex::new(Unexpected::default()),
             ff_posted: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            send_bufs: Mutex::new(Vec::new()),
         });
         // Login is carried by Sends from the very first PDU: receives are posted before the
         // connection is established.
