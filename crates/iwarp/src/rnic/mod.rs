@@ -47,21 +47,22 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// The runtime a queue pair's engines run on, and whether it is the RNIC's own: the current
 /// tokio runtime (the target and the initiator always run in one; it must have I/O enabled),
-/// else one the RNIC starts once for the whole process, a single thread that runs the engines
-/// of every queue pair started outside a runtime.
+/// else one the RNIC starts once for the whole process, with a worker per CPU (at least two,
+/// so the two ends of a connection in one process still run side by side), that runs the
+/// engines of every queue pair started outside a runtime.
 fn engine_runtime() -> io::Result<(tokio::runtime::Handle, bool)> {
     if let Ok(h) = tokio::runtime::Handle::try_current() {
         return Ok((h, false));
     }
-    static OWN: Mutex<Option<tokio::runtime::Handle>> = Mutex::new(None);
+    static OWN: Mutex<Option<tokio::runtime::Runtime>> = Mutex::new(None);
     let mut own = lock(&OWN);
-    if let Some(h) = own.as_ref() {
-        return Ok((h.clone(), true));
+    if let Some(rt) = own.as_ref() {
+        return Ok((rt.handle().clone(), true));
     }
-    let rt = tokio::runtime::Builder::new_current_thread().enable_io().build()?;
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).thread_name("iwarp-engine").enable_io().build()?;
     let h = rt.handle().clone();
-    std::thread::Builder::new().name("iwarp-engines".into()).spawn(move || rt.block_on(std::future::pending::<()>()))?;
-    *own = Some(h.clone());
+    *own = Some(rt);
     Ok((h, true))
 }
 
