@@ -22,6 +22,12 @@
 //! | Data_ACK_Notify | [`DmEvent::DataAck`] (ERL > 0 only) |
 //! | Connection_Terminate_Notify | [`DmEvent::Terminated`] |
 //!
+//! Three calls are riser's, not RFC 5047's: they let the iSCSI layer work in turns.
+//! [`Datamover::try_next_event`] hands out what has already arrived without waiting;
+//! between [`Datamover::hold_sends`] and [`Datamover::release_sends`] what is sent may be
+//! gathered (TCP: one `writev`; iSER: one posted list), never reordered. Their defaults do
+//! nothing, so a datamover that ignores them is still correct.
+//!
 //! The trait is object-safe (`Box<dyn Datamover>`) and names no runtime: its futures are plain
 //! boxed futures; a datamover implementation picks its runtime (riser-tcp uses tokio).
 //!
