@@ -1,6 +1,7 @@
 //! The socket link: PDU framing on a TCP stream (BHS, AHS, optional CRC32C header digest, data
-//! segment, padding, optional CRC32C data digest), read header-first so data segments land in
-//! their final buffers, written with vectored writes.
+//! segment, padding, optional CRC32C data digest). Read ahead (one `recv` for every PDU that
+//! has arrived), header first, so a large data segment still lands straight in its final buffer;
+//! written with vectored writes, or gathered into one write while the link is told to gather.
 
 use crate::PduDatamover;
 use crate::link::{LinkParams, LinkRx, LinkTx, RxHeader};
