@@ -9,7 +9,13 @@ use riser_scsi::lun::Lun;
 impl Session {
     /// Run a CDB value.
     pub async fn run(&self, lun: Lun, cdb: &Cdb, write: Option<Bytes>, read_len: u32) -> Result<Bytes, Error> {
-        self.command(lun, &cdb.to_vec(), write, read_len).await?.into_good()
+        // Fixed-size CDBs (all but variable-length ones) are encoded on the stack.
+        let mut fixed = [0u8; 16];
+        let bytes = match cdb.emit(&mut fixed) {
+            Ok(n) => std::borrow::Cow::Borrowed(&fixed[..n]),
+            Err(_) => std::borrow::Cow::Owned(cdb.to_vec()),
+        };
+        self.command(lun, &bytes, write, read_len).await?.into_good()
     }
 
     /// TEST UNIT READY.

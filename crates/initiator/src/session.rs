@@ -15,6 +15,7 @@
 use crate::login::{login, resolve};
 use crate::{CommandResult, Connector, Error, SessionConfig};
 use bytes::{Bytes, BytesMut};
+use hashbrown::HashMap;
 use riser_datamover::{ControlPdu, DmEvent, SharedDatamover};
 use riser_iscsi::keys::NegotiatedParams;
 use riser_iscsi::login::{InitiatorLoginConfig, LoginOutcome};
@@ -22,11 +23,10 @@ use riser_iscsi::session::{Busy, InitiatorEvent, InitiatorSession, Residual};
 use riser_iscsi::wire::{AsyncEvent, Header, RejectReason, ScsiCommand, TmfFunction, TmfResponse, extended_cdb_ahs};
 use riser_scsi::lun::Lun;
 use riser_scsi::sense::{Sense, SenseKey, Status};
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::net::ToSocketAddrs;
-use tokio::sync::{Notify, RwLockReadGuard, oneshot};
+use tokio::sync::{Notify, oneshot};
 
 /// What the caller of a task is woken with.
 #[derive(Debug)]
@@ -37,6 +37,29 @@ enum Reply {
     Pong,
     TaskManagement(TmfResponse),
     LoggedOut,
+    /// No answer within the session's timeout (the reaper gave up on it).
+    TimedOut,
+}
+
+/// A caller waiting for its task, and the reaper tick its request was registered at.
+struct Waiter {
+    tx: oneshot::Sender<Reply>,
+    tick: u32,
+}
+
+/// Reaper ticks per timeout: a request with no answer is given up between one timeout and
+/// `1 + 1/REAPER_TICKS` timeouts after it was registered.
+const REAPER_TICKS: u32 = 4;
+
+/// Who holds the send gate (see [`Inner::gate_open`]).
+#[derive(Debug, Default)]
+struct Gate {
+    /// Commands between their numbering and the end of their send.
+    shared: u32,
+    /// A task management request (or a requested logout) holds it alone.
+    exclusive: bool,
+    /// Exclusive holders waiting: new commands wait behind them.
+    exclusive_waiting: u32,
 }
 
 /// A connection as a request saw it: its datamover, and its generation (which says whether
@@ -53,7 +76,11 @@ struct State {
     /// The connection it runs on.
     link: Link,
     /// The callers waiting for their tasks, by task tag.
-    pending: HashMap<u32, oneshot::Sender<Reply>>,
+    pending: HashMap<u32, Waiter>,
+    /// The reaper's clock: ticks [`REAPER_TICKS`] times per timeout.
+    tick: u32,
+    /// The send gate: it outlives the connection (a holder may span a reconnection).
+    gate: Gate,
     /// The connection is gone (its receiver ended): the next request logs in again.
     dead: bool,
     /// Logged out: no reconnection.
@@ -62,8 +89,15 @@ struct State {
 
 impl State {
     /// The state a completed login on `link` leaves us with.
-    fn after_login(o: &LoginOutcome, link: Link) -> Self {
-        Self { session: InitiatorSession::new(o), link, pending: HashMap::new(), dead: false, closed: false }
+    fn after_login(o: &LoginOutcome, link: Link, gate: Gate) -> Self {
+        Self { session: InitiatorSession::new(o), link, pending: HashMap::new(), tick: 0, gate, dead: false, closed: false }
+    }
+
+    /// Register the caller of task `itt`.
+    fn wait_for(&mut self, itt: u32) -> oneshot::Receiver<Reply> {
+        let (tx, rx) = oneshot::channel();
+        self.pending.insert(itt, Waiter { tx, tick: self.tick });
+        rx
     }
 }
 
@@ -77,12 +111,14 @@ struct Inner {
     /// Notified when the CmdSN window opens or the connection is lost.
     window: Notify,
     timeout: Duration,
-    /// Commands hold it (shared) from their numbering to the end of their send, a task
-    /// management request (exclusively) while it is numbered and sent: so the commands the
-    /// machine counts as its victims (those numbered before it) are on their way before it,
-    /// and none numbered after it can overtake it. (Ending a command the target goes on with
-    /// would revoke memory it is about to access.)
-    send_gate: tokio::sync::RwLock<()>,
+    /// The send gate ([`State::gate`]) opened. Commands hold the gate (shared) from their
+    /// numbering to the end of their send, a task management request (exclusively) while it
+    /// is numbered and sent: so the commands the machine counts as its victims (those numbered
+    /// before it) are on their way before it, and none numbered after it can overtake it.
+    /// (Ending a command the target goes on with would revoke memory it is about to access.)
+    /// It lives in the state the machine does, so a command takes one lock to pass it and
+    /// be numbered.
+    gate_open: Notify,
     /// One pump sends at a time, so the machine's PDUs leave in the order it queued them.
     send_order: tokio::sync::Mutex<()>,
 }
@@ -141,7 +177,7 @@ impl Inner {
                     return;
                 }
                 let Some(e) = s.session.poll_event() else { return };
-                let waiter = e.itt().and_then(|i| s.pending.remove(&i));
+                let waiter = e.itt().and_then(|i| s.pending.remove(&i)).map(|w| w.tx);
                 (e, waiter)
             };
             let reply = match event {
@@ -200,12 +236,13 @@ impl Session {
             login: cfg.login,
             reconnecting: tokio::sync::Mutex::new(()),
             params: o.params.clone(),
-            state: Mutex::new(State::after_login(&o, link.clone())),
+            state: Mutex::new(State::after_login(&o, link.clone(), Gate::default())),
             window: Notify::new(),
             timeout: cfg.timeout,
-            send_gate: tokio::sync::RwLock::new(()),
+            gate_open: Notify::new(),
             send_order: tokio::sync::Mutex::new(()),
         });
+        tokio::spawn(Self::reaper(inner.clone(), link.generation));
         tokio::spawn(Self::receiver(inner.clone(), link));
         Ok(Self { inner })
     }
@@ -272,9 +309,11 @@ impl Session {
         let link = {
             let mut s = lock(&self.inner.state);
             let link = Link { dm, generation: s.link.generation.wrapping_add(1) };
-            *s = State::after_login(&o, link.clone());
+            let gate = std::mem::take(&mut s.gate);
+            *s = State::after_login(&o, link.clone(), gate);
             link
         };
+        tokio::spawn(Self::reaper(self.inner.clone(), link.generation));
         tokio::spawn(Self::receiver(self.inner.clone(), link));
         tracing::info!("session reinstated after a connection loss");
         Ok(())
@@ -339,31 +378,39 @@ impl Session {
         cdb: &[u8],
         read_len: u32,
         write_len: u32,
-    ) -> Result<(ScsiCommand, Link, oneshot::Receiver<Reply>, RwLockReadGuard<'_, ()>), Error> {
+    ) -> Result<(ScsiCommand, Link, oneshot::Receiver<Reply>, SharedGate<'_>), Error> {
         loop {
             let notified = self.inner.window.notified();
-            let gate = self.inner.send_gate.read().await;
+            let gate_open = self.inner.gate_open.notified();
             // Decide under the lock; await only after it is released.
-            let dead = {
+            let (dead, gated) = {
                 let mut s = lock(&self.inner.state);
                 if s.closed {
                     return Err(Error::ConnectionLost);
                 }
-                if !s.dead {
-                    match s.session.start_command(lun, cdb, read_len, write_len) {
-                        Ok(cmd) => {
-                            let (tx, rx) = oneshot::channel();
-                            s.pending.insert(cmd.itt, tx);
-                            return Ok((cmd, s.link.clone(), rx, gate));
+                if s.gate.exclusive || s.gate.exclusive_waiting > 0 {
+                    (false, true)
+                } else {
+                    if !s.dead {
+                        match s.session.start_command(lun, cdb, read_len, write_len) {
+                            Ok(cmd) => {
+                                let rx = s.wait_for(cmd.itt);
+                                s.gate.shared += 1;
+                                return Ok((cmd, s.link.clone(), rx, SharedGate(&self.inner)));
+                            }
+                            Err(Busy::WindowClosed) => {}
                         }
-                        Err(Busy::WindowClosed) => {}
                     }
+                    (s.dead, false)
                 }
-                s.dead
             };
+            if gated {
+                // A task management request has the gate, or waits for it.
+                gate_open.await;
+                continue;
+            }
             // Not holding the gate while waiting: a task management function may be what
             // frees the window.
-            drop(gate);
             if dead {
                 self.reconnect().await?;
                 continue;
@@ -386,8 +433,7 @@ impl Session {
                 }
                 if !s.dead {
                     let itt = start(&mut s.session);
-                    let (tx, rx) = oneshot::channel();
-                    s.pending.insert(itt, tx);
+                    let rx = s.wait_for(itt);
                     return Ok((itt, s.link.clone(), rx));
                 }
             }
@@ -419,14 +465,73 @@ impl Session {
         let _ = link.dm.take_read_data(itt);
     }
 
-    async fn wait(&self, itt: u32, rx: oneshot::Receiver<Reply>, link: &Link) -> Result<Reply, Error> {
-        match tokio::time::timeout(self.inner.timeout, rx).await {
-            Ok(Ok(r)) => Ok(r),
-            Ok(Err(_)) => Err(Error::ConnectionLost),
-            Err(_) => {
-                self.forget(itt, link);
-                Err(Error::Timeout)
+    /// The answer to a request; [`Error::Timeout`] once the reaper has given up on it.
+    async fn wait(rx: oneshot::Receiver<Reply>) -> Result<Reply, Error> {
+        match rx.await {
+            Ok(Reply::TimedOut) => Err(Error::Timeout),
+            Ok(r) => Ok(r),
+            Err(_) => Err(Error::ConnectionLost),
+        }
+    }
+
+    /// Give up on the requests of connection `generation` that have waited a whole timeout:
+    /// the machine forgets them, the datamover gives back their buffers, and their callers
+    /// get [`Error::Timeout`]. One timer per connection instead of one per request. Ends with
+    /// the connection.
+    async fn reaper(inner: Arc<Inner>, generation: u32) {
+        let period = (inner.timeout / REAPER_TICKS).max(Duration::from_millis(1));
+        let mut every = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut expired = Vec::new();
+        loop {
+            every.tick().await;
+            let dm = {
+                let mut s = lock(&inner.state);
+                if s.link.generation != generation || s.dead || s.closed {
+                    return;
+                }
+                s.tick = s.tick.wrapping_add(1);
+                let now = s.tick;
+                s.pending.retain(|itt, w| {
+                    if now.wrapping_sub(w.tick) <= REAPER_TICKS {
+                        return true;
+                    }
+                    expired.push((*itt, std::mem::replace(&mut w.tx, oneshot::channel().0)));
+                    false
+                });
+                for (itt, _) in &expired {
+                    s.session.forget(*itt);
+                }
+                s.link.dm.clone()
+            };
+            for (itt, tx) in expired.drain(..) {
+                let _ = dm.take_read_data(itt);
+                let _ = tx.send(Reply::TimedOut);
             }
+        }
+    }
+
+    /// Take the send gate alone (waiting for the commands being sent to be on their way);
+    /// commands that come meanwhile wait behind.
+    async fn exclusive_gate(&self) -> ExclusiveGate<'_> {
+        let mut waiting = None;
+        loop {
+            let opened = self.inner.gate_open.notified();
+            {
+                let mut s = lock(&self.inner.state);
+                if !s.gate.exclusive && s.gate.shared == 0 {
+                    s.gate.exclusive = true;
+                    drop(s);
+                    // Registered as waiting no longer (the drop takes the lock again).
+                    drop(waiting);
+                    return ExclusiveGate(&self.inner);
+                }
+                if waiting.is_none() {
+                    s.gate.exclusive_waiting += 1;
+                    waiting = Some(WaitingExclusive(&self.inner));
+                }
+            }
+            opened.await;
         }
     }
 
@@ -491,7 +596,7 @@ impl Session {
             return Err(Error::ConnectionLost);
         }
         drop(gate);
-        match self.wait(cmd.itt, rx, &link).await? {
+        match Self::wait(rx).await? {
             Reply::Scsi(r) => Ok(r),
             Reply::Aborted => Err(Error::Aborted),
             Reply::Rejected(r) => Err(Error::Rejected(r)),
@@ -502,12 +607,12 @@ impl Session {
     /// A task management function; `ref_itt` names the task for ABORT TASK (its RefCmdSN is
     /// that command's CmdSN). The commands it ends fail with [`Error::Aborted`].
     pub async fn task_management(&self, lun: Lun, function: TmfFunction, ref_itt: u32) -> Result<(), Error> {
-        let gate = self.inner.send_gate.write().await;
+        let gate = self.exclusive_gate().await;
         let (itt, link, rx) = self.start_immediate(|m| m.task_management(function, lun, ref_itt)).await?;
         let sent = self.send_request(itt, &link).await;
         drop(gate);
         sent?;
-        match self.wait(itt, rx, &link).await? {
+        match Self::wait(rx).await? {
             Reply::TaskManagement(TmfResponse::COMPLETE) => Ok(()),
             Reply::TaskManagement(r) => Err(Error::TaskManagement(r)),
             Reply::Rejected(r) => Err(Error::Rejected(r)),
@@ -520,7 +625,7 @@ impl Session {
         let start = Instant::now();
         let (itt, link, rx) = self.start_immediate(|m| m.ping(Bytes::new())).await?;
         self.send_request(itt, &link).await?;
-        match self.wait(itt, rx, &link).await? {
+        match Self::wait(rx).await? {
             Reply::Pong => Ok(start.elapsed()),
             Reply::Rejected(r) => Err(Error::Rejected(r)),
             other => Err(Error::Protocol(format!("unexpected answer to a NOP-Out: {other:?}"))),
@@ -532,7 +637,7 @@ impl Session {
     /// in flight end (for at most the time given, less a margin), the connection logs out, and the
     /// session logs in again at its next command — to wherever the address leads now.
     async fn logout_on_request(&self, link: Link, within: Duration) {
-        let gate = self.inner.send_gate.write().await;
+        let gate = self.exclusive_gate().await;
         let until = Instant::now() + within.saturating_sub(Duration::from_millis(500));
         loop {
             let busy = {
@@ -549,15 +654,13 @@ impl Session {
             let mut s = lock(&self.inner.state);
             (s.link.generation == link.generation && !s.dead).then(|| {
                 let itt = s.session.logout();
-                let (tx, rx) = oneshot::channel();
-                s.pending.insert(itt, tx);
-                (itt, rx)
+                (itt, s.wait_for(itt))
             })
         };
         if let Some((itt, rx)) = started
             && self.send_request(itt, &link).await.is_ok()
         {
-            let _ = self.wait(itt, rx, &link).await;
+            let _ = Self::wait(rx).await;
         }
         {
             let mut s = lock(&self.inner.state);
@@ -575,13 +678,52 @@ impl Session {
     pub async fn logout(&self) -> Result<(), Error> {
         let (itt, link, rx) = self.start_immediate(|m| m.logout()).await?;
         self.send_request(itt, &link).await?;
-        let r = self.wait(itt, rx, &link).await;
+        let r = Self::wait(rx).await;
         lock(&self.inner.state).closed = true;
         self.dm().terminate();
         match r? {
             Reply::LoggedOut => Ok(()),
             Reply::Rejected(r) => Err(Error::Rejected(r)),
             other => Err(Error::Protocol(format!("unexpected answer to a Logout: {other:?}"))),
+        }
+    }
+}
+
+/// A command's hold on the send gate, from its numbering to the end of its send.
+struct SharedGate<'a>(&'a Inner);
+
+impl Drop for SharedGate<'_> {
+    fn drop(&mut self) {
+        let mut s = lock(&self.0.state);
+        s.gate.shared -= 1;
+        if s.gate.shared == 0 && s.gate.exclusive_waiting > 0 {
+            drop(s);
+            self.0.gate_open.notify_waiters();
+        }
+    }
+}
+
+/// A task management request's (or a requested logout's) hold on the send gate.
+struct ExclusiveGate<'a>(&'a Inner);
+
+impl Drop for ExclusiveGate<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.state).gate.exclusive = false;
+        self.0.gate_open.notify_waiters();
+    }
+}
+
+/// An exclusive holder waiting for the gate (counted while it waits, also if it gives up).
+struct WaitingExclusive<'a>(&'a Inner);
+
+impl Drop for WaitingExclusive<'_> {
+    fn drop(&mut self) {
+        let mut s = lock(&self.0.state);
+        s.gate.exclusive_waiting -= 1;
+        let open = s.gate.exclusive_waiting == 0 && !s.gate.exclusive;
+        drop(s);
+        if open {
+            self.0.gate_open.notify_waiters();
         }
     }
 }

@@ -22,7 +22,7 @@ use riser_datamover::{
 use riser_iscsi::keys::{NegotiatedParams, Role};
 use riser_iscsi::session::TransferLimits;
 use riser_iscsi::wire::{Header, R2t, ScsiCommand};
-use std::collections::HashMap;
+use hashbrown::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
