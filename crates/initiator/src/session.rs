@@ -153,6 +153,29 @@ impl Inner {
     /// what it queued, in order. Fails if the connection failed (or was replaced).
     async fn pump(&self, link: &Link) -> Result<(), Error> {
         self.deliver(link);
+        self.send_queued(link).await
+    }
+
+    /// [`pump`](Self::pump) for the receive loop, which waits for no one's PDUs but those it
+    /// made the machine queue: with nothing queued (the common case, a command's answer) it
+    /// does not wait for a send in progress.
+    async fn pump_received(&self, link: &Link) -> Result<(), Error> {
+        self.deliver(link);
+        {
+            let s = lock(&self.state);
+            if s.link.generation != link.generation {
+                return Err(Error::ConnectionLost);
+            }
+            if !s.session.has_transmit() {
+                return Ok(());
+            }
+        }
+        self.send_queued(link).await
+    }
+
+    /// Send what the machine queued, in order; when it returns, everything queued before the
+    /// call has left (or the connection failed).
+    async fn send_queued(&self, link: &Link) -> Result<(), Error> {
         let _order = self.send_order.lock().await;
         loop {
             let next = {
@@ -347,7 +370,7 @@ impl Session {
                         tokio::spawn(async move { me.logout_on_request(link, within).await });
                     }
                     // Answers to the target's pings, text continuations; the callers' wake-ups.
-                    if let Err(e) = inner.pump(&link).await {
+                    if let Err(e) = inner.pump_received(&link).await {
                         tracing::debug!(%e, "the connection failed while answering the target");
                     }
                 }

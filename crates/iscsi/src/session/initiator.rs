@@ -165,6 +165,11 @@ impl InitiatorSession {
         self.tasks.contains_key(&itt)
     }
 
+    /// Whether PDUs wait to be sent ([`poll_transmit`](Self::poll_transmit) has one).
+    pub fn has_transmit(&self) -> bool {
+        !self.transmit.is_empty()
+    }
+
     /// PDUs to send (requests other than SCSI commands, answers to pings), in order.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.transmit.pop_front()

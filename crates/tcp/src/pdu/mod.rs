@@ -15,6 +15,7 @@ mod tests;
 
 use crate::link::{LinkParams, LinkRx, LinkTx};
 use bytes::{Bytes, BytesMut};
+use hashbrown::HashMap;
 use riser_datamover::{
     BoxFuture, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer,
     Terminated, Violation,
@@ -22,7 +23,6 @@ use riser_datamover::{
 use riser_iscsi::keys::{NegotiatedParams, Role};
 use riser_iscsi::session::TransferLimits;
 use riser_iscsi::wire::{Header, R2t, ScsiCommand};
-use hashbrown::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
@@ -93,7 +93,9 @@ struct Shared {
     /// and whenever tasks leave the table (so a Get_Data waiting on a read learns it is gone).
     write_read_done: Notify,
     events_tx: mpsc::UnboundedSender<DmEvent>,
-    events_rx: Mutex<mpsc::UnboundedReceiver<DmEvent>>,
+    /// Polled under a plain lock, never held across an await (one reader at a time in
+    /// practice: the session's receive loop).
+    events_rx: StdMutex<mpsc::UnboundedReceiver<DmEvent>>,
     /// Login (PDUs read one at a time by [`Datamover::next_event`]), enabled (the receive
     /// driver reads), or closed.
     phase: watch::Sender<Phase>,
@@ -153,7 +155,7 @@ impl PduDatamover {
             writes: StdMutex::new(HashMap::new()),
             write_read_done: Notify::new(),
             events_tx,
-            events_rx: Mutex::new(events_rx),
+            events_rx: StdMutex::new(events_rx),
             phase: watch::Sender::new(Phase::Login),
             login_rx: Mutex::new(Some(rx)),
             segment_timeout_ms: AtomicU64::new(DEFAULT_SEGMENT_TIMEOUT.as_millis() as u64),
@@ -416,7 +418,7 @@ impl Datamover for PduDatamover {
         if *self.shared.phase.borrow() == Phase::Login {
             return None;
         }
-        self.shared.events_rx.try_lock().ok()?.try_recv().ok()
+        lock(&self.shared.events_rx).try_recv().ok()
     }
 
     fn hold_sends(&self) {
@@ -440,7 +442,7 @@ impl Datamover for PduDatamover {
             {
                 return ev;
             }
-            match self.shared.events_rx.lock().await.recv().await {
+            match std::future::poll_fn(|cx| lock(&self.shared.events_rx).poll_recv(cx)).await {
                 Some(e) => e,
                 None => DmEvent::Terminated(Terminated::Local),
             }
