@@ -127,6 +127,14 @@ const REPORT_LUNS: u8 = 0xa0;
 /// The largest transfer of a command run in the session's receiving task.
 const INLINE_MAX: u32 = 64 << 10;
 
+/// PDUs a turn handles before what they produced leaves (then again every as many, and at the
+/// turn's end). The answers to the first commands of a burst then reach the initiator while
+/// the rest are handled, and both sides work at once instead of in turn. With the initiator's
+/// own slices (riser-tcp's `FLUSH_EVERY`), riser initiator to riser target, 4 KiB random
+/// reads at QD 32, each side on its own core of a 2-core machine, went from 136–150k to
+/// 282–364k IOPS (interleaved runs); before, each side was idle about half the time.
+const TURN_SLICE: u32 = 8;
+
 /// Whether a command runs in the session's receiving task: it moves at most [`INLINE_MAX`]
 /// bytes, needs no write data beyond what came with it (nothing to wait for from the
 /// initiator) and it ends at memory speed — REPORT
@@ -438,11 +446,18 @@ impl Session {
                 Some(self.dm.next_event().await)
             };
             // One turn: every PDU that has arrived is handled (memory-speed commands run to
-            // their end in it), and what they produced leaves together at the turn's end.
+            // their end in it), and what they produced leaves together, every
+            // [`TURN_SLICE`] PDUs and at the turn's end.
             self.dm.hold_sends();
+            let mut handled = 0;
             let go_on = loop {
                 if !self.handle(target, &mut view, event).await {
                     break false;
+                }
+                handled += 1;
+                if handled % TURN_SLICE == 0 {
+                    self.release_sends().await;
+                    self.dm.hold_sends();
                 }
                 match self.dm.try_next_event() {
                     Some(e) => event = Some(e),

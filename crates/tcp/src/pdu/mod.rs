@@ -24,7 +24,7 @@ use riser_iscsi::keys::{NegotiatedParams, Role};
 use riser_iscsi::session::TransferLimits;
 use riser_iscsi::wire::{Header, R2t, ScsiCommand};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 use tokio::sync::{Mutex, Notify, mpsc, watch};
@@ -109,7 +109,14 @@ struct Shared {
     /// Initiator: PDUs were gathered; the flusher writes them out once the executor's ready
     /// tasks have run.
     flush_due: Notify,
+    /// Initiator: PDUs gathered since the last write (counted under the `tx` lock).
+    gathered: AtomicUsize,
 }
+
+/// Initiator: PDUs gathered that are written out at once, without waiting for the flusher. The
+/// target starts on these commands while the initiator's other tasks make the next ones, so
+/// both sides work at once instead of in turn (see the target's `TURN_SLICE`).
+const FLUSH_EVERY: usize = 8;
 
 /// Default of [`PduDatamover::set_segment_timeout`]: a whole data segment (at most 16 MiB) in
 /// 30 s is 0.5 MiB/s, slow enough for any live peer.
@@ -161,6 +168,7 @@ impl PduDatamover {
             segment_timeout_ms: AtomicU64::new(DEFAULT_SEGMENT_TIMEOUT.as_millis() as u64),
             gathering: AtomicBool::new(false),
             flush_due: Notify::new(),
+            gathered: AtomicUsize::new(0),
         });
         let me = Self { shared: shared.clone() };
         let r2t_server = me.clone().serve_r2ts(r2t_rx);
@@ -306,7 +314,12 @@ impl PduDatamover {
             // meanwhile wake their tasks, whose next commands join this write. (A task that
             // wakes itself runs sooner: 3 % less latency at QD 1, 13 % fewer IOPS at QD 32.)
             tokio::task::yield_now().await;
-            if shared.tx.lock().await.flush().await.is_err() {
+            let flushed = {
+                let mut tx = shared.tx.lock().await;
+                shared.gathered.store(0, Ordering::Relaxed);
+                tx.flush().await
+            };
+            if flushed.is_err() {
                 // The commands gathered are lost with the connection: it ends, and so do they
                 // (the receive loop sees the close and tells the session).
                 shared.phase.send_replace(Phase::Closed);
@@ -329,7 +342,12 @@ impl PduDatamover {
         tx.gather(deferred || self.shared.gathering.load(Ordering::Acquire));
         tx.write_pdu(&header, ahs, data).await?;
         if deferred {
-            self.shared.flush_due.notify_one();
+            if self.shared.gathered.fetch_add(1, Ordering::Relaxed) + 1 >= FLUSH_EVERY {
+                self.shared.gathered.store(0, Ordering::Relaxed);
+                tx.flush().await?;
+            } else {
+                self.shared.flush_due.notify_one();
+            }
         }
         Ok(())
     }

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::loopback::{RawEnd, pair};
-use riser_iscsi::wire::{DataOut, DecodeError, LoginRequest, NopOut, RESERVED_TAG, Stage};
+use riser_iscsi::wire::{BHS_LEN, DataOut, DecodeError, LoginRequest, NopOut, RESERVED_TAG, Stage};
 
 /// A target datamover on one end of a loopback link, the other end driven by hand.
 fn target() -> (PduDatamover, RawEnd) {
@@ -149,4 +149,59 @@ fn data_out_is_placed_only_where_its_sequence_says() {
         PduDatamover::check_data_out(&ended, &data_out(RESERVED_TAG, 8192, 1), 512, 65_536),
         Err(SequenceError::UnsolicitedAfterEnd)
     );
+}
+
+/// An initiator over a real socket, enabled (full feature phase), and the target's end as a
+/// plain non-blocking socket.
+async fn initiator_on_socket() -> (PduDatamover, std::net::TcpStream) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+    let (server, _) = listener.accept().await.unwrap();
+    let (r, w) = client.into_split();
+    let (dm, driver) = PduDatamover::new(Role::Initiator, Box::new(crate::TcpRx::new(r)), Box::new(crate::TcpTx::new(w)));
+    tokio::spawn(driver);
+    dm.enable();
+    let server = server.into_std().unwrap();
+    server.set_nonblocking(true).unwrap();
+    (dm, server)
+}
+
+/// Bytes that have arrived at `s` (without waiting).
+fn arrived(s: &mut std::net::TcpStream) -> usize {
+    use std::io::Read;
+    let mut buf = [0u8; 64 << 10];
+    let mut n = 0;
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return n,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return n,
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn an_initiators_commands_leave_every_flush_every_and_the_rest_once_its_tasks_have_run() {
+    let (dm, mut target) = initiator_on_socket().await;
+    let cmd = |itt| ScsiCommand { itt, read: true, ..ScsiCommand::default() };
+    // One runtime thread, and no await that yields: the flusher cannot run meanwhile.
+    for itt in 0..FLUSH_EVERY as u32 - 1 {
+        dm.send_command(cmd(itt), Bytes::new(), 0, None).await.unwrap();
+    }
+    assert_eq!(arrived(&mut target), 0, "commands left before FLUSH_EVERY were gathered");
+    dm.send_command(cmd(99), Bytes::new(), 0, None).await.unwrap();
+    assert_eq!(arrived(&mut target), FLUSH_EVERY * BHS_LEN, "FLUSH_EVERY commands leave together, at once");
+    dm.send_command(cmd(100), Bytes::new(), 0, None).await.unwrap();
+    assert_eq!(arrived(&mut target), 0);
+    // The flusher writes the rest once the ready tasks (this one) let it run.
+    let mut n = 0;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        n += arrived(&mut target);
+        if n > 0 {
+            break;
+        }
+    }
+    assert_eq!(n, BHS_LEN);
 }
