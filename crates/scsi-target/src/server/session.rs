@@ -14,7 +14,7 @@ use riser_iscsi::keys::{NegotiatedParams, Transport};
 use riser_iscsi::login::LoginOutcome;
 use riser_iscsi::session::{Reset, TargetEvent, TargetSession, TargetSessionConfig, TaskId};
 use riser_iscsi::text::{TextBuilder, parse_pairs};
-use riser_iscsi::wire::{Header, Isid, LogoutRequest};
+use riser_iscsi::wire::{Isid, LogoutRequest};
 use riser_scsi::lun::Lun;
 use riser_scsi::sense::Status;
 use std::collections::HashMap;
@@ -562,11 +562,7 @@ impl Session {
         split: riser_iscsi::session::WriteSplit,
         now: Duration,
     ) {
-        let full_cdb = if ahs.is_empty() {
-            cmd.cdb.to_vec()
-        } else {
-            riser_iscsi::wire::Pdu::new(Header::ScsiCommand(cmd), ahs, Bytes::new()).full_cdb().unwrap_or_default()
-        };
+        let full_cdb = cmd.full_cdb(&ahs);
         let opcode = full_cdb.first().copied().unwrap_or(0);
         // REPORT LUNS answers from the nexus's LUN inventory, whichever LUN it is sent to.
         let (path, report) = if opcode == REPORT_LUNS { (None, Some(view.luns())) } else { (self.enter(target, view, cmd.lun), None) };
