@@ -67,6 +67,10 @@ impl IoCount {
             self.idle.notify_waiters();
         }
     }
+    #[cfg(test)]
+    pub(super) fn running(&self) -> usize {
+        self.running.load(Ordering::Acquire)
+    }
     async fn wait_idle(&self) {
         loop {
             let n = self.idle.notified();
@@ -217,9 +221,6 @@ pub(super) struct Session {
     pub(super) data_timeout: Duration,
     /// A send timed out: the connection is being dropped.
     dead: AtomicBool,
-    /// The I/O gate of the commands run in the receiving task (never waited on: nothing is
-    /// aborted while they run).
-    inline_gate: Arc<IoGate>,
 }
 
 impl std::fmt::Debug for Session {
@@ -273,7 +274,6 @@ impl Session {
             send_timeout: c.send_timeout,
             data_timeout: c.data_timeout,
             dead: AtomicBool::new(false),
-            inline_gate: Arc::new(IoGate::default()),
         }
     }
 
@@ -569,8 +569,9 @@ impl Session {
         let inline = runs_inline(&cmd, opcode, split, path.as_ref().map(|p| &*p.path().lu));
         let slot = Slot { session: self.clone(), task, held: AtomicBool::new(true), path, op: Op::of(opcode), start: now };
         if inline {
-            // Nothing to abort meanwhile: task management is handled after it, in this task.
-            return self.command(cmd, full_cdb, split, &slot, &self.inline_gate, report, true).await;
+            // Nothing to abort meanwhile (task management is handled after it, in this task):
+            // no I/O gate.
+            return self.command(cmd, full_cdb, split, &slot, None, report, true).await;
         }
         let me = self.clone();
         let gate = Arc::new(IoGate::default());
@@ -584,7 +585,7 @@ impl Session {
         // once into its allocation; spawned by value, the runtime moved it about ten times
         // (~1 700 instructions of memcpy per command).
         let handle = tokio::spawn(Box::pin(async move {
-            me.command(cmd, full_cdb, split, &slot, &g, report, false).await;
+            me.command(cmd, full_cdb, split, &slot, Some(&g), report, false).await;
         }));
         let mut running = lock(&self.running);
         if running.len() >= self.sweep_at.load(Ordering::Relaxed) {
