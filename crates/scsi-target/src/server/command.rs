@@ -54,6 +54,26 @@ impl Drop for InFlight {
     }
 }
 
+/// A command as the session hands it to [`Session::command`].
+pub(super) struct Command {
+    pub(super) cmd: ScsiCommand,
+    /// Its full CDB (the BHS's 16 bytes and an extended-CDB AHS).
+    pub(super) cdb: Vec<u8>,
+    pub(super) split: WriteSplit,
+    /// REPORT LUNS: the nexus's LUNs, which it answers from (whichever LUN it names).
+    pub(super) report: Option<Vec<Lun>>,
+    /// Its task's I/O gate; `None` when it runs in the session's receiving task (one such
+    /// command at a time, and nothing aborts it while it runs).
+    pub(super) gate: Option<Arc<IoGate>>,
+}
+
+impl Command {
+    /// Whether it runs in the session's receiving task.
+    fn inline(&self) -> bool {
+        self.gate.is_none()
+    }
+}
+
 /// Sense for write data that broke its sequence or did not come.
 fn data_phase_error(lu: &LogicalUnit) -> Outcome {
     let s = Sense::new(SenseKey::ABORTED_COMMAND, AscAscq::DATA_PHASE_ERROR);
@@ -105,21 +125,12 @@ impl Session {
         Some((mine, all))
     }
 
-    /// Run a command: `report` holds the nexus's LUNs for REPORT LUNS, otherwise the command
-    /// runs on the unit of the slot's path (or gets LOGICAL UNIT NOT SUPPORTED without one).
-    /// `gate`: its task's I/O gate, `None` when it runs in the session's receiving task (then
-    /// `inline`; one such command at a time, and nothing aborts it while it runs).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn command(
-        &self,
-        c: ScsiCommand,
-        cdb: Vec<u8>,
-        split: WriteSplit,
-        slot: &Slot,
-        gate: Option<&Arc<IoGate>>,
-        report: Option<Vec<Lun>>,
-        inline: bool,
-    ) {
+    /// Run a command: REPORT LUNS answers from the nexus's LUNs, every other command runs on
+    /// the unit of the slot's path (or gets LOGICAL UNIT NOT SUPPORTED without one).
+    pub(super) async fn command(&self, run: Command, slot: &Slot) {
+        let inline = run.inline();
+        let Command { cmd: c, cdb, split, report, gate } = run;
+        let gate = gate.as_ref();
         let (edtl, immediate) = (c.expected_data_len, split.immediate);
         if let Some(luns) = report {
             // Its data goes out through the task's resources (iSER: the read STag): they are

@@ -4,6 +4,7 @@
 //! I/O, reset units, answer text and logout. The protocol decisions (window, StatSN, tags,
 //! task management outcomes, keepalive, rejects) are the machine's.
 
+use super::command::Command;
 use super::stats::Op;
 use super::view::{LunPath, PathGuard, View};
 use super::{DiscoveryScope, Quiesce, Target, TargetConfig, lock};
@@ -568,14 +569,15 @@ impl Session {
         let (path, report) = if opcode == REPORT_LUNS { (None, Some(view.luns())) } else { (self.enter(target, view, cmd.lun), None) };
         let inline = runs_inline(&cmd, opcode, split, path.as_ref().map(|p| &*p.path().lu));
         let slot = Slot { session: self.clone(), task, held: AtomicBool::new(true), path, op: Op::of(opcode), start: now };
+        let mut run = Command { cmd, cdb: full_cdb, split, report, gate: None };
         if inline {
             // Nothing to abort meanwhile (task management is handled after it, in this task):
             // no I/O gate.
-            return self.command(cmd, full_cdb, split, &slot, None, report, true).await;
+            return self.command(run, &slot).await;
         }
         let me = self.clone();
         let gate = Arc::new(IoGate::default());
-        let g = gate.clone();
+        run.gate = Some(gate.clone());
         // The command is spawned before its registration, and does not unregister itself: a
         // lock held across the spawn, and one more at its end, cost a cross-thread wake-up per
         // command. Ended commands are swept out as the table grows (a stale entry is harmless:
@@ -585,7 +587,7 @@ impl Session {
         // once into its allocation; spawned by value, the runtime moved it about ten times
         // (~1 700 instructions of memcpy per command).
         let handle = tokio::spawn(Box::pin(async move {
-            me.command(cmd, full_cdb, split, &slot, Some(&g), report, false).await;
+            me.command(run, &slot).await;
         }));
         let mut running = lock(&self.running);
         if running.len() >= self.sweep_at.load(Ordering::Relaxed) {
