@@ -3,8 +3,8 @@
 //! PDU framing on a TCP stream (RFC 7143 §11.2): BHS, AHS, optional CRC32C header digest, data
 //! segment, zero padding to 4 bytes, optional CRC32C data digest. Receiving reads the header
 //! first and then the data segment straight into its final buffer (for write data, the task
-//! buffer); sending writes header, data slices and padding with vectored writes, never copying
-//! the payload.
+//! buffer); sending writes header, data segment and padding with vectored writes, never copying
+//! the payload (also when several PDUs are gathered into one write).
 //!
 //! The crate holds the whole iSCSI/TCP datamover:
 //! * [`PduDatamover`] — the data semantics of iSCSI over a byte stream (RFC 7143): Data-In

@@ -56,9 +56,10 @@ pub trait LinkRx: Send {
 
 /// Sending half.
 pub trait LinkTx: Send {
-    /// Write one PDU: header (lengths filled from `ahs` and the data slices), AHS, then the
-    /// data segment given as consecutive slices (written without copying them).
-    fn write_pdu<'a>(&'a mut self, header: &'a Header, ahs: &'a [u8], data: &'a [&'a [u8]]) -> BoxFuture<'a, Result<(), DmError>>;
+    /// Write one PDU: header (lengths filled from `ahs` and `data`), AHS, then the data
+    /// segment. The link keeps `data` itself until it is written (a gathering link past this
+    /// call): a data segment is never copied.
+    fn write_pdu<'a>(&'a mut self, header: &'a Header, ahs: &'a [u8], data: Bytes) -> BoxFuture<'a, Result<(), DmError>>;
     /// Apply new framing parameters.
     fn set_params(&mut self, p: LinkParams);
     /// Close the sending direction (what was gathered leaves first).

@@ -74,11 +74,10 @@ impl LinkRx for LoopRx {
 }
 
 impl LinkTx for LoopTx {
-    fn write_pdu<'a>(&'a mut self, header: &'a Header, ahs: &'a [u8], data: &'a [&'a [u8]]) -> BoxFuture<'a, Result<(), DmError>> {
+    fn write_pdu<'a>(&'a mut self, header: &'a Header, ahs: &'a [u8], data: Bytes) -> BoxFuture<'a, Result<(), DmError>> {
         Box::pin(async move {
-            let data: Vec<u8> = data.concat();
             let tx = self.tx.as_ref().ok_or(DmError::Closed)?;
-            tx.send(Frame { header: *header, ahs: Bytes::copy_from_slice(ahs), data: data.into() }).map_err(|_| DmError::Closed)
+            tx.send(Frame { header: *header, ahs: Bytes::copy_from_slice(ahs), data }).map_err(|_| DmError::Closed)
         })
     }
 

@@ -1,7 +1,8 @@
 //! The socket link: PDU framing on a TCP stream (BHS, AHS, optional CRC32C header digest, data
 //! segment, padding, optional CRC32C data digest). Read ahead (one `recv` for every PDU that
 //! has arrived), header first, so a large data segment still lands straight in its final buffer;
-//! written with vectored writes, or gathered into one write while the link is told to gather.
+//! written with vectored writes (framing copied, data segments referenced, never copied), several
+//! PDUs in one write while the link is told to gather.
 
 use crate::PduDatamover;
 use crate::link::{LinkParams, LinkRx, LinkTx, RxHeader};
@@ -169,34 +170,84 @@ impl LinkRx for TcpRx {
     }
 }
 
-/// While gathering, a PDU of at most this many bytes is copied into the gathering buffer; a
-/// larger one leaves at once (after what was gathered), its data written from where it is.
+/// While gathering, a PDU whose data segment is at most this many bytes waits for the flush; a
+/// larger one leaves at once, in one vectored write with what was gathered before it.
 const GATHER_PDU_MAX: usize = 64 << 10;
 /// Gathered bytes that are written out without waiting for the flush.
 const GATHER_LIMIT: usize = 256 << 10;
+/// Slices one vectored write may take (Linux's `IOV_MAX`): gathering stops short of it, so what
+/// was gathered always leaves in one `writev` (more only when the socket takes part of it).
+const IOV_MAX: usize = 1024;
+/// Slices one PDU adds at most: its framing (BHS, AHS, header digest), its data segment, and the
+/// padding with the data digest.
+const PDU_SLICES: usize = 3;
 
-/// Sending half of a TCP link. While [gathering](LinkTx::gather), small PDUs are copied into a
-/// buffer that leaves in one write at the flush.
+/// One piece of what waits to be written: framing bytes copied into [`TcpTx::framing`] (BHS,
+/// AHS, digests, padding; consecutive ones are one piece), or a data segment, referenced.
 #[derive(Debug)]
-pub struct TcpTx {
-    w: OwnedWriteHalf,
-    p: LinkParams,
-    gather: bool,
-    out: Vec<u8>,
+enum Piece {
+    /// `framing[previous framing piece's end..end]`.
+    Framing { end: usize },
+    /// A data segment, as the sender handed it (never copied).
+    Data(Bytes),
 }
 
-impl TcpTx {
+/// Sending half of a TCP link (`W`: the socket's write half; tests use other writers). Each PDU
+/// is written with its data segment where it is: the framing is copied into a small buffer, the
+/// data segment kept by reference, and the pieces leave in one vectored write. While
+/// [gathering](LinkTx::gather), PDUs wait that way until the flush (or [`GATHER_LIMIT`], or a
+/// PDU larger than [`GATHER_PDU_MAX`]), then leave together.
+#[derive(Debug)]
+pub struct TcpTx<W = OwnedWriteHalf> {
+    w: W,
+    p: LinkParams,
+    gather: bool,
+    /// The framing of the PDUs waiting, copied.
+    framing: Vec<u8>,
+    /// What waits, in order: framing and data segments.
+    pieces: Vec<Piece>,
+    /// Bytes waiting (framing and data).
+    waiting: usize,
+}
+
+impl<W: AsyncWrite + Unpin + Send> TcpTx<W> {
     /// Wrap a write half.
-    pub fn new(w: OwnedWriteHalf) -> Self {
-        Self { w, p: LinkParams::default(), gather: false, out: Vec::new() }
+    pub fn new(w: W) -> Self {
+        Self { w, p: LinkParams::default(), gather: false, framing: Vec::new(), pieces: Vec::new(), waiting: 0 }
     }
 
+    /// The framing bytes appended since `from` become (or join) a framing piece.
+    fn framed(&mut self, from: usize) {
+        let end = self.framing.len();
+        self.waiting += end - from;
+        match self.pieces.last_mut() {
+            Some(Piece::Framing { end: e }) => *e = end,
+            _ => self.pieces.push(Piece::Framing { end }),
+        }
+    }
+
+    /// Write out what waits: one vectored write (more if the socket takes only part of it).
     async fn write_out(&mut self) -> Result<(), DmError> {
-        if self.out.is_empty() {
+        if self.pieces.is_empty() {
             return Ok(());
         }
-        let r = self.w.write_all(&self.out).await.map_err(io_err);
-        self.out.clear();
+        let mut slices = Vec::with_capacity(self.pieces.len());
+        let mut at = 0;
+        for p in &self.pieces {
+            match p {
+                Piece::Framing { end } => {
+                    slices.push(IoSlice::new(&self.framing[at..*end]));
+                    at = *end;
+                }
+                Piece::Data(d) => slices.push(IoSlice::new(d)),
+            }
+        }
+        debug_assert!(slices.len() <= IOV_MAX);
+        let r = write_all_vectored(&mut self.w, &mut slices).await.map_err(io_err);
+        drop(slices);
+        self.pieces.clear();
+        self.framing.clear();
+        self.waiting = 0;
         r
     }
 }
@@ -213,49 +264,42 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(w: &mut W, mut bufs: &mut [Io
     Ok(())
 }
 
-/// Largest BHS + AHS + header digest (AHS: at most 255 words).
-const HEAD_MAX: usize = BHS_LEN + 255 * 4 + 4;
-
-impl LinkTx for TcpTx {
-    fn write_pdu<'a>(&'a mut self, header: &'a Header, ahs: &'a [u8], data: &'a [&'a [u8]]) -> BoxFuture<'a, Result<(), DmError>> {
+impl<W: AsyncWrite + Unpin + Send> LinkTx for TcpTx<W> {
+    fn write_pdu<'a>(&'a mut self, header: &'a Header, ahs: &'a [u8], data: Bytes) -> BoxFuture<'a, Result<(), DmError>> {
         Box::pin(async move {
-            let dsl: usize = data.iter().map(|d| d.len()).sum();
-            let mut head = [0u8; HEAD_MAX];
-            header.emit((&mut head[..BHS_LEN]).try_into().expect("BHS_LEN bytes"), ahs.len(), dsl as u32);
-            let mut head_len = BHS_LEN + ahs.len();
-            head[BHS_LEN..head_len].copy_from_slice(ahs);
+            let dsl = data.len();
+            // BHS, AHS, header digest.
+            let from = self.framing.len();
+            self.framing.resize(from + BHS_LEN, 0);
+            let bhs: &mut [u8; BHS_LEN] = (&mut self.framing[from..]).try_into().expect("BHS_LEN bytes");
+            header.emit(bhs, ahs.len(), dsl as u32);
+            self.framing.extend_from_slice(ahs);
             if self.p.header_digest == Digest::Crc32c {
-                let crc = crc32c(&head[..head_len]);
-                head[head_len..head_len + 4].copy_from_slice(&crc.to_le_bytes());
-                head_len += 4;
+                let crc = crc32c(&self.framing[from..]);
+                self.framing.extend_from_slice(&crc.to_le_bytes());
             }
-            let mut tail = [0u8; 7];
-            let pad = pad4(dsl) - dsl;
-            let mut tail_len = pad;
-            if self.p.data_digest == Digest::Crc32c && dsl > 0 {
-                let crc = data.iter().fold(crc32c(&[]), |c, d| crc32c_append(c, d));
-                let crc = crc32c_append(crc, &tail[..pad]);
-                tail[pad..pad + 4].copy_from_slice(&crc.to_le_bytes());
-                tail_len += 4;
-            }
-            if self.gather && dsl <= GATHER_PDU_MAX {
-                self.out.extend_from_slice(&head[..head_len]);
-                data.iter().for_each(|d| self.out.extend_from_slice(d));
-                self.out.extend_from_slice(&tail[..tail_len]);
-                if self.out.len() >= GATHER_LIMIT {
-                    self.write_out().await?;
+            self.framed(from);
+            if dsl > 0 {
+                // The data segment by reference; its padding and digest with the framing.
+                let pad = [0u8; 3];
+                let pad = &pad[..pad4(dsl) - dsl];
+                let digest = (self.p.data_digest == Digest::Crc32c).then(|| crc32c_append(crc32c(&data), pad));
+                self.waiting += dsl;
+                self.pieces.push(Piece::Data(data));
+                let from = self.framing.len();
+                self.framing.extend_from_slice(pad);
+                if let Some(crc) = digest {
+                    self.framing.extend_from_slice(&crc.to_le_bytes());
                 }
-                return Ok(());
+                if self.framing.len() > from {
+                    self.framed(from);
+                }
             }
-            // What was gathered leaves first: PDUs never overtake each other.
-            self.write_out().await?;
-            let mut slices = Vec::with_capacity(data.len() + 2);
-            slices.push(IoSlice::new(&head[..head_len]));
-            slices.extend(data.iter().filter(|d| !d.is_empty()).map(|d| IoSlice::new(d)));
-            if tail_len > 0 {
-                slices.push(IoSlice::new(&tail[..tail_len]));
+            // What was gathered leaves first, with this PDU: PDUs never overtake each other.
+            if !self.gather || dsl > GATHER_PDU_MAX || self.waiting >= GATHER_LIMIT || self.pieces.len() > IOV_MAX - PDU_SLICES {
+                self.write_out().await?;
             }
-            write_all_vectored(&mut self.w, &mut slices).await.map_err(io_err)
+            Ok(())
         })
     }
 
@@ -313,18 +357,18 @@ mod tests {
         };
         tx.gather(true);
         for i in 0..3u32 {
-            tx.write_pdu(&data_out(i), &[], &[&[i as u8; 100]]).await.unwrap();
+            tx.write_pdu(&data_out(i), &[], Bytes::from(vec![i as u8; 100])).await.unwrap();
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         assert!(nothing_yet(&mut rx), "gathered PDUs left before the flush");
         tx.flush().await.unwrap();
         // A large PDU while gathering: the two small ones before it leave first.
         for i in 3..5u32 {
-            tx.write_pdu(&data_out(i), &[], &[&[i as u8; 100]]).await.unwrap();
+            tx.write_pdu(&data_out(i), &[], Bytes::from(vec![i as u8; 100])).await.unwrap();
         }
-        let big = vec![5u8; GATHER_PDU_MAX + 1];
-        tx.write_pdu(&data_out(5), &[], &[&big]).await.unwrap();
-        tx.write_pdu(&data_out(6), &[], &[&[6u8; 10]]).await.unwrap();
+        let big = Bytes::from(vec![5u8; GATHER_PDU_MAX + 1]);
+        tx.write_pdu(&data_out(5), &[], big).await.unwrap();
+        tx.write_pdu(&data_out(6), &[], Bytes::from_static(&[6u8; 10])).await.unwrap();
         tx.gather(false);
         tx.flush().await.unwrap();
         for i in 0..7u32 {
@@ -351,8 +395,7 @@ mod tests {
         let payload = |i: usize, len: usize| (0..len).map(|k| (k * 31 + i) as u8).collect::<Vec<u8>>();
         let writer = tokio::spawn(async move {
             for (i, len) in lens.iter().enumerate() {
-                let d = payload(i, *len);
-                tx.write_pdu(&data_out(i as u32), &[], &[&d]).await.unwrap();
+                tx.write_pdu(&data_out(i as u32), &[], payload(i, *len).into()).await.unwrap();
             }
         });
         let mut wire = Vec::new();
@@ -412,5 +455,132 @@ mod tests {
         let h = rx.read_header().await.unwrap().unwrap();
         assert_eq!(h.data_len, 1);
         assert_eq!(rx.read_data(&mut [0u8]).await, Err(DecodeError::DataDigest.into()));
+    }
+
+    /// A writer that takes a few bytes per call (1 to 7, across slice boundaries), and now and
+    /// then nothing yet (`Pending`); it notes the most slices one call was offered.
+    #[derive(Debug, Default)]
+    struct Trickle {
+        wire: Vec<u8>,
+        calls: usize,
+        most_slices: usize,
+    }
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &[u8]) -> std::task::Poll<io::Result<usize>> {
+            self.poll_write_vectored(cx, &[IoSlice::new(buf)])
+        }
+
+        fn poll_write_vectored(
+            self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            bufs: &[IoSlice<'_>],
+        ) -> std::task::Poll<io::Result<usize>> {
+            let me = self.get_mut();
+            me.calls += 1;
+            me.most_slices = me.most_slices.max(bufs.len());
+            if me.calls % 5 == 0 {
+                cx.waker().wake_by_ref();
+                return std::task::Poll::Pending;
+            }
+            let mut room = me.calls % 7 + 1;
+            let mut n = 0;
+            for b in bufs {
+                let k = b.len().min(room);
+                me.wire.extend_from_slice(&b[..k]);
+                n += k;
+                room -= k;
+                if room == 0 {
+                    break;
+                }
+            }
+            std::task::Poll::Ready(Ok(n))
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+
+        fn poll_flush(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Gathered PDUs with both digests (a command with an extended-CDB AHS, more small PDUs
+    /// than one vectored write may take slices for, one larger than [`GATHER_PDU_MAX`]) written
+    /// to a socket that takes a few bytes per call: the bytes are exactly those of the same PDUs
+    /// written one by one, every header and data segment comes out whole, in order, with good
+    /// digests, and no write is offered more than [`IOV_MAX`] slices. A gathered data segment
+    /// is the sender's buffer, not a copy.
+    #[tokio::test]
+    async fn gathered_pdus_survive_partial_vectored_writes() {
+        let p = LinkParams { header_digest: Digest::Crc32c, data_digest: Digest::Crc32c, max_recv_data_segment_length: 1 << 20 };
+        let mut ahs = Vec::new();
+        riser_iscsi::wire::extended_cdb_ahs(&mut ahs, &[0xee; 16]);
+        let command = Header::ScsiCommand(riser_iscsi::wire::ScsiCommand {
+            write: true,
+            itt: 77,
+            expected_data_len: 4096,
+            cdb: [0x7f; 16],
+            ..Default::default()
+        });
+        let payload = |i: usize, len: usize| Bytes::from((0..len).map(|k| (k * 7 + i) as u8).collect::<Vec<u8>>());
+        // (header, AHS, data): the command, 1 200 small Data-Outs (0 to 6 bytes: every
+        // padding), a large one, and a few small ones after it.
+        let mut pdus = vec![(command, ahs.clone(), payload(0, 1000))];
+        pdus.extend((1..=1200).map(|i| (data_out(i), Vec::new(), payload(i as usize, i as usize % 7))));
+        pdus.push((data_out(1201), Vec::new(), payload(1201, GATHER_PDU_MAX + 3)));
+        pdus.extend((1202..1205).map(|i| (data_out(i), Vec::new(), payload(i as usize, 100))));
+
+        let mut one_by_one = TcpTx::new(Vec::new());
+        one_by_one.set_params(p);
+        for (h, a, d) in &pdus {
+            one_by_one.write_pdu(h, a, d.clone()).await.unwrap();
+        }
+        let mut tx = TcpTx::new(Trickle::default());
+        tx.set_params(p);
+        tx.gather(true);
+        let mut kept_segments = 0;
+        for (h, a, d) in &pdus {
+            tx.write_pdu(h, a, d.clone()).await.unwrap();
+            if !d.is_empty() && !tx.pieces.is_empty() {
+                // Still waiting: its data segment is the last one kept.
+                let kept = tx.pieces.iter().rev().find_map(|p| if let Piece::Data(k) = p { Some(k) } else { None });
+                assert_eq!(kept.map(|k| k.as_ptr()), Some(d.as_ptr()), "a gathered data segment was copied");
+                kept_segments += 1;
+            }
+        }
+        assert!(kept_segments > 1000);
+        tx.flush().await.unwrap();
+        assert!(tx.pieces.is_empty() && tx.framing.is_empty());
+        let t = &tx.w;
+        assert_eq!(t.wire, one_by_one.w, "gathered bytes differ from the PDUs written one by one");
+        assert!(t.most_slices <= IOV_MAX, "{} slices in one write", t.most_slices);
+        assert!(t.most_slices > IOV_MAX / 2, "little was gathered: {} slices at most", t.most_slices);
+        assert!(t.calls > t.wire.len() / 7, "the writer took more than it should");
+
+        // Read back through the receiving half: framing, digests, order.
+        let (a, b) = connected().await;
+        let (r, _keep) = b.into_split();
+        let mut rx = TcpRx::new(r);
+        rx.set_params(p);
+        let wire = t.wire.clone();
+        let feeder = tokio::spawn(async move {
+            let mut a = a;
+            a.write_all(&wire).await.unwrap();
+        });
+        for (i, (h, a, d)) in pdus.iter().enumerate() {
+            let got = rx.read_header().await.unwrap().expect("a PDU");
+            assert_eq!((&got.header, &got.ahs[..]), (h, &a[..]), "PDU {i}");
+            let mut data = vec![0u8; got.data_len];
+            rx.read_data(&mut data).await.unwrap();
+            assert_eq!(data, d[..], "PDU {i}");
+        }
+        feeder.await.unwrap();
+        assert!(rx.read_header().await.unwrap().is_none());
     }
 }

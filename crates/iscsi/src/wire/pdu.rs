@@ -298,19 +298,12 @@ impl<D: AsRef<[u8]>> Pdu<D> {
         AhsIter::new(self.ahs.as_ref())
     }
 
-    /// The complete CDB of a SCSI Command: the 16 bytes of the BHS followed by an extended-CDB
-    /// AHS if present.
+    /// The complete CDB of a SCSI Command ([`ScsiCommand::full_cdb`](super::ScsiCommand::full_cdb)).
     pub fn full_cdb(&self) -> Option<Vec<u8>> {
         let Header::ScsiCommand(c) = &self.header else {
             return None;
         };
-        let mut cdb = c.cdb.to_vec();
-        for a in self.ahs_iter().flatten() {
-            if let super::Ahs::ExtendedCdb(rest) = a {
-                cdb.extend_from_slice(rest);
-            }
-        }
-        Some(cdb)
+        Some(c.full_cdb(self.ahs.as_ref()))
     }
 }
 

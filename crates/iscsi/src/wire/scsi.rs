@@ -1,7 +1,8 @@
 //! SCSI Command (RFC 7143 §11.3) and SCSI Response (§11.4).
 
 use super::bhs::{BHS_LEN, Bhs, FINAL, bit, flag};
-use super::{DecodeError, Opcode};
+use super::{Ahs, AhsIter, DecodeError, Opcode};
+use alloc::vec::Vec;
 use riser_scsi::lun::Lun;
 use riser_scsi::sense::Status;
 
@@ -69,6 +70,19 @@ pub struct ScsiCommand {
 }
 
 impl ScsiCommand {
+    /// The complete CDB: the 16 bytes of the BHS followed by the extended-CDB AHS in `ahs` (the
+    /// PDU's AHS area), if there is one. A malformed AHS adds nothing (receivers check the AHS
+    /// area when they read the PDU).
+    pub fn full_cdb(&self, ahs: &[u8]) -> Vec<u8> {
+        let mut cdb = self.cdb.to_vec();
+        for a in AhsIter::new(ahs).flatten() {
+            if let Ahs::ExtendedCdb(rest) = a {
+                cdb.extend_from_slice(rest);
+            }
+        }
+        cdb
+    }
+
     /// The fields of a SCSI Command BHS.
     #[inline]
     pub(super) fn parse<T: AsRef<[u8]>>(h: &Bhs<T>) -> Result<Self, DecodeError> {
@@ -288,5 +302,20 @@ mod tests {
         };
         assert_eq!(p, expect);
         check(&SCSI_RESPONSE, Header::ScsiResponse(p));
+    }
+
+    /// The full CDB is the BHS's 16 bytes, then the extended-CDB AHS wherever it is among the
+    /// AHS; the PDU's view of it is the same.
+    #[test]
+    fn full_cdb_continues_in_the_extended_cdb_ahs() {
+        let c = ScsiCommand { cdb: [0x7f; 16], ..ScsiCommand::default() };
+        assert_eq!(c.full_cdb(&[]), [0x7f; 16]);
+        let mut ahs = Vec::new();
+        super::super::bidi_read_length_ahs(&mut ahs, 512);
+        super::super::extended_cdb_ahs(&mut ahs, &[0xee; 16]);
+        let full = c.full_cdb(&ahs);
+        assert_eq!((&full[..16], &full[16..]), (&[0x7f; 16][..], &[0xee; 16][..]));
+        let pdu = super::super::Pdu::new(Header::ScsiCommand(c), ahs, Vec::new());
+        assert_eq!(pdu.full_cdb(), Some(full));
     }
 }

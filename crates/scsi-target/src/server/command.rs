@@ -19,31 +19,58 @@ use tracing::{debug, warn};
 
 /// A command's backend I/O running apart from its task (on the blocking pool, or a store's
 /// future spawned): until it is dropped, when the I/O is over, a LUN removal waits for it (the
-/// path) and, when `gated`, so do task management (the task's gate) and the session's end (the
-/// session's count).
+/// path) and, when `gated`, so do the session's end (the session's count) and task management
+/// (the task's gate; a command run in the session's receiving task has none: nothing aborts it
+/// while it runs).
 struct InFlight {
-    gate: Option<(Arc<IoGate>, Arc<IoCount>)>,
+    gate: Option<Arc<IoGate>>,
+    io: Option<Arc<IoCount>>,
     _path: PathGuard,
 }
 
 impl InFlight {
-    fn new(gate: &Arc<IoGate>, io: &Arc<IoCount>, path: PathGuard, gated: bool) -> Self {
-        let gate = gated.then(|| {
-            gate.busy.store(true, Ordering::Release);
-            io.enter();
-            (gate.clone(), io.clone())
+    fn new(gate: Option<&Arc<IoGate>>, io: &Arc<IoCount>, path: PathGuard, gated: bool) -> Self {
+        let gate = gate.filter(|_| gated).map(|g| {
+            g.busy.store(true, Ordering::Release);
+            g.clone()
         });
-        Self { gate, _path: path }
+        let io = gated.then(|| {
+            io.enter();
+            io.clone()
+        });
+        Self { gate, io, _path: path }
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if let Some((g, io)) = self.gate.take() {
+        if let Some(g) = self.gate.take() {
             g.busy.store(false, Ordering::Release);
             g.idle.notify_waiters();
+        }
+        if let Some(io) = self.io.take() {
             io.leave();
         }
+    }
+}
+
+/// A command as the session hands it to [`Session::command`].
+pub(super) struct Command {
+    pub(super) cmd: ScsiCommand,
+    /// Its full CDB (the BHS's 16 bytes and an extended-CDB AHS).
+    pub(super) cdb: Vec<u8>,
+    pub(super) split: WriteSplit,
+    /// REPORT LUNS: the nexus's LUNs, which it answers from (whichever LUN it names).
+    pub(super) report: Option<Vec<Lun>>,
+    /// Its task's I/O gate; `None` when it runs in the session's receiving task (one such
+    /// command at a time, and nothing aborts it while it runs).
+    pub(super) gate: Option<Arc<IoGate>>,
+}
+
+impl Command {
+    /// Whether it runs in the session's receiving task.
+    fn inline(&self) -> bool {
+        self.gate.is_none()
     }
 }
 
@@ -98,20 +125,12 @@ impl Session {
         Some((mine, all))
     }
 
-    /// Run a command: `report` holds the nexus's LUNs for REPORT LUNS, otherwise the command
-    /// runs on the unit of the slot's path (or gets LOGICAL UNIT NOT SUPPORTED without one).
-    /// `inline`: it runs in the session's receiving task (one such command at a time).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn command(
-        &self,
-        c: ScsiCommand,
-        cdb: Vec<u8>,
-        split: WriteSplit,
-        slot: &Slot,
-        gate: &Arc<IoGate>,
-        report: Option<Vec<Lun>>,
-        inline: bool,
-    ) {
+    /// Run a command: REPORT LUNS answers from the nexus's LUNs, every other command runs on
+    /// the unit of the slot's path (or gets LOGICAL UNIT NOT SUPPORTED without one).
+    pub(super) async fn command(&self, run: Command, slot: &Slot) {
+        let inline = run.inline();
+        let Command { cmd: c, cdb, split, report, gate } = run;
+        let gate = gate.as_ref();
         let (edtl, immediate) = (c.expected_data_len, split.immediate);
         if let Some(luns) = report {
             // Its data goes out through the task's resources (iSER: the read STag): they are
@@ -399,5 +418,36 @@ async fn take_units(budget: &Arc<tokio::sync::Semaphore>, n: u32) -> Option<toki
         Ok(p) => Some(p),
         Err(tokio::sync::TryAcquireError::NoPermits) => budget.clone().acquire_many_owned(n).await.ok(),
         Err(tokio::sync::TryAcquireError::Closed) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::RamBackend;
+    use crate::lu::LuIdentity;
+    use crate::server::view::LunPath;
+
+    /// Gated I/O holds the session's count, and its task's gate when it has one (a command run
+    /// in the receiving task has none); ungated I/O (a SANITIZE) holds only the path.
+    #[test]
+    fn in_flight_io_holds_what_waits_for_it() {
+        let lu = Arc::new(LogicalUnit::new(Arc::new(RamBackend::new(1 << 20, 512)), LuIdentity::random()));
+        let path = Arc::new(LunPath::new(0, lu));
+        let (gate, io) = (Arc::new(IoGate::default()), Arc::new(IoCount::default()));
+        let spawned = InFlight::new(Some(&gate), &io, path.enter(), true);
+        let inline = InFlight::new(None, &io, path.enter(), true);
+        assert!(gate.busy.load(Ordering::Acquire));
+        assert_eq!(io.running(), 2);
+        drop(spawned);
+        assert!(!gate.busy.load(Ordering::Acquire));
+        assert_eq!(io.running(), 1);
+        assert!(path.busy());
+        drop(inline);
+        assert_eq!(io.running(), 0);
+        let ungated = InFlight::new(Some(&gate), &io, path.enter(), false);
+        assert!(!gate.busy.load(Ordering::Acquire) && io.running() == 0 && path.busy());
+        drop(ungated);
+        assert!(!path.busy());
     }
 }

@@ -4,6 +4,7 @@
 //! I/O, reset units, answer text and logout. The protocol decisions (window, StatSN, tags,
 //! task management outcomes, keepalive, rejects) are the machine's.
 
+use super::command::Command;
 use super::stats::Op;
 use super::view::{LunPath, PathGuard, View};
 use super::{DiscoveryScope, Quiesce, Target, TargetConfig, lock};
@@ -14,7 +15,7 @@ use riser_iscsi::keys::{NegotiatedParams, Transport};
 use riser_iscsi::login::LoginOutcome;
 use riser_iscsi::session::{Reset, TargetEvent, TargetSession, TargetSessionConfig, TaskId};
 use riser_iscsi::text::{TextBuilder, parse_pairs};
-use riser_iscsi::wire::{Header, Isid, LogoutRequest};
+use riser_iscsi::wire::{Isid, LogoutRequest};
 use riser_scsi::lun::Lun;
 use riser_scsi::sense::Status;
 use std::collections::HashMap;
@@ -66,6 +67,10 @@ impl IoCount {
         if self.running.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.idle.notify_waiters();
         }
+    }
+    #[cfg(test)]
+    pub(super) fn running(&self) -> usize {
+        self.running.load(Ordering::Acquire)
     }
     async fn wait_idle(&self) {
         loop {
@@ -225,9 +230,6 @@ pub(super) struct Session {
     pub(super) data_timeout: Duration,
     /// A send timed out: the connection is being dropped.
     dead: AtomicBool,
-    /// The I/O gate of the commands run in the receiving task (never waited on: nothing is
-    /// aborted while they run).
-    inline_gate: Arc<IoGate>,
 }
 
 impl std::fmt::Debug for Session {
@@ -281,7 +283,6 @@ impl Session {
             send_timeout: c.send_timeout,
             data_timeout: c.data_timeout,
             dead: AtomicBool::new(false),
-            inline_gate: Arc::new(IoGate::default()),
         }
     }
 
@@ -577,23 +578,21 @@ impl Session {
         split: riser_iscsi::session::WriteSplit,
         now: Duration,
     ) {
-        let full_cdb = if ahs.is_empty() {
-            cmd.cdb.to_vec()
-        } else {
-            riser_iscsi::wire::Pdu::new(Header::ScsiCommand(cmd), ahs, Bytes::new()).full_cdb().unwrap_or_default()
-        };
+        let full_cdb = cmd.full_cdb(&ahs);
         let opcode = full_cdb.first().copied().unwrap_or(0);
         // REPORT LUNS answers from the nexus's LUN inventory, whichever LUN it is sent to.
         let (path, report) = if opcode == REPORT_LUNS { (None, Some(view.luns())) } else { (self.enter(target, view, cmd.lun), None) };
         let inline = runs_inline(&cmd, opcode, split, path.as_ref().map(|p| &*p.path().lu));
         let slot = Slot { session: self.clone(), task, held: AtomicBool::new(true), path, op: Op::of(opcode), start: now };
+        let mut run = Command { cmd, cdb: full_cdb, split, report, gate: None };
         if inline {
-            // Nothing to abort meanwhile: task management is handled after it, in this task.
-            return self.command(cmd, full_cdb, split, &slot, &self.inline_gate, report, true).await;
+            // Nothing to abort meanwhile (task management is handled after it, in this task):
+            // no I/O gate.
+            return self.command(run, &slot).await;
         }
         let me = self.clone();
         let gate = Arc::new(IoGate::default());
-        let g = gate.clone();
+        run.gate = Some(gate.clone());
         // The command is spawned before its registration, and does not unregister itself: a
         // lock held across the spawn, and one more at its end, cost a cross-thread wake-up per
         // command. Ended commands are swept out as the table grows (a stale entry is harmless:
@@ -603,7 +602,7 @@ impl Session {
         // once into its allocation; spawned by value, the runtime moved it about ten times
         // (~1 700 instructions of memcpy per command).
         let handle = tokio::spawn(Box::pin(async move {
-            me.command(cmd, full_cdb, split, &slot, &g, report, false).await;
+            me.command(run, &slot).await;
         }));
         let mut running = lock(&self.running);
         if running.len() >= self.sweep_at.load(Ordering::Relaxed) {

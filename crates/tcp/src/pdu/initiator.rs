@@ -39,7 +39,7 @@ impl PduDatamover {
         while at < end {
             let n = seg.min(end - at);
             let h = DataOut { final_: at + n == end, lun, itt, ttt, data_sn: sn, buffer_offset: at as u32, ..DataOut::default() };
-            self.send(Header::DataOut(h), &[], &[&data[at..at + n]]).await?;
+            self.send(Header::DataOut(h), &[], data.slice(at..at + n)).await?;
             at += n;
             sn += 1;
         }
@@ -56,7 +56,7 @@ impl PduDatamover {
         }
         let Some(data) = write.filter(|d| !d.is_empty()) else {
             cmd.final_ = true;
-            return self.send(Header::ScsiCommand(cmd), &ahs, &[]).await;
+            return self.send(Header::ScsiCommand(cmd), &ahs, Bytes::new()).await;
         };
         let len = data.len();
         let split = lock(&self.shared.limits).outgoing_write(u32::try_from(len).unwrap_or(u32::MAX), true);
@@ -65,7 +65,7 @@ impl PduDatamover {
         if unsolicited_end < len {
             lock(&self.shared.out_writes).insert(cmd.itt, OutWrite { lun: cmd.lun, data: data.clone() });
         }
-        self.send(Header::ScsiCommand(cmd), &ahs, &[&data[..immediate]]).await?;
+        self.send(Header::ScsiCommand(cmd), &ahs, data.slice(..immediate)).await?;
         if unsolicited_end > immediate {
             self.send_data_out(cmd.itt, cmd.lun, RESERVED_TAG, &data, immediate, unsolicited_end).await?;
         }

@@ -328,7 +328,7 @@ impl PduDatamover {
         }
     }
 
-    async fn send(&self, header: Header, ahs: &[u8], data: &[&[u8]]) -> Result<(), DmError> {
+    async fn send(&self, header: Header, ahs: &[u8], data: Bytes) -> Result<(), DmError> {
         let mut tx = self.shared.tx.lock().await;
         let enabled = *self.shared.phase.borrow() != Phase::Login;
         // New framing applies to what is sent once the datamover is enabled: the final login
@@ -371,7 +371,7 @@ impl Datamover for PduDatamover {
     }
 
     fn send_control(&self, pdu: ControlPdu) -> BoxFuture<'_, Result<(), DmError>> {
-        Box::pin(async move { self.send(pdu.header, &pdu.ahs, &[&pdu.data]).await })
+        Box::pin(async move { self.send(pdu.header, &pdu.ahs, pdu.data).await })
     }
 
     fn put_data(&self, desc: DataInDesc, data: Bytes) -> BoxFuture<'_, Result<PutDataDone, DmError>> {

@@ -280,7 +280,7 @@ impl PduDatamover {
                 h.exp_cmd_sn = s.exp_cmd_sn;
                 h.max_cmd_sn = s.max_cmd_sn;
             }
-            self.send(Header::DataIn(h), &[], &[&data[sent..sent + n]]).await?;
+            self.send(Header::DataIn(h), &[], data.slice(sent..sent + n)).await?;
             done.pdus += 1;
             sent += n;
             if in_burst == burst {
@@ -336,7 +336,7 @@ impl PduDatamover {
                     buffer_offset: r.offset,
                     desired_len: r.len,
                 };
-                self.send(Header::R2t(h), &[], &[]).await?;
+                self.send(Header::R2t(h), &[], Bytes::new()).await?;
                 next += 1;
                 outstanding = true;
             }

@@ -58,7 +58,7 @@ async fn the_login_limit_holds_until_new_values_are_noticed() {
 struct RecordingTx(Arc<StdMutex<Vec<(u8, LinkParams)>>>, LinkParams);
 
 impl LinkTx for RecordingTx {
-    fn write_pdu<'a>(&'a mut self, header: &'a Header, _: &'a [u8], _: &'a [&'a [u8]]) -> BoxFuture<'a, Result<(), DmError>> {
+    fn write_pdu<'a>(&'a mut self, header: &'a Header, _: &'a [u8], _: Bytes) -> BoxFuture<'a, Result<(), DmError>> {
         self.0.lock().unwrap().push((header.opcode().0, self.1));
         Box::pin(async { Ok(()) })
     }
