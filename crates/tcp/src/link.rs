@@ -3,9 +3,10 @@
 //! split in two so that data segments land directly in their final buffer.
 
 use bytes::Bytes;
-use riser_datamover::{BoxFuture, DmError};
+use riser_datamover::{BoxFuture, BufferPool, DmError};
 use riser_iscsi::keys::Digest;
 use riser_iscsi::wire::{DecodeError, Header};
+use std::sync::Arc;
 
 /// A received PDU whose data segment has not been read yet.
 #[derive(Debug)]
@@ -72,5 +73,10 @@ pub trait LinkTx: Send {
     /// Write out what was gathered.
     fn flush(&mut self) -> BoxFuture<'_, Result<(), DmError>> {
         Box::pin(async { Ok(()) })
+    }
+    /// Give the buffers of data segments written to `pool` when nothing else holds them (a
+    /// gathering link holds them past the sender's own release). Default: they are dropped.
+    fn recycle_into(&mut self, pool: Arc<BufferPool>) {
+        let _ = pool;
     }
 }

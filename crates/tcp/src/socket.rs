@@ -7,12 +7,13 @@
 use crate::PduDatamover;
 use crate::link::{LinkParams, LinkRx, LinkTx, RxHeader};
 use bytes::Bytes;
-use riser_datamover::{BoxFuture, DmError, Violation};
+use riser_datamover::{BoxFuture, BufferPool, DmError, Violation};
 use riser_iscsi::digest::{crc32c, crc32c_append};
 use riser_iscsi::keys::{Digest, Role};
 use riser_iscsi::wire::{BHS_LEN, Bhs, DecodeError, Header, PduLayout, Reaction, pad4};
 use std::future::Future;
 use std::io::{self, IoSlice};
+use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -208,12 +209,14 @@ pub struct TcpTx<W = OwnedWriteHalf> {
     pieces: Vec<Piece>,
     /// Bytes waiting (framing and data).
     waiting: usize,
+    /// Where written data segments' buffers go back to ([`LinkTx::recycle_into`]).
+    pool: Option<Arc<BufferPool>>,
 }
 
 impl<W: AsyncWrite + Unpin + Send> TcpTx<W> {
     /// Wrap a write half.
     pub fn new(w: W) -> Self {
-        Self { w, p: LinkParams::default(), gather: false, framing: Vec::new(), pieces: Vec::new(), waiting: 0 }
+        Self { w, p: LinkParams::default(), gather: false, framing: Vec::new(), pieces: Vec::new(), waiting: 0, pool: None }
     }
 
     /// The framing bytes appended since `from` become (or join) a framing piece.
@@ -245,7 +248,14 @@ impl<W: AsyncWrite + Unpin + Send> TcpTx<W> {
         debug_assert!(slices.len() <= IOV_MAX);
         let r = write_all_vectored(&mut self.w, &mut slices).await.map_err(io_err);
         drop(slices);
-        self.pieces.clear();
+        for p in self.pieces.drain(..) {
+            // Read data the target has let go of: its buffer serves a later command.
+            if let (Piece::Data(d), Some(pool)) = (p, &self.pool)
+                && let Ok(buf) = d.try_into_mut()
+            {
+                pool.give(buf);
+            }
+        }
         self.framing.clear();
         self.waiting = 0;
         r
@@ -320,6 +330,10 @@ impl<W: AsyncWrite + Unpin + Send> LinkTx for TcpTx<W> {
 
     fn flush(&mut self) -> BoxFuture<'_, Result<(), DmError>> {
         Box::pin(self.write_out())
+    }
+
+    fn recycle_into(&mut self, pool: Arc<BufferPool>) {
+        self.pool = Some(pool);
     }
 }
 
@@ -508,6 +522,29 @@ mod tests {
         fn poll_shutdown(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
             std::task::Poll::Ready(Ok(()))
         }
+    }
+
+    /// A data segment the sender has let go of while it waited in the gathering link goes back
+    /// to the link's pool once written (a 4 KiB read's buffer serves the next read: no
+    /// allocation and zero-fill per command); one the sender still holds does not.
+    #[tokio::test]
+    async fn written_segments_nobody_holds_go_back_to_the_pool() {
+        let pool = Arc::new(BufferPool::default());
+        let mut tx = TcpTx::new(Vec::new());
+        tx.recycle_into(pool.clone());
+        tx.gather(true);
+        let let_go = Bytes::from(vec![1u8; 4096]);
+        let at = let_go.as_ptr();
+        let kept = Bytes::from(vec![2u8; 4096]);
+        tx.write_pdu(&data_out(1), &[], let_go).await.unwrap();
+        tx.write_pdu(&data_out(2), &[], kept.clone()).await.unwrap();
+        tx.flush().await.unwrap();
+        assert_eq!(tx.w.len(), 2 * (BHS_LEN + 4096));
+        // A pooled buffer comes back as it was (`take_dirty_vec`), a fresh one zeroed.
+        let again = pool.take_dirty_vec(4096);
+        assert!(again.as_ptr() == at && again.iter().all(|&b| b == 1), "the written buffer nobody held was not pooled");
+        let other = pool.take_dirty_vec(4096);
+        assert!(other.iter().all(|&b| b == 0), "a buffer its sender still holds was pooled");
     }
 
     /// Gathered PDUs with both digests (a command with an extended-CDB AHS, more small PDUs

@@ -81,7 +81,7 @@ struct OutWrite {
 struct Shared {
     role: Role,
     reads: StdMutex<HashMap<u32, ReadTask>>,
-    pool: riser_datamover::BufferPool,
+    pool: Arc<riser_datamover::BufferPool>,
     out_writes: StdMutex<HashMap<u32, OutWrite>>,
     r2t_queue: mpsc::UnboundedSender<R2t>,
     tx: Mutex<Box<dyn LinkTx>>,
@@ -149,10 +149,14 @@ impl PduDatamover {
     pub fn new(role: Role, rx: Box<dyn LinkRx>, tx: Box<dyn LinkTx>) -> (Self, impl Future<Output = ()> + Send + 'static) {
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let (r2t_tx, r2t_rx) = mpsc::unbounded_channel();
+        // Data segments a gathering link still held when their senders let go come back here.
+        let pool = Arc::new(riser_datamover::BufferPool::default());
+        let mut tx = tx;
+        tx.recycle_into(pool.clone());
         let shared = Arc::new(Shared {
             role,
             reads: StdMutex::new(HashMap::new()),
-            pool: riser_datamover::BufferPool::default(),
+            pool: pool.clone(),
             out_writes: StdMutex::new(HashMap::new()),
             r2t_queue: r2t_tx,
             tx: Mutex::new(tx),
