@@ -185,6 +185,11 @@ impl Hasher for IndexHasher {
 }
 
 /// The software RNIC (a [`Provider`]).
+///
+/// A connected queue pair's engines (its receiver and its transmitter) are tasks on the tokio
+/// runtime current where it connects — which must have I/O enabled, as riser's target and
+/// initiator runtimes do (tokio panics registering a socket on one without) — or, connected
+/// outside any runtime, on a runtime the RNIC starts once for the process.
 #[derive(Clone, Debug)]
 pub struct SoftRnic {
     shared: Arc<RnicShared>,
