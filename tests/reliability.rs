@@ -524,6 +524,51 @@ fn rss_and_fds(pid: u32) -> (u64, u64) {
     (rss, fds)
 }
 
+/// The soak's run ends with this long a quiet stretch: no fault comes in it.
+const QUIET_END: Duration = Duration::from_secs(5);
+
+/// The faults the soak puts on one session whose run has `run` left: when each comes (after the
+/// session's start) and whether it is an ABORT TASK SET (else a connection drop), a few per
+/// minute (gaps of `fault_ms / 10` plus up to `fault_ms`), of the kinds `faults` names
+/// ("abort", "drop", else both). None comes in the run's last [`QUIET_END`], so none meets the
+/// logouts after the run: a drop during a logout, or just before it (before the session has
+/// seen its connection go), fails the logout as it fails any request in flight.
+fn fault_plan(rng: &mut Rng, run: Duration, fault_ms: u64, faults: &str) -> Vec<(Duration, bool)> {
+    let mut plan = Vec::new();
+    let mut at = Duration::ZERO;
+    loop {
+        at += Duration::from_millis(fault_ms / 10 + rng.below(fault_ms));
+        if at + QUIET_END > run {
+            break;
+        }
+        let abort = match faults {
+            "abort" => true,
+            "drop" => false,
+            _ => rng.below(2) == 0,
+        };
+        plan.push((at, abort));
+    }
+    plan
+}
+
+/// The soak once failed with `logout: connection lost` (RISER_SEED=1795648904215138421, 64
+/// sessions): a session's next fault was drawn while its run had more than 5 s left, but came
+/// after a gap of up to 19.8 s, so drops and task management fell up to 15 s after the run's
+/// end, among the logouts (with that seed, 23 to 31 faults a run after its end). No fault
+/// may come in the run's last 5 s.
+#[test]
+fn the_soaks_faults_end_before_its_logouts() {
+    let run = Duration::from_secs(60);
+    let mut rng = Rng(1_795_648_904_215_138_421);
+    for _ in 0..1000 {
+        let plan = fault_plan(&mut rng.fork(), run, 18_000, "");
+        assert!(!plan.is_empty());
+        for (at, _) in plan {
+            assert!(at + QUIET_END <= run, "a fault {:?} after the run's end", at.saturating_sub(run));
+        }
+    }
+}
+
 /// `cargo xtask soak`: sessions over TCP and iSER (half each) at a queue depth each, on a file
 /// LUN of a target process of its own: writes of mixed sizes read back and verified, ABORT TASK
 /// SET and connection drops at random; the target's RSS and descriptors sampled every second,
@@ -561,7 +606,8 @@ async fn soak() {
     let tags = Arc::new(AtomicU64::new(1));
     let (ios, tmfs, drops) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let deadline = started + Duration::from_secs(secs);
-    let (mut tasks, mut all) = (Vec::new(), Vec::new());
+    let (mut tasks, mut all, mut fault_tasks) = (Vec::new(), Vec::new(), Vec::new());
+    let stop_faults = tokio::sync::watch::Sender::new(false);
     for n in 0..sessions {
         let iser = n % 2 == 1;
         let mut cfg = SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(60));
@@ -584,16 +630,21 @@ async fn soak() {
                 Ok::<_, String>(r)
             }));
         }
-        // Task management and connection drops at random, a few per session and minute.
-        let (tmfs, drops, mut rng, faults) = (tmfs.clone(), drops.clone(), rng.fork(), faults.clone());
-        tokio::spawn(async move {
-            while Instant::now() + Duration::from_secs(5) < deadline {
-                tokio::time::sleep(Duration::from_millis(fault_ms / 10 + rng.below(fault_ms))).await;
-                let abort = match faults.as_str() {
-                    "abort" => true,
-                    "drop" => false,
-                    _ => rng.below(2) == 0,
-                };
+        // Task management and connection drops at random, a few per session and minute, none in
+        // the run's last seconds (see `fault_plan`); the task ends early when told to.
+        let (tmfs, drops, mut stop) = (tmfs.clone(), drops.clone(), stop_faults.subscribe());
+        let start = Instant::now();
+        let plan = fault_plan(&mut rng.fork(), deadline.saturating_duration_since(start), fault_ms, &faults);
+        fault_tasks.push(tokio::spawn(async move {
+            for (at, abort) in plan {
+                tokio::select! {
+                    () = tokio::time::sleep_until((start + at).into()) => {}
+                    _ = stop.wait_for(|&stop| stop) => break,
+                }
+                // Late (a task management function before took long): the end stays quiet.
+                if Instant::now() + QUIET_END > deadline {
+                    break;
+                }
                 if abort {
                     if s.task_management(Lun::ZERO, TmfFunction::ABORT_TASK_SET, 0).await.is_ok() {
                         tmfs.fetch_add(1, Ordering::Relaxed);
@@ -603,7 +654,7 @@ async fn soak() {
                     drops.fetch_add(1, Ordering::Relaxed);
                 }
             }
-        });
+        }));
     }
     let mut failures = Vec::new();
     for t in tasks {
@@ -612,9 +663,15 @@ async fn soak() {
         }
     }
     let elapsed = started.elapsed().as_secs_f64();
+    // No fault is on its way once the sessions log out.
+    stop_faults.send_replace(true);
+    for t in fault_tasks {
+        t.await.unwrap();
+    }
     // The sessions log out; the target returns to its idle level.
-    for s in all {
-        s.logout().await.unwrap_or_else(|e| failures.push(format!("logout: {e}")));
+    for (n, s) in all.into_iter().enumerate() {
+        let transport = if n % 2 == 1 { "iSER" } else { "TCP" };
+        s.logout().await.unwrap_or_else(|e| failures.push(format!("session {n} ({transport}): logout: {e}")));
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut after = rss_and_fds(pid);

@@ -16,6 +16,7 @@ on_every_transport!(
     unsolicited_bursts_racing_their_r2ts_lose_no_task,
     session_reinstatement_closes_the_old_connection,
     a_connection_dropped_by_the_initiator_is_replaced,
+    a_logout_right_after_a_burst_is_answered,
 );
 
 async fn every_transfer_size(t: Transport) {
@@ -197,4 +198,45 @@ async fn a_connection_dropped_by_the_initiator_is_replaced(t: Transport) {
     }
     assert_eq!(s.read(Lun::ZERO, 0, 2048, 512).await.unwrap(), data);
     s.logout().await.unwrap();
+}
+
+/// A logout right after a burst of commands, answered or still in flight (the target holds
+/// what a turn sends and lets it leave together): the Logout Response always reaches the
+/// initiator before the connection ends, so the logout succeeds. Several sessions at once.
+async fn a_logout_right_after_a_burst_is_answered(t: Transport) {
+    let addr = t.start(|_| {}, |_| {}).await;
+    let sessions: Vec<_> = (0..4u64)
+        .map(|n| {
+            tokio::spawn(async move {
+                for round in 0..10u64 {
+                    let c = SessionConfig::new(format!("{ME}-{n}"), TARGET);
+                    let s = t.connect(addr, c).await.unwrap();
+                    let mut burst: Vec<_> = (0..32u64)
+                        .map(|i| {
+                            let s = s.clone();
+                            let lba = (n * 32 + i) * 128;
+                            tokio::spawn(async move {
+                                s.write(Lun::ZERO, lba, pattern(i as u8, 4096), 512).await?;
+                                s.read(Lun::ZERO, lba, 128, 512).await.map(drop)
+                            })
+                        })
+                        .collect();
+                    // Every other round the logout does not wait for the burst: what is still in
+                    // flight then ends with the session.
+                    if round % 2 == 0 {
+                        for c in burst.drain(..) {
+                            c.await.unwrap().unwrap();
+                        }
+                    }
+                    s.logout().await.unwrap_or_else(|e| panic!("session {n} round {round}: logout: {e}"));
+                    for c in burst {
+                        let _ = c.await.unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for s in sessions {
+        s.await.unwrap();
+    }
 }

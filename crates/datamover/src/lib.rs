@@ -25,7 +25,7 @@
 //! Three calls are riser's, not RFC 5047's: they let the iSCSI layer work in turns.
 //! [`Datamover::try_next_event`] hands out what has already arrived without waiting;
 //! between [`Datamover::hold_sends`] and [`Datamover::release_sends`] what is sent may be
-//! gathered (TCP: one `writev`), never reordered. Their defaults do
+//! gathered (TCP: one `writev`; iSER: one posted list), never reordered. Their defaults do
 //! nothing, so a datamover that ignores them is still correct.
 //!
 //! The trait is object-safe (`Box<dyn Datamover>`) and names no runtime: its futures are plain

@@ -9,8 +9,8 @@ use common::{ALL, End, contents, next, pair, pair_with, pattern, raw_fpdu, raw_p
 use riser_iwarp::wire::{self, Header, Opcode};
 use riser_iwarp::{RnicConfig, SoftMr, Term};
 use riser_verbs::{
-    Access, ConnParam, Error, Invalid, MAX_PRIVATE_DATA, MemoryRegion, ProtectionDomain, Provider, QpCaps, QueuePair, RecvWr,
-    RegistrationError, SendOp, SendWr, WcOpcode, WcStatus,
+    Access, CompletionQueue, ConnParam, Error, Invalid, MAX_PRIVATE_DATA, MemoryRegion, ProtectionDomain, Provider, QpCaps, QueuePair,
+    RecvWr, RegistrationError, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
 use std::io::{Read, Write};
 use std::sync::Arc;
@@ -253,4 +253,62 @@ fn refused_work_requests_say_why() {
     );
     let e = c.rnic.connect(&c.qp, &ConnParam::default()).unwrap_err();
     assert!(matches!(e, Error::Invalid(Invalid::AlreadyConnected)), "{e}");
+}
+
+/// Requests posted as a list (one doorbell) and requests posted from a task of a runtime (which
+/// the transmitter gathers) leave in order, each completing once, with its data where it
+/// belongs; large ones among them go straight from their regions.
+#[test]
+fn lists_and_gathered_requests_keep_their_order() {
+    let (c, s) = pair();
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    for on_runtime in [false, true] {
+        // Inside a runtime's context posts are queued and gathered; outside, written inline.
+        let _in = on_runtime.then(|| rt.enter());
+        let small = s.mr(vec![0u8; 4096], ALL);
+        let large = s.mr(vec![0u8; 300_000], ALL);
+        let back = c.mr(vec![0u8; 4096], Access::LOCAL_WRITE);
+        let r = s.mr(vec![0u8; 64], Access::LOCAL_WRITE);
+        s.recv(50, &r);
+        let a = c.mr(pattern(1, 4096), Access::empty());
+        let b = c.mr(pattern(2, 300_000), Access::empty());
+        let m = c.mr(pattern(3, 64), Access::empty());
+        let wr = |wr_id, op, sg_list| SendWr { wr_id, op, sg_list, signaled: true };
+        let list = vec![
+            wr(1, SendOp::RdmaWrite { remote_addr: small.addr(), rkey: small.rkey() }, vec![sge(&a, 0, 4096)]),
+            wr(2, SendOp::RdmaRead { remote_addr: small.addr(), rkey: small.rkey() }, vec![sge(&back, 0, 4096)]),
+            wr(3, SendOp::RdmaWrite { remote_addr: large.addr(), rkey: large.rkey() }, vec![sge(&b, 0, 300_000)]),
+            wr(4, SendOp::Send, vec![sge(&m, 0, 64)]),
+        ];
+        if on_runtime {
+            list.into_iter().for_each(|w| c.qp.post_send(w).unwrap());
+        } else {
+            c.qp.post_send_list(list).unwrap();
+        }
+        // The read completes when its response is in (after later requests may have).
+        let mut ids: Vec<_> = (0..4).map(|_| next(&c.cq)).map(|wc| (wc.wr_id, wc.status)).collect();
+        let read = ids.iter().position(|&(id, _)| id == 2).expect("the read completes");
+        assert_eq!(ids.remove(read).1, WcStatus::Success);
+        assert_eq!(ids, [(1, WcStatus::Success), (3, WcStatus::Success), (4, WcStatus::Success)], "on a runtime: {on_runtime}");
+        let wc = next(&s.rcq);
+        assert_eq!((wc.wr_id, wc.status, wc.byte_len), (50, WcStatus::Success, 64));
+        assert_eq!(contents(&back), pattern(1, 4096), "the read sees the write before it");
+        assert_eq!(contents(&large), pattern(2, 300_000));
+        assert_eq!(contents(&r), pattern(3, 64), "the Send arrives after the writes");
+    }
+    // An invalid request fails the whole list before anything is posted.
+    let m = c.mr(vec![1u8; 8], Access::empty());
+    let bad = SendWr { wr_id: 9, op: SendOp::Send, sg_list: vec![sge(&m, 0, 1); 9], signaled: true };
+    let ok = SendWr { wr_id: 8, op: SendOp::Send, sg_list: vec![sge(&m, 0, 8)], signaled: true };
+    assert!(matches!(c.qp.post_send_list(vec![ok.clone(), bad]), Err(Error::Invalid(Invalid::TooManySge { .. }))));
+    assert!(c.cq.poll(8).is_empty(), "nothing of a refused list was posted");
+    // A local error in the middle: what is before it completes, it fails, the rest is flushed.
+    let r = s.mr(vec![0u8; 64], Access::LOCAL_WRITE);
+    s.recv(60, &r);
+    let stale = SendWr { wr_id: 10, op: SendOp::Send, sg_list: vec![Sge { lkey: m.lkey() ^ 1, ..sge(&m, 0, 8) }], signaled: true };
+    let after = SendWr { wr_id: 11, ..ok.clone() };
+    c.qp.post_send_list(vec![ok, stale, after]).unwrap();
+    let got: Vec<_> = (0..3).map(|_| next(&c.cq)).map(|wc| (wc.wr_id, wc.status)).collect();
+    assert_eq!(got, [(8, WcStatus::Success), (10, WcStatus::LocalProtErr), (11, WcStatus::WrFlushErr)]);
+    drop(rt);
 }

@@ -189,7 +189,7 @@ impl<P: Provider + 'static> Shared<P> {
     /// Post a send-queue request now and hand back the receiver of its completion status.
     pub(super) fn post_queued(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Arc<Mr<P>>>) -> Result<oneshot::Receiver<WcStatus>, DmError> {
         let (tx, rx) = oneshot::channel();
-        self.post_wr(op, sg, keep, Some(tx))?;
+        self.post_wr(op, sg, keep, Some(tx), true)?;
         Ok(rx)
     }
 
@@ -198,12 +198,35 @@ impl<P: Provider + 'static> Shared<P> {
     /// a send queue completes in order. Every [`IserConfig::signal_every`]th is signaled so that always
     /// happens; a signaled one is in `waiting` until it completes (see `terminate`).
     pub(super) fn post_unawaited(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Arc<Mr<P>>>, signal: bool) -> Result<(), DmError> {
-        self.post_wr(op, sg, keep, signal.then(|| oneshot::channel().0))
+        self.post_wr(op, sg, keep, signal.then(|| oneshot::channel().0), false)
+    }
+
+    /// Post what was gathered since `hold_sends`, as one list, and stop gathering.
+    pub(super) fn release_sends(&self) -> Result<(), DmError> {
+        let mut u = lock(&self.unsignaled);
+        let Some(list) = u.gathering.take().filter(|l| !l.is_empty()) else { return Ok(()) };
+        if let Err(e) = self.qp.post_send_list(list) {
+            drop(u);
+            // Their bookkeeping cannot be told apart any more: the connection ends.
+            let e = rdma("post gathered work requests")(e);
+            self.fail(e);
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// Post one request: signaled when someone waits, else now and then. Posting is
-    /// serialised, so request ids increase in posting order.
-    fn post_wr(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Arc<Mr<P>>>, done: Option<oneshot::Sender<WcStatus>>) -> Result<(), DmError> {
+    /// serialised, so request ids increase in posting order. While sends are held, a request
+    /// nobody `awaited` is gathered; one that is awaited is posted at once, with what was
+    /// gathered before it.
+    fn post_wr(
+        &self,
+        op: SendOp,
+        sg: Vec<Sge>,
+        keep: Option<Arc<Mr<P>>>,
+        done: Option<oneshot::Sender<WcStatus>>,
+        awaited: bool,
+    ) -> Result<(), DmError> {
         if self.closed.load(Ordering::Acquire) {
             return Err(DmError::Closed);
         }
@@ -219,12 +242,31 @@ impl<P: Provider + 'static> Shared<P> {
             u.held.push_back((wr_id, mr));
         }
         tracing::trace!(role = ?self.role, wr_id, ?op, signaled, "iSER post");
-        if let Err(e) = self.qp.post_send(SendWr { wr_id, op, sg_list: sg, signaled }) {
+        let wr = SendWr { wr_id, op, sg_list: sg, signaled };
+        let (posted, with_gathered) = match u.gathering.as_mut() {
+            Some(list) if !awaited => {
+                list.push(wr);
+                return Ok(());
+            }
+            Some(list) if !list.is_empty() => {
+                let mut list = std::mem::take(list);
+                list.push(wr);
+                (self.qp.post_send_list(list), true)
+            }
+            _ => (self.qp.post_send(wr), false),
+        };
+        if let Err(e) = posted {
             lock(&self.waiting).remove(&wr_id);
             if u.held.back().is_some_and(|(id, _)| *id == wr_id) {
                 u.held.pop_back();
             }
-            return Err(rdma("post a work request")(e));
+            let e = rdma("post a work request")(e);
+            if with_gathered {
+                // The gathered requests' bookkeeping cannot be told apart: the connection ends.
+                drop(u);
+                self.fail(e);
+            }
+            return Err(e);
         }
         Ok(())
     }
@@ -239,15 +281,30 @@ impl<P: Provider + 'static> Shared<P> {
         invalidate: Option<u32>,
     ) -> Result<(), DmError> {
         let dsl: usize = data.iter().map(|d| d.len()).sum();
-        let mut buf = Vec::with_capacity(ISER_HEADERS_LEN + ahs.len() + dsl);
-        buf.extend_from_slice(&ih.emit());
+        let len = ISER_HEADERS_LEN + ahs.len() + dsl;
         let mut bhs = [0u8; 48];
         header.emit(&mut bhs, ahs.len(), dsl as u32);
-        buf.extend_from_slice(&bhs);
-        buf.extend_from_slice(ahs);
-        data.iter().for_each(|d| buf.extend_from_slice(d));
-        let mr = self.pd.register(buf, Access::empty()).map_err(rdma("register a send buffer"))?;
-        let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
+        let ihb = ih.emit();
+        let parts = || [&ihb[..], &bhs[..], ahs].into_iter().chain(data.iter().copied());
+        let mr = match self.small_send_buffer(len) {
+            // A registered buffer of the connection's, free again: written in place.
+            Some(mr) => {
+                mr.write(&mut |b| {
+                    let mut at = 0;
+                    for p in parts() {
+                        b[at..at + p.len()].copy_from_slice(p);
+                        at += p.len();
+                    }
+                });
+                mr
+            }
+            None => {
+                let mut buf = Vec::with_capacity(len);
+                parts().for_each(|p| buf.extend_from_slice(p));
+                self.pd.register(buf, Access::empty()).map_err(rdma("register a send buffer"))?
+            }
+        };
+        let sge = Sge { addr: mr.addr(), length: len as u32, lkey: mr.lkey() };
         let op = match invalidate {
             Some(rkey) => SendOp::SendWithInvalidate { rkey },
             None => SendOp::Send,
@@ -256,6 +313,34 @@ impl<P: Provider + 'static> Shared<P> {
         // task management, text, reject) is signaled, so a connection's end can wait for it.
         let routine = matches!(header, Header::ScsiCommand(_) | Header::ScsiResponse(_) | Header::DataOut(_));
         self.post_unawaited(op, vec![sge], Some(mr), !routine)
+    }
+}
+
+/// Largest message sent from the connection's registered send buffers (responses, commands
+/// without immediate data, NOPs…); larger ones get a registration of their own.
+pub(super) const SMALL_SEND: usize = 512;
+
+/// Registered send buffers a connection keeps at most (more Sends in flight register their own).
+const SMALL_SENDS: usize = 64;
+
+impl<P: Provider + 'static> Shared<P> {
+    /// A registered send buffer for a message of `len` bytes that nothing else holds (the
+    /// request that last used it has completed, or a later one has: see `Unsignaled`), or a new
+    /// one while there are fewer than [`SMALL_SENDS`]; `None`: register one for this message.
+    fn small_send_buffer(&self, len: usize) -> Option<Arc<Mr<P>>> {
+        if len > SMALL_SEND {
+            return None;
+        }
+        let mut bufs = lock(&self.send_bufs);
+        if let Some(mr) = bufs.iter().find(|mr| Arc::strong_count(mr) == 1) {
+            return Some(mr.clone());
+        }
+        if bufs.len() >= SMALL_SENDS {
+            return None;
+        }
+        let mr = self.pd.register(vec![0u8; SMALL_SEND], Access::empty()).ok()?;
+        bufs.push(mr.clone());
+        Some(mr)
     }
 }
 

@@ -169,10 +169,13 @@ struct InitTask<P: Provider> {
     write: Option<Arc<Mr<P>>>,
 }
 
-/// Memory of unsignaled requests, released in order as later requests complete.
+/// Memory of unsignaled requests, released in order as later requests complete; and the
+/// requests gathered between `hold_sends` and `release_sends` (posted together, in order).
+/// Posting takes this lock, so request ids increase in posting order.
 struct Unsignaled<P: Provider> {
     held: std::collections::VecDeque<(u64, Arc<Mr<P>>)>,
     since_signal: u32,
+    gathering: Option<Vec<riser_verbs::SendWr>>,
 }
 
 /// The default of [`IserConfig::signal_every`].
@@ -208,6 +211,8 @@ struct Shared<P: Provider> {
     unexpected: Mutex<Unexpected>,
     ff_posted: AtomicBool,
     closed: AtomicBool,
+    /// Registered buffers for small Sends, reused once free (see `small_send_buffer`).
+    send_bufs: Mutex<Vec<Arc<Mr<P>>>>,
 }
 
 /// The iSER datamover of one connection (initiator or target).
@@ -248,7 +253,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             recvs: Mutex::new(HashMap::new()),
             next_wr: AtomicU64::new(1),
             waiting: Mutex::new(HashMap::new()),
-            unsignaled: Mutex::new(Unsignaled { held: Default::default(), since_signal: 0 }),
+            unsignaled: Mutex::new(Unsignaled { held: Default::default(), since_signal: 0, gathering: None }),
             events_tx,
             events_rx: tokio::sync::Mutex::new(events_rx),
             remote: Mutex::new(HashMap::new()),
@@ -260,6 +265,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             unexpected: Mutex::new(Unexpected::default()),
             ff_posted: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            send_bufs: Mutex::new(Vec::new()),
         });
         // Login is carried by Sends from the very first PDU: receives are posted before the
         // connection is established.
@@ -359,6 +365,8 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
             let _ = self.s.events_tx.send(DmEvent::Terminated(Terminated::Local));
         }
         self.s.writes_changed.notify_waiters();
+        // Whatever was gathered leaves before the end.
+        let _ = self.s.release_sends();
         // Sends return once queued: let the signaled ones (a Logout Response, a Reject, a
         // failed Login Response) and with them all posted before leave, then disconnect.
         let s = self.s.clone();
@@ -376,6 +384,17 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
             }
             Err(_) => s.qp.disconnect(),
         }
+    }
+
+    /// Routine requests nobody waits for (commands' responses, small RDMA Writes, …) are
+    /// gathered and posted as one list at `release_sends`: the software RNIC writes them in
+    /// one system call. A request someone waits for takes what was gathered with it.
+    fn hold_sends(&self) {
+        lock(&self.s.unsignaled).gathering.get_or_insert_with(Vec::new);
+    }
+
+    fn release_sends(&self) -> BoxFuture<'_, Result<(), DmError>> {
+        Box::pin(async move { self.s.release_sends() })
     }
 
     fn try_next_event(&self) -> Option<DmEvent> {

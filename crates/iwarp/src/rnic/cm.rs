@@ -161,12 +161,13 @@ impl ConnectionRequest for SoftRequest {
             peer: Some(self.peer),
             description: describe(self.frame.rev, crc, ird, ord, ird_ord.is_some_and(|io| io.p2p)),
         };
-        // The engines start before the reply goes out so the first FPDU is handled at once;
-        // the transmitter holds back until that FPDU arrived.
-        qp.start(self.stream.try_clone()?, crc, true, est, false)?;
-        if let Err(e) = self.stream.write_all(&reply.emit()) {
-            qp.s.fail();
-            return Err(Error::Io(e));
+        // The reply goes out on the blocking socket, then the engines start (the socket turns
+        // non-blocking); an FPDU arriving meanwhile waits in the socket. The transmitter holds
+        // back until the initiator's first FPDU arrived.
+        self.stream.write_all(&reply.emit())?;
+        if let Err(e) = qp.start(self.stream.try_clone()?, crc, true, est, false) {
+            let _ = self.stream.shutdown(Shutdown::Both);
+            return Err(e);
         }
         Ok(qp)
     }

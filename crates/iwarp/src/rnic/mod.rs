@@ -4,8 +4,8 @@
 //! - `mr`: memory regions and protection domains, and the STag checks every access passes;
 //! - `cq`: completion queues;
 //! - `qp`: queue pairs, their shared state, the verbs on them and their teardown;
-//! - `tx`: the transmit engine (work requests and Read Responses into FPDUs);
-//! - `rx`: the receive engine (FPDUs parsed and placed, violations mapped to Terminates);
+//! - `tx`: the transmit engine (work requests and Read Responses into FPDUs), a task;
+//! - `rx`: the receive engine (FPDUs parsed and placed, violations mapped to Terminates), a task;
 //! - `cm`: connection setup (MPA request/reply, the listener and its handshake threads).
 
 mod cm;
@@ -26,15 +26,15 @@ use riser_verbs::{
     Access, ConnParam, Established, MemoryRegion, ProtectionDomain, Provider, QpCaps, QueuePair, RecvWr, Result, Sge, Wc, WcOpcode,
     WcStatus,
 };
-use rx::receive;
+use rx::{RxStream, receive};
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::mpsc::channel;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
-use tx::{Tx, TxItem};
+use tx::{Out, Tx, TxItem, now};
 
 /// A completion without invalidation or solicited flag (all but successful receives).
 fn wc(wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u32) -> Wc {
@@ -43,6 +43,27 @@ fn wc(wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u32) -> Wc {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The runtime a queue pair's engines run on, and whether it is the RNIC's own: the current
+/// tokio runtime (the target and the initiator always run in one; it must have I/O enabled),
+/// else one the RNIC starts once for the whole process, with a worker per CPU (at least two,
+/// so the two ends of a connection in one process still run side by side), that runs the
+/// engines of every queue pair started outside a runtime.
+fn engine_runtime() -> io::Result<(tokio::runtime::Handle, bool)> {
+    if let Ok(h) = tokio::runtime::Handle::try_current() {
+        return Ok((h, false));
+    }
+    static OWN: Mutex<Option<tokio::runtime::Runtime>> = Mutex::new(None);
+    let mut own = lock(&OWN);
+    if let Some(rt) = own.as_ref() {
+        return Ok((rt.handle().clone(), true));
+    }
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).thread_name("iwarp-engine").enable_io().build()?;
+    let h = rt.handle().clone();
+    *own = Some(rt);
+    Ok((h, true))
 }
 
 /// A Terminate with no headers attached.
@@ -137,7 +158,38 @@ impl RnicConfig {
     }
 }
 
+/// Hashes an STag index (looked up for every work request and every tagged segment): one
+/// multiplication spreads it over the bits the table uses. The indexes are this RNIC's own, not
+/// chosen by peers (a peer's STag only looks one up).
+#[derive(Default)]
+struct IndexHasher(u64);
+
+impl Hasher for IndexHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, i: u32) {
+        self.write_u64(u64::from(i));
+    }
+
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
 /// The software RNIC (a [`Provider`]).
+///
+/// A connected queue pair's engines (its receiver and its transmitter) are tasks on the tokio
+/// runtime current where it connects — which must have I/O enabled, as riser's target and
+/// initiator runtimes do (tokio panics registering a socket on one without) — or, connected
+/// outside any runtime, on a runtime the RNIC starts once for the process.
 #[derive(Clone, Debug)]
 pub struct SoftRnic {
     shared: Arc<RnicShared>,
@@ -148,7 +200,7 @@ pub struct SoftRnic {
 struct RnicShared {
     config: RnicConfig,
     /// STag index → region.
-    regions: Mutex<HashMap<u32, Weak<SoftMr>>>,
+    regions: Mutex<HashMap<u32, Weak<SoftMr>, BuildHasherDefault<IndexHasher>>>,
     next_index: AtomicU32,
     next_pd: AtomicU64,
 }
@@ -172,7 +224,7 @@ impl SoftRnic {
         Self {
             shared: Arc::new(RnicShared {
                 config,
-                regions: Mutex::new(HashMap::new()),
+                regions: Mutex::new(HashMap::default()),
                 next_index: AtomicU32::new(start.max(1)),
                 next_pd: AtomicU64::new(1),
             }),
@@ -240,7 +292,7 @@ impl Provider for SoftRnic {
 }
 
 /// A queue pair with no connection (posting receives works; sends fail), with its device, PD
-/// and CQ: for fuzzing the layers above the RNIC without sockets or threads.
+/// and CQ: for fuzzing the layers above the RNIC without sockets or engines.
 pub fn detached_qp() -> (SoftRnic, Arc<SoftPd>, Arc<SoftCq>, Arc<SoftQp>) {
     let rnic = SoftRnic::default();
     let pd = rnic.alloc_pd().expect("pd");
@@ -264,10 +316,11 @@ pub fn fuzz_receive(bytes: &[u8], crc: bool) {
     qp.s.ird.store(4, Ordering::Release);
     qp.s.ord.store(4, Ordering::Release);
     *lock(&qp.s.state) = QpState::Connected;
-    let (items_tx, items) = channel();
+    let (items_tx, mut items) = tokio::sync::mpsc::unbounded_channel();
     let txq = TxQueue { items: items_tx, queued: qp.s.queued.clone() };
     *lock(&qp.s.tx) = Some(txq.clone());
-    receive(&qp.s, io::Cursor::new(bytes), crc, &txq);
+    // Reading from memory never waits: one poll runs the receiver to the end of the bytes.
+    let _ = now(receive(&qp.s, RxStream::memory(bytes), crc, &txq));
     // No transmitter writes a Terminate here: close now rather than at the Terminate deadline.
     qp.s.close();
     // Run the transmitter over what the receiver queued, into a sink.
@@ -276,7 +329,7 @@ pub fn fuzz_receive(bytes: &[u8], crc: bool) {
     let tx = Tx { crc, max_segment: 65516, msn_send: 0, msn_read: 0 };
     while let Ok(item) = items.try_recv() {
         if let TxItem::ReadResponse { req, src } = item {
-            let _ = tx.read_response(&mut io::sink(), &req, src.as_ref(), &mut || {}, &|| false);
+            let _ = now(tx.read_response(&mut Out::Sink, &req, src.as_ref(), &mut || {}, &|| false));
         }
     }
 }

@@ -4,18 +4,18 @@
 use super::cq::SoftCq;
 use super::mr::{SoftMr, SoftPd};
 use super::rx::{RxStream, receive};
-use super::tx::{Engine, Tx, TxItem, TxOutcome, Unblocked, transmit};
+use super::tx::{Engine, Out, Piece, Tx, TxItem, TxOutcome, now, transmit};
 use super::{RnicShared, lock, wc};
-use crate::wire::{Term, TerminateMsg};
+use crate::wire::{ReadRequest, Term, TerminateMsg};
 use riser_verbs::{
     Access, BoxFuture, Error, Established, Invalid, QpCaps, QueuePair, RecvWr, Result, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
 use std::collections::VecDeque;
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::mpsc::{Sender, channel};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
+use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 use tracing::{debug, warn};
 
 /// Where a queue pair is in its life.
@@ -46,22 +46,29 @@ pub(super) struct PendingRead {
 /// bound keeps such a peer from holding the stream, its threads and its memory open.
 const TERMINATE_LINGER: Duration = Duration::from_secs(2);
 
-/// Largest Send or RDMA Write a poster transmits inline (see `SoftQp::post_inline`).
-const INLINE_MAX: u64 = 16 << 10;
+/// Largest Send or RDMA Write a poster transmits inline (see `SoftQp::post_inline`), and
+/// largest Read Response the receiver sends inline (see `QpShared::respond_inline`): what the
+/// socket refuses of it is copied.
+const INLINE_MAX: u64 = 64 << 10;
+
+/// Largest payload of the requests a poster transmits inline together.
+const INLINE_LIST_MAX: u64 = 256 << 10;
 
 /// The transmitter's queue, counting what it holds (queued or being sent): a poster may only
 /// transmit inline while it holds nothing, or it would overtake.
 #[derive(Clone, Debug)]
 pub(super) struct TxQueue {
-    pub(super) items: Sender<TxItem>,
+    pub(super) items: UnboundedSender<TxItem>,
     pub(super) queued: Arc<AtomicUsize>,
 }
 
 impl TxQueue {
-    pub(super) fn send(&self, item: TxItem) -> std::result::Result<(), ()> {
+    /// Queue `item`; back if the transmitter is gone.
+    pub(super) fn send(&self, item: TxItem) -> std::result::Result<(), TxItem> {
         self.queued.fetch_add(1, Ordering::AcqRel);
-        self.items.send(item).map_err(|_| {
+        self.items.send(item).map_err(|e| {
             self.queued.fetch_sub(1, Ordering::AcqRel);
+            e.0
         })
     }
 }
@@ -76,7 +83,8 @@ pub(super) struct QpShared {
     pub(super) recv_cq: Arc<SoftCq>,
     pub(super) rq: Mutex<VecDeque<RecvWr>>,
     pub(super) orq: Mutex<VecDeque<PendingRead>>,
-    pub(super) orq_cv: Condvar,
+    /// Signals every change that can make room under the ORD (a response, the stream's end).
+    pub(super) orq_room: tokio::sync::Notify,
     pub(super) state: Mutex<QpState>,
     pub(super) state_cv: Condvar,
     pub(super) closed: tokio::sync::Notify,
@@ -93,10 +101,16 @@ pub(super) struct QpShared {
     pub(super) ird_in_use: AtomicU32,
     /// Responder side: nothing may be sent before the initiator's first FPDU (RFC 5044).
     pub(super) may_send: Mutex<bool>,
-    pub(super) may_send_cv: Condvar,
+    pub(super) may_send_now: tokio::sync::Notify,
     pub(super) terminate_received: Mutex<Option<Term>>,
     pub(super) terminate_sent: Mutex<Option<Term>>,
+    /// The Terminate watchdog's thread.
     pub(super) threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// Engine tasks (receiver, transmitter) still running, and the signal of each ending.
+    pub(super) engines: Mutex<usize>,
+    pub(super) engines_cv: Condvar,
+    /// The engines run on the RNIC's own runtime (no runtime was current at the start).
+    pub(super) own_runtime: AtomicBool,
     /// Active side: where [`Provider::connect`](riser_verbs::Provider::connect) connects to.
     pub(super) dest: Mutex<Option<SocketAddr>>,
 }
@@ -122,6 +136,14 @@ impl Drop for SoftQp {
                 let _ = t.join();
             }
         }
+        // Engines on the RNIC's own runtime always make progress: a caller outside any runtime
+        // finds them ended when the drop returns, as it found the threads joined. On the
+        // caller's runtime they end on their own (waiting for them there could block the
+        // very thread that is to run them).
+        if self.s.own_runtime.load(Ordering::Acquire) && tokio::runtime::Handle::try_current().is_err() {
+            let n = lock(&self.s.engines);
+            drop(self.s.engines_cv.wait_while(n, |n| *n > 0).unwrap_or_else(|e| e.into_inner()));
+        }
     }
 }
 
@@ -145,7 +167,7 @@ impl SoftQp {
                 recv_cq: recv_cq.clone(),
                 rq: Mutex::new(VecDeque::new()),
                 orq: Mutex::new(VecDeque::new()),
-                orq_cv: Condvar::new(),
+                orq_room: tokio::sync::Notify::new(),
                 state: Mutex::new(QpState::Idle),
                 state_cv: Condvar::new(),
                 closed: tokio::sync::Notify::new(),
@@ -158,10 +180,13 @@ impl SoftQp {
                 ord: AtomicU32::new(0),
                 ird_in_use: AtomicU32::new(0),
                 may_send: Mutex::new(true),
-                may_send_cv: Condvar::new(),
+                may_send_now: tokio::sync::Notify::new(),
                 terminate_received: Mutex::new(None),
                 terminate_sent: Mutex::new(None),
                 threads: Mutex::new(Vec::new()),
+                engines: Mutex::new(0),
+                engines_cv: Condvar::new(),
+                own_runtime: AtomicBool::new(false),
                 dest: Mutex::new(None),
             }),
         }))
@@ -177,94 +202,210 @@ impl SoftQp {
         *lock(&self.s.terminate_sent)
     }
 
-    /// Transmit a small Send or RDMA Write on the caller's thread when the transmitter is idle
-    /// (a doorbell without a thread hand-off). The message is framed under the engine lock and
-    /// written without blocking; what the socket does not take at once goes to the transmitter
-    /// as the next item, so the stream stays in order and a peer that stops reading can stall
-    /// only the transmitter, never the caller. False: not taken, queue it.
-    fn post_inline(&self, wr: &SendWr) -> bool {
+    /// Transmit small requests on the caller's thread when the transmitter is idle (a
+    /// doorbell without a hand-off). They are framed under the engine lock and written without
+    /// blocking (one request straight from its region; several gathered into one buffer, one
+    /// write); what the socket does not take at once goes to the transmitter as the next item,
+    /// so the stream stays in order and a peer that stops reading can stall only the
+    /// transmitter, never the caller. Returns how many of `wrs` were taken, from the front: the
+    /// caller queues the rest (a request meeting a local error, a bad key…, is left to the
+    /// transmitter's path; nothing of it was framed).
+    fn post_inline(&self, wrs: &[SendWr]) -> usize {
         // A Read Request is small whatever it reads; the data is placed by the receiver.
-        let read = matches!(wr.op, SendOp::RdmaRead { .. });
-        let small = read || wr.sg_list.iter().map(|e| u64::from(e.length)).sum::<u64>() <= INLINE_MAX;
-        if !small || !*lock(&self.s.may_send) {
-            return false;
+        let payload = |wr: &SendWr| match wr.op {
+            SendOp::RdmaRead { .. } => 0,
+            _ => wr.sg_list.iter().map(|e| u64::from(e.length)).sum::<u64>(),
+        };
+        let reads = wrs.iter().filter(|wr| matches!(wr.op, SendOp::RdmaRead { .. })).count();
+        let small = wrs.iter().all(|wr| payload(wr) <= INLINE_MAX) && wrs.iter().map(payload).sum::<u64>() <= INLINE_LIST_MAX;
+        if wrs.is_empty() || !small || !*lock(&self.s.may_send) {
+            return 0;
         }
-        let Ok(mut engine) = self.s.engine.try_lock() else { return false };
-        let Some(Engine { w, tx }) = engine.as_mut() else { return false };
+        let Ok(mut engine) = self.s.engine.try_lock() else { return 0 };
+        let Some(Engine { w, tx }) = engine.as_mut() else { return 0 };
         if self.s.queued.load(Ordering::Acquire) != 0 {
-            return false;
+            return 0;
         }
         // A read beyond the ORD waits in the transmitter, never here. Only the engine's holder
         // adds to the outbound read queue, so room seen now is still there below.
-        if read && lock(&self.s.orq).len() >= self.s.ord.load(Ordering::Acquire) as usize {
-            return false;
+        if reads > 0 && lock(&self.s.orq).len() + reads > self.s.ord.load(Ordering::Acquire) as usize {
+            return 0;
         }
-        // Written straight from the region without blocking; only what the socket refuses is
-        // copied, to be sent by the transmitter. Local errors (a bad key…) take the
-        // transmitter's path; nothing was written then. A read is completed by the receiver
-        // when its response arrives.
-        let mut out = Unblocked { sock: socket2::SockRef::from(&*w), rest: Vec::new() };
-        // Never stopped half-way: what the socket refused is owed to the stream.
-        let len = match tx.work_request(&self.s, &mut out, wr, &|| false) {
-            TxOutcome::Done(n) => Some(n),
-            TxOutcome::Pending => None,
-            TxOutcome::LocalError(_) | TxOutcome::Io(_) => return false,
-        };
-        if out.rest.is_empty() {
-            if let Some(n) = len {
-                self.s.complete_send(wr, WcStatus::Success, n);
+        // Only what the socket refuses is copied, to be sent by the transmitter. A read is
+        // completed by the receiver when its response arrives.
+        // Room for the payload and each request's FPDU framing (one FPDU each: all are small).
+        let room = wrs.iter().map(payload).sum::<u64>() as usize + wrs.len() * 64;
+        let mut out = if wrs.len() == 1 { Out::NoWait { sock: w, rest: Vec::new() } } else { Out::Gather(Vec::with_capacity(room)) };
+        let mut owed = Vec::new();
+        let mut taken = 0;
+        for wr in wrs {
+            // Never stopped half-way: what the socket refused is owed to the stream. Nothing
+            // here waits (the writers never do, the ORD room was checked), so one poll
+            // finishes it.
+            match now(tx.work_request(&self.s, &mut out, wr, &|| false)) {
+                Some(TxOutcome::Done(n)) => owed.push((wr.clone(), n)),
+                Some(TxOutcome::Pending) => {}
+                Some(TxOutcome::LocalError(_) | TxOutcome::Io(_)) | None => break,
             }
-            return true;
+            taken += 1;
         }
-        let rest = TxItem::Rest { bytes: out.rest, wr: wr.clone(), len };
-        if lock(&self.s.tx).as_ref().is_none_or(|q| q.send(rest).is_err()) {
+        if taken == 0 {
+            return 0;
+        }
+        if let Out::Gather(bytes) = out {
+            out = Out::NoWait { sock: w, rest: Vec::new() };
+            let _ = now(out.write(None, &[Piece::Bytes(&bytes)]));
+        }
+        let Out::NoWait { rest, .. } = out else { unreachable!("written without waiting above") };
+        if rest.is_empty() {
+            for (wr, n) in &owed {
+                self.s.complete_send(wr, WcStatus::Success, *n);
+            }
+            return taken;
+        }
+        let rest = TxItem::Rest { bytes: rest, owed };
+        let refused = match lock(&self.s.tx).as_ref() {
+            Some(q) => q.send(rest),
+            None => Err(rest),
+        };
+        if let Err(TxItem::Rest { owed, .. }) = refused {
             // Part of an FPDU went out and the rest cannot follow: the stream is unusable (a
             // read already queued is flushed by the failure).
             drop(engine);
-            if len.is_some() {
+            for (wr, _) in &owed {
                 self.s.complete_send(wr, WcStatus::WrFlushErr, 0);
             }
             self.s.fail();
         }
-        true
+        taken
     }
 
-    /// Start the engines on an established stream.
+    /// Refuse a request the queue pair cannot take at all.
+    fn check(&self, wr: &SendWr) -> Result<()> {
+        if wr.sg_list.len() > self.s.caps.max_sge as usize {
+            return Err(Error::Invalid(Invalid::TooManySge { got: wr.sg_list.len(), max: self.s.caps.max_sge as usize }));
+        }
+        if matches!(wr.op, SendOp::RdmaRead { .. }) && wr.sg_list.len() != 1 {
+            return Err(Error::Invalid(Invalid::ReadSinkCount { got: wr.sg_list.len() }));
+        }
+        Ok(())
+    }
+
+    /// Queue requests for the transmitter (flushed if the stream is ending).
+    fn queue(&self, wrs: impl IntoIterator<Item = SendWr>) {
+        let tx = lock(&self.s.tx).clone();
+        for wr in wrs {
+            let refused = match tx.as_ref() {
+                Some(q) => q.send(TxItem::Wr(wr)),
+                None => Err(TxItem::Wr(wr)),
+            };
+            if let Err(TxItem::Wr(wr)) = refused {
+                self.s.complete_send(&wr, WcStatus::WrFlushErr, 0);
+            }
+        }
+    }
+
+    /// Start the engines on an established stream: a receiver task and a transmitter task on
+    /// the caller's tokio runtime, or on the RNIC's own when no runtime is current.
     pub(super) fn start(&self, stream: TcpStream, crc: bool, responder: bool, est: Established, rtr_write: bool) -> Result<()> {
         stream.set_read_timeout(None)?;
         stream.set_write_timeout(None)?;
         stream.set_nodelay(true)?;
-        let rx_stream = stream.try_clone()?;
-        let tx_stream = stream.try_clone()?;
+        stream.set_nonblocking(true)?;
+        let shut = stream.try_clone()?;
+        let (rt, own) = super::engine_runtime()?;
+        let sock = {
+            let _in = rt.enter();
+            Arc::new(tokio::net::TcpStream::from_std(stream)?)
+        };
         self.s.ird.store(u32::from(est.ird), Ordering::Release);
         self.s.ord.store(u32::from(est.ord), Ordering::Release);
         *lock(&self.s.established) = Some(est);
-        *lock(&self.s.sock) = Some(stream);
+        *lock(&self.s.sock) = Some(shut);
         *lock(&self.s.may_send) = !responder;
-        let (items, rxq) = channel();
+        let (items, mut rxq) = unbounded_channel();
         let txq = TxQueue { items, queued: self.s.queued.clone() };
         if rtr_write {
             let _ = txq.send(TxItem::RtrWrite);
         }
         let max_segment = self.s.rnic.config.max_segment.clamp(4, 65516) & !3;
-        *lock(&self.s.engine) = Some(Engine { w: tx_stream, tx: Tx { crc, max_segment, msn_send: 0, msn_read: 0 } });
+        *lock(&self.s.engine) = Some(Engine { w: sock.clone(), tx: Tx { crc, max_segment, msn_send: 0, msn_read: 0 } });
         *lock(&self.s.tx) = Some(txq.clone());
         *lock(&self.s.state) = QpState::Connected;
-        let s = self.s.clone();
-        let tx = std::thread::Builder::new().name("iwarp-tx".into()).spawn(move || transmit(&s, rxq)).map_err(Error::Io)?;
-        let s = self.s.clone();
-        let rx = std::thread::Builder::new()
-            .name("iwarp-rx".into())
-            .spawn(move || receive(&s, RxStream::new(rx_stream), crc, &txq))
-            .map_err(Error::Io)?;
-        lock(&self.s.threads).extend([tx, rx]);
+        self.s.own_runtime.store(own, Ordering::Release);
+        *lock(&self.s.engines) = 2;
+        let running = EngineRunning(self.s.clone());
+        rt.spawn(async move {
+            transmit(&running.0, &mut rxq).await;
+        });
+        let running = EngineRunning(self.s.clone());
+        rt.spawn(async move {
+            receive(&running.0, RxStream::socket(sock), crc, &txq).await;
+        });
         Ok(())
+    }
+}
+
+/// Held by an engine task while it runs. Its end, however it comes (the task returned, or the
+/// runtime dropped it), is counted; an engine that ends before the stream did fails the queue
+/// pair, so nothing waits for completions that cannot come.
+struct EngineRunning(Arc<QpShared>);
+
+impl Drop for EngineRunning {
+    fn drop(&mut self) {
+        self.0.fail();
+        *lock(&self.0.engines) -= 1;
+        self.0.engines_cv.notify_all();
     }
 }
 
 impl QpShared {
     pub(super) fn state(&self) -> QpState {
         *lock(&self.state)
+    }
+
+    /// Answer a validated Read Request on the receiver's task when the transmitter is idle (no
+    /// hand-off), counted in `ird_in_use` already: written without blocking, straight from the
+    /// region; what the socket does not take at once goes to the transmitter as the next item.
+    /// False: not taken, queue it.
+    pub(super) fn respond_inline(&self, req: &ReadRequest, src: Option<&Arc<SoftMr>>) -> bool {
+        if u64::from(req.size) > INLINE_MAX || !*lock(&self.may_send) || self.state() != QpState::Connected {
+            return false;
+        }
+        let Ok(mut engine) = self.engine.try_lock() else { return false };
+        let Some(Engine { w, tx }) = engine.as_mut() else { return false };
+        if self.queued.load(Ordering::Acquire) != 0 {
+            return false;
+        }
+        let mut out = Out::NoWait { sock: w, rest: Vec::new() };
+        let mut freed = false;
+        // Never waits, never stops half-way: one poll finishes it.
+        let _ = now(tx.read_response(
+            &mut out,
+            req,
+            src,
+            &mut || {
+                freed = true;
+                self.ird_in_use.fetch_sub(1, Ordering::AcqRel);
+            },
+            &|| false,
+        ));
+        if !freed {
+            self.ird_in_use.fetch_sub(1, Ordering::AcqRel);
+        }
+        let Out::NoWait { rest, .. } = out else { unreachable!("written without waiting above") };
+        if !rest.is_empty() {
+            let refused = match lock(&self.tx).as_ref() {
+                Some(q) => q.send(TxItem::Rest { bytes: rest, owed: Vec::new() }).is_err(),
+                None => true,
+            };
+            if refused {
+                // Part of an FPDU went out and the rest cannot follow: the stream is unusable.
+                drop(engine);
+                self.fail();
+            }
+        }
+        true
     }
 
     /// Leave the connected state without a Terminate: close the socket and flush every
@@ -307,8 +448,7 @@ impl QpShared {
         // still waiting for the first FPDU, or a Read Request waiting for ORD room (woken
         // under the queue's lock so the waiter cannot miss the state change).
         self.may_send_release();
-        drop(lock(&self.orq));
-        self.orq_cv.notify_all();
+        self.orq_room.notify_waiters();
         // A transmitter stuck in a write to a peer that reads nothing would hold the stream
         // open for ever: close at the deadline whatever happened to the Terminate.
         let s = self.clone();
@@ -361,7 +501,36 @@ impl QpShared {
 
     pub(super) fn may_send_release(&self) {
         *lock(&self.may_send) = true;
-        self.may_send_cv.notify_all();
+        self.may_send_now.notify_waiters();
+    }
+
+    /// Wait until this side may send (see `may_send`).
+    pub(super) async fn may_send_wait(&self) {
+        loop {
+            let mut n = std::pin::pin!(self.may_send_now.notified());
+            n.as_mut().enable();
+            let ok = *lock(&self.may_send);
+            if ok {
+                return;
+            }
+            n.await;
+        }
+    }
+
+    /// Wait until an RDMA Read may go out: fewer than ORD outstanding, or the stream no longer
+    /// connected (the request then meets that).
+    pub(super) async fn ord_room_wait(&self) {
+        loop {
+            let mut n = std::pin::pin!(self.orq_room.notified());
+            n.as_mut().enable();
+            let ord = self.ord.load(Ordering::Acquire) as usize;
+            // No ORD at all: the request fails at once (a local error).
+            let room = ord == 0 || lock(&self.orq).len() < ord;
+            if room || self.state() != QpState::Connected {
+                return;
+            }
+            n.await;
+        }
     }
 
     fn flush_receives(&self) {
@@ -375,7 +544,7 @@ impl QpShared {
     /// about), the rest flushed.
     pub(super) fn flush_reads(&self, head_status: Option<WcStatus>) {
         let reads: Vec<PendingRead> = lock(&self.orq).drain(..).collect();
-        self.orq_cv.notify_all();
+        self.orq_room.notify_waiters();
         for (i, r) in reads.into_iter().enumerate() {
             if r.internal {
                 continue;
@@ -406,28 +575,44 @@ impl QpShared {
 
 impl QueuePair for SoftQp {
     fn post_send(&self, wr: SendWr) -> Result<()> {
-        if wr.sg_list.len() > self.s.caps.max_sge as usize {
-            return Err(Error::Invalid(Invalid::TooManySge { got: wr.sg_list.len(), max: self.s.caps.max_sge as usize }));
-        }
-        if matches!(wr.op, SendOp::RdmaRead { .. }) && wr.sg_list.len() != 1 {
-            return Err(Error::Invalid(Invalid::ReadSinkCount { got: wr.sg_list.len() }));
-        }
+        self.check(&wr)?;
         match self.s.state() {
-            QpState::Idle => return Err(Error::NotConnected),
+            QpState::Idle => Err(Error::NotConnected),
             QpState::Connected => {
-                if self.post_inline(&wr) {
+                // On a runtime the request is queued: the transmitter gathers what the ready
+                // tasks post into one write. A poster outside any runtime writes inline.
+                if tokio::runtime::Handle::try_current().is_err() && self.post_inline(std::slice::from_ref(&wr)) == 1 {
                     return Ok(());
                 }
-                if let Some(tx) = lock(&self.s.tx).as_ref()
-                    && tx.send(TxItem::Wr(wr.clone())).is_ok()
-                {
-                    return Ok(());
-                }
+                self.queue([wr]);
+                Ok(())
             }
-            QpState::Terminating | QpState::Error => {}
+            QpState::Terminating | QpState::Error => {
+                self.s.complete_send(&wr, WcStatus::WrFlushErr, 0);
+                Ok(())
+            }
         }
-        self.s.complete_send(&wr, WcStatus::WrFlushErr, 0);
-        Ok(())
+    }
+
+    /// Every request is checked first (an invalid one fails the call and none is posted); then
+    /// they are written at once, together, when the transmitter is idle, else queued for it
+    /// (it gathers them).
+    fn post_send_list(&self, wrs: Vec<SendWr>) -> Result<()> {
+        wrs.iter().try_for_each(|wr| self.check(wr))?;
+        match self.s.state() {
+            QpState::Idle => Err(Error::NotConnected),
+            QpState::Connected => {
+                let taken = self.post_inline(&wrs);
+                self.queue(wrs.into_iter().skip(taken));
+                Ok(())
+            }
+            QpState::Terminating | QpState::Error => {
+                for wr in &wrs {
+                    self.s.complete_send(wr, WcStatus::WrFlushErr, 0);
+                }
+                Ok(())
+            }
+        }
     }
 
     fn post_recv(&self, wr: RecvWr) -> Result<()> {

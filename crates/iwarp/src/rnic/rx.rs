@@ -1,4 +1,4 @@
-//! The receive engine: the receiver thread parses FPDUs from the socket, checks each segment
+//! The receive engine: the receiver task parses FPDUs from the socket, checks each segment
 //! (STag, domain, access, bounds, MSN, MO) and places its payload straight into registered
 //! memory; a violation becomes a Terminate (the `denied_*` mappings name which).
 
@@ -11,41 +11,100 @@ use riser_verbs::{Access, RecvWr, Sge, Wc, WcOpcode, WcStatus};
 use std::io::{self, IoSliceMut, Read};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use tokio::net::TcpStream;
 use tracing::{debug, warn};
+
+/// Where the bytes come from: the socket (waiting for them), or memory (fuzzing: never waits).
+enum Source<'a> {
+    Socket(Arc<TcpStream>),
+    Memory(io::Cursor<&'a [u8]>),
+}
+
+/// Spill buffer: room for a turn's worth of small messages (a 4 KiB RDMA Write and the Send
+/// behind it, several commands' worth) in one read.
+const SPILL: usize = 64 << 10;
+
+/// Spill used while large payloads stream in: their bytes should land in place, not here.
+const SPILL_BULK: usize = 512;
+
+/// Payload from which a segment counts as bulk (see `place`).
+const BULK_SEGMENT: usize = 8 << 10;
+
+/// Small segments in a row after which the spill grows again: a bulk stream's commands and
+/// responses between its large segments do not, so its payload never lands in the spill.
+const SMALL_RUN: u32 = 8;
 
 /// The receive side of the socket. Each read fills the caller's destination first (a region's
 /// memory, for payload) and spills what follows (the FPDU's pad and CRC, the next headers) into
-/// a small buffer, so one system call per FPDU suffices and payload never passes through an
-/// intermediate buffer beyond the few bytes that shared a read with a header.
-pub(super) struct RxStream<R> {
-    inner: R,
-    buf: Box<[u8; 512]>,
+/// a buffer, so one system call per FPDU suffices. While segments are large the spill is small,
+/// so payload hardly passes through it; once they have been small for a while (`SMALL_RUN`) it
+/// takes several FPDUs at once (copying a few KiB costs less than a system call).
+pub(super) struct RxStream<'a> {
+    inner: Source<'a>,
+    buf: Box<[u8]>,
     start: usize,
     end: usize,
+    /// The spill's size for the next read.
+    spill: usize,
+    /// Small segments placed since the last large one.
+    small_run: u32,
 }
 
-impl<R: Read> RxStream<R> {
-    pub(super) fn new(inner: R) -> Self {
-        Self { inner, buf: Box::new([0; 512]), start: 0, end: 0 }
+impl<'a> RxStream<'a> {
+    pub(super) fn socket(sock: Arc<TcpStream>) -> Self {
+        Self { inner: Source::Socket(sock), buf: vec![0; SPILL].into_boxed_slice(), start: 0, end: 0, spill: SPILL, small_run: 0 }
     }
-}
 
-impl<R: Read> Read for RxStream<R> {
-    fn read(&mut self, dst: &mut [u8]) -> io::Result<usize> {
-        if dst.is_empty() {
-            return Ok(0);
+    pub(super) fn memory(bytes: &'a [u8]) -> Self {
+        Self {
+            inner: Source::Memory(io::Cursor::new(bytes)),
+            buf: vec![0; SPILL].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            spill: SPILL,
+            small_run: 0,
         }
+    }
+
+    /// Read what is there into `dst` (not empty) without waiting: `Ok(0)` at the stream's end,
+    /// `WouldBlock` when nothing is there yet.
+    fn try_read(&mut self, dst: &mut [u8]) -> io::Result<usize> {
         if self.start < self.end {
             let n = dst.len().min(self.end - self.start);
             dst[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
             self.start += n;
             return Ok(n);
         }
-        let mut iov = [IoSliceMut::new(dst), IoSliceMut::new(&mut self.buf[..])];
-        let got = self.inner.read_vectored(&mut iov)?;
+        let mut iov = [IoSliceMut::new(dst), IoSliceMut::new(&mut self.buf[..self.spill])];
+        let got = match &mut self.inner {
+            Source::Socket(s) => s.try_read_vectored(&mut iov)?,
+            Source::Memory(c) => c.read_vectored(&mut iov)?,
+        };
         let direct = got.min(iov[0].len());
         (self.start, self.end) = (0, got - direct);
         Ok(direct)
+    }
+
+    /// Wait until the socket has something to read.
+    async fn ready(&self) -> io::Result<()> {
+        match &self.inner {
+            Source::Socket(s) => s.readable().await,
+            Source::Memory(_) => Ok(()),
+        }
+    }
+
+    /// Fill `dst`.
+    async fn read_exact(&mut self, mut dst: &mut [u8]) -> io::Result<()> {
+        while !dst.is_empty() {
+            match self.try_read(dst) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => dst = &mut std::mem::take(&mut dst)[n..],
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.ready().await?,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 }
 
@@ -84,12 +143,12 @@ impl From<io::Error> for RxError {
     }
 }
 
-/// The receiver thread: handle FPDUs until the stream ends or a violation ends it with a
+/// The receiver task: handle FPDUs until the stream ends or a violation ends it with a
 /// Terminate.
-pub(super) fn receive<R: Read>(s: &Arc<QpShared>, mut r: R, crc: bool, tx: &TxQueue) {
+pub(super) async fn receive(s: &Arc<QpShared>, mut r: RxStream<'_>, crc: bool, tx: &TxQueue) {
     let mut rx = Rx { crc, msn_send: 1, msn_read: 1, send: None, tagged: None, first_seen: false, failed: None };
     loop {
-        match rx.fpdu(s, &mut r, tx) {
+        match rx.fpdu(s, &mut r, tx).await {
             Ok(()) => {
                 if !rx.first_seen {
                     rx.first_seen = true;
@@ -154,9 +213,9 @@ impl Crc {
 }
 
 impl Rx {
-    fn fpdu<R: Read>(&mut self, s: &QpShared, r: &mut R, tx: &TxQueue) -> Result<(), RxError> {
+    async fn fpdu(&mut self, s: &QpShared, r: &mut RxStream<'_>, tx: &TxQueue) -> Result<(), RxError> {
         let mut lenb = [0u8; 2];
-        r.read_exact(&mut lenb)?;
+        r.read_exact(&mut lenb).await?;
         let mpa_len = usize::from(u16::from_be_bytes(lenb));
         let mut crc = Crc { on: self.crc, value: 0 };
         crc.add(&lenb);
@@ -164,13 +223,13 @@ impl Rx {
             return Err(RxError::Term(Term::MPA_FRAMING, "FPDU shorter than a DDP header"));
         }
         let mut hb = [0u8; UNTAGGED_HDR + READ_REQUEST_LEN];
-        r.read_exact(&mut hb[..2])?;
+        r.read_exact(&mut hb[..2]).await?;
         let tagged = hb[0] & 0x80 != 0;
         let base = if tagged { wire::TAGGED_HDR } else { UNTAGGED_HDR };
         if mpa_len < base {
             return Err(RxError::Term(Term::MPA_FRAMING, "FPDU shorter than its DDP header"));
         }
-        r.read_exact(&mut hb[2..base])?;
+        r.read_exact(&mut hb[2..base]).await?;
         let h = Header::parse(&hb[..base]).map_err(|e| match e {
             wire::WireError::Violation(t, why) => RxError::Term(t, why),
             _ => RxError::Term(Term::MPA_FRAMING, "bad DDP header"),
@@ -182,14 +241,14 @@ impl Rx {
         if mpa_len < base + extra {
             return Err(RxError::Term(Term::MPA_FRAMING, "FPDU shorter than its RDMAP header"));
         }
-        r.read_exact(&mut hb[base..base + extra])?;
+        r.read_exact(&mut hb[base..base + extra]).await?;
         crc.add(&hb[..base + extra]);
         let payload = mpa_len - base - extra;
-        let commit = self.segment(s, r, &h, &hb[base..base + extra], payload, &mut crc)?;
+        let commit = self.segment(s, r, &h, &hb[base..base + extra], payload, &mut crc).await?;
         // Pad and CRC.
         let mut tail = [0u8; 7];
         let pad = wire::fpdu_pad(mpa_len);
-        r.read_exact(&mut tail[..pad + 4])?;
+        r.read_exact(&mut tail[..pad + 4]).await?;
         crc.add(&tail[..pad]);
         if self.crc && crc.value.to_le_bytes() != tail[pad..pad + 4] {
             return Err(RxError::Term(Term::MPA_CRC, "FPDU CRC mismatch"));
@@ -198,10 +257,10 @@ impl Rx {
     }
 
     /// Validate a segment and place its payload; what to do once its CRC checked out is returned.
-    fn segment<R: Read>(
+    async fn segment(
         &mut self,
         s: &QpShared,
-        r: &mut R,
+        r: &mut RxStream<'_>,
         h: &Header,
         body: &[u8],
         payload: usize,
@@ -221,7 +280,7 @@ impl Rx {
                 let off = mr
                     .check(stag, s.pd, Access::REMOTE_WRITE, to, payload as u64)
                     .map_err(|d| RxError::Term(denied_tagged(d), "RDMA Write refused"))?;
-                place(r, &mr, off, payload, crc)?;
+                place(r, &mr, off, payload, crc).await?;
                 self.tagged = if last { None } else { Some((stag, to + payload as u64)) };
                 Ok(Commit::None)
             }
@@ -245,7 +304,7 @@ impl Rx {
                     let (mr, off) = s
                         .local(&part, Access::LOCAL_WRITE)
                         .ok_or(RxError::Term(Term::DDP_TAGGED_INVALID_STAG, "Read sink no longer valid"))?;
-                    place(r, &mr, off, payload, crc)?;
+                    place(r, &mr, off, payload, crc).await?;
                 }
                 Ok(Commit::ReadProgress { bytes: payload as u32, last })
             }
@@ -284,7 +343,7 @@ impl Rx {
                     let part = Sge { addr: sge.addr + at, length: take as u32, lkey: sge.lkey };
                     let (mr, off) =
                         s.local(&part, Access::LOCAL_WRITE).ok_or(RxError::Term(Term::DDP_CATASTROPHIC, "receive buffer not usable"))?;
-                    place(r, &mr, off, take, crc)?;
+                    place(r, &mr, off, take, crc).await?;
                     left -= take;
                     at = 0;
                 }
@@ -306,7 +365,7 @@ impl Rx {
             }
             Header::Untagged { op: Opcode::Terminate, .. } => {
                 let mut b = vec![0u8; payload];
-                r.read_exact(&mut b)?;
+                r.read_exact(&mut b).await?;
                 crc.add(&b);
                 let t = TerminateMsg::parse(&b).map(|t| t.term).unwrap_or(Term::RDMAP_CATASTROPHIC);
                 Ok(Commit::Terminated(t))
@@ -326,7 +385,7 @@ impl Rx {
                     if last { orq.pop_front() } else { None }
                 };
                 if let Some(r) = done {
-                    s.orq_cv.notify_all();
+                    s.orq_room.notify_waiters();
                     if r.signaled && !r.internal {
                         s.send_cq.push(wc(r.wr_id, WcStatus::Success, WcOpcode::RdmaRead, r.size));
                     }
@@ -379,6 +438,9 @@ impl Rx {
                     Some(mr)
                 };
                 s.ird_in_use.fetch_add(1, Ordering::AcqRel);
+                if s.respond_inline(&req, src.as_ref()) {
+                    return Ok(());
+                }
                 tx.send(TxItem::ReadResponse { req, src }).map_err(|_| RxError::Closed)
             }
             Commit::Terminated(t) => {
@@ -400,13 +462,39 @@ enum Commit {
     Terminated(Term),
 }
 
-/// Read `len` payload bytes from the stream straight into `mr` at `off`.
-fn place<R: Read>(r: &mut R, mr: &SoftMr, off: usize, len: usize, crc: &mut Crc) -> Result<(), RxError> {
-    let mut mem = lock(&mr.mem);
-    let Some(dst) = mem.writable().get_mut(off..off + len) else {
-        return Err(RxError::Term(Term::DDP_CATASTROPHIC, "placement into read-only memory"));
-    };
-    r.read_exact(dst)?;
-    crc.add(dst);
+/// Read `len` payload bytes from the stream straight into `mr` at `off` (the region locked
+/// for each read, never across a wait).
+async fn place(r: &mut RxStream<'_>, mr: &SoftMr, off: usize, len: usize, crc: &mut Crc) -> Result<(), RxError> {
+    if len >= BULK_SEGMENT {
+        (r.spill, r.small_run) = (SPILL_BULK, 0);
+    } else {
+        r.small_run = r.small_run.saturating_add(1);
+        if r.small_run >= SMALL_RUN {
+            r.spill = SPILL;
+        }
+    }
+    let mut done = 0;
+    while done < len {
+        let got = {
+            let mut mem = lock(&mr.mem);
+            let Some(dst) = mem.writable().get_mut(off + done..off + len) else {
+                return Err(RxError::Term(Term::DDP_CATASTROPHIC, "placement into read-only memory"));
+            };
+            match r.try_read(dst) {
+                Ok(0) => return Err(RxError::Closed),
+                Ok(n) => {
+                    crc.add(&dst[..n]);
+                    Some(n)
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => Some(0),
+                Err(_) => return Err(RxError::Closed),
+            }
+        };
+        match got {
+            Some(n) => done += n,
+            None => r.ready().await?,
+        }
+    }
     Ok(())
 }

@@ -1,16 +1,21 @@
-//! The transmit engine: the transmitter thread, which turns work requests and Read Responses
+//! The transmit engine: the transmitter task, which turns work requests and Read Responses
 //! into FPDUs written from registered memory, and the non-blocking writer posters use inline.
+//! The framing is written once, as futures over an [`Out`]: the transmitter's waits for room in
+//! the socket; a poster's and the fuzzer's never wait (driven by [`now`]).
 
 use super::mr::SoftMr;
 use super::qp::{PendingRead, QpShared, QpState};
 use super::{lock, terminate_for};
 use crate::wire::{self, Header, Opcode, QN_READ, QN_SEND, QN_TERMINATE, READ_REQUEST_LEN, ReadRequest, Term, TerminateMsg, UNTAGGED_HDR};
 use riser_verbs::{Access, SendOp, SendWr, WcStatus};
-use std::io::{self, IoSlice, Write};
-use std::net::TcpStream;
+use std::future::Future;
+use std::io::{self, IoSlice};
+use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::Receiver;
+use std::task::{Context, Poll, Waker};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc::UnboundedReceiver;
 use tracing::debug;
 
 /// Work for the transmitter.
@@ -20,9 +25,9 @@ pub(super) enum TxItem {
     /// The unsent tail of a request begun inline by its poster (see `SoftQp::post_inline`).
     Rest {
         bytes: Vec<u8>,
-        wr: SendWr,
-        /// Its completion's byte count once sent; None for a read (its response completes it).
-        len: Option<u32>,
+        /// The completions (with their byte counts) owed once these bytes are out; reads are
+        /// not among them (their responses complete them).
+        owed: Vec<(SendWr, u32)>,
     },
     /// Answer a validated Read Request (`src` is None for zero-length reads).
     ReadResponse {
@@ -35,98 +40,150 @@ pub(super) enum TxItem {
     Stop,
 }
 
-/// A writer that never blocks: it sends what the socket takes at once and keeps the rest
-/// (and everything after it, in order) in `rest` for the transmitter. It never fails either: a
-/// broken socket leaves everything to the transmitter, which meets the error.
-pub(super) struct Unblocked<'a> {
-    pub(super) sock: socket2::SockRef<'a>,
-    pub(super) rest: Vec<u8>,
+/// Poll `f` once: its output if it is ready. For futures that never wait (an [`Out`] other
+/// than [`Out::Wait`], a receiver reading from memory).
+pub(super) fn now<F: Future>(f: F) -> Option<F::Output> {
+    match pin!(f).poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => Some(v),
+        Poll::Pending => None,
+    }
 }
 
-impl Write for Unblocked<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.write_vectored(&[IoSlice::new(buf)])
-    }
+/// A piece of what one write sends: bytes of the caller's, or a range of the region the
+/// write names (read under its lock, never across a wait).
+#[derive(Clone, Copy)]
+pub(super) enum Piece<'a> {
+    Bytes(&'a [u8]),
+    Mem(usize, usize),
+}
 
-    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        let total: usize = bufs.iter().map(|b| b.len()).sum();
-        let mut sent = 0;
-        while self.rest.is_empty() {
-            match self.sock.send_vectored_with_flags(bufs, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
-                Ok(n) => {
-                    sent = n;
-                    break;
+/// Where FPDUs go.
+pub(super) enum Out<'a> {
+    /// The transmitter: all of it, waiting for room in the socket as long as it takes.
+    Wait(&'a TcpStream),
+    /// A poster: what the socket takes at once, the rest (and everything after it, in order)
+    /// kept in `rest` for the transmitter. It never waits and never fails: a broken socket
+    /// leaves everything to the transmitter, which meets the error.
+    NoWait { sock: &'a TcpStream, rest: Vec<u8> },
+    /// Memory: FPDUs gathered to leave in one write (see [`transmit`]).
+    Gather(Vec<u8>),
+    /// Nowhere (fuzzing).
+    Sink,
+}
+
+impl Out<'_> {
+    /// Write `pieces` (`Piece::Mem` ranges of `mem`) in order, all of them.
+    pub(super) async fn write(&mut self, mem: Option<&SoftMr>, pieces: &[Piece<'_>]) -> io::Result<()> {
+        let total: usize = pieces
+            .iter()
+            .map(|p| match p {
+                Piece::Bytes(b) => b.len(),
+                Piece::Mem(_, n) => *n,
+            })
+            .sum();
+        let mut done = 0;
+        while done < total {
+            let r = {
+                let guard = mem.map(|m| lock(&m.mem));
+                let mut skip = done;
+                let mut bufs: Vec<IoSlice<'_>> = Vec::with_capacity(pieces.len());
+                for p in pieces {
+                    let b: &[u8] = match *p {
+                        Piece::Bytes(b) => b,
+                        Piece::Mem(off, n) => guard.as_deref().map_or(&[][..], |m| &m[off..off + n]),
+                    };
+                    if skip >= b.len() {
+                        skip -= b.len();
+                        continue;
+                    }
+                    bufs.push(IoSlice::new(&b[skip..]));
+                    skip = 0;
+                }
+                match self {
+                    Out::Sink => Ok(total - done),
+                    Out::Gather(buf) => {
+                        bufs.iter().for_each(|b| buf.extend_from_slice(b));
+                        Ok(total - done)
+                    }
+                    Out::Wait(sock) => sock.try_write_vectored(&bufs),
+                    Out::NoWait { sock, rest } => {
+                        let mut sent = 0;
+                        while rest.is_empty() {
+                            match sock.try_write_vectored(&bufs) {
+                                Ok(n) => {
+                                    sent = n;
+                                    break;
+                                }
+                                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                                Err(_) => break,
+                            }
+                        }
+                        // Keep whatever did not go out.
+                        for b in &bufs {
+                            let take = sent.min(b.len());
+                            sent -= take;
+                            rest.extend_from_slice(&b[take..]);
+                        }
+                        Ok(total - done)
+                    }
+                }
+            };
+            match r {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if let Out::Wait(sock) = self {
+                        sock.writable().await?;
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => break,
+                Err(e) => return Err(e),
             }
         }
-        // Keep whatever did not go out.
-        let mut skip = sent;
-        for b in bufs {
-            let take = skip.min(b.len());
-            skip -= take;
-            self.rest.extend_from_slice(&b[take..]);
-        }
-        Ok(total)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
 }
 
-/// What writes to the stream: the transmitter thread, or a poster sending inline.
+/// What writes to the stream: the transmitter task, or a poster sending inline.
 #[derive(Debug)]
 pub(super) struct Engine {
-    pub(super) w: TcpStream,
+    pub(super) w: Arc<TcpStream>,
     pub(super) tx: Tx,
 }
 
-/// Write all of `bufs` (std's write_all_vectored is unstable).
-fn write_all_vectored(w: &mut impl Write, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
-    IoSlice::advance_slices(&mut bufs, 0);
-    while !bufs.is_empty() {
-        match w.write_vectored(bufs) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-/// One FPDU: header (after the length field), payload pieces, then pad and CRC.
-fn send_fpdu(w: &mut impl Write, crc: bool, header: &[u8], payload: &[&[u8]]) -> io::Result<()> {
-    let plen: usize = payload.iter().map(|p| p.len()).sum();
+/// One FPDU: header (after the length field), the payload (`Piece::Mem` of `mem`), then pad
+/// and CRC.
+async fn send_fpdu(w: &mut Out<'_>, crc: bool, header: &[u8], mem: Option<&SoftMr>, payload: Piece<'_>) -> io::Result<()> {
+    let plen = match payload {
+        Piece::Bytes(b) => b.len(),
+        Piece::Mem(_, n) => n,
+    };
     let mpa_len = header.len() + plen;
     let mut head = [0u8; 2 + UNTAGGED_HDR + READ_REQUEST_LEN + 8];
     head[..2].copy_from_slice(&(mpa_len as u16).to_be_bytes());
     head[2..2 + header.len()].copy_from_slice(header);
     let head = &head[..2 + header.len()];
-    let pad = [0u8; 3];
-    let pad = &pad[..wire::fpdu_pad(mpa_len)];
-    let sum = if crc {
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(payload.len() + 2);
-        parts.push(head);
-        parts.extend_from_slice(payload);
-        parts.push(pad);
-        wire::fpdu_crc(&parts)
-    } else {
-        [0; 4]
-    };
-    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(payload.len() + 3);
-    slices.push(IoSlice::new(head));
-    slices.extend(payload.iter().map(|p| IoSlice::new(p)));
-    slices.push(IoSlice::new(pad));
-    slices.push(IoSlice::new(&sum));
-    write_all_vectored(w, &mut slices)
+    let pad = wire::fpdu_pad(mpa_len);
+    let mut tail = [0u8; 7];
+    if crc {
+        let sum = {
+            let guard = mem.map(|m| lock(&m.mem));
+            let body: &[u8] = match payload {
+                Piece::Bytes(b) => b,
+                Piece::Mem(off, n) => guard.as_deref().map_or(&[][..], |m| &m[off..off + n]),
+            };
+            wire::fpdu_crc(&[head, body, &tail[..pad]])
+        };
+        tail[pad..pad + 4].copy_from_slice(&sum);
+    }
+    w.write(mem, &[Piece::Bytes(head), payload, Piece::Bytes(&tail[..pad + 4])]).await
 }
 
 /// Send one item of the transmit queue.
-fn transmit_item(s: &Arc<QpShared>, w: &mut TcpStream, tx: &mut Tx, item: TxItem) {
+async fn transmit_item(s: &Arc<QpShared>, engine: &mut Engine, item: TxItem) {
     let state = s.state();
+    let Engine { w, tx } = engine;
+    let w = &mut Out::Wait(w);
     match item {
         TxItem::Stop => {}
         TxItem::Terminate(t) => {
@@ -134,8 +191,7 @@ fn transmit_item(s: &Arc<QpShared>, w: &mut TcpStream, tx: &mut Tx, item: TxItem
             let mut hb = [0u8; UNTAGGED_HDR];
             h.emit(&mut hb);
             let body = t.emit();
-            let _ = send_fpdu(w, tx.crc, &hb, &[&body]);
-            let _ = w.flush();
+            let _ = send_fpdu(w, tx.crc, &hb, None, Piece::Bytes(&body)).await;
             // Only now, with the Terminate handed to TCP ahead of the FIN, may the stream close.
             s.close();
         }
@@ -143,21 +199,21 @@ fn transmit_item(s: &Arc<QpShared>, w: &mut TcpStream, tx: &mut Tx, item: TxItem
         // The tail of an FPDU begun inline is written even when a Terminate follows it, or the
         // Terminate would land inside that FPDU and the peer could not parse it.
         TxItem::Rest { .. } if state == QpState::Error => flush_item(s, item),
-        TxItem::Rest { bytes, wr, len } => match w.write_all(&bytes) {
+        TxItem::Rest { bytes, owed } => match w.write(None, &[Piece::Bytes(&bytes)]).await {
             Ok(()) => {
-                if let Some(n) = len {
-                    s.complete_send(&wr, WcStatus::Success, n);
+                for (wr, n) in &owed {
+                    s.complete_send(wr, WcStatus::Success, *n);
                 }
             }
             Err(e) => {
                 debug!("iwarp transmit: {e}");
-                if len.is_some() {
-                    s.complete_send(&wr, WcStatus::WrFlushErr, 0);
+                for (wr, _) in &owed {
+                    s.complete_send(wr, WcStatus::WrFlushErr, 0);
                 }
                 s.fail();
             }
         },
-        TxItem::Wr(wr) => match tx.work_request(s, w, &wr, &|| s.state() != QpState::Connected) {
+        TxItem::Wr(wr) => match tx.work_request(s, w, &wr, &|| s.state() != QpState::Connected).await {
             TxOutcome::Done(n) => s.complete_send(&wr, WcStatus::Success, n),
             TxOutcome::Pending => {}
             TxOutcome::LocalError(st) => {
@@ -173,16 +229,18 @@ fn transmit_item(s: &Arc<QpShared>, w: &mut TcpStream, tx: &mut Tx, item: TxItem
         TxItem::ReadResponse { .. } | TxItem::RtrWrite if state != QpState::Connected => {}
         TxItem::ReadResponse { req, src } => {
             let mut freed = false;
-            let r = tx.read_response(
-                w,
-                &req,
-                src.as_ref(),
-                &mut || {
-                    freed = true;
-                    s.ird_in_use.fetch_sub(1, Ordering::AcqRel);
-                },
-                &|| s.state() != QpState::Connected,
-            );
+            let r = tx
+                .read_response(
+                    w,
+                    &req,
+                    src.as_ref(),
+                    &mut || {
+                        freed = true;
+                        s.ird_in_use.fetch_sub(1, Ordering::AcqRel);
+                    },
+                    &|| s.state() != QpState::Connected,
+                )
+                .await;
             if !freed {
                 s.ird_in_use.fetch_sub(1, Ordering::AcqRel);
             }
@@ -194,7 +252,7 @@ fn transmit_item(s: &Arc<QpShared>, w: &mut TcpStream, tx: &mut Tx, item: TxItem
         TxItem::RtrWrite => {
             let mut hb = [0u8; 14];
             Header::Tagged { op: Opcode::Write, last: true, stag: 1, to: 0 }.emit(&mut hb);
-            if send_fpdu(w, tx.crc, &hb, &[]).is_err() {
+            if send_fpdu(w, tx.crc, &hb, None, Piece::Bytes(&[])).await.is_err() {
                 s.fail();
             }
         }
@@ -224,31 +282,189 @@ pub(super) enum TxOutcome {
     Io(io::Error),
 }
 
-/// The transmitter thread: send the queued items in order until told to stop, then flush
-/// what is left.
-pub(super) fn transmit(s: &Arc<QpShared>, items: Receiver<TxItem>) {
-    while let Ok(item) = items.recv() {
+/// Largest request the transmitter gathers with others (payload bytes; a Read Request and a
+/// Read Response count by what they read).
+const GATHER_ITEM_MAX: u64 = 16 << 10;
+
+/// What the transmitter gathers at most before it writes.
+const GATHER_MAX: usize = 256 << 10;
+
+/// Largest gathering buffer the transmitter keeps for the next write (a queue pair idle after
+/// a burst holds no more than this).
+const SPARE_MAX: usize = 64 << 10;
+
+/// Whether `item` may be gathered: small, on a connected stream, and (a Read Request) with room
+/// under the ORD now (only the engine's holder adds to the outbound read queue).
+fn gatherable(s: &QpShared, item: &TxItem) -> bool {
+    if s.state() != QpState::Connected {
+        return false;
+    }
+    match item {
+        TxItem::Wr(wr) => match wr.op {
+            SendOp::RdmaRead { .. } => {
+                let ord = s.ord.load(Ordering::Acquire) as usize;
+                lock(&s.orq).len() < ord
+            }
+            _ => wr.sg_list.iter().map(|e| u64::from(e.length)).sum::<u64>() <= GATHER_ITEM_MAX,
+        },
+        TxItem::ReadResponse { req, .. } => u64::from(req.size) <= GATHER_ITEM_MAX,
+        TxItem::RtrWrite => true,
+        _ => false,
+    }
+}
+
+/// Why gathering stopped at an item: what to do once what was gathered before it has left.
+enum Halt {
+    /// A local protection or length error: the request completes with it, a Terminate follows.
+    Local(SendWr, WcStatus),
+    /// The stream is ending: the request (if it has a completion) is flushed.
+    Ended(Option<SendWr>),
+}
+
+/// Frame a gatherable item into `out` (a [`Out::Gather`]): the completion it is owed once
+/// written, if any.
+async fn gather_item(s: &Arc<QpShared>, tx: &mut Tx, out: &mut Out<'_>, item: TxItem) -> Result<Option<(SendWr, u32)>, Halt> {
+    let stop = &|| s.state() != QpState::Connected;
+    match item {
+        TxItem::Wr(wr) => match tx.work_request(s, out, &wr, stop).await {
+            TxOutcome::Done(n) => Ok(Some((wr, n))),
+            TxOutcome::Pending => Ok(None),
+            TxOutcome::LocalError(st) => Err(Halt::Local(wr, st)),
+            TxOutcome::Io(_) => Err(Halt::Ended(Some(wr))),
+        },
+        TxItem::ReadResponse { req, src } => {
+            let mut freed = false;
+            let r = tx
+                .read_response(
+                    out,
+                    &req,
+                    src.as_ref(),
+                    &mut || {
+                        freed = true;
+                        s.ird_in_use.fetch_sub(1, Ordering::AcqRel);
+                    },
+                    stop,
+                )
+                .await;
+            if !freed {
+                s.ird_in_use.fetch_sub(1, Ordering::AcqRel);
+            }
+            r.map(|()| None).map_err(|_| Halt::Ended(None))
+        }
+        TxItem::RtrWrite => {
+            let mut hb = [0u8; 14];
+            Header::Tagged { op: Opcode::Write, last: true, stag: 1, to: 0 }.emit(&mut hb);
+            send_fpdu(out, tx.crc, &hb, None, Piece::Bytes(&[])).await.map(|()| None).map_err(|_| Halt::Ended(None))
+        }
+        // Not gatherable (see `gatherable`).
+        other => {
+            flush_item(s, other);
+            Ok(None)
+        }
+    }
+}
+
+/// The transmitter task: send the queued items in order until told to stop, then flush what
+/// is left. Small requests are gathered: once the runtime's ready tasks have run (each may
+/// post), every small item queued is framed into one buffer that leaves in one write, and
+/// their completions follow it; anything else is written straight from its region.
+pub(super) async fn transmit(s: &Arc<QpShared>, items: &mut UnboundedReceiver<TxItem>) {
+    let mut held = None;
+    // The gathering buffer, kept from one write to the next.
+    let mut spare = Vec::new();
+    loop {
+        let item = match held.take() {
+            Some(item) => item,
+            None => match items.recv().await {
+                Some(item) => item,
+                None => break,
+            },
+        };
         // The responder waits for the initiator's first FPDU before sending anything.
-        {
-            let g = lock(&s.may_send);
-            drop(s.may_send_cv.wait_while(g, |ok| !*ok).unwrap_or_else(|e| e.into_inner()));
+        s.may_send_wait().await;
+        // An RDMA Read beyond the ORD waits for a response (or the stream's end), in order.
+        if let TxItem::Wr(SendWr { op: SendOp::RdmaRead { .. }, .. }) = &item {
+            s.ord_room_wait().await;
         }
         let stop = matches!(item, TxItem::Stop);
-        {
-            let mut engine = lock(&s.engine);
-            if let Some(Engine { w, tx }) = engine.as_mut() {
-                transmit_item(s, w, tx, item);
-            } else {
-                flush_item(s, item);
-            }
-            // Counted down under the engine lock: a poster seeing zero may write inline.
+        // The engine is taken for the item (a poster finding it gone queues its request).
+        let taken = lock(&s.engine).take();
+        let Some(mut engine) = taken else {
+            flush_item(s, item);
             s.queued.fetch_sub(1, Ordering::AcqRel);
+            if stop {
+                break;
+            }
+            continue;
+        };
+        let mut count = 1;
+        if gatherable(s, &item) {
+            tokio::task::yield_now().await;
+            let mut out = Out::Gather(std::mem::take(&mut spare));
+            let mut owed = Vec::new();
+            let mut halt = None;
+            let mut next = Some(item);
+            while let Some(item) = next.take() {
+                match gather_item(s, &mut engine.tx, &mut out, item).await {
+                    Ok(c) => owed.extend(c),
+                    Err(h) => {
+                        halt = Some(h);
+                        break;
+                    }
+                }
+                if matches!(&out, Out::Gather(b) if b.len() >= GATHER_MAX) {
+                    break;
+                }
+                match items.try_recv() {
+                    Ok(item) if gatherable(s, &item) => {
+                        count += 1;
+                        next = Some(item);
+                    }
+                    Ok(item) => held = Some(item),
+                    Err(_) => {}
+                }
+            }
+            let Out::Gather(mut bytes) = out else { unreachable!("gathering into memory") };
+            let written = bytes.is_empty() || Out::Wait(&engine.w).write(None, &[Piece::Bytes(&bytes)]).await.is_ok();
+            if bytes.capacity() <= SPARE_MAX {
+                bytes.clear();
+                spare = bytes;
+            }
+            let status = if written { WcStatus::Success } else { WcStatus::WrFlushErr };
+            for (wr, n) in owed {
+                s.complete_send(&wr, status, if written { n } else { 0 });
+            }
+            if !written {
+                s.fail();
+            }
+            match halt {
+                Some(Halt::Local(wr, st)) => s.terminate(terminate_for(Term::RDMAP_CATASTROPHIC), || s.complete_send(&wr, st, 0)),
+                Some(Halt::Ended(wr)) => {
+                    if let Some(wr) = wr {
+                        s.complete_send(&wr, WcStatus::WrFlushErr, 0);
+                    }
+                    s.fail();
+                }
+                None => {}
+            }
+        } else {
+            transmit_item(s, &mut engine, item).await;
         }
+        let mut slot = lock(&s.engine);
+        *slot = Some(engine);
+        // Counted down under the engine lock: a poster seeing zero may write inline.
+        s.queued.fetch_sub(count, Ordering::AcqRel);
+        drop(slot);
         if stop {
             break;
         }
     }
     // Whatever is still queued is flushed.
+    if let Some(item) = held {
+        s.queued.fetch_sub(1, Ordering::AcqRel);
+        flush_item(s, item);
+    }
+    items.close();
     while let Ok(item) = items.try_recv() {
         s.queued.fetch_sub(1, Ordering::AcqRel);
         flush_item(s, item);
@@ -259,15 +475,20 @@ pub(super) fn transmit(s: &Arc<QpShared>, items: Receiver<TxItem>) {
 /// inline does not (the read is in the outbound read queue, flushed with it).
 fn flush_item(s: &QpShared, item: TxItem) {
     match item {
-        TxItem::Wr(wr) | TxItem::Rest { wr, len: Some(_), .. } => s.complete_send(&wr, WcStatus::WrFlushErr, 0),
+        TxItem::Wr(wr) => s.complete_send(&wr, WcStatus::WrFlushErr, 0),
+        TxItem::Rest { owed, .. } => owed.iter().for_each(|(wr, _)| s.complete_send(wr, WcStatus::WrFlushErr, 0)),
         _ => {}
     }
 }
 
+/// What asks, between FPDUs, whether to abandon the message (a Terminate is waiting).
+type Stop<'a> = &'a (dyn Fn() -> bool + Sync);
+
 impl Tx {
     /// Transmit one work request. `stop` is asked between FPDUs: true ends the message there
-    /// (a Terminate is waiting; the transmitter's work is flushed anyway).
-    pub(super) fn work_request(&mut self, s: &QpShared, w: &mut impl Write, wr: &SendWr, stop: &dyn Fn() -> bool) -> TxOutcome {
+    /// (a Terminate is waiting; the transmitter's work is flushed anyway). An RDMA Read needs
+    /// room under the ORD, which the caller made sure of.
+    pub(super) async fn work_request(&mut self, s: &QpShared, w: &mut Out<'_>, wr: &SendWr, stop: Stop<'_>) -> TxOutcome {
         let need = if matches!(wr.op, SendOp::RdmaRead { .. }) { Access::LOCAL_WRITE } else { Access::empty() };
         let mut sources = Vec::with_capacity(wr.sg_list.len());
         for sge in &wr.sg_list {
@@ -285,11 +506,11 @@ impl Tx {
                 // The sink was checked; the receiver resolves it again per Read Response. Holding
                 // it here would outlive the completion (the consumer may reclaim the region then).
                 drop(sources);
-                return self.read_request(s, w, wr, remote_addr, rkey);
+                return self.read_request(s, w, wr, remote_addr, rkey).await;
             }
             SendOp::RdmaWrite { remote_addr, rkey } => {
                 let header = |off: u64, last| Header::Tagged { op: Opcode::Write, last, stag: rkey, to: remote_addr.wrapping_add(off) };
-                self.stream_out(w, &sources, header, &mut || {}, stop)
+                self.stream_out(w, &sources, header, &mut || {}, stop).await
             }
             op => {
                 let (op, inv) = match op {
@@ -307,6 +528,7 @@ impl Tx {
                     &mut || {},
                     stop,
                 )
+                .await
             }
         };
         match r {
@@ -317,23 +539,23 @@ impl Tx {
 
     /// Send the gathered `sources` as one DDP message, segment by segment; `before_last` runs
     /// just before the final segment goes out; `stop` true between segments abandons the rest.
-    fn stream_out(
+    async fn stream_out(
         &self,
-        w: &mut impl Write,
+        w: &mut Out<'_>,
         sources: &[(Arc<SoftMr>, usize, usize)],
         header: impl Fn(u64, bool) -> Header,
-        before_last: &mut dyn FnMut(),
-        stop: &dyn Fn() -> bool,
+        before_last: &mut (dyn FnMut() + Send),
+        stop: Stop<'_>,
     ) -> io::Result<()> {
         let total: usize = sources.iter().map(|(_, _, n)| n).sum();
         let mut hb = [0u8; UNTAGGED_HDR];
         if total == 0 {
             before_last();
             let n = header(0, true).emit(&mut hb);
-            return send_fpdu(w, self.crc, &hb[..n], &[]);
+            return send_fpdu(w, self.crc, &hb[..n], None, Piece::Bytes(&[])).await;
         }
         if let [(mr, off, len)] = sources {
-            return self.stream_region(w, &lock(&mr.mem)[*off..*off + *len], header, before_last, stop);
+            return self.stream_region(w, mr, *off, *len, header, before_last, stop).await;
         }
         let (mut sent, mut i, mut within) = (0usize, 0usize, 0usize);
         let mut staging = Vec::new();
@@ -355,8 +577,7 @@ impl Tx {
             let (mr, off, len) = &sources[i];
             if len - within >= seg {
                 // One element holds the whole segment: write it straight from the region.
-                let mem = lock(&mr.mem);
-                send_fpdu(w, self.crc, &hb[..n], &[&mem[off + within..off + within + seg]])?;
+                send_fpdu(w, self.crc, &hb[..n], Some(mr), Piece::Mem(off + within, seg)).await?;
                 within += seg;
             } else {
                 // The segment spans elements: gather it (one region lock at a time).
@@ -373,25 +594,28 @@ impl Tx {
                         within = 0;
                     }
                 }
-                send_fpdu(w, self.crc, &hb[..n], &[&staging])?;
+                send_fpdu(w, self.crc, &hb[..n], None, Piece::Bytes(&staging)).await?;
             }
             sent += seg;
         }
         Ok(())
     }
 
-    /// Send `data` (one contiguous piece of a region) as one DDP message: up to 16 FPDUs per
-    /// vectored write, payload straight from the region; `stop` is asked before each write.
-    fn stream_region(
+    /// Send `len` bytes of `mr` from `off` (one contiguous piece) as one DDP message: up to 16
+    /// FPDUs per vectored write, payload straight from the region; `stop` is asked before each
+    /// write.
+    #[allow(clippy::too_many_arguments)]
+    async fn stream_region(
         &self,
-        w: &mut impl Write,
-        data: &[u8],
+        w: &mut Out<'_>,
+        mr: &SoftMr,
+        base: usize,
+        total: usize,
         header: impl Fn(u64, bool) -> Header,
-        before_last: &mut dyn FnMut(),
-        stop: &dyn Fn() -> bool,
+        before_last: &mut (dyn FnMut() + Send),
+        stop: Stop<'_>,
     ) -> io::Result<()> {
         const BATCH: usize = 16;
-        let total = data.len();
         let mut sent = 0usize;
         let mut heads = [[0u8; 2 + UNTAGGED_HDR]; BATCH];
         let mut tails = [[0u8; 7]; BATCH];
@@ -403,46 +627,49 @@ impl Tx {
             let mut frames = [(0usize, 0usize, 0usize, 0usize); BATCH];
             let mut n = 0;
             let mut at = sent;
-            while n < BATCH && at < total {
-                let seg = (total - at).min(self.max_segment);
-                let last = at + seg == total;
-                if last {
-                    before_last();
+            {
+                // The region is read here only for the CRC.
+                let mem = self.crc.then(|| lock(&mr.mem));
+                while n < BATCH && at < total {
+                    let seg = (total - at).min(self.max_segment);
+                    let last = at + seg == total;
+                    if last {
+                        before_last();
+                    }
+                    let hl = header(at as u64, last).emit(&mut heads[n][2..]);
+                    let mpa_len = hl + seg;
+                    heads[n][..2].copy_from_slice(&(mpa_len as u16).to_be_bytes());
+                    let pad = wire::fpdu_pad(mpa_len);
+                    tails[n][..pad].fill(0);
+                    let sum = match &mem {
+                        Some(m) => wire::fpdu_crc(&[&heads[n][..2 + hl], &m[base + at..base + at + seg], &tails[n][..pad]]),
+                        None => [0; 4],
+                    };
+                    tails[n][pad..pad + 4].copy_from_slice(&sum);
+                    frames[n] = (2 + hl, at, seg, pad + 4);
+                    at += seg;
+                    n += 1;
                 }
-                let hl = header(at as u64, last).emit(&mut heads[n][2..]);
-                let mpa_len = hl + seg;
-                heads[n][..2].copy_from_slice(&(mpa_len as u16).to_be_bytes());
-                let pad = wire::fpdu_pad(mpa_len);
-                tails[n][..pad].fill(0);
-                let sum = if self.crc { wire::fpdu_crc(&[&heads[n][..2 + hl], &data[at..at + seg], &tails[n][..pad]]) } else { [0; 4] };
-                tails[n][pad..pad + 4].copy_from_slice(&sum);
-                frames[n] = (2 + hl, at, seg, pad + 4);
-                at += seg;
-                n += 1;
             }
-            let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(3 * n);
+            let mut pieces: Vec<Piece<'_>> = Vec::with_capacity(3 * n);
             for (k, &(hl, off, seg, tl)) in frames[..n].iter().enumerate() {
-                slices.push(IoSlice::new(&heads[k][..hl]));
-                slices.push(IoSlice::new(&data[off..off + seg]));
-                slices.push(IoSlice::new(&tails[k][..tl]));
+                pieces.push(Piece::Bytes(&heads[k][..hl]));
+                pieces.push(Piece::Mem(base + off, seg));
+                pieces.push(Piece::Bytes(&tails[k][..tl]));
             }
-            write_all_vectored(w, &mut slices)?;
+            w.write(Some(mr), &pieces).await?;
             sent = at;
         }
         Ok(())
     }
 
-    fn read_request(&mut self, s: &QpShared, w: &mut impl Write, wr: &SendWr, remote_addr: u64, rkey: u32) -> TxOutcome {
+    async fn read_request(&mut self, s: &QpShared, w: &mut Out<'_>, wr: &SendWr, remote_addr: u64, rkey: u32) -> TxOutcome {
         let sink = wr.sg_list[0];
         {
-            // At most ORD reads outstanding: later work waits (in order) for a response.
-            let orq = lock(&s.orq);
-            let ord = s.ord.load(Ordering::Acquire) as usize;
-            if ord == 0 {
+            let mut orq = lock(&s.orq);
+            if s.ord.load(Ordering::Acquire) == 0 {
                 return TxOutcome::LocalError(WcStatus::LocalProtErr);
             }
-            let mut orq =
-                s.orq_cv.wait_while(orq, |q| q.len() >= ord && s.state() == QpState::Connected).unwrap_or_else(|e| e.into_inner());
             if s.state() != QpState::Connected {
                 return TxOutcome::Io(io::ErrorKind::NotConnected.into());
             }
@@ -453,7 +680,7 @@ impl Tx {
         let mut hb = [0u8; UNTAGGED_HDR + READ_REQUEST_LEN];
         Header::Untagged { op: Opcode::ReadRequest, last: true, inv_stag: 0, qn: QN_READ, msn: self.msn_read, mo: 0 }.emit(&mut hb);
         hb[UNTAGGED_HDR..].copy_from_slice(&rr.emit());
-        match send_fpdu(w, self.crc, &hb, &[]) {
+        match send_fpdu(w, self.crc, &hb, None, Piece::Bytes(&[])).await {
             // Completed by the receiver when the last Read Response segment arrives.
             Ok(()) => TxOutcome::Pending,
             Err(e) => TxOutcome::Io(e),
@@ -463,13 +690,13 @@ impl Tx {
     /// Answer a Read Request. The IRD slot frees (`done`) just before the last segment leaves:
     /// the requester can issue its next read only after receiving it. `stop` as for
     /// [`Tx::work_request`].
-    pub(super) fn read_response(
+    pub(super) async fn read_response(
         &self,
-        w: &mut impl Write,
+        w: &mut Out<'_>,
         req: &ReadRequest,
         src: Option<&Arc<SoftMr>>,
-        done: &mut dyn FnMut(),
-        stop: &dyn Fn() -> bool,
+        done: &mut (dyn FnMut() + Send),
+        stop: Stop<'_>,
     ) -> io::Result<()> {
         let header =
             |off: u64, last| Header::Tagged { op: Opcode::ReadResponse, last, stag: req.sink_stag, to: req.sink_to.wrapping_add(off) };
@@ -478,11 +705,11 @@ impl Tx {
                 done();
                 let mut hb = [0u8; 14];
                 header(0, true).emit(&mut hb);
-                send_fpdu(w, self.crc, &hb, &[])
+                send_fpdu(w, self.crc, &hb, None, Piece::Bytes(&[])).await
             }
             Some(mr) => {
                 let off = (req.src_to - mr.addr) as usize;
-                self.stream_out(w, &[(mr.clone(), off, req.size as usize)], header, done, stop)
+                self.stream_region(w, mr, off, req.size as usize, header, done, stop).await
             }
         }
     }
