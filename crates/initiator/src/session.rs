@@ -447,6 +447,7 @@ impl Session {
     async fn start_immediate(
         &self,
         mut start: impl FnMut(&mut InitiatorSession) -> u32,
+        closing: bool,
     ) -> Result<(u32, Link, oneshot::Receiver<Reply>), Error> {
         loop {
             {
@@ -456,6 +457,9 @@ impl Session {
                 }
                 if !s.dead {
                     let itt = start(&mut s.session);
+                    // A session logging out sends no new command after its Logout Request (as
+                    // Linux's initiator in its LOGGING_OUT state): they fail at once instead.
+                    s.closed |= closing;
                     let rx = s.wait_for(itt);
                     return Ok((itt, s.link.clone(), rx));
                 }
@@ -510,7 +514,7 @@ impl Session {
             every.tick().await;
             let dm = {
                 let mut s = lock(&inner.state);
-                if s.link.generation != generation || s.dead || s.closed {
+                if s.link.generation != generation || s.dead {
                     return;
                 }
                 s.tick = s.tick.wrapping_add(1);
@@ -631,7 +635,7 @@ impl Session {
     /// that command's CmdSN). The commands it ends fail with [`Error::Aborted`].
     pub async fn task_management(&self, lun: Lun, function: TmfFunction, ref_itt: u32) -> Result<(), Error> {
         let gate = self.exclusive_gate().await;
-        let (itt, link, rx) = self.start_immediate(|m| m.task_management(function, lun, ref_itt)).await?;
+        let (itt, link, rx) = self.start_immediate(|m| m.task_management(function, lun, ref_itt), false).await?;
         let sent = self.send_request(itt, &link).await;
         drop(gate);
         sent?;
@@ -646,7 +650,7 @@ impl Session {
     /// NOP-Out ping; returns the round-trip time.
     pub async fn ping(&self) -> Result<Duration, Error> {
         let start = Instant::now();
-        let (itt, link, rx) = self.start_immediate(|m| m.ping(Bytes::new())).await?;
+        let (itt, link, rx) = self.start_immediate(|m| m.ping(Bytes::new()), false).await?;
         self.send_request(itt, &link).await?;
         match Self::wait(rx).await? {
             Reply::Pong => Ok(start.elapsed()),
@@ -699,10 +703,9 @@ impl Session {
 
     /// Log out (close the session) and drop the connection.
     pub async fn logout(&self) -> Result<(), Error> {
-        let (itt, link, rx) = self.start_immediate(|m| m.logout()).await?;
+        let (itt, link, rx) = self.start_immediate(|m| m.logout(), true).await?;
         self.send_request(itt, &link).await?;
         let r = Self::wait(rx).await;
-        lock(&self.inner.state).closed = true;
         self.dm().terminate();
         match r? {
             Reply::LoggedOut => Ok(()),
