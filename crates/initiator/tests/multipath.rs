@@ -5,7 +5,10 @@
 //! acknowledged write reads back, and the gateway's path comes back when it is started again.
 #![cfg(feature = "tcp")]
 
+mod common;
+
 use bytes::Bytes;
+use common::relay;
 use riser_initiator::{Lun, Multipath, MultipathConfig, MultipathError, PathSpec, SessionConfig};
 use riser_target::backend::RamBackend;
 use riser_target::lu::{AccessState, LogicalUnit, LuIdentity, TargetPortGroup};
@@ -96,34 +99,6 @@ impl Gateway {
 impl Drop for Gateway {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-/// Relay connections from `public` to `inner` until aborted (which drops them all), passing
-/// nothing while `frozen`.
-async fn relay(public: tokio::net::TcpListener, inner: SocketAddr, frozen: Arc<AtomicBool>) {
-    let mut conns = tokio::task::JoinSet::new();
-    loop {
-        let Ok((client, _)) = public.accept().await else { continue };
-        let Ok(server) = tokio::net::TcpStream::connect(inner).await else { continue };
-        let (cr, cw) = client.into_split();
-        let (sr, sw) = server.into_split();
-        conns.spawn(pump(cr, sw, frozen.clone()));
-        conns.spawn(pump(sr, cw, frozen.clone()));
-    }
-}
-
-async fn pump(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf, frozen: Arc<AtomicBool>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let Ok(n) = from.read(&mut buf).await else { return };
-        while frozen.load(Ordering::Acquire) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        if n == 0 || to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
     }
 }
 

@@ -3,6 +3,9 @@
 //! (the late answers to the forgotten tasks are dropped).
 #![cfg(feature = "tcp")]
 
+mod common;
+
+use common::relay;
 use riser_initiator::{Error, Lun, Session, SessionConfig};
 use riser_target::backend::RamBackend;
 use riser_target::lu::LogicalUnit;
@@ -12,32 +15,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 const TARGET: &str = "iqn.2026-11.io.riser:timeouts";
-
-/// Relay from a public listener to the target, passing nothing while `frozen`.
-async fn relay(public: tokio::net::TcpListener, inner: std::net::SocketAddr, frozen: Arc<AtomicBool>) {
-    loop {
-        let Ok((client, _)) = public.accept().await else { continue };
-        let Ok(server) = tokio::net::TcpStream::connect(inner).await else { continue };
-        let (cr, cw) = client.into_split();
-        let (sr, sw) = server.into_split();
-        tokio::spawn(pump(cr, sw, frozen.clone()));
-        tokio::spawn(pump(sr, cw, frozen.clone()));
-    }
-}
-
-async fn pump(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf, frozen: Arc<AtomicBool>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let Ok(n) = from.read(&mut buf).await else { return };
-        while frozen.load(Ordering::Acquire) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        if n == 0 || to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unanswered_requests_time_out_on_time_and_the_session_goes_on() {
