@@ -519,21 +519,15 @@ impl Session {
                 }
                 s.tick = s.tick.wrapping_add(1);
                 let now = s.tick;
-                s.pending.retain(|itt, w| {
-                    if now.wrapping_sub(w.tick) <= REAPER_TICKS {
-                        return true;
-                    }
-                    expired.push((*itt, std::mem::replace(&mut w.tx, oneshot::channel().0)));
-                    false
-                });
+                expired.extend(s.pending.extract_if(|_, w| now.wrapping_sub(w.tick) > REAPER_TICKS));
                 for (itt, _) in &expired {
                     s.session.forget(*itt);
                 }
                 s.link.dm.clone()
             };
-            for (itt, tx) in expired.drain(..) {
+            for (itt, w) in expired.drain(..) {
                 let _ = dm.take_read_data(itt);
-                let _ = tx.send(Reply::TimedOut);
+                let _ = w.tx.send(Reply::TimedOut);
             }
         }
     }
