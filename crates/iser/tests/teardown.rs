@@ -3,36 +3,13 @@
 //! the initiator, in order, before the initiator learns of the end.
 
 use bytes::Bytes;
-use riser_datamover::{ConnectionResources, ControlPdu, Datamover, DmEvent};
-use riser_iscsi::wire::{Header, LogoutResponse, NopOut, RESERVED_TAG, ScsiResponse, TextResponse};
-use riser_iser::{IserConfig, IserDatamover, accept, connect};
+use riser_datamover::{ControlPdu, Datamover, DmEvent};
+use riser_iscsi::wire::{Header, LogoutResponse, RESERVED_TAG, ScsiResponse, TextResponse};
 use riser_iwarp::SoftRnic;
-use riser_verbs::{Listener, Provider};
 use std::time::Duration;
 
-type Dm = IserDatamover<SoftRnic>;
-
-/// A connected target and initiator, their receives posted, drivers running, and the
-/// initiator's first message in (the target may send only after it).
-async fn pair(rnic: &SoftRnic) -> (Dm, Dm) {
-    let listener = rnic.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let r = rnic.clone();
-    let target = tokio::task::spawn_blocking(move || accept(&r, listener.get_request().unwrap(), IserConfig::default()).unwrap().0);
-    let r = rnic.clone();
-    let initiator = tokio::task::spawn_blocking(move || connect(&r, addr, IserConfig::default()).unwrap()).await.unwrap();
-    let target = target.await.unwrap();
-    for dm in [&target, &initiator] {
-        tokio::spawn(dm.driver());
-        dm.allocate_connection_resources(ConnectionResources::default()).unwrap();
-        dm.enable();
-    }
-    let ping = NopOut { immediate: true, itt: 1, ttt: RESERVED_TAG, ..NopOut::default() };
-    initiator.send_control(ControlPdu::new(Header::NopOut(ping), Bytes::new())).await.unwrap();
-    let first = tokio::time::timeout(Duration::from_secs(5), target.next_event()).await.unwrap();
-    assert!(matches!(first, DmEvent::Control(ControlPdu { header: Header::NopOut(_), .. })), "{first:?}");
-    (target, initiator)
-}
+mod common;
+use common::pair;
 
 /// A turn of the target's: responses held, then the logout answered and the connection ended,
 /// without waiting for anything in between (`busy`: with a large message still leaving ahead of

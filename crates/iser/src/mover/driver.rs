@@ -2,7 +2,7 @@
 //! them unsignaled) and their completions awaited, the completion driver, and the receive path
 //! that handles each received Send in place.
 
-use super::{InitTask, IserConfig, IserDatamover, Mr, Remote, Shared, Waiter, lock, rdma, signal_interval};
+use super::{InitTask, IserConfig, IserDatamover, Keep, Mr, Remote, Shared, Waiter, lock, rdma, signal_interval};
 use crate::header::{ISER_HDR_LEN, ISER_HEADERS_LEN, IserHeader, IserOpcode, RFC5046_HDR_LEN};
 use bytes::Bytes;
 use riser_datamover::{ControlPdu, DmError, DmEvent, Terminated, Violation};
@@ -95,18 +95,20 @@ impl<P: Provider + 'static> Shared<P> {
                     if let Err(why) = handled {
                         self.fail(why);
                     }
-                } else if let Some(Waiter { done, _keep }) = self.take_waiter(wc.wr_id) {
+                } else if let Some(Waiter { done, keep }) = self.take_waiter(wc.wr_id) {
                     // Every request posted before this one has completed too.
                     let mut u = lock(&self.unsignaled);
-                    while u.held.front().is_some_and(|(id, _)| *id < wc.wr_id) {
-                        u.held.pop_front();
-                    }
+                    let upto = u.held.iter().take_while(|(id, _)| *id < wc.wr_id).count();
+                    let released: Vec<_> = u.held.drain(..upto).collect();
                     drop(u);
+                    released.into_iter().for_each(|(_, k)| k.release(&self.pool));
                     if wc.status != WcStatus::Success && wc.status != WcStatus::WrFlushErr {
                         self.fail(DmError::Completion { op: wc.opcode.name(), status: wc.status.name() });
                     }
                     // Our handle on the memory goes first, so the waiter may take it back whole.
-                    drop(_keep);
+                    if let Some(k) = keep {
+                        k.release(&self.pool);
+                    }
                     let _ = done.send(wc.status);
                 }
             }
@@ -187,7 +189,7 @@ impl<P: Provider + 'static> Shared<P> {
     }
 
     /// Post a send-queue request now and hand back the receiver of its completion status.
-    pub(super) fn post_queued(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Arc<Mr<P>>>) -> Result<oneshot::Receiver<WcStatus>, DmError> {
+    pub(super) fn post_queued(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Keep<P>>) -> Result<oneshot::Receiver<WcStatus>, DmError> {
         let (tx, rx) = oneshot::channel();
         self.post_wr(op, sg, keep, Some(tx), true)?;
         Ok(rx)
@@ -197,7 +199,7 @@ impl<P: Provider + 'static> Shared<P> {
     /// wake-up of the driver): their memory is released when a later request completes, since
     /// a send queue completes in order. Every [`IserConfig::signal_every`]th is signaled so that always
     /// happens; a signaled one is in `waiting` until it completes (see `terminate`).
-    pub(super) fn post_unawaited(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Arc<Mr<P>>>, signal: bool) -> Result<(), DmError> {
+    pub(super) fn post_unawaited(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Keep<P>>, signal: bool) -> Result<(), DmError> {
         self.post_wr(op, sg, keep, signal.then(|| oneshot::channel().0), false)
     }
 
@@ -223,7 +225,7 @@ impl<P: Provider + 'static> Shared<P> {
         &self,
         op: SendOp,
         sg: Vec<Sge>,
-        keep: Option<Arc<Mr<P>>>,
+        keep: Option<Keep<P>>,
         done: Option<oneshot::Sender<WcStatus>>,
         awaited: bool,
     ) -> Result<(), DmError> {
@@ -237,7 +239,7 @@ impl<P: Provider + 'static> Shared<P> {
         if signaled {
             u.since_signal = 0;
             let done = done.unwrap_or_else(|| oneshot::channel().0);
-            lock(&self.waiting).insert(wr_id, Waiter { done, _keep: keep });
+            lock(&self.waiting).insert(wr_id, Waiter { done, keep });
         } else if let Some(mr) = keep {
             u.held.push_back((wr_id, mr));
         }
@@ -312,7 +314,7 @@ impl<P: Provider + 'static> Shared<P> {
         // The traffic of commands goes mostly unsignaled; anything else (login, logout, NOP,
         // task management, text, reject) is signaled, so a connection's end can wait for it.
         let routine = matches!(header, Header::ScsiCommand(_) | Header::ScsiResponse(_) | Header::DataOut(_));
-        self.post_unawaited(op, vec![sge], Some(mr), !routine)
+        self.post_unawaited(op, vec![sge], Some(Keep::region(mr)), !routine)
     }
 }
 

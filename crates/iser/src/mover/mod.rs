@@ -173,7 +173,7 @@ struct InitTask<P: Provider> {
 /// requests gathered between `hold_sends` and `release_sends` (posted together, in order).
 /// Posting takes this lock, so request ids increase in posting order.
 struct Unsignaled<P: Provider> {
-    held: std::collections::VecDeque<(u64, Arc<Mr<P>>)>,
+    held: std::collections::VecDeque<(u64, Keep<P>)>,
     since_signal: u32,
     gathering: Option<Vec<riser_verbs::SendWr>>,
 }
@@ -183,7 +183,31 @@ pub const DEFAULT_SIGNAL_EVERY: u32 = 16;
 
 struct Waiter<P: Provider> {
     done: oneshot::Sender<WcStatus>,
-    _keep: Option<Arc<Mr<P>>>,
+    keep: Option<Keep<P>>,
+}
+
+/// What a posted request keeps alive until it has completed: the region it reads or writes,
+/// and, for read data registered where it lay, those bytes, given back to the connection's
+/// pool once nothing else holds them (the caller's own give-back fails while the request is
+/// in flight).
+struct Keep<P: Provider> {
+    mr: Arc<Mr<P>>,
+    recycle: Option<Bytes>,
+}
+
+impl<P: Provider> Keep<P> {
+    fn region(mr: Arc<Mr<P>>) -> Self {
+        Self { mr, recycle: None }
+    }
+
+    /// The request has completed: the region goes, then its bytes back to `pool` if they are
+    /// now nobody else's.
+    fn release(self, pool: &riser_datamover::BufferPool) {
+        drop(self.mr);
+        if let Some(Ok(buf)) = self.recycle.map(Bytes::try_into_mut) {
+            pool.give(buf);
+        }
+    }
 }
 
 struct Shared<P: Provider> {

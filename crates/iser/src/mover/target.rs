@@ -3,15 +3,13 @@
 //! RDMA Reads from its write buffer.
 
 use super::driver::completion;
-use super::{IserDatamover, Shared, WriteTask, copy_out, lock, rdma};
+use super::{IserDatamover, Keep, Shared, WriteTask, copy_out, lock, rdma};
 use bytes::Bytes;
 use riser_datamover::{ControlPdu, DataInDesc, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer, Violation};
 use riser_iscsi::wire::{DataOut, Header, ScsiCommand};
 use riser_verbs::{Access, MemoryRegion, ProtectionDomain, Provider, SendOp, Sge};
 use std::sync::atomic::Ordering;
 
-/// Read data at least this large is registered in place rather than copied.
-const ZERO_COPY_MIN: usize = 64 << 10;
 /// The largest single RDMA Read: well within every device's max_msg_sz (2 GiB on rxe, siw and
 /// InfiniBand HCAs; unbounded on the software RNIC), large enough that a command is one Read.
 const MAX_RDMA_READ: u32 = 16 << 20;
@@ -93,29 +91,20 @@ impl<P: Provider + 'static> IserDatamover<P> {
         }
         if !data.is_empty() {
             // RDMA Write to (read STag, read VA + offset); the SCSI Response Send follows on
-            // the same queue pair, so the data is placed before the status arrives.
-            // Large data is registered where it lies (no copy) and the write awaited, so the
-            // caller gets its buffer back; small data is copied and the write left queued.
-            let large = data.len() >= ZERO_COPY_MIN;
-            let mr = if large { s.pd.register_shared(data, Access::empty()) } else { s.pd.register(data.to_vec(), Access::empty()) }
-                .map_err(rdma("register read data"))?;
+            // the same queue pair, so the data is placed before the status arrives. The data
+            // is registered where it lies (no copy) and the write left queued: nothing waits
+            // for it (a send queue completes in order), and its buffer goes back to the pool
+            // once the write has completed and the caller has let go of it.
+            let mr = s.pd.register_shared(data.clone(), Access::empty()).map_err(rdma("register read data"))?;
             let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
+            let keep = Keep { mr, recycle: Some(data) };
             // Posted under the lock task management takes to end the task: once a task is
             // aborted (and its TMF response may be on its way) nothing more is posted for
             // it, so the initiator never sees a write to a key it has revoked.
-            let done = {
-                let remote = lock(&s.remote);
-                let Some(rb) = remote.get(&desc.itt).and_then(|r| r.read) else { return Err(DmError::NoTask(desc.itt)) };
-                let op = SendOp::RdmaWrite { remote_addr: rb.va.wrapping_add(u64::from(desc.offset)), rkey: rb.stag };
-                if large {
-                    Some(s.post_queued(op, vec![sge], Some(mr))?)
-                } else {
-                    s.post_unawaited(op, vec![sge], Some(mr), false).map(|()| None)?
-                }
-            };
-            if let Some(done) = done {
-                completion(done).await?;
-            }
+            let remote = lock(&s.remote);
+            let Some(rb) = remote.get(&desc.itt).and_then(|r| r.read) else { return Err(DmError::NoTask(desc.itt)) };
+            let op = SendOp::RdmaWrite { remote_addr: rb.va.wrapping_add(u64::from(desc.offset)), rkey: rb.stag };
+            s.post_unawaited(op, vec![sge], Some(keep), false)?;
         }
         // No Data-In PDUs (DataSN not consumed) and never a collapsed status.
         Ok(PutDataDone { pdus: 0, status_sent: false })
@@ -191,7 +180,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
                 let remote_addr = wb.va.wrapping_add(u64::from(at - unsolicited_len.min(at)));
                 // The sink stays registered until the read completes, even if this task is
                 // aborted meanwhile (a response into a deregistered sink would end the stream).
-                pending.push(s.post_queued(SendOp::RdmaRead { remote_addr, rkey: wb.stag }, vec![sge], Some(mr.clone()))?);
+                pending.push(s.post_queued(SendOp::RdmaRead { remote_addr, rkey: wb.stag }, vec![sge], Some(Keep::region(mr.clone())))?);
                 at += len;
             }
         }

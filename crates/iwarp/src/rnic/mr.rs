@@ -53,6 +53,11 @@ impl SoftMr {
         (self.index << 8) | self.key.load(Ordering::Acquire)
     }
 
+    /// Whether the region holds shared, immutable bytes (`register_shared`).
+    pub(super) fn is_shared(&self) -> bool {
+        matches!(*lock(&self.mem), Storage::Shared(_))
+    }
+
     /// The buffer back (deregistering).
     pub fn into_inner(self: Arc<Self>) -> std::result::Result<Vec<u8>, Arc<Self>> {
         let mut m = Arc::try_unwrap(self)?;

@@ -4,7 +4,7 @@
 use super::cq::SoftCq;
 use super::mr::{SoftMr, SoftPd};
 use super::rx::{RxStream, receive};
-use super::tx::{Engine, Out, Piece, Tx, TxItem, TxOutcome, now, transmit};
+use super::tx::{Engine, Gathered, Out, Tx, TxItem, TxOutcome, now, transmit};
 use super::{RnicShared, lock, wc};
 use crate::wire::{ReadRequest, Term, TerminateMsg};
 use riser_verbs::{
@@ -235,7 +235,7 @@ impl SoftQp {
         // completed by the receiver when its response arrives.
         // Room for the payload and each request's FPDU framing (one FPDU each: all are small).
         let room = wrs.iter().map(payload).sum::<u64>() as usize + wrs.len() * 64;
-        let mut out = if wrs.len() == 1 { Out::NoWait { sock: w, rest: Vec::new() } } else { Out::Gather(Vec::with_capacity(room)) };
+        let mut out = if wrs.len() == 1 { Out::NoWait { sock: w, rest: Vec::new() } } else { Out::Gather(Gathered::with_capacity(room)) };
         let mut owed = Vec::new();
         let mut taken = 0;
         for wr in wrs {
@@ -252,9 +252,9 @@ impl SoftQp {
         if taken == 0 {
             return 0;
         }
-        if let Out::Gather(bytes) = out {
+        if let Out::Gather(gathered) = out {
             out = Out::NoWait { sock: w, rest: Vec::new() };
-            let _ = now(out.write(None, &[Piece::Bytes(&bytes)]));
+            let _ = now(out.write(None, &gathered.pieces()));
         }
         let Out::NoWait { rest, .. } = out else { unreachable!("written without waiting above") };
         if rest.is_empty() {

@@ -3,7 +3,7 @@
 //! The framing is written once, as futures over an [`Out`]: the transmitter's waits for room in
 //! the socket; a poster's and the fuzzer's never wait (driven by [`now`]).
 
-use super::mr::SoftMr;
+use super::mr::{SoftMr, Storage};
 use super::qp::{PendingRead, QpShared, QpState};
 use super::{lock, terminate_for};
 use crate::wire::{self, Header, Opcode, QN_READ, QN_SEND, QN_TERMINATE, READ_REQUEST_LEN, ReadRequest, Term, TerminateMsg, UNTAGGED_HDR};
@@ -66,14 +66,95 @@ pub(super) enum Out<'a> {
     /// leaves everything to the transmitter, which meets the error.
     NoWait { sock: &'a TcpStream, rest: Vec<u8> },
     /// Memory: FPDUs gathered to leave in one write (see [`transmit`]).
-    Gather(Vec<u8>),
+    Gather(Gathered),
     /// Nowhere (fuzzing).
     Sink,
+}
+
+/// Payload of a shared region from which gathering refers to it rather than copying it.
+const REF_MIN: usize = 2 << 10;
+
+/// Slices a gathered write may have at most (IOV_MAX is 1024).
+const GATHER_SLICES: usize = 512;
+
+/// FPDUs gathered in memory to leave in one write: framing and small payloads copied into
+/// `buf`; larger payloads of shared regions (immutable bytes, see
+/// `ProtectionDomain::register_shared`) referred to where they lie, each at an offset of `buf`.
+#[derive(Debug, Default)]
+pub(super) struct Gathered {
+    buf: Vec<u8>,
+    refs: Vec<(usize, bytes::Bytes)>,
+    total: usize,
+}
+
+impl Gathered {
+    pub(super) fn with_capacity(n: usize) -> Self {
+        Self { buf: Vec::with_capacity(n), ..Self::default() }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    /// Whether it should be written now: large enough, or as many slices as one write takes.
+    fn full(&self) -> bool {
+        self.total >= GATHER_MAX || 2 * self.refs.len() + 1 >= GATHER_SLICES
+    }
+
+    /// What to write, in order.
+    pub(super) fn pieces(&self) -> Vec<Piece<'_>> {
+        let mut out = Vec::with_capacity(2 * self.refs.len() + 1);
+        let mut at = 0;
+        for (off, b) in &self.refs {
+            out.push(Piece::Bytes(&self.buf[at..*off]));
+            out.push(Piece::Bytes(b));
+            at = *off;
+        }
+        out.push(Piece::Bytes(&self.buf[at..]));
+        out
+    }
+
+    /// Empty again (the framing buffer's memory kept), or `None` when it grew beyond what is
+    /// worth keeping.
+    fn recycle(mut self) -> Option<Self> {
+        (self.buf.capacity() <= SPARE_MAX).then(|| {
+            self.buf.clear();
+            self.refs.clear();
+            self.total = 0;
+            self
+        })
+    }
+
+    /// Add `pieces` (`Piece::Mem` ranges of `mem`).
+    fn add(&mut self, mem: Option<&SoftMr>, pieces: &[Piece<'_>]) {
+        let guard = mem.map(|m| lock(&m.mem));
+        for p in pieces {
+            match (*p, guard.as_deref()) {
+                (Piece::Bytes(b), _) => {
+                    self.buf.extend_from_slice(b);
+                    self.total += b.len();
+                }
+                (Piece::Mem(off, n), Some(Storage::Shared(b))) if n >= REF_MIN => {
+                    self.refs.push((self.buf.len(), b.slice(off..off + n)));
+                    self.total += n;
+                }
+                (Piece::Mem(off, n), Some(m)) => {
+                    self.buf.extend_from_slice(&m[off..off + n]);
+                    self.total += n;
+                }
+                (Piece::Mem(..), None) => {}
+            }
+        }
+    }
 }
 
 impl Out<'_> {
     /// Write `pieces` (`Piece::Mem` ranges of `mem`) in order, all of them.
     pub(super) async fn write(&mut self, mem: Option<&SoftMr>, pieces: &[Piece<'_>]) -> io::Result<()> {
+        if let Out::Gather(g) = self {
+            g.add(mem, pieces);
+            return Ok(());
+        }
         let total: usize = pieces
             .iter()
             .map(|p| match p {
@@ -100,11 +181,7 @@ impl Out<'_> {
                     skip = 0;
                 }
                 match self {
-                    Out::Sink => Ok(total - done),
-                    Out::Gather(buf) => {
-                        bufs.iter().for_each(|b| buf.extend_from_slice(b));
-                        Ok(total - done)
-                    }
+                    Out::Sink | Out::Gather(_) => Ok(total - done),
                     Out::Wait(sock) => sock.try_write_vectored(&bufs),
                     Out::NoWait { sock, rest } => {
                         let mut sent = 0;
@@ -283,7 +360,8 @@ pub(super) enum TxOutcome {
 }
 
 /// Largest request the transmitter gathers with others (payload bytes; a Read Request and a
-/// Read Response count by what they read).
+/// Read Response count by what they read), unless its payload is one piece of a shared region
+/// (gathered by reference, see [`Gathered`]).
 const GATHER_ITEM_MAX: u64 = 16 << 10;
 
 /// What the transmitter gathers at most before it writes.
@@ -305,9 +383,13 @@ fn gatherable(s: &QpShared, item: &TxItem) -> bool {
                 let ord = s.ord.load(Ordering::Acquire) as usize;
                 lock(&s.orq).len() < ord
             }
-            _ => wr.sg_list.iter().map(|e| u64::from(e.length)).sum::<u64>() <= GATHER_ITEM_MAX,
+            _ => match wr.sg_list.as_slice() {
+                // One large piece is gathered by reference when its region is shared.
+                [sge] if u64::from(sge.length) > GATHER_ITEM_MAX => s.local(sge, Access::empty()).is_some_and(|(mr, _)| mr.is_shared()),
+                sges => sges.iter().map(|e| u64::from(e.length)).sum::<u64>() <= GATHER_ITEM_MAX,
+            },
         },
-        TxItem::ReadResponse { req, .. } => u64::from(req.size) <= GATHER_ITEM_MAX,
+        TxItem::ReadResponse { req, src } => u64::from(req.size) <= GATHER_ITEM_MAX || src.as_ref().is_some_and(|mr| mr.is_shared()),
         TxItem::RtrWrite => true,
         _ => false,
     }
@@ -371,7 +453,7 @@ async fn gather_item(s: &Arc<QpShared>, tx: &mut Tx, out: &mut Out<'_>, item: Tx
 pub(super) async fn transmit(s: &Arc<QpShared>, items: &mut UnboundedReceiver<TxItem>) {
     let mut held = None;
     // The gathering buffer, kept from one write to the next.
-    let mut spare = Vec::new();
+    let mut spare: Option<Gathered> = None;
     loop {
         let item = match held.take() {
             Some(item) => item,
@@ -400,7 +482,7 @@ pub(super) async fn transmit(s: &Arc<QpShared>, items: &mut UnboundedReceiver<Tx
         let mut count = 1;
         if gatherable(s, &item) {
             tokio::task::yield_now().await;
-            let mut out = Out::Gather(std::mem::take(&mut spare));
+            let mut out = Out::Gather(spare.take().unwrap_or_default());
             let mut owed = Vec::new();
             let mut halt = None;
             let mut next = Some(item);
@@ -412,7 +494,7 @@ pub(super) async fn transmit(s: &Arc<QpShared>, items: &mut UnboundedReceiver<Tx
                         break;
                     }
                 }
-                if matches!(&out, Out::Gather(b) if b.len() >= GATHER_MAX) {
+                if matches!(&out, Out::Gather(g) if g.full()) {
                     break;
                 }
                 match items.try_recv() {
@@ -424,12 +506,9 @@ pub(super) async fn transmit(s: &Arc<QpShared>, items: &mut UnboundedReceiver<Tx
                     Err(_) => {}
                 }
             }
-            let Out::Gather(mut bytes) = out else { unreachable!("gathering into memory") };
-            let written = bytes.is_empty() || Out::Wait(&engine.w).write(None, &[Piece::Bytes(&bytes)]).await.is_ok();
-            if bytes.capacity() <= SPARE_MAX {
-                bytes.clear();
-                spare = bytes;
-            }
+            let Out::Gather(gathered) = out else { unreachable!("gathering into memory") };
+            let written = gathered.is_empty() || Out::Wait(&engine.w).write(None, &gathered.pieces()).await.is_ok();
+            spare = gathered.recycle();
             let status = if written { WcStatus::Success } else { WcStatus::WrFlushErr };
             for (wr, n) in owed {
                 s.complete_send(&wr, status, if written { n } else { 0 });
