@@ -48,16 +48,37 @@ impl<P: riser_verbs::Provider + Clone + 'static> Connector for IserConnector<P> 
 }
 
 /// iSCSI over TCP.
+///
+/// ```
+/// # use riser_initiator::TcpConnector;
+/// # use std::time::Duration;
+/// // Poll each connection's socket for 50 µs before sleeping (see `busy_poll`).
+/// let connector = TcpConnector::default().busy_poll(Some(Duration::from_micros(50)));
+/// ```
 #[cfg(feature = "tcp")]
-#[derive(Debug, Default)]
-pub struct TcpConnector;
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TcpConnector {
+    options: riser_tcp::SocketOptions,
+}
+
+#[cfg(feature = "tcp")]
+impl TcpConnector {
+    /// Busy polling on each connection's socket ([`riser_tcp::SocketOptions::busy_poll`]): a
+    /// connection whose stream runs dry keeps looking for the next bytes for up to `budget`
+    /// before it sleeps, which takes the wake-up out of a low-queue-depth round trip at the
+    /// price of CPU while waiting. Default: `None` (sleep at once).
+    pub fn busy_poll(mut self, budget: Option<std::time::Duration>) -> Self {
+        self.options = self.options.busy_poll(budget);
+        self
+    }
+}
 
 #[cfg(feature = "tcp")]
 impl Connector for TcpConnector {
     fn connect(&self, addr: std::net::SocketAddr) -> BoxFuture<'_, Result<SharedDatamover, Error>> {
         Box::pin(async move {
             let stream = tokio::net::TcpStream::connect(addr).await.map_err(Error::Connect)?;
-            let (dm, driver) = riser_tcp::datamover(stream, riser_iscsi::keys::Role::Initiator);
+            let (dm, driver) = riser_tcp::datamover_with(stream, riser_iscsi::keys::Role::Initiator, self.options);
             tokio::spawn(driver);
             Ok(std::sync::Arc::new(dm) as SharedDatamover)
         })

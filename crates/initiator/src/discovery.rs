@@ -22,7 +22,7 @@ pub async fn discover(
     initiator_name: &str,
     auth: InitiatorAuth,
 ) -> Result<Vec<(String, Vec<String>)>, Error> {
-    discover_via(&crate::TcpConnector, crate::login::resolve(addr).await?, initiator_name, auth).await
+    discover_via(&crate::TcpConnector::default(), crate::login::resolve(addr).await?, initiator_name, auth).await
 }
 
 /// SendTargets discovery over any transport (a discovery session on iSER runs over iSER).

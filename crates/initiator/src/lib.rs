@@ -153,7 +153,7 @@ impl SessionConfig {
             login: InitiatorLoginConfig::new(initiator_name, Some(target_name.into()), random_isid()).login_timeout(TIMEOUT),
             timeout: TIMEOUT,
             #[cfg(feature = "tcp")]
-            connector: Arc::new(TcpConnector),
+            connector: Arc::new(TcpConnector::default()),
             #[cfg(not(feature = "tcp"))]
             connector: Arc::new(NoConnector),
         }

@@ -73,7 +73,7 @@ struct FlakyConnector {
 impl Connector for FlakyConnector {
     fn connect(&self, addr: std::net::SocketAddr) -> BoxFuture<'_, Result<SharedDatamover, Error>> {
         Box::pin(async move {
-            let inner = TcpConnector.connect(addr).await?;
+            let inner = TcpConnector::default().connect(addr).await?;
             Ok(Arc::new(Flaky { inner, fail: self.fail.clone() }) as SharedDatamover)
         })
     }

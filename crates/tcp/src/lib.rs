@@ -30,4 +30,4 @@ mod pdu;
 mod socket;
 
 pub use pdu::{DEFAULT_SEGMENT_TIMEOUT, PduDatamover};
-pub use socket::{TcpRx, TcpTx, datamover};
+pub use socket::{SocketOptions, TcpRx, TcpTx, datamover, datamover_with};

@@ -52,7 +52,7 @@ impl Transport {
     /// The initiator's connections over this transport.
     pub(crate) fn connector(self) -> Arc<dyn Connector> {
         match self {
-            Self::Tcp => Arc::new(TcpConnector),
+            Self::Tcp => Arc::new(TcpConnector::default()),
             #[cfg(feature = "rdma")]
             Self::Iser => Arc::new(riser::initiator::IserConnector::new(riser::iwarp::SoftRnic::default(), Default::default())),
         }
@@ -62,7 +62,7 @@ impl Transport {
     /// (over iSER: as Data-Out Sends, not only immediate data; TCP always does).
     pub(crate) fn linux_like_connector(self) -> Arc<dyn Connector> {
         match self {
-            Self::Tcp => Arc::new(TcpConnector),
+            Self::Tcp => Arc::new(TcpConnector::default()),
             #[cfg(feature = "rdma")]
             Self::Iser => {
                 let cfg = riser::iser::IserConfig::default().unsolicited_data_out(true);

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::loopback::{RawEnd, pair};
-use riser_iscsi::wire::{BHS_LEN, DataOut, DecodeError, LoginRequest, NopOut, RESERVED_TAG, Stage};
+use riser_iscsi::wire::{BHS_LEN, DataOut, DecodeError, LoginRequest, NopIn, NopOut, Pdu, RESERVED_TAG, Stage};
 
 /// A target datamover on one end of a loopback link, the other end driven by hand.
 fn target() -> (PduDatamover, RawEnd) {
@@ -87,7 +87,7 @@ async fn values_noticed_before_the_final_login_response_frame_only_what_follows_
     let last = riser_iscsi::wire::LoginResponse { transit: true, nsg: Stage::FULL_FEATURE, ..Default::default() };
     dm.send_control(ControlPdu::new(Header::LoginResponse(last), Bytes::new())).await.unwrap();
     dm.enable();
-    let nop = riser_iscsi::wire::NopIn { itt: 1, ..Default::default() };
+    let nop = NopIn { itt: 1, ..Default::default() };
     dm.send_control(ControlPdu::new(Header::NopIn(nop), Bytes::new())).await.unwrap();
     let sent = sent.lock().unwrap().clone();
     assert_eq!(sent[0].1.header_digest, riser_iscsi::keys::Digest::None, "the final Login Response is framed as login");
@@ -154,11 +154,17 @@ fn data_out_is_placed_only_where_its_sequence_says() {
 /// An initiator over a real socket, enabled (full feature phase), and the target's end as a
 /// plain non-blocking socket.
 async fn initiator_on_socket() -> (PduDatamover, std::net::TcpStream) {
+    initiator_on_socket_polling(None).await
+}
+
+/// [`initiator_on_socket`] with busy polling.
+async fn initiator_on_socket_polling(busy_poll: Option<Duration>) -> (PduDatamover, std::net::TcpStream) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
     let (server, _) = listener.accept().await.unwrap();
     let (r, w) = client.into_split();
-    let (dm, driver) = PduDatamover::new(Role::Initiator, Box::new(crate::TcpRx::new(r)), Box::new(crate::TcpTx::new(w)));
+    let (dm, driver) =
+        PduDatamover::new(Role::Initiator, Box::new(crate::TcpRx::new(r).busy_poll(busy_poll)), Box::new(crate::TcpTx::new(w)));
     tokio::spawn(driver);
     dm.enable();
     let server = server.into_std().unwrap();
@@ -204,4 +210,43 @@ async fn an_initiators_commands_leave_every_flush_every_and_the_rest_once_its_ta
         }
     }
     assert_eq!(n, BHS_LEN);
+}
+
+/// Busy polling keeps looking for the next PDU for its budget without holding up the runtime's
+/// other tasks (one runtime thread here), then sleeps until bytes arrive: a PDU that comes
+/// during the budget and one that comes long after it are both received.
+#[tokio::test(flavor = "current_thread")]
+async fn a_polling_receiver_lets_other_tasks_run_and_still_sleeps_when_the_budget_is_spent() {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let budget = Duration::from_secs(2);
+    let (dm, mut target) = initiator_on_socket_polling(Some(budget)).await;
+    let nop = |ttt| {
+        let mut v = Vec::new();
+        let h = Header::NopIn(NopIn { itt: RESERVED_TAG, ttt, stat_sn: 1, exp_cmd_sn: 1, max_cmd_sn: 2, ..NopIn::default() });
+        Pdu::new(h, &[][..], &[][..]).encode(&mut v);
+        v
+    };
+    let ticks = Arc::new(AtomicU64::new(0));
+    let ticker = tokio::spawn({
+        let ticks = ticks.clone();
+        async move {
+            loop {
+                ticks.fetch_add(1, Ordering::Relaxed);
+                tokio::task::yield_now().await;
+            }
+        }
+    });
+    for (ttt, after) in [(5, Duration::from_millis(20)), (6, budget + Duration::from_millis(500))] {
+        // The receiver is polling (or, past its budget, asleep) meanwhile; the ticker and this
+        // task's timer go on: the sleep ends long before the budget would have.
+        let (before, t0) = (ticks.load(Ordering::Relaxed), std::time::Instant::now());
+        tokio::time::sleep(after).await;
+        assert!(t0.elapsed() < after + budget / 2, "the receiver held up the runtime for {:?}", t0.elapsed());
+        assert!(ticks.load(Ordering::Relaxed) > before + 10, "other tasks ran while the receiver polled");
+        target.write_all(&nop(ttt)).unwrap();
+        let ev = tokio::time::timeout(Duration::from_secs(5), dm.next_event()).await.expect("the NOP-In is received");
+        assert!(matches!(ev, DmEvent::Control(ControlPdu { header: Header::NopIn(n), .. }) if n.ttt == ttt), "{ev:?}");
+    }
+    ticker.abort();
 }
