@@ -6,7 +6,7 @@
 //! the other build's; per workload it prints both medians and the median of the per-round
 //! ratios (this / reference). Each round also measures per core: the target alone on CPU 0,
 //! its clients on CPU 1 (eight iscsi-perf sessions: target CPU per command; the build's
-//! initiator at QD 32 and QD 1).
+//! initiator at QD 32 and QD 1, and QD 1 with `--busy-poll-us 50` where the build has it).
 
 use crate::bench::bench_client;
 use crate::measure::{initiator_run_from, proc_cpu};
@@ -83,7 +83,12 @@ fn pinned_round(examples: &Path, secs: u64) -> Result<Round, String> {
         format!("{:<13} {:<14} {:>5} {:>3} {:<6}", "target-cpu", "randread-pin", 4096, 32, "us/cmd"),
         cpu * 1e6 / (iops * secs as f64),
     );
-    for (qd, key, unit) in [(32u32, "iops=", "IOPS"), (1, "p50_us=", "p50 us")] {
+    // QD 1 once more with busy polling (50 µs) where the build has it (`--busy-poll-us`); a
+    // build without it runs as it is, so the ratio compares this build's polling with an older
+    // build's only way of waiting.
+    let help = Command::new(examples.join("initiator")).arg("--help").output().map_err(|e| format!("initiator --help: {e}"))?;
+    let polls = String::from_utf8_lossy(&help.stdout).contains("--busy-poll-us");
+    for (qd, key, unit, poll) in [(32u32, "iops=", "IOPS", false), (1, "p50_us=", "p50 us", false), (1, "p50_us=", "p50 us poll", true)] {
         let out = Command::new("taskset")
             .args(["-c", "1"])
             .arg(examples.join("initiator"))
@@ -99,6 +104,7 @@ fn pinned_round(examples: &Path, secs: u64) -> Result<Round, String> {
                 "--seconds",
                 &secs.to_string(),
             ])
+            .args(if poll && polls { &["--busy-poll-us", "50"][..] } else { &[][..] })
             .output()
             .map_err(|e| format!("initiator load: {e}"))?;
         let text = String::from_utf8_lossy(&out.stdout);

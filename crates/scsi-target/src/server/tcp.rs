@@ -35,7 +35,8 @@ impl Target {
             let local = stream.local_addr().unwrap_or(peer);
             let me = self.clone();
             tokio::spawn(async move {
-                let (dm, driver) = riser_tcp::datamover(stream, Role::Target);
+                let options = riser_tcp::SocketOptions::default().busy_poll(me.config.busy_poll);
+                let (dm, driver) = riser_tcp::datamover_with(stream, Role::Target, options);
                 dm.set_segment_timeout(me.config.data_timeout);
                 tokio::spawn(driver);
                 me.connection(Arc::new(dm), Transport::Tcp, peer, local).await;

@@ -80,6 +80,7 @@ pub struct Limits {
     pub nop_interval: Option<toml::Value>,
     pub nop_timeout: Option<toml::Value>,
     pub iser_unsolicited_data: Option<toml::Value>,
+    pub busy_poll_us: Option<toml::Value>,
     pub max_mpa_handshakes: Option<toml::Value>,
     pub logout_timeout: Option<toml::Value>,
     pub drain_timeout: Option<toml::Value>,
@@ -608,6 +609,9 @@ const MIN_SESSION_BYTES: u64 = 64 << 10;
 /// The longest timeout, in seconds: a day (longer is no timeout at all).
 const MAX_SECONDS: f64 = 86_400.0;
 
+/// The longest `busy_poll_us`: a second of polling each time a connection goes idle.
+const MAX_BUSY_POLL_US: u64 = 1_000_000;
+
 /// Default of `limits.drain_timeout`.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -662,6 +666,10 @@ impl Limits {
         }
         if let Some(v) = &self.logout_timeout {
             t.logout_timeout = seconds("logout_timeout", v)?;
+        }
+        if let Some(v) = &self.busy_poll_us {
+            let us = integer("busy_poll_us", v, 0, MAX_BUSY_POLL_US)?;
+            t.busy_poll = (us > 0).then(|| Duration::from_micros(us));
         }
         let drain_timeout = match &self.drain_timeout {
             Some(v) => seconds("drain_timeout", v)?,

@@ -31,6 +31,7 @@ fn limits_table_sets_the_target_config() {
         nop_interval = 3
         nop_timeout = 7
         iser_unsolicited_data = true
+        busy_poll_us = 50
         max_mpa_handshakes = 4
         "#,
     )
@@ -47,6 +48,8 @@ fn limits_table_sets_the_target_config() {
     assert_eq!(c.nop_interval, Some(Duration::from_secs(3)));
     assert_eq!(c.nop_timeout, Duration::from_secs(7));
     assert!(c.iser_unsolicited_data);
+    assert_eq!(c.busy_poll, Some(Duration::from_micros(50)));
+    assert_eq!(limits("[limits]\nbusy_poll_us = 0\n").unwrap().target.busy_poll, None, "0: off");
     assert_eq!(t.rnic.map(|r| r.max_handshakes), Some(4));
 }
 
@@ -66,6 +69,7 @@ fn absent_keys_keep_the_defaults() {
         assert_eq!(c.nop_interval, d.nop_interval);
         assert_eq!(c.nop_timeout, d.nop_timeout);
         assert_eq!(c.iser_unsolicited_data, d.iser_unsolicited_data);
+        assert_eq!(c.busy_poll, d.busy_poll);
         assert!(t.rnic.is_none());
     }
 }
@@ -105,6 +109,9 @@ fn bad_values_name_their_key() {
         ("iser_unsolicited_data = 1", "limits.iser_unsolicited_data"),
         ("max_mpa_handshakes = 0", "limits.max_mpa_handshakes = 0"),
         ("max_mpa_handshakes = 1025", "limits.max_mpa_handshakes"),
+        ("busy_poll_us = -1", "limits.busy_poll_us"),
+        ("busy_poll_us = 1000001", "limits.busy_poll_us"),
+        ("busy_poll_us = 0.5", "limits.busy_poll_us"),
     ] {
         let e = error(&format!("[limits]\n{line}\n"));
         assert!(e.contains(key), "{line}: {e}");
