@@ -161,7 +161,7 @@ impl std::fmt::Display for Backing {
 /// A size as `parse_size` reads it, in the largest binary unit that divides it.
 fn size_text(n: u64) -> String {
     for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
-        if n >= 1 << shift && n % (1 << shift) == 0 {
+        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
             return format!("{}{unit}", n >> shift);
         }
     }

@@ -493,7 +493,7 @@ mod tests {
             let me = self.get_mut();
             me.calls += 1;
             me.most_slices = me.most_slices.max(bufs.len());
-            if me.calls % 5 == 0 {
+            if me.calls.is_multiple_of(5) {
                 cx.waker().wake_by_ref();
                 return std::task::Poll::Pending;
             }
