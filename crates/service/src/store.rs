@@ -180,7 +180,7 @@ pub struct Store {
 }
 
 /// How a store exported by several gateways (an RBD image behind several riser processes) is
-/// coordinated with the others ([`riser_target::rbd::Gateway`], feature `rbd`): nothing for
+/// coordinated with the others (`riser_target::rbd::Gateway`, feature `rbd`): nothing for
 /// other stores.
 #[derive(Debug, Clone, Default)]
 pub struct Ha {
