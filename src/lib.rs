@@ -14,41 +14,52 @@
 //! | `iwarp` | `riser-iwarp` | software iWARP RNIC over TCP (feature `rdma`) |
 //! | `iser` | `riser-iser` | iSER datamover over `verbs` (feature `rdma`) |
 //! | `service` | `riser-service` | the target as a service: configuration, control plane, metrics (feature `service`) |
-//!
-//! The datamover seam, the TCP and iSER datamovers, the target and the initiator join as their
-//! crates land (see `docs/ARCHITECTURE.md`).
+//! | `rbd` | `riser-rbd` | Ceph librados/librbd binding (feature `rbd`) |
 //!
 //! Features: `std` (default) — standard-library support in the layers (CRC32C digests with
 //! hardware acceleration, `std::error::Error`); `target` and `rdma` (default) — the tokio-based
 //! layers; `rdma-core` — the rdma-core provider in `verbs::rdma_core` (real RDMA devices, rxe,
 //! siw); `service` (default) — `service`, riser-service: the target as an operable service
-//! (configuration model, control plane, metrics) and `cli`, what the programs share.
+//! (configuration model, control plane, metrics) and `cli`, what the programs share; `rbd` —
+//! Ceph RBD images as stores (`target::rbd`) through librbd, linked dynamically. Without default
+//! features only `scsi` and `iscsi` remain, and the crate is `no_std` + `alloc`.
 #![cfg_attr(not(feature = "std"), no_std)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "target")]
+#[cfg_attr(docsrs, doc(cfg(feature = "target")))]
 pub use riser_datamover as datamover;
 #[cfg(feature = "target")]
+#[cfg_attr(docsrs, doc(cfg(feature = "target")))]
 pub use riser_initiator as initiator;
 pub use riser_iscsi as iscsi;
 #[cfg(feature = "rdma")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rdma")))]
 pub use riser_iser as iser;
 #[cfg(feature = "rdma")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rdma")))]
 pub use riser_iwarp as iwarp;
 /// The librbd binding (feature `rbd`).
 #[cfg(feature = "rbd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rbd")))]
 pub use riser_rbd as rbd;
 pub use riser_scsi as scsi;
 #[cfg(feature = "target")]
+#[cfg_attr(docsrs, doc(cfg(feature = "target")))]
 pub use riser_target as target;
 #[cfg(feature = "target")]
+#[cfg_attr(docsrs, doc(cfg(feature = "target")))]
 pub use riser_tcp as tcp;
 #[cfg(feature = "rdma")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rdma")))]
 pub use riser_verbs as verbs;
 
 #[cfg(feature = "service")]
+#[cfg_attr(docsrs, doc(cfg(feature = "service")))]
 pub use riser_service as service;
 /// What the programs share: sizes, portals, CHAP credentials, `KEY=VALUE` settings, logging
 /// (feature `service`; riser-service's `cli`).
 #[cfg(feature = "service")]
+#[cfg_attr(docsrs, doc(cfg(feature = "service")))]
 pub use riser_service::cli;

@@ -5,7 +5,7 @@
 //! [`TargetPortGroups`] (parsed by [`TargetPortGroups::parse`], which refuses rather than guesses
 //! at data that is cut short or contradicts itself; [`TargetPortGroups::required_len`] tells the
 //! allocation length to ask again with). The command is riser-scsi's
-//! [`Cdb::ReportTargetPortGroups`](riser_scsi::cdb::Cdb::ReportTargetPortGroups).
+//! [`Cdb::ReportTargetPortGroups`].
 //!
 //! What is the initiator's own: how a multipath handle reads the sense of a command (whether
 //! to read the access states again, retry, or give up), and the CDB it sends first (the

@@ -34,6 +34,7 @@
 //! access states and REPORT TARGET PORT GROUPS data, re-exported), `multipath` ([`Multipath`]).
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod alua;
 mod connector;
@@ -45,12 +46,16 @@ mod session;
 
 pub use connector::Connector;
 #[cfg(feature = "iser")]
+#[cfg_attr(docsrs, doc(cfg(feature = "iser")))]
 pub use connector::IserConnector;
 #[cfg(not(feature = "tcp"))]
+#[cfg_attr(docsrs, doc(cfg(not(feature = "tcp"))))]
 pub use connector::NoConnector;
 #[cfg(feature = "tcp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tcp")))]
 pub use connector::TcpConnector;
 #[cfg(feature = "tcp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tcp")))]
 pub use discovery::discover;
 pub use discovery::discover_via;
 pub use multipath::{Multipath, MultipathConfig, MultipathError, MultipathStats, PathSpec, PathStatus};

@@ -35,13 +35,16 @@
 //! ```
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 extern crate alloc;
 
 pub mod chap;
 #[cfg(feature = "std")]
+#[cfg_attr(docsrs, doc(cfg(feature = "std")))]
 pub mod digest;
 #[cfg(feature = "std")]
+#[cfg_attr(docsrs, doc(cfg(feature = "std")))]
 pub mod entropy;
 pub mod keys;
 pub mod login;

@@ -25,7 +25,10 @@
 //! call them from a blocking-friendly context (e.g. `spawn_blocking`) in async code.
 
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(feature = "rbd"), forbid(unsafe_code))]
+// These docs describe the binding the feature `rbd` builds; without it its items do not exist.
+#![cfg_attr(not(feature = "rbd"), allow(rustdoc::broken_intra_doc_links))]
 
 mod error;
 mod notify;
@@ -49,10 +52,13 @@ pub use notify::{Notify, NotifyAck, NotifyReplies, NotifyTimeout};
 pub use options::ClusterOptions;
 
 #[cfg(feature = "rbd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rbd")))]
 pub use aio::IoFuture;
 #[cfg(feature = "rbd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rbd")))]
 pub use image::{Image, ImageInfo, UpdateWatch, features};
 #[cfg(feature = "rbd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rbd")))]
 pub use rados::{Cluster, Ioctx, Watch};
 
 #[cfg(all(test, feature = "rbd"))]

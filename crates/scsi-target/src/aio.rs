@@ -9,7 +9,7 @@
 //! ORWRITE, SANITIZE, GET LBA STATUS, ...) run on the blocking pool through the same store, each
 //! access waited for there ([`BlockOn`]).
 //!
-//! RAM, file and block-device stores stay [`BlockBackend`](crate::backend::BlockBackend)s: a RAM
+//! RAM, file and block-device stores stay [`BlockBackend`]s: a RAM
 //! command completes inline (no thread hop, no allocation for a future), a file or device command
 //! runs on the blocking pool as one call (see the README's note on why not io_uring).
 

@@ -104,7 +104,7 @@ const SEGMENT_BYTES: u64 = 1 << 20;
 /// 48 of them are more than any memory.
 const BUCKETS: usize = 48;
 
-/// A RAM disk. It is cut into segments of about [`SEGMENT_BYTES`] (whole words of 64 blocks),
+/// A RAM disk. It is cut into segments of about 1 MiB (whole words of 64 blocks),
 /// each with a lock of its own, so commands on different segments share no lock and no cache
 /// line written per command (a bitmap word is written only when a block's state changes, not
 /// when a block is written again). A segment's memory is allocated when it is first written (zeroed

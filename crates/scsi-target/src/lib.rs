@@ -8,11 +8,13 @@
 //! * [`server`]: [`server::Target`], which accepts iSCSI/TCP connections, runs the login state
 //!   machine of riser-iscsi, and drives sessions through the riser-datamover seam.
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod aio;
 pub mod backend;
 pub mod lu;
 #[cfg(feature = "rbd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rbd")))]
 pub mod rbd;
 pub mod server;
 

@@ -249,7 +249,7 @@ impl Designator {
     pub fn scsi_name(name: &str, association: u8) -> Self {
         let mut v: Vec<u8> = name.bytes().collect();
         v.push(0);
-        while v.len() % 4 != 0 {
+        while !v.len().is_multiple_of(4) {
             v.push(0);
         }
         Self { protocol: 5, code_set: 3, piv: true, association, kind: designator_type::SCSI_NAME_STRING, value: v }

@@ -60,6 +60,7 @@ impl RdmaProvider {
 
 /// Parse `--rdma-keys`: `auto`, `windows`, `per-region` or `fixed-pool`.
 #[cfg(feature = "rdma-core")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rdma-core")))]
 pub fn parse_key_mode(s: &str) -> Result<riser_verbs::rdma_core::KeyMode, String> {
     use riser_verbs::rdma_core::KeyMode;
     match s {

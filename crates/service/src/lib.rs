@@ -15,6 +15,7 @@
 //! * [`notify`]: systemd's readiness protocol.
 //! * [`cli`]: what the programs share (sizes, portals, credentials, logging).
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod cli;
 pub mod config;

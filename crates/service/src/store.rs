@@ -161,7 +161,7 @@ impl std::fmt::Display for Backing {
 /// A size as `parse_size` reads it, in the largest binary unit that divides it.
 fn size_text(n: u64) -> String {
     for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
-        if n >= 1 << shift && n % (1 << shift) == 0 {
+        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
             return format!("{}{unit}", n >> shift);
         }
     }
@@ -180,7 +180,7 @@ pub struct Store {
 }
 
 /// How a store exported by several gateways (an RBD image behind several riser processes) is
-/// coordinated with the others ([`riser_target::rbd::Gateway`], feature `rbd`): nothing for
+/// coordinated with the others (`riser_target::rbd::Gateway`, feature `rbd`): nothing for
 /// other stores.
 #[derive(Debug, Clone, Default)]
 pub struct Ha {

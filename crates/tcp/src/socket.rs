@@ -64,7 +64,7 @@ fn io_err(e: io::Error) -> DmError {
 /// to read of it past this size is read straight into its final buffer.
 const READ_AHEAD: usize = 64 << 10;
 
-/// Receiving half of a TCP link. It reads ahead into a buffer of [`READ_AHEAD`] bytes, so the
+/// Receiving half of a TCP link. It reads ahead into a buffer of 64 KiB, so the
 /// PDUs of a burst cost one system call together instead of one or two each.
 #[derive(Debug)]
 pub struct TcpRx {
@@ -257,8 +257,8 @@ enum Piece {
 /// Sending half of a TCP link (`W`: the socket's write half; tests use other writers). Each PDU
 /// is written with its data segment where it is: the framing is copied into a small buffer, the
 /// data segment kept by reference, and the pieces leave in one vectored write. While
-/// [gathering](LinkTx::gather), PDUs wait that way until the flush (or [`GATHER_LIMIT`], or a
-/// PDU larger than [`GATHER_PDU_MAX`]), then leave together.
+/// [gathering](LinkTx::gather), PDUs wait that way until the flush (or 256 KiB of them, or a
+/// PDU larger than 64 KiB), then leave together.
 #[derive(Debug)]
 pub struct TcpTx<W = OwnedWriteHalf> {
     w: W,
@@ -554,7 +554,7 @@ mod tests {
             let me = self.get_mut();
             me.calls += 1;
             me.most_slices = me.most_slices.max(bufs.len());
-            if me.calls % 5 == 0 {
+            if me.calls.is_multiple_of(5) {
                 cx.waker().wake_by_ref();
                 return std::task::Poll::Pending;
             }

@@ -19,10 +19,12 @@
 //!   data; [`QueuePair::disconnect`] flushes outstanding work with [`WcStatus::WrFlushErr`].
 
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(feature = "rdma-core"), forbid(unsafe_code))]
 
 mod error;
 #[cfg(feature = "rdma-core")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rdma-core")))]
 pub mod rdma_core;
 
 pub use error::{Errno, Error, Invalid, NoDevice, RegistrationError, Resolution, SetupError, Unreachable};

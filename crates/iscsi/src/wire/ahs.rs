@@ -67,7 +67,7 @@ fn push_ahs(out: &mut Vec<u8>, ty: u8, data: &[u8]) {
     out.push(ty);
     out.push(0);
     out.extend_from_slice(data);
-    while out.len() % 4 != 0 {
+    while !out.len().is_multiple_of(4) {
         out.push(0);
     }
 }

@@ -167,7 +167,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Bhs<T> {
     /// Set TotalAHSLength from a byte count (must be a multiple of 4, at most 1020).
     #[inline]
     pub fn set_total_ahs_len(&mut self, bytes: usize) {
-        debug_assert!(bytes % 4 == 0 && bytes <= 1020);
+        debug_assert!(bytes.is_multiple_of(4) && bytes <= 1020);
         self.buf.as_mut()[field::AHS_LEN] = (bytes / 4) as u8;
     }
     /// Set DataSegmentLength (24 bits).

@@ -20,6 +20,7 @@ impl Target {
     /// dropped: each connection request becomes an iSER datamover, then a session exactly as
     /// over TCP. `cfg.recv_depth` is raised above the CmdSN window so MaxCmdSN never opens
     /// beyond posted receives.
+    #[cfg_attr(docsrs, doc(cfg(feature = "iser")))]
     pub async fn serve_iser<P: riser_verbs::Provider + Clone + 'static>(
         self: Arc<Self>,
         provider: P,

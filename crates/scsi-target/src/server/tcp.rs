@@ -15,6 +15,7 @@ impl Target {
     ///
     /// Target nodes without portal groups of their own are reached through every portal served
     /// so, and list it in SendTargets while it is served.
+    #[cfg_attr(docsrs, doc(cfg(feature = "tcp")))]
     pub async fn serve(self: Arc<Self>, listener: TcpListener) -> std::io::Result<()> {
         let _serving = self.serving(Portal::tcp(listener.local_addr()?));
         let mut pause = Duration::from_millis(10);
