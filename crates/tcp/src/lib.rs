@@ -29,5 +29,5 @@ pub mod loopback;
 mod pdu;
 mod socket;
 
-pub use pdu::{DEFAULT_SEGMENT_TIMEOUT, PduDatamover};
+pub use pdu::{DEFAULT_SEGMENT_TIMEOUT, LINGER, PduDatamover};
 pub use socket::{SocketOptions, TcpRx, TcpTx, datamover, datamover_with};

@@ -53,6 +53,11 @@ pub trait LinkRx: Send {
     fn read_data<'a>(&'a mut self, dst: &'a mut [u8]) -> BoxFuture<'a, Result<(), DmError>>;
     /// Apply new framing parameters.
     fn set_params(&mut self, p: LinkParams);
+    /// Read and drop whatever the peer still sends, until it closes its side (or the link
+    /// fails): the end of a graceful close. Default: nothing to read.
+    fn drain(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// Sending half.

@@ -230,6 +230,15 @@ impl LinkRx for TcpRx {
     fn set_params(&mut self, p: LinkParams) {
         self.p = p;
     }
+
+    fn drain(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            while let Ok(n) = self.r.read(&mut self.buf[..]).await
+                && n > 0
+            {}
+            (self.start, self.end) = (0, 0);
+        })
+    }
 }
 
 /// While gathering, a PDU whose data segment is at most this many bytes waits for the flush; a

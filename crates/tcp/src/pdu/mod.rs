@@ -118,6 +118,11 @@ struct Shared {
 /// both sides work at once instead of in turn (see the target's `TURN_SLICE`).
 const FLUSH_EVERY: usize = 8;
 
+/// How long a connection this side ends waits, its sending direction closed, for the peer to
+/// close its side (see `PduDatamover::close_gracefully`): a peer that keeps it open, or keeps
+/// sending, has its connection closed (reset) after this long.
+pub const LINGER: Duration = Duration::from_secs(2);
+
 /// Default of [`PduDatamover::set_segment_timeout`]: a whole data segment (at most 16 MiB) in
 /// 30 s is 0.5 MiB/s, slow enough for any live peer.
 pub const DEFAULT_SEGMENT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -231,6 +236,11 @@ impl PduDatamover {
         // `next_event`): Enable_Datamover starts this loop, with the negotiated framing.
         if phase.wait_for(|p| *p != Phase::Login).await.map_or(true, |p| *p == Phase::Closed) {
             let _ = shared.events_tx.send(DmEvent::Terminated(Terminated::Local));
+            // Ended in login (a failed login's last response may still be on its way), or
+            // before this loop first ran.
+            if let Some(mut rx) = shared.login_rx.lock().await.take() {
+                Self::close_gracefully(&shared, rx.as_mut()).await;
+            }
             return;
         }
         let Some(mut rx) = shared.login_rx.lock().await.take() else { return };
@@ -277,7 +287,24 @@ impl PduDatamover {
         // Fail every waiting Get_Data (also one waiting for a Data-Out's read to end).
         lock(&shared.writes).clear();
         shared.write_read_done.notify_waiters();
+        let ours = !matches!(why, Terminated::PeerClosed);
         let _ = shared.events_tx.send(DmEvent::Terminated(why));
+        if ours {
+            Self::close_gracefully(&shared, rx.as_mut()).await;
+        }
+    }
+
+    /// End a connection this side ends without losing what it sent last: what was gathered
+    /// leaves, the sending direction closes (FIN), and whatever the peer still sends is read and
+    /// dropped until it closes too, for at most [`LINGER`]. Closing a socket with unread data
+    /// resets it, and a reset throws away what is still queued for the peer: the last
+    /// responses (a Logout Response, a Reject, the Data-In before them) would be lost.
+    async fn close_gracefully(shared: &Shared, rx: &mut dyn LinkRx) {
+        let _ = tokio::time::timeout(LINGER, async {
+            shared.tx.lock().await.shutdown().await;
+            rx.drain().await;
+        })
+        .await;
     }
 
     async fn receive(shared: &Shared, rx: &mut dyn LinkRx, h: crate::link::RxHeader) -> Result<(), DmError> {

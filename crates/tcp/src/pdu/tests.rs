@@ -250,3 +250,41 @@ async fn a_polling_receiver_lets_other_tasks_run_and_still_sleeps_when_the_budge
     }
     ticker.abort();
 }
+
+/// A target that ends a connection while the initiator still sends (here a NOP-Out after the
+/// end) and has not yet read what the target sent: every byte the target sent arrives, then the
+/// end of the stream — not a reset, which would have thrown away what was still queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_the_target_ends_delivers_everything_it_sent_before_closing() {
+    use std::io::{Read, Write};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (server, _) = listener.accept().await.unwrap();
+    let (dm, driver) = crate::datamover(server, Role::Target);
+    tokio::spawn(driver);
+    dm.enable();
+    // More than the peer's receive buffer takes before it reads: most of it is still queued on
+    // the target's side when the connection ends.
+    let (pdus, len) = (24u32, 64usize << 10);
+    for k in 0..pdus {
+        let nop = NopIn { itt: k, ttt: RESERVED_TAG, stat_sn: k, ..NopIn::default() };
+        dm.send_control(ControlPdu::new(Header::NopIn(nop), Bytes::from(vec![k as u8; len]))).await.unwrap();
+    }
+    dm.terminate();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The peer had more to say: it arrives after the end, unread.
+    let ping = NopOut { immediate: true, itt: 99, ttt: RESERVED_TAG, ..NopOut::default() };
+    let mut bytes = Vec::new();
+    Pdu::new(Header::NopOut(ping), &[][..], &[][..]).encode(&mut bytes);
+    peer.write_all(&bytes).unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(dm);
+    let got = tokio::task::spawn_blocking(move || {
+        let mut all = Vec::new();
+        let end = peer.read_to_end(&mut all);
+        (all.len(), end.map(|_| ()).map_err(|e| e.kind()))
+    })
+    .await
+    .unwrap();
+    assert_eq!(got, (pdus as usize * (BHS_LEN + len), Ok(())), "everything the target sent, then the end of the stream");
+}
