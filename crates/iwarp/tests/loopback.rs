@@ -280,6 +280,34 @@ fn gathered_shared_payloads_survive_a_full_socket_in_order() {
     drop(rt);
 }
 
+/// Queue pairs whose receivers busy-poll: messages that come while a receiver polls and after
+/// its budget (when it sleeps on readiness again) all arrive, in order, on both sides.
+#[test]
+fn busy_polling_receivers_get_messages_during_and_after_their_budget() {
+    let budget = Duration::from_millis(300);
+    let cfg = RnicConfig::default().busy_poll(Some(budget));
+    let (c, s) = pair_with(cfg.clone(), cfg, |_| {});
+    for (k, pause) in [(1u64, Duration::ZERO), (2, Duration::from_millis(20)), (3, budget * 2), (4, Duration::ZERO)] {
+        std::thread::sleep(pause);
+        let into = s.mr(vec![0u8; 64], Access::LOCAL_WRITE);
+        s.recv(k, &into);
+        let from = c.mr(pattern(k as u8, 64), Access::empty());
+        c.send(k, SendOp::Send, vec![sge(&from, 0, 64)]);
+        assert_eq!((next(&c.cq).wr_id, next(&s.rcq).wr_id), (k, k));
+        assert!(contents(&into) == pattern(k as u8, 64), "round {k}: the Send's data");
+        // And back: an RDMA Write and a Send behind it, received by the client's poller (the
+        // Send completes once the write before it is placed).
+        let back = c.mr(vec![0u8; 4096], ALL);
+        let note = c.mr(vec![0u8; 64], Access::LOCAL_WRITE);
+        c.recv(300 + k, &note);
+        let data = s.mr(pattern(10 + k as u8, 4096), Access::empty());
+        s.send(100 + k, SendOp::RdmaWrite { remote_addr: back.addr(), rkey: back.rkey() }, vec![sge(&data, 0, 4096)]);
+        s.send(200 + k, SendOp::Send, vec![sge(&data, 0, 64)]);
+        assert_eq!((next(&s.cq).wr_id, next(&s.cq).wr_id, next(&c.rcq).wr_id), (100 + k, 200 + k, 300 + k));
+        assert!(contents(&back) == pattern(10 + k as u8, 4096), "round {k}: the write placed before the Send");
+    }
+}
+
 #[test]
 fn refused_work_requests_say_why() {
     let (c, _s) = pair();

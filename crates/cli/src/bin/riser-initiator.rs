@@ -17,8 +17,9 @@
 //!   [--rdma-provider soft|rdma-core] [--rdma-keys auto|windows|per-region|fixed-pool]
 //!   [--chap-file PATH] [--mutual-chap-file PATH]
 //!   [--iser-param signal_every=N|send_depth=N]...
-//!   [--busy-poll-us N]  iscsi:// only: poll each connection's socket for up to N µs before
-//!    sleeping (lower latency at low queue depth, for CPU while waiting; default off)
+//!   [--busy-poll-us N]  poll each connection's socket (iscsi://, or iser:// on the software
+//!    RNIC) for up to N µs before sleeping (lower latency at low queue depth, for CPU while
+//!    waiting; default off)
 //!   [--param KEY=VALUE]... (MaxRecvDataSegmentLength, MaxBurstLength, FirstBurstLength, ImmediateData, InitialR2T)
 //! ```
 //!
@@ -115,9 +116,9 @@ struct Args {
     /// send_depth (send queue entries).
     #[arg(long, value_name = "KEY=VALUE")]
     iser_param: Vec<String>,
-    /// iscsi:// only: busy polling, in microseconds. A connection whose socket runs dry keeps
-    /// looking for the next bytes this long before it sleeps: lower latency at low queue depth
-    /// (no wake-up per answer), for CPU while waiting. Default: off.
+    /// Busy polling, in microseconds (iscsi://, and iser:// on the software RNIC). A connection
+    /// whose socket runs dry keeps looking for the next bytes this long before it sleeps: lower
+    /// latency at low queue depth (no wake-up per answer), for CPU while waiting. Default: off.
     #[arg(long, value_name = "MICROSECONDS")]
     busy_poll_us: Option<u64>,
 }
@@ -374,7 +375,13 @@ async fn run() -> Result<(), String> {
         return Err("--rdma-keys applies to iser:// URLs with --rdma-provider rdma-core".into());
     }
     match a.busy_poll_us {
-        Some(_) if url.iser => return Err("--busy-poll-us applies to iscsi:// URLs (iSCSI over TCP)".into()),
+        Some(_) if url.iser && provider == riser::cli::RdmaProvider::RdmaCore => {
+            return Err("--busy-poll-us applies to iscsi:// URLs and to iser:// on the software RNIC".into());
+        }
+        Some(us) if url.iser => {
+            let rnic = SoftRnic::new(riser::iwarp::RnicConfig::default().busy_poll(Some(Duration::from_micros(us))));
+            cfg.connector = Arc::new(IserConnector::new(rnic, iser));
+        }
         Some(us) => cfg.connector = Arc::new(riser::initiator::TcpConnector::default().busy_poll(Some(Duration::from_micros(us)))),
         None => {}
     }

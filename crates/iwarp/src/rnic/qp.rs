@@ -340,7 +340,8 @@ impl SoftQp {
         });
         let running = EngineRunning(self.s.clone());
         rt.spawn(async move {
-            receive(&running.0, RxStream::socket(sock), crc, &txq).await;
+            let busy_poll = running.0.rnic.config.busy_poll;
+            receive(&running.0, RxStream::socket(sock).busy_poll(busy_poll), crc, &txq).await;
         });
         Ok(())
     }

@@ -48,11 +48,29 @@ pub(super) struct RxStream<'a> {
     spill: usize,
     /// Small segments placed since the last large one.
     small_run: u32,
+    /// See `RnicConfig::busy_poll`.
+    busy_poll: Option<std::time::Duration>,
+    /// When the stream last ran dry (while polling).
+    dry_since: Option<std::time::Instant>,
 }
 
 impl<'a> RxStream<'a> {
     pub(super) fn socket(sock: Arc<TcpStream>) -> Self {
-        Self { inner: Source::Socket(sock), buf: vec![0; SPILL].into_boxed_slice(), start: 0, end: 0, spill: SPILL, small_run: 0 }
+        Self {
+            inner: Source::Socket(sock),
+            buf: vec![0; SPILL].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            spill: SPILL,
+            small_run: 0,
+            busy_poll: None,
+            dry_since: None,
+        }
+    }
+
+    pub(super) fn busy_poll(mut self, budget: Option<std::time::Duration>) -> Self {
+        self.busy_poll = budget;
+        self
     }
 
     pub(super) fn memory(bytes: &'a [u8]) -> Self {
@@ -63,6 +81,8 @@ impl<'a> RxStream<'a> {
             end: 0,
             spill: SPILL,
             small_run: 0,
+            busy_poll: None,
+            dry_since: None,
         }
     }
 
@@ -82,13 +102,25 @@ impl<'a> RxStream<'a> {
         };
         let direct = got.min(iov[0].len());
         (self.start, self.end) = (0, got - direct);
+        self.dry_since = None;
         Ok(direct)
     }
 
-    /// Wait until the socket has something to read.
-    async fn ready(&self) -> io::Result<()> {
+    /// Wait until the socket has something to read: while busy polling and within its budget
+    /// since the stream ran dry, only until the runtime's other ready tasks have run (the
+    /// caller tries again).
+    async fn ready(&mut self) -> io::Result<()> {
         match &self.inner {
-            Source::Socket(s) => s.readable().await,
+            Source::Socket(s) => {
+                if let Some(budget) = self.busy_poll {
+                    let since = *self.dry_since.get_or_insert_with(std::time::Instant::now);
+                    if since.elapsed() < budget {
+                        tokio::task::yield_now().await;
+                        return Ok(());
+                    }
+                }
+                s.readable().await
+            }
             Source::Memory(_) => Ok(()),
         }
     }

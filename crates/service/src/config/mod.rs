@@ -675,13 +675,17 @@ impl Limits {
             Some(v) => seconds("drain_timeout", v)?,
             None => DEFAULT_DRAIN_TIMEOUT,
         };
-        let rnic = match &self.max_mpa_handshakes {
+        let mut rnic = match &self.max_mpa_handshakes {
             Some(v) => {
                 let max_handshakes = integer("max_mpa_handshakes", v, 1, MAX_MPA_HANDSHAKES)? as usize;
                 Some(riser_iwarp::RnicConfig::default().max_handshakes(max_handshakes))
             }
             None => None,
         };
+        // Busy polling applies to the software RNIC's queue pairs as to TCP connections.
+        if t.busy_poll.is_some() {
+            rnic = Some(rnic.unwrap_or_default().busy_poll(t.busy_poll));
+        }
         Ok(Tuning { target: t, rnic, drain_timeout })
     }
 }
@@ -855,7 +859,7 @@ impl ConfigFile {
         if self.rdma_keys.is_some() && rdma_provider != cli::RdmaProvider::RdmaCore {
             return Err("rdma_keys applies to rdma_provider = \"rdma-core\"".into());
         }
-        if tuning.rnic.is_some() && rdma_provider != cli::RdmaProvider::Soft {
+        if self.limits.max_mpa_handshakes.is_some() && rdma_provider != cli::RdmaProvider::Soft {
             return Err("limits.max_mpa_handshakes applies to rdma_provider = \"soft\"".into());
         }
         let mut default_portals = Vec::new();

@@ -49,8 +49,11 @@ fn limits_table_sets_the_target_config() {
     assert_eq!(c.nop_timeout, Duration::from_secs(7));
     assert!(c.iser_unsolicited_data);
     assert_eq!(c.busy_poll, Some(Duration::from_micros(50)));
+    assert_eq!(t.rnic.as_ref().and_then(|r| r.busy_poll), Some(Duration::from_micros(50)), "the software RNIC polls too");
     assert_eq!(limits("[limits]\nbusy_poll_us = 0\n").unwrap().target.busy_poll, None, "0: off");
     assert_eq!(t.rnic.map(|r| r.max_handshakes), Some(4));
+    let only_polling = limits("[limits]\nbusy_poll_us = 20\n").unwrap().rnic.expect("an RNIC configuration");
+    assert_eq!((only_polling.busy_poll, only_polling.max_handshakes), (Some(Duration::from_micros(20)), 64));
 }
 
 #[test]
