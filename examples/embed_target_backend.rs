@@ -79,7 +79,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(Target::new(TargetConfig::default().node(node)).serve(listener));
-
     // Write LBA 0 through the overlay; the base keeps its own, LBA 1 still comes from the base.
     let s = Session::connect(addr, SessionConfig::new("iqn.2026-11.io.riser:embedder", IQN)).await?;
     let (base_lun, cow_lun) = (Lun::ZERO, Lun::try_from(1u16)?);

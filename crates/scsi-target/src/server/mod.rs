@@ -264,7 +264,7 @@ impl Target {
     /// This is where a datamover of one's own comes in (the RFC 5047 seam): an accept loop of the
     /// embedder's makes each connection's datamover — its own, or riser-tcp's or riser-iser's
     /// wrapped — and runs this for it (the repository's `examples/embed_custom_datamover.rs`).
-    /// What [`serve`](Self::serve) does around it is then the caller's: this call counts no
+    /// What `serve` (feature `tcp`) does around it is then the caller's: this call counts no
     /// connection against [`TargetConfig::max_connections`], lists no portal in SendTargets (nodes
     /// with portal groups of their own list theirs), and leaves the datamover's settings (the TCP
     /// datamover's segment timeout, [`TargetConfig::data_timeout`]) as they are.
