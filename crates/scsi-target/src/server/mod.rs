@@ -258,7 +258,16 @@ impl Target {
 
     /// Serve one connection on a datamover: login (with the key set of `transport`), then the
     /// session. The datamover may be TCP or iSER: nothing below depends on which. `local` is the
-    /// address the connection came to (which portal, and so which portal group).
+    /// address the connection came to (which portal, and so which portal group). Returns when the
+    /// connection has ended and its commands' I/O is over.
+    ///
+    /// This is where a datamover of one's own comes in (the RFC 5047 seam): an accept loop of the
+    /// embedder's makes each connection's datamover — its own, or riser-tcp's or riser-iser's
+    /// wrapped — and runs this for it (the repository's `examples/embed_custom_datamover.rs`).
+    /// What `serve` (feature `tcp`) does around it is then the caller's: this call counts no
+    /// connection against [`TargetConfig::max_connections`], lists no portal in SendTargets (nodes
+    /// with portal groups of their own list theirs), and leaves the datamover's settings (the TCP
+    /// datamover's segment timeout, [`TargetConfig::data_timeout`]) as they are.
     pub async fn connection(self: Arc<Self>, dm: SharedDatamover, transport: Transport, peer: SocketAddr, local: SocketAddr) {
         let _open = ConnectionCount::open(&self.counters, transport);
         let Some(outcome) = self.login(&dm, transport, peer, local).await else {
