@@ -65,6 +65,7 @@ mod interop;
 mod lab;
 mod live;
 mod measure;
+mod public_api;
 mod rbd;
 
 use bench::bench;
@@ -92,13 +93,14 @@ fn main() -> ExitCode {
         Some("soak") => soak(&args[1..]),
         Some("faults") => faults(&args[1..]),
         Some("evaluate") => evaluate::run(&args[1..]),
+        Some("public-api") => public_api::run(&args[1..]),
         Some("fuzz-list") => {
             FUZZ_TARGETS.iter().for_each(|t| println!("{t}"));
             Ok(())
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo | interop | rbd | lab [--quick] [CELL...] | soak [--minutes N | --seconds N] [--sessions N] [--queue-depth N] | faults [--cuts N] [--kills N] | evaluate [--quick] [--lab] [--reps N] [--out DIR] [--only SECTIONS] [--publish] | evaluate --plot-only DIR [--publish] | bench [--full] [--reps N] [--runtime S] [--rdma-only | --iser-only | --rbd [--pin split|none] | --against DIR | --live [--seconds S]] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list>"
+                "usage: cargo xtask <demo | interop | rbd | lab [--quick] [CELL...] | soak [--minutes N | --seconds N] [--sessions N] [--queue-depth N] | faults [--cuts N] [--kills N] | evaluate [--quick] [--lab] [--reps N] [--out DIR] [--only SECTIONS] [--publish] | evaluate --plot-only DIR [--publish] | bench [--full] [--reps N] [--runtime S] [--rdma-only | --iser-only | --rbd [--pin split|none] | --against DIR | --live [--seconds S]] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list | public-api [--bless]>"
             );
             return ExitCode::from(2);
         }
