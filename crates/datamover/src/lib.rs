@@ -38,6 +38,55 @@
 //! The crate holds the seam only: the trait, its value types, the errors that cross it, and the
 //! [`BufferPool`] datamovers take task buffers from. The implementations live with their
 //! transports: `riser-tcp` (iSCSI/TCP data semantics over a byte stream) and `riser-iser`.
+//!
+//! ## Where it sits
+//!
+//! ```text
+//!  riser-target / riser-initiator    (the iSCSI layer: what moves)
+//!              │  SharedDatamover = Arc<dyn Datamover>, one per connection
+//!  ────────────┼──────────────────── this crate
+//!  riser-tcp   │   riser-iser ── riser-verbs ── riser-iwarp / rdma-core
+//! ```
+//!
+//! The main types: [`Datamover`] (the trait) and [`SharedDatamover`] (how the target and the
+//! initiator hold one); [`ControlPdu`] and [`DmEvent`] (what crosses the seam in each
+//! direction); [`DataInDesc`] and [`R2tPlan`] (what Put_Data and Get_Data are asked to move);
+//! [`TaskBuffer`] and [`BufferPool`] (where the data lives); [`DmError`] (why a connection
+//! ends). A datamover of one's own — a wrapper that counts or throttles, or a new transport —
+//! implements [`Datamover`] and is handed to `riser_target::server::Target::connection` on the
+//! target side or through a `riser_initiator::Connector` on the initiator side (the repository's
+//! `examples/embed_custom_datamover.rs` wraps riser-tcp's on both roles).
+//!
+//! ## Example
+//!
+//! Code of the iSCSI layer is written against the seam only: here, putting a READ's data
+//! (compiled, not run: it needs a connected datamover), and the take/give cycle of the
+//! [`BufferPool`] a datamover keeps its task buffers in (run).
+//!
+//! ```rust
+//! use bytes::Bytes;
+//! use riser_datamover::{BufferPool, DataInDesc, DmError, SharedDatamover};
+//! use riser_scsi::lun::Lun;
+//!
+//! /// Send `data` as the read data of task `itt`, from buffer offset 0 (the datamover turns it
+//! /// into Data-In PDUs on TCP, into RDMA Writes on iSER).
+//! async fn put_read(dm: &SharedDatamover, itt: u32, data: Vec<u8>) -> Result<(), DmError> {
+//!     let desc = DataInDesc { itt, lun: Lun::ZERO, offset: 0, data_sn: 0, collapse_status: None };
+//!     dm.put_data(desc, Bytes::from(data)).await?;
+//!     Ok(())
+//! }
+//!
+//! let pool = BufferPool::default();
+//! let mut buf = pool.take(4096); // zeroed, 4096 bytes
+//! assert!(buf.len() == 4096 && buf.iter().all(|&b| b == 0));
+//! buf[..5].copy_from_slice(b"hello");
+//! let first = buf.as_ptr();
+//! pool.give(buf); // kept for reuse: no fresh mapping, no page faults next time
+//!
+//! let again = pool.take(1024); // the same memory, zeroed again and cut to size
+//! assert_eq!(again.as_ptr(), first);
+//! assert!(again.len() == 1024 && again.iter().all(|&b| b == 0));
+//! ```
 #![warn(missing_docs)]
 
 mod pool;
