@@ -17,6 +17,66 @@
 //! * connection setup carries private data and IRD/ORD ([`ConnParam`]); a listener yields
 //!   [`ConnectionRequest`]s that are accepted onto a fresh queue pair or rejected with private
 //!   data; [`QueuePair::disconnect`] flushes outstanding work with [`WcStatus::WrFlushErr`].
+//!
+//! ## Where it sits
+//!
+//! `riser-iser` is generic over a [`Provider`]; this crate holds only the traits and the value
+//! types that cross them (work requests, completions, connection parameters, errors). The
+//! providers live elsewhere: `riser-iwarp`'s `SoftRnic` (iWARP in user space over TCP, any
+//! machine) and, with the cargo feature `rdma-core`, [`rdma_core`] (real RNICs, rxe, siw through
+//! libibverbs and librdmacm). Work is posted as [`SendWr`] / [`RecvWr`] whose [`Sge`]s point into
+//! registered regions, and ends as a [`Wc`] on a completion queue.
+//!
+//! ## Example
+//!
+//! Code written against the traits runs on every provider. `send_message` (compiled here, not
+//! run: this crate has no provider of its own — `riser-iwarp`'s crate docs run the same steps
+//! on two connected software RNICs) registers a buffer, posts it as one signaled Send and waits
+//! for its completion; the work requests it builds are plain values (run).
+//!
+//! ```rust
+//! use riser_verbs::{
+//!     Access, CompletionQueue, MemoryRegion, ProtectionDomain, Provider, QueuePair, SendOp, SendWr,
+//!     Sge, WcOpcode, WcStatus,
+//! };
+//! use std::time::Duration;
+//!
+//! /// One scatter/gather element covering `len` bytes of `mr` from `offset`.
+//! fn sge(mr: &impl MemoryRegion, offset: usize, len: usize) -> Sge {
+//!     Sge { addr: mr.addr() + offset as u64, length: len as u32, lkey: mr.lkey() }
+//! }
+//!
+//! /// Send `msg` on a connected queue pair of provider `P` and wait for its completion.
+//! fn send_message<P: Provider>(pd: &P::Pd, qp: &P::Qp, send_cq: &P::Cq, msg: &[u8]) -> riser_verbs::Result<()> {
+//!     // Local read is always allowed: a Send's source needs no rights at all.
+//!     let mr = pd.register(msg.to_vec(), Access::empty())?;
+//!     qp.post_send(SendWr { wr_id: 7, op: SendOp::Send, sg_list: vec![sge(&*mr, 0, msg.len())], signaled: true })?;
+//!     loop {
+//!         if let Some(wc) = send_cq.poll(1).pop() {
+//!             assert_eq!((wc.wr_id, wc.opcode), (7, WcOpcode::Send));
+//!             return match wc.status {
+//!                 WcStatus::Success => Ok(()),
+//!                 status => Err(std::io::Error::other(status.name()).into()),
+//!             };
+//!         }
+//!         send_cq.wait_blocking(Duration::from_millis(100)); // sleeps until a completion is in
+//!     }
+//! }
+//!
+//! // Rights: what a buffer the peer RDMA Writes into (an iSER read buffer) is registered with.
+//! let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+//! assert!(rights.contains(Access::REMOTE_WRITE) && !rights.contains(Access::REMOTE_READ));
+//! assert_eq!(Access::from_name("REMOTE_READ"), Some(Access::REMOTE_READ));
+//!
+//! // An RDMA Write of 4 KiB from a region (lkey 0x0100) to the peer's advertised STag and address.
+//! let write = SendWr {
+//!     wr_id: 1,
+//!     op: SendOp::RdmaWrite { remote_addr: 0x7f00_0000_1000, rkey: 0x0203 },
+//!     sg_list: vec![Sge { addr: 0x5000, length: 4096, lkey: 0x0100 }],
+//!     signaled: false, // its completion is implied by a later signaled request's
+//! };
+//! assert_eq!(write.sg_list.iter().map(|s| s.length).sum::<u32>(), 4096);
+//! ```
 
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
