@@ -23,6 +23,65 @@
 //!
 //! Blocking calls (connect, open, lock, metadata, resize, notify) block the calling thread;
 //! call them from a blocking-friendly context (e.g. `spawn_blocking`) in async code.
+//!
+//! ## Where it sits
+//!
+//! riser-target's `rbd` module (its feature `rbd`) builds its `RbdStore`, an `AsyncBackend`, on
+//! this binding, and riser-service opens `rbd:POOL/IMAGE` stores through it. The crate knows
+//! nothing of SCSI or iSCSI: it could serve any program that needs RBD images as futures.
+//!
+//! ## Examples
+//!
+//! The plain types are built everywhere (run): connection settings, and the reply of a RADOS
+//! notification as librados hands it over.
+//!
+//! ```rust
+//! use riser_rbd::{ClusterOptions, NotifyReplies};
+//!
+//! let opts = ClusterOptions::for_lun_serving(None).with_option("client_mount_timeout", "5");
+//! assert_eq!(opts.options[0], ("rbd_cache".to_string(), "false".to_string()));
+//! assert_eq!(opts.client_id(), "admin");
+//!
+//! // One watcher (gid 4100, cookie 7) acknowledged with "ok"; none timed out.
+//! let mut buf = 1u32.to_le_bytes().to_vec();
+//! buf.extend(4100u64.to_le_bytes());
+//! buf.extend(7u64.to_le_bytes());
+//! buf.extend(2u32.to_le_bytes());
+//! buf.extend(b"ok");
+//! buf.extend(0u32.to_le_bytes());
+//! let replies = NotifyReplies::parse(&buf).unwrap();
+//! assert_eq!((replies.acks[0].gid, &replies.acks[0].payload[..]), (4100, &b"ok"[..]));
+//! assert!(replies.timeouts.is_empty());
+//! ```
+//!
+//! Image I/O needs the feature `rbd` and a running Ceph cluster, so this one is `no_run`:
+//! `cargo test --doc` compiles it (with `--features rbd`; without the feature the items it uses
+//! do not exist and it compiles to nothing) but never runs it, since there is no cluster to
+//! talk to there. The crate's `cluster` integration test runs the same calls against a private
+//! single-node cluster when one is available.
+//!
+//! ```rust,no_run
+//! # #[cfg(feature = "rbd")]
+//! # fn main() -> Result<(), riser_rbd::Error> {
+//! use riser_rbd::{Cluster, ClusterOptions, Error, Image};
+//!
+//! /// Asynchronous I/O: std futures, awaited on any executor (tokio in riser-target).
+//! async fn copy_first_block(image: &Image) -> Result<(), Error> {
+//!     let data = image.read(0, 4096, Vec::with_capacity(4096)).await?;
+//!     image.write(4096, bytes::Bytes::from(data), true).await // FUA: on the OSDs when done
+//! }
+//!
+//! // Blocking setup: ceph.conf from the default search, librbd's cache off.
+//! let cluster = Cluster::connect(&ClusterOptions::for_lun_serving(None))?;
+//! let ioctx = cluster.ioctx("rbd")?;
+//! let image = Image::open(&ioctx, "lun0")?;
+//! println!("{} bytes", image.size()?);
+//! # let _ = copy_first_block(&image);
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "rbd"))]
+//! # fn main() {}
+//! ```
 
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
