@@ -23,7 +23,7 @@
 //! `riser-iser` is generic over a [`Provider`]; this crate holds only the traits and the value
 //! types that cross them (work requests, completions, connection parameters, errors). The
 //! providers live elsewhere: `riser-iwarp`'s `SoftRnic` (iWARP in user space over TCP, any
-//! machine) and, with the cargo feature `rdma-core`, [`rdma_core`] (real RNICs, rxe, siw through
+//! machine) and, with the cargo feature `rdma-core`, `rdma_core` (real RNICs, rxe, siw through
 //! libibverbs and librdmacm). Work is posted as [`SendWr`] / [`RecvWr`] whose [`Sge`]s point into
 //! registered regions, and ends as a [`Wc`] on a completion queue.
 //!
