@@ -6,15 +6,30 @@
 //! commands may be in flight: the session keeps CmdSN within the target's window and matches
 //! responses by task tag. [`discover`] runs a SendTargets discovery session.
 //!
-//! ```no_run
-//! # async fn f() -> Result<(), riser_initiator::Error> {
+//! ```rust
+//! # use riser_target::backend::RamBackend;
+//! # use riser_target::lu::{LogicalUnit, LuIdentity};
+//! # use riser_target::server::{Node, Target, TargetConfig};
+//! # use std::sync::Arc;
 //! use riser_initiator::{Lun, Session, SessionConfig};
-//! let s = Session::connect("127.0.0.1:3260", SessionConfig::new("iqn.2026-11.io.riser:me", "iqn.2026-11.io.riser:target0")).await?;
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), riser_initiator::Error> {
+//! # // A riser target with a 1 MiB RAM LUN on 127.0.0.1, in this process.
+//! # let lu = Arc::new(LogicalUnit::new(Arc::new(RamBackend::new(1 << 20, 512)), LuIdentity::random()));
+//! # let target = Target::new(TargetConfig::default().node(Node::new("iqn.2026-11.io.riser:target0").lun(lu)));
+//! # let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+//! # let addr = listener.local_addr().unwrap().to_string();
+//! # tokio::spawn(target.serve(listener));
+//! // `addr`: the target's portal, e.g. "192.0.2.10:3260".
+//! let s = Session::connect(&addr, SessionConfig::new("iqn.2026-11.io.riser:me", "iqn.2026-11.io.riser:target0")).await?;
 //! let lun = Lun::try_from(0u16).expect("single-level LUN");
 //! let (blocks, block_size) = s.read_capacity(lun).await?;
-//! let data = s.read(lun, 0, 8, block_size).await?;
+//! assert_eq!((blocks, block_size), (2048, 512));
+//! s.write(lun, 8, bytes::Bytes::from(vec![0xa5; 4096]), block_size).await?;
+//! let data = s.read(lun, 8, 8, block_size).await?;
+//! assert_eq!(&data[..], &[0xa5; 4096][..]);
 //! s.logout().await?;
-//! # let _ = (blocks, data); Ok(()) }
+//! # Ok(()) }
 //! ```
 //!
 //! The crate is a *driver* of the sans-IO session machine

@@ -14,13 +14,30 @@
 //! * the socket link ([`TcpRx`], [`TcpTx`], [`datamover`]);
 //! * [`loopback`], an in-memory link for tests and fuzzing.
 //!
-//! ```no_run
-//! # async fn f() -> std::io::Result<()> {
+//! ```rust
+//! use riser_datamover::{ControlPdu, Datamover, DmEvent};
 //! use riser_iscsi::keys::Role;
-//! let stream = tokio::net::TcpStream::connect("127.0.0.1:3260").await?;
-//! let (dm, driver) = riser_tcp::datamover(stream, Role::Initiator);
+//! use riser_iscsi::wire::{Header, NopOut, RESERVED_TAG};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> std::io::Result<()> {
+//! // Both ends of one connection, on 127.0.0.1 (a real initiator connects to a target's portal).
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let stream = tokio::net::TcpStream::connect(listener.local_addr()?).await?;
+//! let (accepted, _) = listener.accept().await?;
+//! let (initiator, driver) = riser_tcp::datamover(stream, Role::Initiator);
 //! tokio::spawn(driver);
-//! # drop(dm); Ok(()) }
+//! let (target, driver) = riser_tcp::datamover(accepted, Role::Target);
+//! tokio::spawn(driver);
+//! // Login PDUs would go first; here both ends skip straight to full feature phase.
+//! initiator.enable();
+//! target.enable();
+//! let ping = NopOut { immediate: true, itt: 1, ttt: RESERVED_TAG, ..NopOut::default() };
+//! initiator.send_control(ControlPdu::new(Header::NopOut(ping), bytes::Bytes::from_static(b"ping"))).await.unwrap();
+//! match target.next_event().await {
+//!     DmEvent::Control(pdu) => assert_eq!((&pdu.header, &pdu.data[..]), (&Header::NopOut(ping), &b"ping"[..])),
+//!     other => panic!("{other:?}"),
+//! }
+//! # Ok(()) }
 //! ```
 #![warn(missing_docs)]
 
