@@ -168,21 +168,46 @@ fn shared_regions_are_read_only_and_readable_remotely() {
     assert_eq!(contents(&src), pattern(5, 10_000));
 }
 
-#[test]
-fn a_peer_that_stops_reading_stalls_only_the_transmitter_and_order_holds() {
-    // Small Sends go out on the poster's thread when the transmitter is idle; when the socket
-    // is full they must neither block the poster nor overtake what is queued.
+/// A raw peer connected to a riser server queue pair that may send: the responder speaks only
+/// after the initiator's first FPDU, which the peer has sent (a Send into the receive posted for
+/// it, kept for the connection's life — not in RAW_RECV: another test clears that).
+fn speaking_raw_peer() -> (std::net::TcpStream, End) {
     let keep = |s: &End| {
         let r = s.mr(vec![0u8; 64], Access::LOCAL_WRITE);
         s.recv(1, &r);
-        // Kept for the connection's life (not in RAW_RECV: another test clears that).
         std::mem::forget(r);
     };
     let (mut sock, server) = raw_peer(false, keep);
     let s = server.join().unwrap();
-    // The responder speaks only after the initiator's first FPDU.
     sock.write_all(&raw_fpdu(send_hdr(1, 0, true), &[], b"", false)).unwrap();
     assert_eq!(next(&s.rcq).status, WcStatus::Success);
+    (sock, s)
+}
+
+/// Read `count` whole, single-FPDU Sends off a raw peer's stream, checking they come in posting
+/// order (MSN 1, 2, …): their payloads, concatenated.
+fn read_sends(sock: &mut std::net::TcpStream, count: u32) -> Vec<u8> {
+    let (mut msn, mut data) = (0u32, Vec::new());
+    while msn < count {
+        let mut len = [0u8; 2];
+        sock.read_exact(&mut len).unwrap();
+        let len = usize::from(u16::from_be_bytes(len));
+        let mut body = vec![0u8; len + wire::fpdu_pad(len) + 4];
+        sock.read_exact(&mut body).unwrap();
+        let h = Header::parse(&body).unwrap();
+        let Header::Untagged { op: Opcode::Send, msn: m, mo: 0, last: true, .. } = h else { panic!("unexpected {h:?}") };
+        msn += 1;
+        assert_eq!(m, msn, "Sends arrive in posting order");
+        data.extend_from_slice(&body[wire::UNTAGGED_HDR..len]);
+    }
+    data
+}
+
+#[test]
+fn a_peer_that_stops_reading_stalls_only_the_transmitter_and_order_holds() {
+    // Small Sends go out on the poster's thread when the transmitter is idle; when the socket
+    // is full they must neither block the poster nor overtake what is queued.
+    let (mut sock, s) = speaking_raw_peer();
     // Far more than the socket buffers hold, in 3000-byte Sends, while the peer reads nothing:
     // every post returns.
     let (count, size) = (6000usize, 3000usize);
@@ -201,23 +226,7 @@ fn a_peer_that_stops_reading_stalls_only_the_transmitter_and_order_holds() {
     wait_until("every post to return while the peer reads nothing", || posted.load(std::sync::atomic::Ordering::Acquire));
     poster.join().unwrap();
     // Now read the stream: every Send whole, in posting order (MSN 1, 2, …).
-    let reader = std::thread::spawn(move || {
-        let mut msn = 0u32;
-        let mut data = Vec::new();
-        while msn < count as u32 {
-            let mut len = [0u8; 2];
-            sock.read_exact(&mut len).unwrap();
-            let len = usize::from(u16::from_be_bytes(len));
-            let mut body = vec![0u8; len + wire::fpdu_pad(len) + 4];
-            sock.read_exact(&mut body).unwrap();
-            let h = Header::parse(&body).unwrap();
-            let Header::Untagged { op: Opcode::Send, msn: m, mo: 0, last: true, .. } = h else { panic!("unexpected {h:?}") };
-            msn += 1;
-            assert_eq!(m, msn, "Sends arrive in posting order");
-            data.extend_from_slice(&body[wire::UNTAGGED_HDR..len]);
-        }
-        data
-    });
+    let reader = std::thread::spawn(move || read_sends(&mut sock, count as u32));
     for i in 0..count {
         let wc = next(&s.cq);
         assert_eq!((wc.wr_id, wc.status), (i as u64, WcStatus::Success), "completions in order");
@@ -230,15 +239,7 @@ fn a_peer_that_stops_reading_stalls_only_the_transmitter_and_order_holds() {
 /// write is written later, from where it stopped, and every message arrives whole and in order.
 #[test]
 fn gathered_shared_payloads_survive_a_full_socket_in_order() {
-    let keep = |s: &End| {
-        let r = s.mr(vec![0u8; 64], Access::LOCAL_WRITE);
-        s.recv(1, &r);
-        std::mem::forget(r);
-    };
-    let (mut sock, server) = raw_peer(false, keep);
-    let s = server.join().unwrap();
-    sock.write_all(&raw_fpdu(send_hdr(1, 0, true), &[], b"", false)).unwrap();
-    assert_eq!(next(&s.rcq).status, WcStatus::Success);
+    let (mut sock, s) = speaking_raw_peer();
     // Small (copied), mid-sized and large (referenced) payloads, alternating; about 12 MB.
     let sizes: Vec<usize> = (0..900).map(|i| [100, 3000, 40_000][i % 3]).collect();
     let total: usize = sizes.iter().sum();
@@ -256,21 +257,7 @@ fn gathered_shared_payloads_survive_a_full_socket_in_order() {
     let reader = std::thread::spawn(move || {
         // Let the socket fill up first.
         std::thread::sleep(Duration::from_millis(200));
-        let (mut msn, mut data) = (0u32, Vec::new());
-        while msn < count {
-            let mut len = [0u8; 2];
-            sock.read_exact(&mut len).unwrap();
-            let len = usize::from(u16::from_be_bytes(len));
-            let mut body = vec![0u8; len + wire::fpdu_pad(len) + 4];
-            sock.read_exact(&mut body).unwrap();
-            let Header::Untagged { op: Opcode::Send, msn: m, mo: 0, last: true, .. } = Header::parse(&body).unwrap() else {
-                panic!("not a whole Send")
-            };
-            msn += 1;
-            assert_eq!(m, msn, "Sends arrive in posting order");
-            data.extend_from_slice(&body[wire::UNTAGGED_HDR..len]);
-        }
-        data
+        read_sends(&mut sock, count)
     });
     for i in 0..sizes.len() {
         let wc = next(&s.cq);

@@ -55,9 +55,9 @@ pub(super) struct RxStream<'a> {
 }
 
 impl<'a> RxStream<'a> {
-    pub(super) fn socket(sock: Arc<TcpStream>) -> Self {
+    fn new(inner: Source<'a>) -> Self {
         Self {
-            inner: Source::Socket(sock),
+            inner,
             buf: vec![0; SPILL].into_boxed_slice(),
             start: 0,
             end: 0,
@@ -66,6 +66,10 @@ impl<'a> RxStream<'a> {
             busy_poll: None,
             dry_since: None,
         }
+    }
+
+    pub(super) fn socket(sock: Arc<TcpStream>) -> Self {
+        Self::new(Source::Socket(sock))
     }
 
     pub(super) fn busy_poll(mut self, budget: Option<std::time::Duration>) -> Self {
@@ -74,16 +78,7 @@ impl<'a> RxStream<'a> {
     }
 
     pub(super) fn memory(bytes: &'a [u8]) -> Self {
-        Self {
-            inner: Source::Memory(io::Cursor::new(bytes)),
-            buf: vec![0; SPILL].into_boxed_slice(),
-            start: 0,
-            end: 0,
-            spill: SPILL,
-            small_run: 0,
-            busy_poll: None,
-            dry_since: None,
-        }
+        Self::new(Source::Memory(io::Cursor::new(bytes)))
     }
 
     /// Read what is there into `dst` (not empty) without waiting: `Ok(0)` at the stream's end,
