@@ -181,7 +181,8 @@ impl Out<'_> {
                     skip = 0;
                 }
                 match self {
-                    Out::Sink | Out::Gather(_) => Ok(total - done),
+                    Out::Sink => Ok(total - done),
+                    Out::Gather(_) => unreachable!("gathering adds the pieces above and returns"),
                     Out::Wait(sock) => sock.try_write_vectored(&bufs),
                     Out::NoWait { sock, rest } => {
                         let mut sent = 0;
