@@ -144,3 +144,40 @@ async fn an_iser_portal_that_stops_serving_frees_its_address() {
     };
     assert_eq!(again.local_addr().unwrap(), addr);
 }
+
+/// A target that receives 64 KiB segments (riser's default on the software RNIC): writes up to
+/// FirstBurstLength travel whole as immediate data in their command — sent by the initiator from
+/// the caller's bytes, a message of two FPDUs — and larger ones carry 64 KiB of it and RDMA Read
+/// the rest; every size around the boundaries lands intact, many at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_travel_as_immediate_data_up_to_the_targets_receive_segment() {
+    use riser::target::backend::RamBackend;
+    use riser::target::lu::{LogicalUnit, LuIdentity};
+    use riser::target::server::{Node, Target};
+    use riser::verbs::{Listener, Provider};
+    let rnic = SoftRnic::default();
+    let l = rnic.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = l.local_addr().unwrap();
+    let lu = Arc::new(LogicalUnit::new(Arc::new(RamBackend::new(64 << 20, 512)), LuIdentity::random()));
+    let target = Target::new(T.config().node(Node::new(TARGET).lun(lu)));
+    tokio::spawn(target.clone().serve_iser(rnic, l, IserConfig::default().recv_dsl(64 << 10)));
+    let s = T.session(addr).await;
+    assert_eq!(s.params().target_recv_data_segment_length, 64 << 10);
+    let sizes = [512usize, 8192, 8704, 32 << 10, (64 << 10) - 512, 64 << 10, (64 << 10) + 512, 200 << 10];
+    let mut tasks = Vec::new();
+    for round in 0..4u64 {
+        for (i, &n) in sizes.iter().enumerate() {
+            let s = s.clone();
+            let lba = (round * sizes.len() as u64 + i as u64) * 512;
+            tasks.push(tokio::spawn(async move {
+                let data = pattern((round * 16 + i as u64) as u8, n);
+                s.write(Lun::ZERO, lba, data.clone(), 512).await.unwrap();
+                assert_eq!(s.read(Lun::ZERO, lba, (n / 512) as u32, 512).await.unwrap(), data, "{n} bytes");
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    s.logout().await.unwrap();
+}

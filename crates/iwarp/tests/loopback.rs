@@ -51,6 +51,50 @@ fn send_receive_every_size_with_gather_and_scatter() {
 
 static RECEIVES: std::sync::Mutex<Vec<Arc<SoftMr>>> = std::sync::Mutex::new(Vec::new());
 
+/// A Send of a private header and a shared payload (as iSER sends a command with its immediate
+/// data), across FPDU boundaries: its FPDUs are gathered, the payload referred to where it lies,
+/// and arrive whole and in order, CRC on and off, posted alone (inline), in a list, and queued
+/// on a runtime behind other requests (joining the transmitter's gathering).
+#[test]
+fn sends_of_a_header_and_shared_data_arrive_whole_across_segments() {
+    let sizes = [1usize, 2047, 2048, 8192, 65_440, 65_516, 65_536, 70_000, 200_000];
+    for crc in [false, true] {
+        let cfg = RnicConfig::default().crc(crc);
+        let (c, s) = pair_with(cfg.clone(), cfg, |_| {});
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        for how in ["alone", "list", "queued"] {
+            let receives: Vec<_> = sizes.iter().map(|&n| s.mr(vec![0u8; n + 76], Access::LOCAL_WRITE)).collect();
+            for (i, r) in receives.iter().enumerate() {
+                s.recv(i as u64, r);
+            }
+            let (mut wrs, mut want, mut regions) = (Vec::new(), Vec::new(), Vec::new());
+            for (i, &n) in sizes.iter().enumerate() {
+                let head = c.mr(pattern(i as u8, 76), Access::empty());
+                let data = c.pd.register_shared(bytes::Bytes::from(pattern(i as u8 ^ 0x5a, n)), Access::empty()).unwrap();
+                wrs.push(SendWr { wr_id: i as u64, op: SendOp::Send, sg_list: vec![sge(&head, 0, 76), sge(&data, 0, n)], signaled: true });
+                want.push([contents(&head), contents(&data)].concat());
+                regions.push((head, data));
+            }
+            match how {
+                "alone" => wrs.into_iter().for_each(|w| c.qp.post_send(w).unwrap()),
+                "list" => c.qp.post_send_list(wrs).unwrap(),
+                _ => {
+                    let _in = rt.enter();
+                    wrs.into_iter().for_each(|w| c.qp.post_send(w).unwrap());
+                }
+            }
+            for (i, w) in want.iter().enumerate() {
+                let wc = next(&c.cq);
+                assert_eq!((wc.wr_id, wc.status), (i as u64, WcStatus::Success), "{how}, crc {crc}");
+                let wc = next(&s.rcq);
+                assert_eq!((wc.wr_id, wc.status, wc.byte_len as usize), (i as u64, WcStatus::Success, w.len()), "{how}, crc {crc}");
+                assert_eq!(&contents(&receives[i])[..w.len()], &w[..], "size {}, {how}, crc {crc}", sizes[i]);
+            }
+        }
+        assert!(c.qp.is_connected() && s.qp.is_connected());
+    }
+}
+
 #[test]
 fn rdma_write_then_read_back_large_and_small() {
     let (c, s) = pair();

@@ -175,7 +175,8 @@ pub fn set_iser(cfg: &mut riser_iser::IserConfig, kv: &str) -> Result<(), String
         "signal_every" => cfg.signal_every = number(1, 1024)?,
         // Two per posted receive plus 16 at least: the datamover raises anything smaller.
         "send_depth" => cfg.send_depth = Some(number(cfg.recv_depth * 2 + 16, 65536)?),
-        _ => return Err(format!("--iser-param {key}: not a setting (signal_every, send_depth)")),
+        "recv_dsl" => cfg.recv_dsl = number(riser_iscsi::keys::DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH, 1 << 20)?,
+        _ => return Err(format!("--iser-param {key}: not a setting (signal_every, send_depth, recv_dsl)")),
     }
     Ok(())
 }
@@ -292,10 +293,14 @@ mod tests {
         super::set_iser(&mut c, "signal_every=1").unwrap();
         super::set_iser(&mut c, "send_depth = 512").unwrap();
         assert_eq!((c.signal_every, c.send_depth), (1, Some(512)));
-        for bad in ["signal_every=0", "send_depth=271", "send_depth=lots", "recv_depth=4", "signal_every"] {
+        super::set_iser(&mut c, "recv_dsl=131072").unwrap();
+        assert_eq!(c.recv_dsl, 128 << 10);
+        for bad in
+            ["signal_every=0", "send_depth=271", "send_depth=lots", "recv_depth=4", "signal_every", "recv_dsl=4096", "recv_dsl=2097152"]
+        {
             assert!(super::set_iser(&mut c, bad).is_err(), "{bad}");
         }
-        assert_eq!((c.signal_every, c.send_depth), (1, Some(512)), "a refused value changes nothing");
+        assert_eq!((c.signal_every, c.send_depth, c.recv_dsl), (1, Some(512), 128 << 10), "a refused value changes nothing");
     }
 
     #[cfg(unix)]

@@ -697,7 +697,7 @@ impl Service {
                 let rnic = riser_iwarp::SoftRnic::new(self.settings.rnic.clone());
                 let l = rnic.listen(addr).map_err(|e| OpError::System(format!("cannot listen on {addr} (iSER): {e}")))?;
                 info!(portal = %l.local_addr().unwrap_or(addr), "listening (iSER, software iWARP RNIC)");
-                let cfg = self.settings.iser;
+                let cfg = self.settings.iser_soft;
                 Ok(tokio::spawn(async move {
                     if let Err(e) = target.serve_iser(rnic, l, cfg).await {
                         warn!(portal = %addr, "iSER portal ended: {e}");

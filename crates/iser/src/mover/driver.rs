@@ -282,8 +282,24 @@ impl<P: Provider + 'static> Shared<P> {
         data: &[&[u8]],
         invalidate: Option<u32>,
     ) -> Result<(), DmError> {
-        let dsl: usize = data.iter().map(|d| d.len()).sum();
-        let len = ISER_HEADERS_LEN + ahs.len() + dsl;
+        self.send_pdu_from(ih, header, ahs, data, None, invalidate)
+    }
+
+    /// [`Self::send_pdu`] whose data segment ends with `tail` (a region and the SGE of its
+    /// bytes), sent from where it lies: the message is the copied headers (and `data`), then
+    /// the tail's bytes, as a second SGE; the request keeps the region until it completes.
+    pub(super) fn send_pdu_from(
+        &self,
+        ih: IserHeader,
+        header: &Header,
+        ahs: &[u8],
+        data: &[&[u8]],
+        tail: Option<(Arc<Mr<P>>, Sge)>,
+        invalidate: Option<u32>,
+    ) -> Result<(), DmError> {
+        let copied: usize = data.iter().map(|d| d.len()).sum();
+        let dsl = copied + tail.as_ref().map_or(0, |(_, sge)| sge.length as usize);
+        let len = ISER_HEADERS_LEN + ahs.len() + copied;
         let mut bhs = [0u8; 48];
         header.emit(&mut bhs, ahs.len(), dsl as u32);
         let ihb = ih.emit();
@@ -306,7 +322,12 @@ impl<P: Provider + 'static> Shared<P> {
                 self.pd.register(buf, Access::empty()).map_err(rdma("register a send buffer"))?
             }
         };
-        let sge = Sge { addr: mr.addr(), length: len as u32, lkey: mr.lkey() };
+        let mut sg = vec![Sge { addr: mr.addr(), length: len as u32, lkey: mr.lkey() }];
+        let mut keep = Keep::region(mr);
+        if let Some((region, sge)) = tail {
+            sg.push(sge);
+            keep.also = Some(region);
+        }
         let op = match invalidate {
             Some(rkey) => SendOp::SendWithInvalidate { rkey },
             None => SendOp::Send,
@@ -314,7 +335,7 @@ impl<P: Provider + 'static> Shared<P> {
         // The traffic of commands goes mostly unsignaled; anything else (login, logout, NOP,
         // task management, text, reject) is signaled, so a connection's end can wait for it.
         let routine = matches!(header, Header::ScsiCommand(_) | Header::ScsiResponse(_) | Header::DataOut(_));
-        self.post_unawaited(op, vec![sge], Some(Keep::region(mr)), !routine)
+        self.post_unawaited(op, sg, Some(keep), !routine)
     }
 }
 

@@ -193,17 +193,21 @@ struct Waiter<P: Provider> {
 struct Keep<P: Provider> {
     mr: Arc<Mr<P>>,
     recycle: Option<Bytes>,
+    /// A second region the request reads (a command's immediate data sent from where it lies,
+    /// behind its headers).
+    also: Option<Arc<Mr<P>>>,
 }
 
 impl<P: Provider> Keep<P> {
     fn region(mr: Arc<Mr<P>>) -> Self {
-        Self { mr, recycle: None }
+        Self { mr, recycle: None, also: None }
     }
 
-    /// The request has completed: the region goes, then its bytes back to `pool` if they are
+    /// The request has completed: the regions go, then its bytes back to `pool` if they are
     /// now nobody else's.
     fn release(self, pool: &riser_datamover::BufferPool) {
         drop(self.mr);
+        drop(self.also);
         if let Some(Ok(buf)) = self.recycle.map(Bytes::try_into_mut) {
             pool.give(buf);
         }

@@ -97,7 +97,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             // once the write has completed and the caller has let go of it.
             let mr = s.pd.register_shared(data.clone(), Access::empty()).map_err(rdma("register read data"))?;
             let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
-            let keep = Keep { mr, recycle: Some(data) };
+            let keep = Keep { mr, recycle: Some(data), also: None };
             // Posted under the lock task management takes to end the task: once a task is
             // aborted (and its TMF response may be on its way) nothing more is posted for
             // it, so the initiator never sees a write to a key it has revoked.

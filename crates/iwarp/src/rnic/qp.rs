@@ -48,8 +48,9 @@ const TERMINATE_LINGER: Duration = Duration::from_secs(2);
 
 /// Largest Send or RDMA Write a poster transmits inline (see `SoftQp::post_inline`), and
 /// largest Read Response the receiver sends inline (see `QpShared::respond_inline`): what the
-/// socket refuses of it is copied.
-const INLINE_MAX: u64 = 64 << 10;
+/// socket refuses of it is copied. 64 KiB of data and room for the headers in front of it (an
+/// iSCSI command with 64 KiB of immediate data is one Send of a little more).
+const INLINE_MAX: u64 = (64 << 10) + 1024;
 
 /// Largest payload of the requests a poster transmits inline together.
 const INLINE_LIST_MAX: u64 = 256 << 10;

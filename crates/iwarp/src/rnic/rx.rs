@@ -11,6 +11,7 @@ use riser_verbs::{Access, RecvWr, Sge, Wc, WcOpcode, WcStatus};
 use std::io::{self, IoSliceMut, Read};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
@@ -92,7 +93,24 @@ impl<'a> RxStream<'a> {
         }
         let mut iov = [IoSliceMut::new(dst), IoSliceMut::new(&mut self.buf[..self.spill])];
         let got = match &mut self.inner {
-            Source::Socket(s) => s.try_read_vectored(&mut iov)?,
+            Source::Socket(s) => {
+                // A short read has drained the socket: its readiness is cleared with it (as
+                // tokio's own `poll_read` does), by the readiness seen before the read, so the
+                // next wait sleeps at once instead of trying a read that finds nothing (one
+                // system call less per wake-up) and data arriving meanwhile still wakes it.
+                let want = iov.iter().map(|b| b.len()).sum::<usize>();
+                let mut short = None;
+                match s.try_io(Interest::READABLE, || match s.try_read_vectored(&mut iov) {
+                    Ok(n) if n > 0 && n < want => {
+                        short = Some(n);
+                        Err(io::ErrorKind::WouldBlock.into())
+                    }
+                    r => r,
+                }) {
+                    Ok(n) => n,
+                    Err(e) => short.ok_or(e)?,
+                }
+            }
             Source::Memory(c) => c.read_vectored(&mut iov)?,
         };
         let direct = got.min(iov[0].len());

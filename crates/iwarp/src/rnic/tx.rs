@@ -637,8 +637,15 @@ impl Tx {
         if let [(mr, off, len)] = sources {
             return self.stream_region(w, mr, *off, *len, header, before_last, stop).await;
         }
+        // Several elements (headers in one region, data in another): the message's FPDUs are
+        // gathered (framing and small or private pieces copied, large pieces of shared regions
+        // referred to) and leave in one write, or join the caller's gathering.
+        let mut own = Gathered::default();
+        let g = match w {
+            Out::Gather(g) => g,
+            _ => &mut own,
+        };
         let (mut sent, mut i, mut within) = (0usize, 0usize, 0usize);
-        let mut staging = Vec::new();
         while sent < total {
             if stop() {
                 return Err(stopped());
@@ -648,35 +655,43 @@ impl Tx {
             if last {
                 before_last();
             }
-            let n = header(sent as u64, last).emit(&mut hb);
-            // Skip empty elements.
-            while sources[i].2 == within {
-                i += 1;
-                within = 0;
-            }
-            let (mr, off, len) = &sources[i];
-            if len - within >= seg {
-                // One element holds the whole segment: write it straight from the region.
-                send_fpdu(w, self.crc, &hb[..n], Some(mr), Piece::Mem(off + within, seg)).await?;
-                within += seg;
-            } else {
-                // The segment spans elements: gather it (one region lock at a time).
-                staging.clear();
-                let mut need = seg;
-                while need > 0 {
-                    let (mr, off, len) = &sources[i];
-                    let take = (len - within).min(need);
-                    staging.extend_from_slice(&lock(&mr.mem)[off + within..off + within + take]);
-                    need -= take;
-                    within += take;
-                    if within == *len && need > 0 {
-                        i += 1;
-                        within = 0;
-                    }
+            let mut head = [0u8; 2 + UNTAGGED_HDR];
+            head[..2].copy_from_slice(&((UNTAGGED_HDR + seg) as u16).to_be_bytes());
+            let n = header(sent as u64, last).emit(&mut head[2..]);
+            debug_assert_eq!(n, UNTAGGED_HDR);
+            let mut crc = self.crc.then(|| crc32c::crc32c(&head));
+            g.add(None, &[Piece::Bytes(&head)]);
+            let mut need = seg;
+            while need > 0 {
+                // Skip empty (or used up) elements.
+                while sources[i].2 == within {
+                    i += 1;
+                    within = 0;
                 }
-                send_fpdu(w, self.crc, &hb[..n], None, Piece::Bytes(&staging)).await?;
+                let (mr, off, len) = &sources[i];
+                let take = (len - within).min(need);
+                if let Some(c) = crc.as_mut() {
+                    *c = crc32c::crc32c_append(*c, &lock(&mr.mem)[off + within..off + within + take]);
+                }
+                g.add(Some(mr), &[Piece::Mem(off + within, take)]);
+                need -= take;
+                within += take;
             }
+            let pad = wire::fpdu_pad(UNTAGGED_HDR + seg);
+            let mut tail = [0u8; 7];
+            let tail_len = match crc {
+                Some(c) => {
+                    let c = crc32c::crc32c_append(c, &tail[..pad]);
+                    tail[pad..pad + 4].copy_from_slice(&c.to_le_bytes());
+                    pad + 4
+                }
+                None => pad + 4,
+            };
+            g.add(None, &[Piece::Bytes(&tail[..tail_len])]);
             sent += seg;
+        }
+        if !matches!(w, Out::Gather(_)) {
+            w.write(None, &own.pieces()).await?;
         }
         Ok(())
     }
