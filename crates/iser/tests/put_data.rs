@@ -51,3 +51,46 @@ async fn read_data_arrives_before_its_response_and_its_buffer_comes_back() {
     // completes, so most rounds after the first few reuse one.
     assert!(recycled >= 30, "only {recycled} of 59 buffers came back from the pool");
 }
+
+/// Sends held for a turn leave once the turn ends — or as soon as what was gathered exceeds
+/// what the software RNIC writes on the poster's thread at once (256 KiB), so a turn of large
+/// reads never becomes one list for the RNIC's transmitter task: here the first reads' data
+/// and responses arrive before the turn ends, the rest at its end, all in order and whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_of_large_reads_leaves_in_parts_of_at_most_256_kib() {
+    let rnic = SoftRnic::default();
+    let (target, initiator) = pair(&rnic).await;
+    let len = 100_000usize;
+    let itts: Vec<u32> = (20..26).collect();
+    for &itt in &itts {
+        let cmd = ScsiCommand { final_: true, read: true, itt, expected_data_len: len as u32, cmd_sn: itt, ..ScsiCommand::default() };
+        initiator.send_command(cmd, Bytes::new(), len as u32, None).await.unwrap();
+        let ev = tokio::time::timeout(Duration::from_secs(5), target.next_event()).await.unwrap();
+        assert!(matches!(ev, DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), .. }) if c.itt == itt), "{ev:?}");
+    }
+    target.hold_sends();
+    for &itt in &itts {
+        let desc = DataInDesc { itt, lun: Default::default(), offset: 0, data_sn: 0, collapse_status: None };
+        target.put_data(desc, Bytes::from(pattern(itt, len))).await.unwrap();
+        let r = ScsiResponse { itt, stat_sn: itt, ..ScsiResponse::default() };
+        target.send_control(ControlPdu::new(Header::ScsiResponse(r), Bytes::new())).await.unwrap();
+    }
+    let response = || async {
+        match tokio::time::timeout(Duration::from_secs(2), initiator.next_event()).await {
+            Ok(DmEvent::Control(ControlPdu { header: Header::ScsiResponse(r), .. })) => Some(r.itt),
+            Ok(ev) => panic!("{ev:?}"),
+            Err(_) => None,
+        }
+    };
+    // Two reads and their responses (200 KB) were gathered when the third would have passed
+    // 256 KiB: they left then, the turn still open.
+    assert_eq!(response().await, Some(itts[0]), "nothing left before the turn's end");
+    assert_eq!(response().await, Some(itts[1]));
+    target.release_sends().await.unwrap();
+    for &itt in &itts[2..] {
+        assert_eq!(response().await, Some(itt), "in order, at the turn's end");
+    }
+    for &itt in &itts {
+        assert!(initiator.take_read_data(itt).expect("the read's data")[..] == pattern(itt, len)[..], "itt {itt}");
+    }
+}

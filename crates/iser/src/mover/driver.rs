@@ -2,7 +2,7 @@
 //! them unsignaled) and their completions awaited, the completion driver, and the receive path
 //! that handles each received Send in place.
 
-use super::{InitTask, IserConfig, IserDatamover, Keep, Mr, Remote, Shared, Waiter, lock, rdma, signal_interval};
+use super::{GATHER_BYTES_MAX, InitTask, IserConfig, IserDatamover, Keep, Mr, Remote, Shared, Waiter, lock, rdma, signal_interval};
 use crate::header::{ISER_HDR_LEN, ISER_HEADERS_LEN, IserHeader, IserOpcode, RFC5046_HDR_LEN};
 use bytes::Bytes;
 use riser_datamover::{ControlPdu, DmError, DmEvent, Terminated, Violation};
@@ -206,6 +206,7 @@ impl<P: Provider + 'static> Shared<P> {
     /// Post what was gathered since `hold_sends`, as one list, and stop gathering.
     pub(super) fn release_sends(&self) -> Result<(), DmError> {
         let mut u = lock(&self.unsignaled);
+        u.gathered_bytes = 0;
         let Some(list) = u.gathering.take().filter(|l| !l.is_empty()) else { return Ok(()) };
         if let Err(e) = self.qp.post_send_list(list) {
             drop(u);
@@ -232,7 +233,8 @@ impl<P: Provider + 'static> Shared<P> {
         if self.closed.load(Ordering::Acquire) {
             return Err(DmError::Closed);
         }
-        let mut u = lock(&self.unsignaled);
+        let mut guard = lock(&self.unsignaled);
+        let u = &mut *guard;
         let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
         u.since_signal += 1;
         let signaled = done.is_some() || u.since_signal >= signal_interval(&self.cfg);
@@ -247,11 +249,29 @@ impl<P: Provider + 'static> Shared<P> {
         let wr = SendWr { wr_id, op, sg_list: sg, signaled };
         let (posted, with_gathered) = match u.gathering.as_mut() {
             Some(list) if !awaited => {
-                list.push(wr);
+                let bytes = match wr.op {
+                    SendOp::RdmaRead { .. } => 0,
+                    _ => wr.sg_list.iter().map(|e| u64::from(e.length)).sum(),
+                };
+                if !list.is_empty() && u.gathered_bytes + bytes > GATHER_BYTES_MAX {
+                    // What was gathered leaves now, while the poster may still write it itself.
+                    let full = std::mem::take(list);
+                    u.gathered_bytes = 0;
+                    if let Err(e) = self.qp.post_send_list(full) {
+                        lock(&self.waiting).remove(&wr_id);
+                        drop(guard);
+                        let e = rdma("post gathered work requests")(e);
+                        self.fail(e);
+                        return Err(e);
+                    }
+                }
+                u.gathered_bytes += bytes;
+                u.gathering.get_or_insert_with(Vec::new).push(wr);
                 return Ok(());
             }
             Some(list) if !list.is_empty() => {
                 let mut list = std::mem::take(list);
+                u.gathered_bytes = 0;
                 list.push(wr);
                 (self.qp.post_send_list(list), true)
             }
@@ -265,7 +285,7 @@ impl<P: Provider + 'static> Shared<P> {
             let e = rdma("post a work request")(e);
             if with_gathered {
                 // The gathered requests' bookkeeping cannot be told apart: the connection ends.
-                drop(u);
+                drop(guard);
                 self.fail(e);
             }
             return Err(e);

@@ -176,7 +176,14 @@ struct Unsignaled<P: Provider> {
     held: std::collections::VecDeque<(u64, Keep<P>)>,
     since_signal: u32,
     gathering: Option<Vec<riser_verbs::SendWr>>,
+    /// Payload bytes in `gathering`.
+    gathered_bytes: u64,
 }
+
+/// Payload gathered between `hold_sends` and `release_sends` at most before it is posted: the
+/// software RNIC writes a list of up to this much on the poster's thread, a larger one through
+/// its transmitter task (a hand-off per list).
+const GATHER_BYTES_MAX: u64 = 256 << 10;
 
 /// The default of [`IserConfig::signal_every`].
 pub const DEFAULT_SIGNAL_EVERY: u32 = 16;
@@ -281,7 +288,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             recvs: Mutex::new(HashMap::new()),
             next_wr: AtomicU64::new(1),
             waiting: Mutex::new(HashMap::new()),
-            unsignaled: Mutex::new(Unsignaled { held: Default::default(), since_signal: 0, gathering: None }),
+            unsignaled: Mutex::new(Unsignaled { held: Default::default(), since_signal: 0, gathering: None, gathered_bytes: 0 }),
             events_tx,
             events_rx: tokio::sync::Mutex::new(events_rx),
             remote: Mutex::new(HashMap::new()),
