@@ -52,11 +52,11 @@ fn send_receive_every_size_with_gather_and_scatter() {
 static RECEIVES: std::sync::Mutex<Vec<Arc<SoftMr>>> = std::sync::Mutex::new(Vec::new());
 
 /// A Send of a private header and a shared payload (as iSER sends a command with its immediate
-/// data), across FPDU boundaries: its FPDUs are gathered, the payload referred to where it lies,
-/// and arrive whole and in order, CRC on and off, posted alone (inline), in a list, and queued
-/// on a runtime behind other requests (joining the transmitter's gathering).
+/// data), and an RDMA Write of two such pieces, across FPDU boundaries: their FPDUs are gathered,
+/// the payload referred to where it lies, and arrive whole and in order, CRC on and off, posted
+/// alone (inline), in a list, and queued on a runtime behind other requests.
 #[test]
-fn sends_of_a_header_and_shared_data_arrive_whole_across_segments() {
+fn messages_of_a_header_and_shared_data_arrive_whole_across_segments() {
     let sizes = [1usize, 2047, 2048, 8192, 65_440, 65_516, 65_536, 70_000, 200_000];
     for crc in [false, true] {
         let cfg = RnicConfig::default().crc(crc);
@@ -64,6 +64,7 @@ fn sends_of_a_header_and_shared_data_arrive_whole_across_segments() {
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
         for how in ["alone", "list", "queued"] {
             let receives: Vec<_> = sizes.iter().map(|&n| s.mr(vec![0u8; n + 76], Access::LOCAL_WRITE)).collect();
+            let sinks: Vec<_> = sizes.iter().map(|&n| s.mr(vec![0u8; n + 76], ALL)).collect();
             for (i, r) in receives.iter().enumerate() {
                 s.recv(i as u64, r);
             }
@@ -71,7 +72,11 @@ fn sends_of_a_header_and_shared_data_arrive_whole_across_segments() {
             for (i, &n) in sizes.iter().enumerate() {
                 let head = c.mr(pattern(i as u8, 76), Access::empty());
                 let data = c.pd.register_shared(bytes::Bytes::from(pattern(i as u8 ^ 0x5a, n)), Access::empty()).unwrap();
-                wrs.push(SendWr { wr_id: i as u64, op: SendOp::Send, sg_list: vec![sge(&head, 0, 76), sge(&data, 0, n)], signaled: true });
+                let sg = vec![sge(&head, 0, 76), sge(&data, 0, n)];
+                // The write first: the Send behind it arrives after it is placed.
+                let write = SendOp::RdmaWrite { remote_addr: sinks[i].addr(), rkey: sinks[i].rkey() };
+                wrs.push(SendWr { wr_id: 2 * i as u64, op: write, sg_list: sg.clone(), signaled: true });
+                wrs.push(SendWr { wr_id: 2 * i as u64 + 1, op: SendOp::Send, sg_list: sg, signaled: true });
                 want.push([contents(&head), contents(&data)].concat());
                 regions.push((head, data));
             }
@@ -83,12 +88,17 @@ fn sends_of_a_header_and_shared_data_arrive_whole_across_segments() {
                     wrs.into_iter().for_each(|w| c.qp.post_send(w).unwrap());
                 }
             }
-            for (i, w) in want.iter().enumerate() {
+            for id in 0..2 * sizes.len() as u64 {
                 let wc = next(&c.cq);
-                assert_eq!((wc.wr_id, wc.status), (i as u64, WcStatus::Success), "{how}, crc {crc}");
+                assert_eq!((wc.wr_id, wc.status), (id, WcStatus::Success), "{how}, crc {crc}");
+            }
+            for (i, w) in want.iter().enumerate() {
                 let wc = next(&s.rcq);
                 assert_eq!((wc.wr_id, wc.status, wc.byte_len as usize), (i as u64, WcStatus::Success, w.len()), "{how}, crc {crc}");
-                assert_eq!(&contents(&receives[i])[..w.len()], &w[..], "size {}, {how}, crc {crc}", sizes[i]);
+                for (what, got) in [("Send", contents(&receives[i])), ("RDMA Write", contents(&sinks[i]))] {
+                    let first_wrong = got[..w.len()].iter().zip(w).position(|(a, b)| a != b);
+                    assert_eq!(first_wrong, None, "{what} of {} bytes, {how}, crc {crc}: first wrong byte", sizes[i]);
+                }
             }
         }
         assert!(c.qp.is_connected() && s.qp.is_connected());

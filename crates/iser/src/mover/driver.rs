@@ -259,6 +259,9 @@ impl<P: Provider + 'static> Shared<P> {
                     u.gathered_bytes = 0;
                     if let Err(e) = self.qp.post_send_list(full) {
                         lock(&self.waiting).remove(&wr_id);
+                        if u.held.back().is_some_and(|(id, _)| *id == wr_id) {
+                            u.held.pop_back();
+                        }
                         drop(guard);
                         let e = rdma("post gathered work requests")(e);
                         self.fail(e);

@@ -639,12 +639,9 @@ impl Tx {
         }
         // Several elements (headers in one region, data in another): the message's FPDUs are
         // gathered (framing and small or private pieces copied, large pieces of shared regions
-        // referred to) and leave in one write, or join the caller's gathering.
+        // referred to) and leave in one write per `GATHER_MAX`, or join the caller's gathering.
+        let into_caller = matches!(w, Out::Gather(_));
         let mut own = Gathered::default();
-        let g = match w {
-            Out::Gather(g) => g,
-            _ => &mut own,
-        };
         let (mut sent, mut i, mut within) = (0usize, 0usize, 0usize);
         while sent < total {
             if stop() {
@@ -655,12 +652,17 @@ impl Tx {
             if last {
                 before_last();
             }
+            let g = match w {
+                Out::Gather(g) => &mut *g,
+                _ => &mut own,
+            };
+            // The MPA length, then the DDP/RDMAP header (tagged or untagged).
             let mut head = [0u8; 2 + UNTAGGED_HDR];
-            head[..2].copy_from_slice(&((UNTAGGED_HDR + seg) as u16).to_be_bytes());
             let n = header(sent as u64, last).emit(&mut head[2..]);
-            debug_assert_eq!(n, UNTAGGED_HDR);
-            let mut crc = self.crc.then(|| crc32c::crc32c(&head));
-            g.add(None, &[Piece::Bytes(&head)]);
+            head[..2].copy_from_slice(&((n + seg) as u16).to_be_bytes());
+            let head = &head[..2 + n];
+            let mut crc = self.crc.then(|| crc32c::crc32c(head));
+            g.add(None, &[Piece::Bytes(head)]);
             let mut need = seg;
             while need > 0 {
                 // Skip empty (or used up) elements.
@@ -677,21 +679,18 @@ impl Tx {
                 need -= take;
                 within += take;
             }
-            let pad = wire::fpdu_pad(UNTAGGED_HDR + seg);
+            let pad = wire::fpdu_pad(n + seg);
             let mut tail = [0u8; 7];
-            let tail_len = match crc {
-                Some(c) => {
-                    let c = crc32c::crc32c_append(c, &tail[..pad]);
-                    tail[pad..pad + 4].copy_from_slice(&c.to_le_bytes());
-                    pad + 4
-                }
-                None => pad + 4,
-            };
-            g.add(None, &[Piece::Bytes(&tail[..tail_len])]);
+            if let Some(c) = crc {
+                let c = crc32c::crc32c_append(c, &tail[..pad]);
+                tail[pad..pad + 4].copy_from_slice(&c.to_le_bytes());
+            }
+            g.add(None, &[Piece::Bytes(&tail[..pad + 4])]);
             sent += seg;
-        }
-        if !matches!(w, Out::Gather(_)) {
-            w.write(None, &own.pieces()).await?;
+            if !into_caller && (own.full() || last) {
+                w.write(None, &own.pieces()).await?;
+                own = own.recycle().unwrap_or_default();
+            }
         }
         Ok(())
     }
