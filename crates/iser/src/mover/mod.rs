@@ -44,6 +44,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct IserConfig {
     /// Largest data segment this side receives: what it declares as
     /// InitiatorRecvDataSegmentLength / TargetRecvDataSegmentLength (login PDUs need 8192).
+    /// Every posted receive is this large. On a target it also bounds a write's immediate data:
+    /// riser's target service uses 64 KiB on the software RNIC, where receive memory is plain
+    /// memory (writes up to FirstBurstLength then need no RDMA Read), and the default 8 KiB on
+    /// rdma-core, as LIO, where it is pinned.
     pub recv_dsl: u32,
     /// Receives kept posted in full-feature phase: at least the CmdSN window plus room for
     /// unsolicited Data-Out, NOP-Out and task management.
