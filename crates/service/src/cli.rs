@@ -159,8 +159,9 @@ pub fn set_operational(cfg: &mut riser_iscsi::keys::OperationalConfig, kv: &str)
 
 /// Apply `KEY=VALUE` (the examples' `--iser-param`) to an iSER datamover's settings:
 /// `signal_every` (1 to 1024: at most that many routine requests in a row unsignaled; the
-/// datamover lowers it to a quarter of the send queue) and `send_depth` (send queue entries,
-/// from two per posted receive plus 16 (272 by default) to 65536).
+/// datamover lowers it to a quarter of the send queue), `send_depth` (send queue entries,
+/// from two per posted receive plus 16 (272 by default) to 65536) and `recv_dsl` (the data
+/// segment this side receives, 8 KiB to 1 MiB: every posted receive is this large).
 pub fn set_iser(cfg: &mut riser_iser::IserConfig, kv: &str) -> Result<(), String> {
     let (key, value) = kv.split_once('=').ok_or_else(|| format!("--iser-param {kv:?}: expected KEY=VALUE"))?;
     let (key, value) = (key.trim(), value.trim());
