@@ -9,7 +9,7 @@ use riser_datamover::{ControlPdu, DmError, DmEvent, Terminated, Violation};
 use riser_iscsi::keys::Role;
 use riser_iscsi::wire::{BHS_LEN, Bhs, Header, Pdu, Reaction};
 use riser_verbs::{
-    Access, CompletionQueue, MemoryRegion, ProtectionDomain, Provider, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    Access, CompletionQueue, MemoryRegion, ProtectionDomain, Provider, QueuePair, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus,
 };
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -77,24 +77,7 @@ impl<P: Provider + 'static> Shared<P> {
             quiet_rounds = 0;
             for wc in wcs {
                 if wc.opcode == WcOpcode::Recv {
-                    let Some(mr) = lock(&self.recvs).remove(&wc.wr_id) else { continue };
-                    if wc.status != WcStatus::Success {
-                        if wc.status != WcStatus::WrFlushErr {
-                            self.fail(DmError::Completion { op: WcOpcode::Recv.name(), status: wc.status.name() });
-                        }
-                        continue;
-                    }
-                    // Handled in place (immediate and Data-Out payload go straight to the task
-                    // buffer), then the buffer is posted again.
-                    let n = wc.byte_len as usize;
-                    let mut handled = Ok(());
-                    mr.read(&mut |b| handled = self.on_message(&b[..n.min(b.len())], wc.invalidated_rkey));
-                    if !self.closed.load(Ordering::Acquire) && self.qp.is_connected() && self.post_recv(Some(mr)).is_err() {
-                        self.fail(DmError::Resources { what: "repost a receive" });
-                    }
-                    if let Err(why) = handled {
-                        self.fail(why);
-                    }
+                    self.on_receive(wc);
                 } else if let Some(Waiter { done, keep }) = self.take_waiter(wc.wr_id) {
                     // Every request posted before this one has completed too.
                     let mut u = lock(&self.unsignaled);
@@ -120,6 +103,29 @@ impl<P: Provider + 'static> Shared<P> {
             let _ = self.events_tx.send(DmEvent::Terminated(Terminated::PeerClosed));
         }
         self.writes_changed.notify_waiters();
+    }
+
+    /// A receive completed (polled by the driver, or handed over by the provider where it
+    /// completed: see `CompletionQueue::deliver_receives`): the message is handled in place
+    /// (immediate and Data-Out payload go straight to the task buffer), then the buffer is
+    /// posted again.
+    pub(super) fn on_receive(&self, wc: Wc) {
+        let Some(mr) = lock(&self.recvs).remove(&wc.wr_id) else { return };
+        if wc.status != WcStatus::Success {
+            if wc.status != WcStatus::WrFlushErr {
+                self.fail(DmError::Completion { op: WcOpcode::Recv.name(), status: wc.status.name() });
+            }
+            return;
+        }
+        let n = wc.byte_len as usize;
+        let mut handled = Ok(());
+        mr.read(&mut |b| handled = self.on_message(&b[..n.min(b.len())], wc.invalidated_rkey));
+        if !self.closed.load(Ordering::Acquire) && self.qp.is_connected() && self.post_recv(Some(mr)).is_err() {
+            self.fail(DmError::Resources { what: "repost a receive" });
+        }
+        if let Err(why) = handled {
+            self.fail(why);
+        }
     }
 
     /// The waiter of a send-queue request (the map's lock released at once: the caller goes on
@@ -203,13 +209,45 @@ impl<P: Provider + 'static> Shared<P> {
         self.post_wr(op, sg, keep, signal.then(|| oneshot::channel().0), false)
     }
 
+    /// Initiator: post the commands gathered by `send_command` once the executor's other ready
+    /// tasks have run (their commands join the list). Pending forever once posting failed (the
+    /// connection has ended; the driver ends with it).
+    pub(super) async fn flush_when_due(&self) {
+        loop {
+            self.flush_due.notified().await;
+            tokio::task::yield_now().await;
+            if self.release_sends().is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
+    /// Initiator: gather the requests posted from now on (until the flusher posts them).
+    pub(super) fn gather_commands(&self) {
+        lock(&self.unsignaled).gathering.get_or_insert_with(Vec::new);
+    }
+
+    /// Initiator: a command was gathered: post the list now if it holds
+    /// [`COMMANDS_GATHERED_MAX`](super::COMMANDS_GATHERED_MAX) requests, else let the flusher.
+    pub(super) fn command_gathered(&self) -> Result<(), DmError> {
+        let full = lock(&self.unsignaled).gathering.as_ref().is_some_and(|l| l.len() >= super::COMMANDS_GATHERED_MAX);
+        if full {
+            return self.release_sends();
+        }
+        self.flush_due.notify_one();
+        Ok(())
+    }
+
     /// Post what was gathered since `hold_sends`, as one list, and stop gathering.
     pub(super) fn release_sends(&self) -> Result<(), DmError> {
         let mut u = lock(&self.unsignaled);
         u.gathered_bytes = 0;
         let Some(list) = u.gathering.take().filter(|l| !l.is_empty()) else { return Ok(()) };
-        if let Err(e) = self.qp.post_send_list(list) {
-            drop(u);
+        let order = lock(&self.posting);
+        drop(u);
+        let posted = self.qp.post_send_list(list);
+        drop(order);
+        if let Err(e) = posted {
             // Their bookkeeping cannot be told apart any more: the connection ends.
             let e = rdma("post gathered work requests")(e);
             self.fail(e);
@@ -218,10 +256,9 @@ impl<P: Provider + 'static> Shared<P> {
         Ok(())
     }
 
-    /// Post one request: signaled when someone waits, else now and then. Posting is
-    /// serialised, so request ids increase in posting order. While sends are held, a request
-    /// nobody `awaited` is gathered; one that is awaited is posted at once, with what was
-    /// gathered before it.
+    /// Post one request: signaled when someone waits, else now and then. Request ids increase
+    /// in posting order (see `Unsignaled`). While sends are held, a request nobody `awaited` is
+    /// gathered; one that is awaited is posted at once, with what was gathered before it.
     fn post_wr(
         &self,
         op: SendOp,
@@ -247,53 +284,53 @@ impl<P: Provider + 'static> Shared<P> {
         }
         tracing::trace!(role = ?self.role, wr_id, ?op, signaled, "iSER post");
         let wr = SendWr { wr_id, op, sg_list: sg, signaled };
-        let (posted, with_gathered) = match u.gathering.as_mut() {
+        // What leaves now: this request alone, or a list (what was gathered, with or before it).
+        let (one, list) = match u.gathering.as_mut() {
             Some(list) if !awaited => {
                 let bytes = match wr.op {
                     SendOp::RdmaRead { .. } => 0,
                     _ => wr.sg_list.iter().map(|e| u64::from(e.length)).sum(),
                 };
-                if !list.is_empty() && u.gathered_bytes + bytes > GATHER_BYTES_MAX {
-                    // What was gathered leaves now, while the poster may still write it itself.
-                    let full = std::mem::take(list);
+                // Past the cap, what was gathered leaves now, while the poster may still write
+                // it itself; this request starts the next list.
+                let full = (!list.is_empty() && u.gathered_bytes + bytes > GATHER_BYTES_MAX).then(|| std::mem::take(list));
+                if full.is_some() {
                     u.gathered_bytes = 0;
-                    if let Err(e) = self.qp.post_send_list(full) {
-                        lock(&self.waiting).remove(&wr_id);
-                        if u.held.back().is_some_and(|(id, _)| *id == wr_id) {
-                            u.held.pop_back();
-                        }
-                        drop(guard);
-                        let e = rdma("post gathered work requests")(e);
-                        self.fail(e);
-                        return Err(e);
-                    }
                 }
                 u.gathered_bytes += bytes;
                 u.gathering.get_or_insert_with(Vec::new).push(wr);
-                return Ok(());
+                match full {
+                    Some(full) => (None, full),
+                    None => return Ok(()),
+                }
             }
             Some(list) if !list.is_empty() => {
                 let mut list = std::mem::take(list);
                 u.gathered_bytes = 0;
                 list.push(wr);
-                (self.qp.post_send_list(list), true)
+                (None, list)
             }
-            _ => (self.qp.post_send(wr), false),
+            _ => (Some(wr), Vec::new()),
         };
-        if let Err(e) = posted {
+        let alone = one.is_some();
+        let order = lock(&self.posting);
+        drop(guard);
+        let posted = match one {
+            Some(wr) => self.qp.post_send(wr),
+            None => self.qp.post_send_list(list),
+        };
+        drop(order);
+        let Err(e) = posted else { return Ok(()) };
+        if alone {
+            // The request fails and the connection goes on; its memory, if held, goes with a
+            // later completion or the connection's end.
             lock(&self.waiting).remove(&wr_id);
-            if u.held.back().is_some_and(|(id, _)| *id == wr_id) {
-                u.held.pop_back();
-            }
-            let e = rdma("post a work request")(e);
-            if with_gathered {
-                // The gathered requests' bookkeeping cannot be told apart: the connection ends.
-                drop(guard);
-                self.fail(e);
-            }
-            return Err(e);
+            return Err(rdma("post a work request")(e));
         }
-        Ok(())
+        // The gathered requests' bookkeeping cannot be told apart: the connection ends.
+        let e = rdma("post gathered work requests")(e);
+        self.fail(e);
+        Err(e)
     }
 
     /// One PDU as one Send: [iSER header | BHS | AHS | data].
@@ -505,6 +542,47 @@ mod tests {
         old.extend([0u8; RFC5046_HDR_LEN - 1]);
         old.extend(pdu_bytes(nop, &[]));
         assert_eq!(dm.s.on_message(&old, None), Err(Violation::Rfc5046Header.into()));
+    }
+
+    /// An initiator's commands wait for the turn's end and leave together, posted by the
+    /// flusher; the eighth gathered posts them at once. (A current-thread runtime: nothing else
+    /// runs until the test yields.)
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_initiators_commands_leave_after_the_turn_or_at_the_eighth() {
+        use riser_datamover::{ConnectionResources, Datamover};
+        use riser_iscsi::wire::ScsiCommand;
+        use riser_verbs::Listener;
+        let rnic = riser_iwarp::SoftRnic::default();
+        let listener = rnic.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let r = rnic.clone();
+        let target = tokio::task::spawn_blocking(move || super::super::accept(&r, listener.get_request().unwrap(), IserConfig::default()));
+        let r = rnic.clone();
+        let initiator = tokio::task::spawn_blocking(move || super::super::connect(&r, addr, IserConfig::default())).await.unwrap().unwrap();
+        let (target, _) = target.await.unwrap().unwrap();
+        for dm in [&target, &initiator] {
+            tokio::spawn(dm.driver());
+            dm.allocate_connection_resources(ConnectionResources::default()).unwrap();
+            dm.enable();
+        }
+        let gathered = || lock(&initiator.s.unsignaled).gathering.as_ref().map_or(0, Vec::len);
+        let read = |itt: u32| ScsiCommand { final_: true, read: true, itt, expected_data_len: 512, cmd_sn: itt, ..ScsiCommand::default() };
+        for itt in 1..8 {
+            initiator.send_command(read(itt), Bytes::new(), 512, None).await.unwrap();
+            assert_eq!(gathered(), itt as usize, "gathered until the turn ends");
+        }
+        initiator.send_command(read(8), Bytes::new(), 512, None).await.unwrap();
+        assert_eq!(gathered(), 0, "the eighth posts them at once");
+        for itt in 9..12 {
+            initiator.send_command(read(itt), Bytes::new(), 512, None).await.unwrap();
+        }
+        assert_eq!(gathered(), 3);
+        // The turn ends here: the flusher posts the rest, and all arrive in order.
+        for itt in 1..12 {
+            let ev = tokio::time::timeout(Duration::from_secs(5), target.next_event()).await.expect("a command");
+            assert!(matches!(ev, DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), .. }) if c.itt == itt), "{ev:?}");
+        }
+        assert_eq!(gathered(), 0);
     }
 
     /// The full-feature receives go up once: at allocate_connection_resources, or at enable

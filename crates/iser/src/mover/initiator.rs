@@ -88,6 +88,9 @@ impl<P: Provider + 'static> IserDatamover<P> {
         let imm_len = immediate.len() + by_ref.as_ref().map_or(0, |(_, sge)| sge.length as usize);
         let (itt, lun, exp_stat_sn) = (cmd.itt, cmd.lun, cmd.exp_stat_sn);
         lock(&s.tasks).insert(itt, task);
+        // The command and its Data-Out wait for the flusher, with the commands of the caller's
+        // other tasks (see `COMMANDS_GATHERED_MAX`).
+        s.gather_commands();
         let mut r = s.send_pdu_from(ih, &Header::ScsiCommand(cmd), &ahs, &[&immediate], by_ref, None);
         // Unsolicited Data-Out PDUs as Sends, each within the target's receive size.
         let seg = l.send_segment();
@@ -106,6 +109,9 @@ impl<P: Provider + 'static> IserDatamover<P> {
             r = s.send_pdu(IserHeader::CONTROL, &Header::DataOut(d), &[], &[&unsolicited[at..at + n]], None).await;
             at += n;
             data_sn += 1;
+        }
+        if r.is_ok() {
+            r = s.command_gathered();
         }
         if r.is_err() {
             self.deallocate_task_resources(itt);

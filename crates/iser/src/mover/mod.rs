@@ -23,7 +23,7 @@ use riser_datamover::{
 use riser_iscsi::keys::{DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH, NegotiatedParams, Role};
 use riser_iscsi::session::transfer::TransferLimits;
 use riser_iscsi::wire::{Header, ScsiCommand};
-use riser_verbs::{ConnParam, ConnectionRequest, MemoryRegion, ProtectionDomain, Provider, QpCaps, QueuePair, WcStatus};
+use riser_verbs::{CompletionQueue, ConnParam, ConnectionRequest, MemoryRegion, ProtectionDomain, Provider, QpCaps, QueuePair, WcStatus};
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -175,7 +175,9 @@ struct InitTask<P: Provider> {
 
 /// Memory of unsignaled requests, released in order as later requests complete; and the
 /// requests gathered between `hold_sends` and `release_sends` (posted together, in order).
-/// Posting takes this lock, so request ids increase in posting order.
+/// Request ids are drawn under this lock, and `Shared::posting` is taken before it is let go
+/// for a post, so ids increase in posting order while a slow post (the software RNIC writes
+/// to its socket) does not hold up others gathering.
 struct Unsignaled<P: Provider> {
     held: std::collections::VecDeque<(u64, Keep<P>)>,
     since_signal: u32,
@@ -188,6 +190,12 @@ struct Unsignaled<P: Provider> {
 /// software RNIC writes a list of up to this much on the poster's thread, a larger one through
 /// its transmitter task (a hand-off per list).
 const GATHER_BYTES_MAX: u64 = 256 << 10;
+
+/// Initiator: commands (with their Data-Out) gathered at most before they are posted at once,
+/// without waiting for the flusher. Commands the caller's tasks issue in one turn of the
+/// executor are posted together, after it (the software RNIC writes them in one system call);
+/// from this many on they leave at once, so the target starts on them while the next are made.
+const COMMANDS_GATHERED_MAX: usize = 8;
 
 /// The default of [`IserConfig::signal_every`].
 pub const DEFAULT_SIGNAL_EVERY: u32 = 16;
@@ -237,6 +245,8 @@ struct Shared<P: Provider> {
     next_wr: AtomicU64,
     waiting: Mutex<HashMap<u64, Waiter<P>>>,
     unsignaled: Mutex<Unsignaled<P>>,
+    /// Held while posting, taken under `unsignaled` (see [`Unsignaled`]).
+    posting: Mutex<()>,
     events_tx: mpsc::UnboundedSender<DmEvent>,
     events_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<DmEvent>>,
     remote: Mutex<HashMap<u32, Remote>>,
@@ -252,6 +262,9 @@ struct Shared<P: Provider> {
     closed: AtomicBool,
     /// Registered buffers for small Sends, reused once free (see `small_send_buffer`).
     send_bufs: Mutex<Vec<Arc<Mr<P>>>>,
+    /// Initiator: commands were gathered; the flusher posts them once the executor's ready
+    /// tasks have run (see `flush_when_due`).
+    flush_due: Notify,
 }
 
 /// The iSER datamover of one connection (initiator or target).
@@ -293,6 +306,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             next_wr: AtomicU64::new(1),
             waiting: Mutex::new(HashMap::new()),
             unsignaled: Mutex::new(Unsignaled { held: Default::default(), since_signal: 0, gathering: None, gathered_bytes: 0 }),
+            posting: Mutex::new(()),
             events_tx,
             events_rx: tokio::sync::Mutex::new(events_rx),
             remote: Mutex::new(HashMap::new()),
@@ -305,7 +319,16 @@ impl<P: Provider + 'static> IserDatamover<P> {
             ff_posted: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             send_bufs: Mutex::new(Vec::new()),
+            flush_due: Notify::new(),
         });
+        // Where the provider can, a received message is handled where it completed, without
+        // waking the driver (whose handle on the connection is the one kept alive).
+        let weak: std::sync::Weak<Shared<P>> = Arc::downgrade(&s);
+        s.cq.deliver_receives(Box::new(move |wc: riser_verbs::Wc| {
+            if let Some(s) = weak.upgrade() {
+                s.on_receive(wc);
+            }
+        }));
         // Login is carried by Sends from the very first PDU: receives are posted before the
         // connection is established.
         for _ in 0..LOGIN_RECVS {
@@ -314,10 +337,18 @@ impl<P: Provider + 'static> IserDatamover<P> {
         Ok(Self { s })
     }
 
-    /// The completion driver: spawn it (tokio). It ends when the connection has.
+    /// The completion driver: spawn it (tokio). It ends when the connection has. On an
+    /// initiator it also posts the commands gathered by `send_command`: those the caller's
+    /// tasks issue in one turn of the executor leave together, after it (up to eight, then at
+    /// once).
     pub fn driver(&self) -> impl Future<Output = ()> + Send + 'static {
         let s = self.s.clone();
-        async move { s.drive().await }
+        async move {
+            tokio::select! {
+                _ = s.clone().drive() => {}
+                _ = s.flush_when_due() => {}
+            }
+        }
     }
 
     /// Whether Send with Invalidate is in use on this connection.
