@@ -237,15 +237,14 @@ impl SoftQp {
         // Room for the payload and each request's FPDU framing (one FPDU each: all are small).
         let room = wrs.iter().map(payload).sum::<u64>() as usize + wrs.len() * 64;
         let mut out = if wrs.len() == 1 { Out::NoWait { sock: w, rest: Vec::new() } } else { Out::Gather(Gathered::with_capacity(room)) };
-        let mut owed = Vec::new();
         let mut taken = 0;
         for wr in wrs {
             // Never stopped half-way: what the socket refused is owed to the stream. Nothing
             // here waits (the writers never do, the ORD room was checked), so one poll
-            // finishes it.
+            // finishes it. A request taken is done (its payload is its byte count) or a read
+            // (pending: its response completes it).
             match now(tx.work_request(&self.s, &mut out, wr, &|| false)) {
-                Some(TxOutcome::Done(n)) => owed.push((wr.clone(), n)),
-                Some(TxOutcome::Pending) => {}
+                Some(TxOutcome::Done(_) | TxOutcome::Pending) => {}
                 Some(TxOutcome::LocalError(_) | TxOutcome::Io(_)) | None => break,
             }
             taken += 1;
@@ -253,18 +252,19 @@ impl SoftQp {
         if taken == 0 {
             return 0;
         }
+        let owed = || wrs[..taken].iter().filter(|wr| !matches!(wr.op, SendOp::RdmaRead { .. })).map(|wr| (wr, payload(wr) as u32));
         if let Out::Gather(gathered) = out {
             out = Out::NoWait { sock: w, rest: Vec::new() };
             let _ = now(out.write(None, &gathered.pieces()));
         }
         let Out::NoWait { rest, .. } = out else { unreachable!("written without waiting above") };
         if rest.is_empty() {
-            for (wr, n) in &owed {
-                self.s.complete_send(wr, WcStatus::Success, *n);
+            for (wr, n) in owed() {
+                self.s.complete_send(wr, WcStatus::Success, n);
             }
             return taken;
         }
-        let rest = TxItem::Rest { bytes: rest, owed };
+        let rest = TxItem::Rest { bytes: rest, owed: owed().map(|(wr, n)| (wr.clone(), n)).collect() };
         let refused = match lock(&self.s.tx).as_ref() {
             Some(q) => q.send(rest),
             None => Err(rest),

@@ -8,6 +8,7 @@ use super::qp::{PendingRead, QpShared, QpState};
 use super::{lock, terminate_for};
 use crate::wire::{self, Header, Opcode, QN_READ, QN_SEND, QN_TERMINATE, READ_REQUEST_LEN, ReadRequest, Term, TerminateMsg, UNTAGGED_HDR};
 use riser_verbs::{Access, SendOp, SendWr, WcStatus};
+use smallvec::SmallVec;
 use std::future::Future;
 use std::io::{self, IoSlice};
 use std::pin::pin;
@@ -167,7 +168,7 @@ impl Out<'_> {
             let r = {
                 let guard = mem.map(|m| lock(&m.mem));
                 let mut skip = done;
-                let mut bufs: Vec<IoSlice<'_>> = Vec::with_capacity(pieces.len());
+                let mut bufs: SmallVec<[IoSlice<'_>; 4]> = SmallVec::with_capacity(pieces.len());
                 for p in pieces {
                     let b: &[u8] = match *p {
                         Piece::Bytes(b) => b,
@@ -564,13 +565,17 @@ fn flush_item(s: &QpShared, item: TxItem) {
 /// What asks, between FPDUs, whether to abandon the message (a Terminate is waiting).
 type Stop<'a> = &'a (dyn Fn() -> bool + Sync);
 
+/// A request's local elements resolved (region, offset, length): inline for the one or two a
+/// request mostly has (no allocation per request).
+type Sources = SmallVec<[(Arc<SoftMr>, usize, usize); 2]>;
+
 impl Tx {
     /// Transmit one work request. `stop` is asked between FPDUs: true ends the message there
     /// (a Terminate is waiting; the transmitter's work is flushed anyway). An RDMA Read needs
     /// room under the ORD, which the caller made sure of.
     pub(super) async fn work_request(&mut self, s: &QpShared, w: &mut Out<'_>, wr: &SendWr, stop: Stop<'_>) -> TxOutcome {
         let need = if matches!(wr.op, SendOp::RdmaRead { .. }) { Access::LOCAL_WRITE } else { Access::empty() };
-        let mut sources = Vec::with_capacity(wr.sg_list.len());
+        let mut sources: Sources = SmallVec::with_capacity(wr.sg_list.len());
         for sge in &wr.sg_list {
             match s.local(sge, need) {
                 Some((mr, off)) => sources.push((mr, off, sge.length as usize)),
@@ -709,7 +714,25 @@ impl Tx {
         before_last: &mut (dyn FnMut() + Send),
         stop: Stop<'_>,
     ) -> io::Result<()> {
-        const BATCH: usize = 16;
+        // Most messages are one FPDU: framed without the room (zeroed per call) for sixteen.
+        if total <= self.max_segment {
+            return self.region_batches::<1>(w, mr, base, total, header, before_last, stop).await;
+        }
+        self.region_batches::<16>(w, mr, base, total, header, before_last, stop).await
+    }
+
+    /// [`Self::stream_region`], `BATCH` FPDUs per write.
+    #[allow(clippy::too_many_arguments)]
+    async fn region_batches<const BATCH: usize>(
+        &self,
+        w: &mut Out<'_>,
+        mr: &SoftMr,
+        base: usize,
+        total: usize,
+        header: impl Fn(u64, bool) -> Header,
+        before_last: &mut (dyn FnMut() + Send),
+        stop: Stop<'_>,
+    ) -> io::Result<()> {
         let mut sent = 0usize;
         let mut heads = [[0u8; 2 + UNTAGGED_HDR]; BATCH];
         let mut tails = [[0u8; 7]; BATCH];
@@ -745,7 +768,7 @@ impl Tx {
                     n += 1;
                 }
             }
-            let mut pieces: Vec<Piece<'_>> = Vec::with_capacity(3 * n);
+            let mut pieces: SmallVec<[Piece<'_>; 3]> = SmallVec::with_capacity(3 * n);
             for (k, &(hl, off, seg, tl)) in frames[..n].iter().enumerate() {
                 pieces.push(Piece::Bytes(&heads[k][..hl]));
                 pieces.push(Piece::Mem(base + off, seg));
