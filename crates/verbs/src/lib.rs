@@ -326,7 +326,8 @@ pub trait CompletionQueue: Send + Sync + fmt::Debug {
     /// A future that resolves once a completion is available.
     fn ready(&self) -> BoxFuture<'_, ()>;
     /// Hand every successful receive completion to `handler` where the provider completes it
-    /// (its receiving context), in order, instead of queueing it for [`poll`](Self::poll): the
+    /// (its receiving context), in order for each queue pair (queue pairs sharing the queue may
+    /// call it at once), instead of queueing it for [`poll`](Self::poll): the
     /// consumer handles a received message without a wake-up of its poller. Errors, flushes and
     /// send-queue completions are queued as before. The handler must not block; it may post
     /// receives and disconnect the queue pair. Set it before work is posted on queue pairs of

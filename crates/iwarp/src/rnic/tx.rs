@@ -8,7 +8,7 @@ use super::qp::{PendingRead, QpShared, QpState};
 use super::{lock, terminate_for};
 use crate::wire::{self, Header, Opcode, QN_READ, QN_SEND, QN_TERMINATE, READ_REQUEST_LEN, ReadRequest, Term, TerminateMsg, UNTAGGED_HDR};
 use riser_verbs::{Access, SendOp, SendWr, WcStatus};
-use smallvec::SmallVec;
+use smallvec::{SmallVec, smallvec};
 use std::future::Future;
 use std::io::{self, IoSlice};
 use std::pin::pin;
@@ -714,40 +714,25 @@ impl Tx {
         before_last: &mut (dyn FnMut() + Send),
         stop: Stop<'_>,
     ) -> io::Result<()> {
-        // Most messages are one FPDU: framed without the room (zeroed per call) for sixteen.
-        if total <= self.max_segment {
-            return self.region_batches::<1>(w, mr, base, total, header, before_last, stop).await;
-        }
-        self.region_batches::<16>(w, mr, base, total, header, before_last, stop).await
-    }
-
-    /// [`Self::stream_region`], `BATCH` FPDUs per write.
-    #[allow(clippy::too_many_arguments)]
-    async fn region_batches<const BATCH: usize>(
-        &self,
-        w: &mut Out<'_>,
-        mr: &SoftMr,
-        base: usize,
-        total: usize,
-        header: impl Fn(u64, bool) -> Header,
-        before_last: &mut (dyn FnMut() + Send),
-        stop: Stop<'_>,
-    ) -> io::Result<()> {
+        const BATCH: usize = 16;
+        // Room for the FPDUs of one write: inline for the one most messages are (no room for
+        // sixteen zeroed per call), on the heap for a large message.
+        let room = total.div_ceil(self.max_segment).min(BATCH);
         let mut sent = 0usize;
-        let mut heads = [[0u8; 2 + UNTAGGED_HDR]; BATCH];
-        let mut tails = [[0u8; 7]; BATCH];
+        let mut heads: SmallVec<[[u8; 2 + UNTAGGED_HDR]; 1]> = smallvec![[0u8; 2 + UNTAGGED_HDR]; room];
+        let mut tails: SmallVec<[[u8; 7]; 1]> = smallvec![[0u8; 7]; room];
+        let mut frames: SmallVec<[(usize, usize, usize, usize); 1]> = smallvec![(0, 0, 0, 0); room];
         while sent < total {
             // Between writes the stream is at an FPDU boundary: the only place to stop.
             if stop() {
                 return Err(stopped());
             }
-            let mut frames = [(0usize, 0usize, 0usize, 0usize); BATCH];
             let mut n = 0;
             let mut at = sent;
             {
                 // The region is read here only for the CRC.
                 let mem = self.crc.then(|| lock(&mr.mem));
-                while n < BATCH && at < total {
+                while n < room && at < total {
                     let seg = (total - at).min(self.max_segment);
                     let last = at + seg == total;
                     if last {
