@@ -438,8 +438,8 @@ fn lists_and_gathered_requests_keep_their_order() {
 }
 
 /// A completion queue that delivers receives hands each successful one to its handler, on the
-/// receiver, in order, and queues nothing for it; a message too large for its receive, send
-/// completions and the flushes at the end are still queued. The handler may repost the
+/// receiver, in order, and queues nothing it took; one the handler declines, a message too large
+/// for its receive, send completions and the flushes at the end are still queued. The handler may repost the
 /// receive it was given (the iSER datamover does). One handler per queue.
 #[test]
 fn receives_handed_over_where_they_complete_and_errors_still_queued() {
@@ -450,27 +450,33 @@ fn receives_handed_over_where_they_complete_and_errors_still_queued() {
             let r = s.mr(vec![0u8; 64], Access::LOCAL_WRITE);
             let (qp, lkey, addr) = (s.qp.clone(), r.lkey(), r.addr());
             let took = s.rcq.deliver_receives(Box::new(move |wc| {
+                // Declined: queued for poll, as if there were no handler.
+                if wc.wr_id == 5 {
+                    return false;
+                }
                 handed.lock().unwrap().push(wc);
                 // Reposted from inside the handler: the next message lands in it again.
-                if wc.wr_id < 3 {
+                if wc.wr_id < 5 {
                     let _ = qp.post_recv(RecvWr { wr_id: wc.wr_id + 1, sg_list: vec![Sge { addr, length: 64, lkey }] });
                 }
+                true
             }));
             assert!(took);
-            assert!(!s.rcq.deliver_receives(Box::new(|_| {})), "a second handler is refused");
+            assert!(!s.rcq.deliver_receives(Box::new(|_| true)), "a second handler is refused");
             s.recv(1, &r);
             RECV_HANDED.lock().unwrap().push(r);
         }
     });
     let msg = c.mr(pattern(9, 100), Access::empty());
-    for (id, len) in [(1, 10), (2, 64), (3, 20)] {
+    for (id, len) in [(1, 10), (2, 64), (3, 20), (4, 30), (5, 40)] {
         c.send(id, SendOp::Send, vec![sge(&msg, 0, len)]);
         let wc = next(&c.cq);
         assert_eq!((wc.wr_id, wc.status), (id, WcStatus::Success));
     }
-    wait_until("three receives handed over", || handed.lock().unwrap().len() == 3);
+    let wc = next(&s.rcq);
+    assert_eq!((wc.wr_id, wc.byte_len, wc.status), (5, 40, WcStatus::Success), "the one declined is queued");
     let got: Vec<(u64, u32, WcStatus)> = handed.lock().unwrap().iter().map(|w| (w.wr_id, w.byte_len, w.status)).collect();
-    assert_eq!(got, [(1, 10, WcStatus::Success), (2, 64, WcStatus::Success), (3, 20, WcStatus::Success)]);
+    assert_eq!(got, [(1, 10, WcStatus::Success), (2, 64, WcStatus::Success), (3, 20, WcStatus::Success), (4, 30, WcStatus::Success)]);
     assert!(s.rcq.poll(8).is_empty(), "nothing handed over is queued as well");
     assert_eq!(&contents(&RECV_HANDED.lock().unwrap()[0])[..20], &pattern(9, 20)[..]);
     // A receive that ends in error is queued: a message larger than the buffer.
@@ -481,7 +487,7 @@ fn receives_handed_over_where_they_complete_and_errors_still_queued() {
     let wc = next(&s.rcq);
     assert_eq!((wc.wr_id, wc.status), (10, WcStatus::LocalLengthErr));
     assert_eq!(next(&s.rcq).status, WcStatus::WrFlushErr, "the rest is flushed, queued too");
-    assert_eq!(handed.lock().unwrap().len(), 3);
+    assert_eq!(handed.lock().unwrap().len(), 4);
     RECV_HANDED.lock().unwrap().clear();
 }
 

@@ -545,18 +545,21 @@ mod tests {
     }
 
     /// An initiator's commands wait for the turn's end and leave together, posted by the
-    /// flusher; the eighth gathered posts them at once. (A current-thread runtime: nothing else
+    /// flusher; the eighth gathered, or one with more than 8 KiB of data, posts them at once. (A current-thread runtime: nothing else
     /// runs until the test yields.)
     #[tokio::test(flavor = "current_thread")]
     async fn an_initiators_commands_leave_after_the_turn_or_at_the_eighth() {
         use riser_datamover::{ConnectionResources, Datamover};
+        use riser_iscsi::keys::{NegotiatedParams, Transport};
         use riser_iscsi::wire::ScsiCommand;
         use riser_verbs::Listener;
         let rnic = riser_iwarp::SoftRnic::default();
         let listener = rnic.listen("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = listener.local_addr().unwrap();
         let r = rnic.clone();
-        let target = tokio::task::spawn_blocking(move || super::super::accept(&r, listener.get_request().unwrap(), IserConfig::default()));
+        // The target receives segments of up to 64 KiB (as riser's does on the software RNIC).
+        let cfg = IserConfig::default().recv_dsl(64 << 10);
+        let target = tokio::task::spawn_blocking(move || super::super::accept(&r, listener.get_request().unwrap(), cfg));
         let r = rnic.clone();
         let initiator = tokio::task::spawn_blocking(move || super::super::connect(&r, addr, IserConfig::default())).await.unwrap().unwrap();
         let (target, _) = target.await.unwrap().unwrap();
@@ -583,6 +586,30 @@ mod tests {
             assert!(matches!(ev, DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), .. }) if c.itt == itt), "{ev:?}");
         }
         assert_eq!(gathered(), 0);
+        // A command with more data than is copied behind its headers (here 16 KiB of immediate
+        // data, the target receiving 64 KiB segments) leaves at once, with what was gathered
+        // before it: the target starts on its data while the next command is made.
+        let p = NegotiatedParams {
+            transport: Transport::Iser,
+            immediate_data: true,
+            target_recv_data_segment_length: 64 << 10,
+            first_burst_length: 64 << 10,
+            ..NegotiatedParams::default()
+        };
+        initiator.notice_key_values(&p);
+        initiator.send_command(read(12), Bytes::new(), 512, None).await.unwrap();
+        assert_eq!(gathered(), 1);
+        let data = Bytes::from(vec![7u8; 16 << 10]);
+        let write = ScsiCommand { final_: true, write: true, itt: 13, expected_data_len: 16 << 10, cmd_sn: 13, ..ScsiCommand::default() };
+        initiator.send_command(write, Bytes::new(), 0, Some(data)).await.unwrap();
+        assert_eq!(gathered(), 0, "posted at once, with the read gathered before it");
+        for itt in 12..14 {
+            let ev = tokio::time::timeout(Duration::from_secs(5), target.next_event()).await.expect("a command");
+            assert!(
+                matches!(ev, DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), immediate, .. }) if c.itt == itt && immediate == if itt == 13 { 16 << 10 } else { 0 }),
+                "{ev:?}"
+            );
+        }
     }
 
     /// The full-feature receives go up once: at allocate_connection_resources, or at enable

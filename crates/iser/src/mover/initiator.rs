@@ -88,9 +88,13 @@ impl<P: Provider + 'static> IserDatamover<P> {
         let imm_len = immediate.len() + by_ref.as_ref().map_or(0, |(_, sge)| sge.length as usize);
         let (itt, lun, exp_stat_sn) = (cmd.itt, cmd.lun, cmd.exp_stat_sn);
         lock(&s.tasks).insert(itt, task);
-        // The command and its Data-Out wait for the flusher, with the commands of the caller's
-        // other tasks (see `COMMANDS_GATHERED_MAX`).
-        s.gather_commands();
+        // A command with little data waits for the flusher, with the commands of the caller's
+        // other tasks (see `COMMANDS_GATHERED_MAX`); one with more leaves at once (with what was
+        // gathered before it), so the target starts on its data while the next is made.
+        let gathered = imm_len + unsolicited.len() <= IMMEDIATE_COPY_MAX;
+        if gathered {
+            s.gather_commands();
+        }
         let mut r = s.send_pdu_from(ih, &Header::ScsiCommand(cmd), &ahs, &[&immediate], by_ref, None);
         // Unsolicited Data-Out PDUs as Sends, each within the target's receive size.
         let seg = l.send_segment();
@@ -111,7 +115,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             data_sn += 1;
         }
         if r.is_ok() {
-            r = s.command_gathered();
+            r = if gathered { s.command_gathered() } else { s.release_sends() };
         }
         if r.is_err() {
             self.deallocate_task_resources(itt);

@@ -199,6 +199,10 @@ const GATHER_BYTES_MAX: u64 = 256 << 10;
 /// from this many on they leave at once, so the target starts on them while the next are made.
 const COMMANDS_GATHERED_MAX: usize = 8;
 
+/// Largest received message handled where the provider completed it (see
+/// `CompletionQueue::deliver_receives`); larger ones go through the completion driver.
+const HANDLED_WHERE_RECEIVED_MAX: usize = 8 << 10;
+
 /// The default of [`IserConfig::signal_every`].
 pub const DEFAULT_SIGNAL_EVERY: u32 = 16;
 
@@ -323,13 +327,19 @@ impl<P: Provider + 'static> IserDatamover<P> {
             send_bufs: Mutex::new(Vec::new()),
             flush_due: Notify::new(),
         });
-        // Where the provider can, a received message is handled where it completed, without
-        // waking the driver (whose handle on the connection is the one kept alive).
+        // Where the provider can, a small received message is handled where it completed,
+        // without waking the driver (whose handle on the connection is the one kept alive). A
+        // large one (immediate or Data-Out payload to copy into its task buffer) goes to the
+        // driver, so the copy runs beside the receiving of the next message.
         let weak: std::sync::Weak<Shared<P>> = Arc::downgrade(&s);
         s.cq.deliver_receives(Box::new(move |wc: riser_verbs::Wc| {
+            if wc.byte_len as usize > HANDLED_WHERE_RECEIVED_MAX {
+                return false;
+            }
             if let Some(s) = weak.upgrade() {
                 s.on_receive(wc);
             }
+            true
         }));
         // Login is carried by Sends from the very first PDU: receives are posted before the
         // connection is established.

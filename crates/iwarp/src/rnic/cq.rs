@@ -43,8 +43,9 @@ impl SoftCq {
         if wc.opcode == WcOpcode::Recv
             && wc.status == WcStatus::Success
             && let Some(h) = self.receives.get()
+            && h(wc)
         {
-            return h(wc);
+            return;
         }
         let mut q = lock(&self.q);
         q.push_back(wc);
