@@ -545,8 +545,9 @@ mod tests {
     }
 
     /// An initiator's commands wait for the turn's end and leave together, posted by the
-    /// flusher; the eighth gathered, or one with more than 8 KiB of data, posts them at once. (A current-thread runtime: nothing else
-    /// runs until the test yields.)
+    /// flusher; the eighth gathered, or one with more than 8 KiB of data, posts them at once.
+    /// The target handles them in the order they arrived, large or small. (A current-thread
+    /// runtime: nothing else runs until the test yields.)
     #[tokio::test(flavor = "current_thread")]
     async fn an_initiators_commands_leave_after_the_turn_or_at_the_eighth() {
         use riser_datamover::{ConnectionResources, Datamover};
@@ -603,12 +604,14 @@ mod tests {
         let write = ScsiCommand { final_: true, write: true, itt: 13, expected_data_len: 16 << 10, cmd_sn: 13, ..ScsiCommand::default() };
         initiator.send_command(write, Bytes::new(), 0, Some(data)).await.unwrap();
         assert_eq!(gathered(), 0, "posted at once, with the read gathered before it");
-        for itt in 12..14 {
-            let ev = tokio::time::timeout(Duration::from_secs(5), target.next_event()).await.expect("a command");
-            assert!(
-                matches!(ev, DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), immediate, .. }) if c.itt == itt && immediate == if itt == 13 { 16 << 10 } else { 0 }),
-                "{ev:?}"
-            );
+        // A small PDU right behind the large one is handled after it (every received message
+        // is handled in one context, in the order it arrived).
+        let ping = NopOut { immediate: true, itt: 14, ttt: RESERVED_TAG, ..NopOut::default() };
+        initiator.send_control(ControlPdu::new(Header::NopOut(ping), Bytes::new())).await.unwrap();
+        for itt in 12..15 {
+            let ev = tokio::time::timeout(Duration::from_secs(5), target.next_event()).await.expect("a PDU");
+            let DmEvent::Control(ControlPdu { header, immediate, .. }) = &ev else { panic!("{ev:?}") };
+            assert_eq!((header.itt(), *immediate), (itt, if itt == 13 { 16 << 10 } else { 0 }), "{ev:?}");
         }
     }
 

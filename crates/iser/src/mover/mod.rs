@@ -199,10 +199,6 @@ const GATHER_BYTES_MAX: u64 = 256 << 10;
 /// from this many on they leave at once, so the target starts on them while the next are made.
 const COMMANDS_GATHERED_MAX: usize = 8;
 
-/// Largest received message handled where the provider completed it (see
-/// `CompletionQueue::deliver_receives`); larger ones go through the completion driver.
-const HANDLED_WHERE_RECEIVED_MAX: usize = 8 << 10;
-
 /// The default of [`IserConfig::signal_every`].
 pub const DEFAULT_SIGNAL_EVERY: u32 = 16;
 
@@ -327,15 +323,13 @@ impl<P: Provider + 'static> IserDatamover<P> {
             send_bufs: Mutex::new(Vec::new()),
             flush_due: Notify::new(),
         });
-        // Where the provider can, a small received message is handled where it completed,
-        // without waking the driver (whose handle on the connection is the one kept alive). A
-        // large one (immediate or Data-Out payload to copy into its task buffer) goes to the
-        // driver, so the copy runs beside the receiving of the next message.
+        // Where the provider can, a received message is handled where it completed, without
+        // waking the driver (whose handle on the connection is the one kept alive). Every one:
+        // messages are handled in the order they arrived only if one context handles them all
+        // (a command sent to the driver and the small task management request behind it handled
+        // here would be answered before the command is seen).
         let weak: std::sync::Weak<Shared<P>> = Arc::downgrade(&s);
         s.cq.deliver_receives(Box::new(move |wc: riser_verbs::Wc| {
-            if wc.byte_len as usize > HANDLED_WHERE_RECEIVED_MAX {
-                return false;
-            }
             if let Some(s) = weak.upgrade() {
                 s.on_receive(wc);
             }
