@@ -105,10 +105,8 @@ impl<P: Provider + 'static> Shared<P> {
         self.writes_changed.notify_waiters();
     }
 
-    /// A receive completed (polled by the driver, or handed over by the provider where it
-    /// completed: see `CompletionQueue::deliver_receives`): the message is handled in place
-    /// (immediate and Data-Out payload go straight to the task buffer), then the buffer is
-    /// posted again.
+    /// A receive completed: the message is handled in place (immediate and Data-Out payload go
+    /// straight to the task buffer), then the buffer is posted again.
     pub(super) fn on_receive(&self, wc: Wc) {
         let Some(mr) = lock(&self.recvs).remove(&wc.wr_id) else { return };
         if wc.status != WcStatus::Success {
@@ -605,7 +603,7 @@ mod tests {
         initiator.send_command(write, Bytes::new(), 0, Some(data)).await.unwrap();
         assert_eq!(gathered(), 0, "posted at once, with the read gathered before it");
         // A small PDU right behind the large one is handled after it (every received message
-        // is handled in one context, in the order it arrived).
+        // is handled by the driver, in the order it arrived).
         let ping = NopOut { immediate: true, itt: 14, ttt: RESERVED_TAG, ..NopOut::default() };
         initiator.send_control(ControlPdu::new(Header::NopOut(ping), Bytes::new())).await.unwrap();
         for itt in 12..15 {

@@ -23,7 +23,7 @@ use riser_datamover::{
 use riser_iscsi::keys::{DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH, NegotiatedParams, Role};
 use riser_iscsi::session::transfer::TransferLimits;
 use riser_iscsi::wire::{Header, ScsiCommand};
-use riser_verbs::{CompletionQueue, ConnParam, ConnectionRequest, MemoryRegion, ProtectionDomain, Provider, QpCaps, QueuePair, WcStatus};
+use riser_verbs::{ConnParam, ConnectionRequest, MemoryRegion, ProtectionDomain, Provider, QpCaps, QueuePair, WcStatus};
 // hashbrown with its default hasher (foldhash, seeded per process): SipHash cost ~900
 // instructions per 4 KiB command on these maps, keyed by our request ids and by ITTs.
 use hashbrown::HashMap;
@@ -323,18 +323,12 @@ impl<P: Provider + 'static> IserDatamover<P> {
             send_bufs: Mutex::new(Vec::new()),
             flush_due: Notify::new(),
         });
-        // Where the provider can, a received message is handled where it completed, without
-        // waking the driver (whose handle on the connection is the one kept alive). Every one:
-        // messages are handled in the order they arrived only if one context handles them all
-        // (a command sent to the driver and the small task management request behind it handled
-        // here would be answered before the command is seen).
-        let weak: std::sync::Weak<Shared<P>> = Arc::downgrade(&s);
-        s.cq.deliver_receives(Box::new(move |wc: riser_verbs::Wc| {
-            if let Some(s) = weak.upgrade() {
-                s.on_receive(wc);
-            }
-            true
-        }));
+        // Every received message goes through the driver, even where the provider could hand
+        // it over where it completes (`CompletionQueue::deliver_receives`): measured on the
+        // software RNIC, handling them on its receive task saved instructions but no throughput
+        // with four sessions and cost 12-15 % with one session writing 16-64 KiB (the copy of
+        // the immediate data then no longer runs beside the next receive); and one context
+        // must handle them all to keep their order.
         // Login is carried by Sends from the very first PDU: receives are posted before the
         // connection is established.
         for _ in 0..LOGIN_RECVS {
