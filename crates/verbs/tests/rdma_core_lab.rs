@@ -270,3 +270,61 @@ fn siw_read_completing_after_a_later_send_is_not_lost() {
     sink.read(&mut |d| assert!(d.iter().enumerate().all(|(i, &x)| x == (i % 251) as u8)));
     assert_eq!(client.next().opcode, WcOpcode::Recv);
 }
+
+/// siw transmits a large request posted unsignaled from the registered memory itself
+/// (sendpage), and counts it complete once handed to TCP: its pages may still wait — in the
+/// peer's socket backlog while the peer is sending itself — when a later request's completion
+/// says it is done, so memory reused then arrived with its new bytes (an iSER target recycles
+/// read data that way; a lab run read back 256 KiB of another command's data). riser signals
+/// such requests on siw (siw then copies them) and keeps their completions to itself: the
+/// consumer's rule holds — an unsignaled request's memory is free once a later request has
+/// completed. The receiving side sends all the while (RDMA Writes the other way).
+#[test]
+#[ignore = "needs an RDMA device: run in the lab VM (cargo xtask lab)"]
+fn siw_unsignaled_memory_is_free_once_a_later_request_completed() {
+    const K: usize = 16;
+    const LEN: usize = 256 << 10;
+    const NOISE: u64 = 500;
+    let (server, client, ..) = pair(siw(), KeyMode::Auto, &[], &[]);
+    let sink = server.pd.register(vec![0; K * LEN], Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let noise = server.pd.register(vec![5; LEN], Access::empty()).unwrap();
+    let scratch = client.pd.register(vec![0; LEN], Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let bufs: Vec<_> = (0..K).map(|_| client.pd.register(vec![0; LEN], Access::empty()).unwrap()).collect();
+    let msg = client.pd.register(vec![7; 64], Access::empty()).unwrap();
+    let ack = server.pd.register(vec![9; 64], Access::empty()).unwrap();
+    let byte = |round: usize, k: usize, i: usize| (round * 31 + k * 7 + i / 4096) as u8;
+    let (mut rounds, mut corrupt) = (0usize, Vec::new());
+    let start = std::time::Instant::now();
+    while rounds < 200 && start.elapsed() < Duration::from_secs(40) {
+        // The receiving side keeps its socket busy sending.
+        for n in 0..K as u64 {
+            let op = SendOp::RdmaWrite { remote_addr: scratch.addr(), rkey: scratch.rkey() };
+            server.qp.post_send(SendWr { wr_id: NOISE + n, op, sg_list: vec![sge(&noise)], signaled: n + 1 == K as u64 }).unwrap();
+        }
+        for (k, b) in bufs.iter().enumerate() {
+            b.write(&mut |d| d.iter_mut().enumerate().for_each(|(i, x)| *x = byte(rounds, k, i)));
+            let op = SendOp::RdmaWrite { remote_addr: sink.addr() + (k * LEN) as u64, rkey: sink.rkey() };
+            client.qp.post_send(SendWr { wr_id: 100 + k as u64, op, sg_list: vec![sge(b)], signaled: false }).unwrap();
+        }
+        let wc = client.send(SendOp::Send, vec![sge(&msg)]);
+        assert_eq!((wc.wr_id, wc.status), (7, WcStatus::Success), "only the signaled request completes: {wc:?}");
+        // Done, by the rule: the buffers are reused at once.
+        bufs.iter().for_each(|b| b.write(&mut |d| d.fill(0xee)));
+        let mut got = [server.next(), server.next()].map(|wc| (wc.opcode, wc.status, wc.wr_id));
+        got.sort_by_key(|g| g.2);
+        assert_eq!(got, [(WcOpcode::RdmaWrite, WcStatus::Success, NOISE + K as u64 - 1), (WcOpcode::Recv, WcStatus::Success, 1000)]);
+        server.post_recv();
+        sink.read(&mut |d| {
+            let bad = d.iter().enumerate().filter(|&(i, &x)| x != byte(rounds, i / LEN, i % LEN)).count();
+            if bad > 0 {
+                corrupt.push((rounds, bad));
+            }
+        });
+        assert_eq!(server.send(SendOp::Send, vec![sge(&ack)]).status, WcStatus::Success);
+        assert_eq!(client.next().opcode, WcOpcode::Recv);
+        client.post_recv();
+        rounds += 1;
+    }
+    eprintln!("{rounds} rounds of {K} unsignaled {} KiB RDMA Writes in {:?}", LEN >> 10, start.elapsed());
+    assert!(corrupt.is_empty(), "rounds with bytes changed after completion (round, bytes): {corrupt:?}");
+}

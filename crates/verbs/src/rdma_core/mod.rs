@@ -27,7 +27,12 @@
 //!   `IBV_WC_WITH_INV`) is understood; plain registrations on rxe cannot be invalidated by the
 //!   peer, which [`Provider::remote_invalidation`] tells the consumer; siw's `RLIMIT_MEMLOCK`
 //!   check names `ulimit -l` in its error; padded connection private data (rxe) is passed on
-//!   whole, its first bytes being what the peer sent.
+//!   whole, its first bytes being what the peer sent; siw sends a request of a page or more
+//!   posted unsignaled straight from its registered memory (sendpage) and counts it complete
+//!   once handed to TCP, so its pages may still wait in the socket when a later completion
+//!   says it is done — such requests are posted signaled on siw (siw then copies them) and
+//!   their completions kept from the consumer, for whom an unsignaled request's memory is
+//!   free once a later request has completed, on every device.
 
 #![allow(unsafe_code)]
 
@@ -126,6 +131,9 @@ struct Device {
     transport: Transport,
     /// rxe reports remote invalidation in flag bit 2 (see the module documentation).
     rxe: bool,
+    /// siw transmits large unsignaled requests from their memory after completing them (see
+    /// the module documentation): such requests are signaled, their completions kept here.
+    siw: bool,
     keys: KeyMode,
     config: RdmaCoreConfig,
 }
@@ -281,6 +289,8 @@ impl RdmaCore {
             Transport::InfiniBand
         };
         let rxe = attr.vendor_id == 0x00ff_ffff || name.starts_with("rxe");
+        // Linux siw's vendor id is "bmt" in ASCII.
+        let siw = transport == Transport::Iwarp && (attr.vendor_id == 0x0062_6d74 || name.starts_with("siw"));
         let windows = attr.device_cap_flags & sys::ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0 != 0 && attr.max_mw > 0;
         let keys = match config.keys {
             KeyMode::Auto if windows => KeyMode::MemoryWindows,
@@ -292,7 +302,7 @@ impl RdmaCore {
             }
             k => k,
         };
-        Ok(Self { dev: Arc::new(Device { list: Ptr(list), ctx: Ptr(ctx), name, attr, transport, rxe, keys, config }) })
+        Ok(Self { dev: Arc::new(Device { list: Ptr(list), ctx: Ptr(ctx), name, attr, transport, rxe, siw, keys, config }) })
     }
 
     /// The device's name (`rxe0`, `siw0`, `mlx5_0`...).

@@ -32,7 +32,15 @@ struct SqEntry {
     id: u64,
     kind: SqKind,
     signaled: bool,
+    /// Signaled by the provider, not the consumer (siw, see [`SIW_COPIED_FROM`]): its
+    /// successful completion is not passed on.
+    quiet: bool,
 }
+
+/// siw sends requests of a page or more posted unsignaled from their memory, after counting
+/// them complete (see the module documentation); signaled ones it copies. From this size on
+/// (the smallest page), an unsignaled Send or RDMA Write is posted signaled on siw.
+const SIW_COPIED_FROM: u64 = 4096;
 
 /// A window being invalidated: its chunk stays reserved until the invalidation completed.
 struct Retiring {
@@ -213,7 +221,7 @@ impl RcQp {
             let mut sq = lock(&self.sq);
             match sq.iter().position(|e| e.id == raw.wr_id) {
                 Some(at) => {
-                    let e = sq.remove(at).map(|e| e.kind);
+                    let e = sq.remove(at).filter(|e| !(e.quiet && st == WcStatus::Success)).map(|e| e.kind);
                     // Unsignaled requests posted before it have been carried out (they report
                     // only errors, and an error would have ended the queue pair); signaled ones
                     // (an RDMA Read still waiting for its response) stay until they complete.
@@ -233,7 +241,7 @@ impl RcQp {
             }
         };
         let Some(kind) = kind else {
-            // Not ours to place (an unsignaled request already counted as done): pass errors on
+            // Done, and nobody asked to hear it (a request signaled for siw); or not ours to place (an unsignaled request already counted as done): pass errors on
             // so the consumer sees the queue pair fail.
             return (st != WcStatus::Success).then_some(Wc {
                 wr_id: raw.wr_id,
@@ -273,7 +281,7 @@ impl RcQp {
         self.next_internal.fetch_add(1, Ordering::Relaxed) | INTERNAL
     }
 
-    fn post(&self, wr: &mut sys::ibv_send_wr, kind: SqKind) -> Result<()> {
+    fn post(&self, wr: &mut sys::ibv_send_wr, kind: SqKind, quiet: bool) -> Result<()> {
         if self.conn.ended() {
             return Err(Error::NotConnected);
         }
@@ -287,7 +295,7 @@ impl RcQp {
             return Err(ret_err("ibv_post_send", rc));
         }
         let signaled = wr.send_flags & sys::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
-        sq.push_back(SqEntry { id: wr.wr_id, kind, signaled });
+        sq.push_back(SqEntry { id: wr.wr_id, kind, signaled, quiet });
         Ok(())
     }
 
@@ -306,7 +314,7 @@ impl RcQp {
             rkey: key,
             bind_info: sys::ibv_mw_bind_info { mr: mr.0, addr, length: len as u64, mw_access_flags: ibv_remote_access(access) },
         };
-        self.post(&mut wr, SqKind::Bind)?;
+        self.post(&mut wr, SqKind::Bind, false)?;
         // rxe: the window's key field must hold the new key, or the next bind fails.
         // SAFETY: the window is ours; nothing else writes its key.
         unsafe { (*mw.0).rkey = key };
@@ -330,7 +338,7 @@ impl RcQp {
         wr.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
         wr.imm_data_invalidated_rkey_union.invalidated_rkey = w.rkey;
         lock(&self.retiring).insert(id, Retiring { mw: w.mw, _chunk: chunk });
-        if self.post(&mut wr, SqKind::LocalInv).is_err() {
+        if self.post(&mut wr, SqKind::LocalInv, false).is_err() {
             // Not postable: the queue pair is in error and no peer can use the key anymore.
             if let Some(r) = lock(&self.retiring).remove(&id) {
                 self.pd.spare_window(r.mw);
@@ -431,9 +439,15 @@ impl QueuePair for RcQp {
                 (sys::ibv_wr_opcode::IBV_WR_RDMA_READ, WcOpcode::RdmaRead)
             }
         };
+        // siw would send it from its memory after completing it: signaled, it is copied.
+        let bytes: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        let quiet = self.dev.siw && !wr.signaled && kind != WcOpcode::RdmaRead && bytes >= SIW_COPIED_FROM;
+        if quiet {
+            flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
         w.opcode = opcode;
         w.send_flags = flags;
-        self.post(&mut w, SqKind::Op(kind))
+        self.post(&mut w, SqKind::Op(kind), quiet)
     }
 
     fn post_recv(&self, wr: RecvWr) -> Result<()> {
