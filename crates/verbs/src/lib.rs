@@ -167,7 +167,10 @@ pub struct SendWr {
     pub op: SendOp,
     /// Local data (gather list; for RDMA Read the sink, one element).
     pub sg_list: Vec<Sge>,
-    /// Whether a successful completion is reported (errors always are).
+    /// Whether a successful completion is reported (errors always are). The memory of an
+    /// unsignaled request is free once a later request of the queue pair has completed, on every
+    /// provider (rdma-core signals some on siw to keep that promise, so a completion queue
+    /// should have room for every request a queue pair may have posted, signaled or not).
     pub signaled: bool,
 }
 
