@@ -315,11 +315,6 @@ pub type Result<T> = std::result::Result<T, Error>;
 /// A boxed future, for waiting without naming the provider's future types.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// What a completion queue hands its receive completions to (see
-/// [`CompletionQueue::deliver_receives`]): true if it took the completion, false to have it
-/// queued for [`CompletionQueue::poll`] as any other.
-pub type ReceiveHandler = Box<dyn Fn(Wc) -> bool + Send + Sync>;
-
 /// A completion queue.
 pub trait CompletionQueue: Send + Sync + fmt::Debug {
     /// Take up to `max` completions.
@@ -329,20 +324,6 @@ pub trait CompletionQueue: Send + Sync + fmt::Debug {
     fn wait_blocking(&self, timeout: Duration) -> bool;
     /// A future that resolves once a completion is available.
     fn ready(&self) -> BoxFuture<'_, ()>;
-    /// Hand every successful receive completion to `handler` where the provider completes it
-    /// (its receiving context), in order for each queue pair (queue pairs sharing the queue may
-    /// call it at once), instead of queueing it for [`poll`](Self::poll): the consumer handles
-    /// a received message without a wake-up of its poller. A completion the handler declines
-    /// (returns false) is queued, as are errors, flushes and send-queue completions (a consumer
-    /// that takes some receives itself and leaves others to its poller keeps its own order). The handler must not block; it may post
-    /// receives and disconnect the queue pair. Set it before work is posted on queue pairs of
-    /// this queue; a second call replaces nothing and returns false. Returns false when the
-    /// provider cannot (the default, and rdma-core, whose completions are polled from the
-    /// device): `handler` is dropped and receives are polled as any other completion.
-    fn deliver_receives(&self, handler: ReceiveHandler) -> bool {
-        drop(handler);
-        false
-    }
 }
 
 /// A registered memory region. It owns its buffer; dropping it deregisters.

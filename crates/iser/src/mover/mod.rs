@@ -323,12 +323,11 @@ impl<P: Provider + 'static> IserDatamover<P> {
             send_bufs: Mutex::new(Vec::new()),
             flush_due: Notify::new(),
         });
-        // Every received message goes through the driver, even where the provider could hand
-        // it over where it completes (`CompletionQueue::deliver_receives`): measured on the
-        // software RNIC, handling them on its receive task saved instructions but no throughput
-        // with four sessions and cost 12-15 % with one session writing 16-64 KiB (the copy of
-        // the immediate data then no longer runs beside the next receive); and one context
-        // must handle them all to keep their order.
+        // Every received message goes through the driver. Handling them on the software
+        // RNIC's receive task instead (tried: a receive handler the completion queue called)
+        // saved instructions but no throughput with four sessions and cost 12-15 % with one
+        // session writing 16-64 KiB (the copy of the immediate data then no longer runs beside
+        // the next receive); and one context must handle them all to keep their order.
         // Login is carried by Sends from the very first PDU: receives are posted before the
         // connection is established.
         for _ in 0..LOGIN_RECVS {

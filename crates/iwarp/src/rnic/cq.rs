@@ -2,13 +2,14 @@
 //! pollers and a notifier for async ones.
 
 use super::lock;
-use riser_verbs::{BoxFuture, CompletionQueue, ReceiveHandler, Wc, WcOpcode, WcStatus};
+use riser_verbs::{BoxFuture, CompletionQueue, Wc};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, OnceLock};
+use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 /// A completion queue.
+#[derive(Debug)]
 pub struct SoftCq {
     q: Mutex<VecDeque<Wc>>,
     cv: Condvar,
@@ -16,37 +17,15 @@ pub struct SoftCq {
     /// variable is a system call even with nobody waiting, so it is only made for them.
     sleepers: AtomicUsize,
     notify: tokio::sync::Notify,
-    /// Where successful receive completions go instead of the queue (see
-    /// [`CompletionQueue::deliver_receives`]): called on the receiver task.
-    receives: OnceLock<ReceiveHandler>,
-}
-
-impl std::fmt::Debug for SoftCq {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SoftCq").field("queued", &lock(&self.q).len()).field("delivers_receives", &self.receives.get().is_some()).finish()
-    }
 }
 
 impl SoftCq {
     /// An empty completion queue.
     pub(super) fn new() -> Self {
-        Self {
-            q: Mutex::new(VecDeque::new()),
-            cv: Condvar::new(),
-            sleepers: AtomicUsize::new(0),
-            notify: tokio::sync::Notify::new(),
-            receives: OnceLock::new(),
-        }
+        Self { q: Mutex::new(VecDeque::new()), cv: Condvar::new(), sleepers: AtomicUsize::new(0), notify: tokio::sync::Notify::new() }
     }
 
     pub(super) fn push(&self, wc: Wc) {
-        if wc.opcode == WcOpcode::Recv
-            && wc.status == WcStatus::Success
-            && let Some(h) = self.receives.get()
-            && h(wc)
-        {
-            return;
-        }
         let mut q = lock(&self.q);
         q.push_back(wc);
         let sleepers = self.sleepers.load(Ordering::Relaxed);
@@ -71,10 +50,6 @@ impl CompletionQueue for SoftCq {
         let (q, _) = self.cv.wait_timeout_while(q, timeout, |q| q.is_empty()).unwrap_or_else(|e| e.into_inner());
         self.sleepers.fetch_sub(1, Ordering::Relaxed);
         !q.is_empty()
-    }
-
-    fn deliver_receives(&self, handler: ReceiveHandler) -> bool {
-        self.receives.set(handler).is_ok()
     }
 
     fn ready(&self) -> BoxFuture<'_, ()> {
