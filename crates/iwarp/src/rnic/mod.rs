@@ -17,6 +17,7 @@ mod tx;
 
 pub use cm::{SoftListener, SoftRequest};
 pub use cq::SoftCq;
+use mr::Regions;
 pub use mr::{SoftMr, SoftPd};
 pub use qp::SoftQp;
 
@@ -27,8 +28,7 @@ use riser_verbs::{
     WcStatus,
 };
 use rx::{RxStream, receive};
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::Hasher;
 use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -216,18 +216,24 @@ pub struct SoftRnic {
 }
 
 /// The device's state, shared by its handles, protection domains, regions and queue pairs.
+/// Regions are found through their protection domain's table (`mr::Regions`): registering,
+/// deregistering and every access of a connection touch nothing another connection writes but
+/// the next STag index.
 #[derive(Debug)]
 struct RnicShared {
     config: RnicConfig,
-    /// STag index → region.
-    regions: Mutex<HashMap<u32, Weak<SoftMr>, BuildHasherDefault<IndexHasher>>>,
+    /// Every protection domain's region table (pruned as domains are made).
+    domains: Mutex<Vec<Weak<Regions>>>,
     next_index: AtomicU32,
     next_pd: AtomicU64,
 }
 
 impl RnicShared {
-    fn lookup(&self, stag: u32) -> Option<Arc<SoftMr>> {
-        lock(&self.regions).get(&(stag >> 8)).and_then(Weak::upgrade)
+    /// The region of STag `stag` in any protection domain: for telling a key of another domain
+    /// (refused as such) from an unknown one, after the stream's own domain had none.
+    fn lookup_any(&self, stag: u32) -> Option<Arc<SoftMr>> {
+        let domains: Vec<_> = lock(&self.domains).iter().filter_map(Weak::upgrade).collect();
+        domains.iter().find_map(|d| d.lookup(stag))
     }
 }
 
@@ -244,7 +250,7 @@ impl SoftRnic {
         Self {
             shared: Arc::new(RnicShared {
                 config,
-                regions: Mutex::new(HashMap::default()),
+                domains: Mutex::new(Vec::new()),
                 next_index: AtomicU32::new(start.max(1)),
                 next_pd: AtomicU64::new(1),
             }),
@@ -259,7 +265,8 @@ impl SoftRnic {
     /// Regions currently registered (all protection domains): what remote peers could still
     /// reach with a valid STag is a subset of these.
     pub fn registered_regions(&self) -> usize {
-        lock(&self.shared.regions).values().filter(|w| w.strong_count() > 0).count()
+        let domains: Vec<_> = lock(&self.shared.domains).iter().filter_map(Weak::upgrade).collect();
+        domains.iter().map(|d| d.live()).sum()
     }
 
     /// Answer an MPA connection request arriving on an already accepted TCP stream (for
@@ -282,7 +289,12 @@ impl Provider for SoftRnic {
     }
 
     fn alloc_pd(&self) -> Result<Arc<SoftPd>> {
-        Ok(Arc::new(SoftPd { id: self.shared.next_pd.fetch_add(1, Ordering::Relaxed), rnic: self.shared.clone() }))
+        let regions = Arc::new(Regions::new(self.shared.next_pd.fetch_add(1, Ordering::Relaxed)));
+        let mut domains = lock(&self.shared.domains);
+        domains.retain(|d| d.strong_count() > 0);
+        domains.push(Arc::downgrade(&regions));
+        drop(domains);
+        Ok(Arc::new(SoftPd { id: regions.pd, regions, rnic: self.shared.clone() }))
     }
 
     fn create_cq(&self, _depth: u32) -> Result<Arc<SoftCq>> {

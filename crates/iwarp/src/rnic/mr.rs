@@ -1,8 +1,10 @@
 //! Memory: registered regions ([`SoftMr`]) and the protection domains that register them
 //! ([`SoftPd`]), with the STag, domain, access and bounds checks every access passes.
 
-use super::{RnicShared, lock};
+use super::{IndexHasher, RnicShared, lock};
 use riser_verbs::{Access, Error, MemoryRegion, ProtectionDomain, RegistrationError, Result};
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -17,7 +19,34 @@ pub struct SoftMr {
     pub(super) addr: u64,
     len: usize,
     pub(super) mem: Mutex<Storage>,
-    rnic: Weak<RnicShared>,
+    /// Its protection domain's table, which it leaves when dropped (kept alive by its regions,
+    /// like the domain itself).
+    table: Arc<Regions>,
+}
+
+/// A protection domain's regions by STag index. Each domain has its own (a connection's
+/// registrations and lookups do not meet another's); indexes come from the RNIC's counter.
+#[derive(Debug)]
+pub(super) struct Regions {
+    pub(super) pd: u64,
+    map: Mutex<HashMap<u32, Weak<SoftMr>, BuildHasherDefault<IndexHasher>>>,
+}
+
+impl Regions {
+    pub(super) fn new(pd: u64) -> Self {
+        Self { pd, map: Mutex::new(HashMap::default()) }
+    }
+
+    /// The live region of this domain with the index of `stag` (its key is checked by
+    /// [`SoftMr::check`]).
+    pub(super) fn lookup(&self, stag: u32) -> Option<Arc<SoftMr>> {
+        lock(&self.map).get(&(stag >> 8)).and_then(Weak::upgrade)
+    }
+
+    /// Regions registered and not yet dropped.
+    pub(super) fn live(&self) -> usize {
+        lock(&self.map).values().filter(|w| w.strong_count() > 0).count()
+    }
 }
 
 /// A region's memory: owned (any access), or shared read-only bytes (no write access at all,
@@ -109,11 +138,9 @@ impl SoftMr {
 
 impl Drop for SoftMr {
     fn drop(&mut self) {
-        if let Some(r) = self.rnic.upgrade() {
-            let mut t = lock(&r.regions);
-            if t.get(&self.index).is_some_and(|w| w.strong_count() == 0) {
-                t.remove(&self.index);
-            }
+        let mut t = lock(&self.table.map);
+        if t.get(&self.index).is_some_and(|w| w.strong_count() == 0) {
+            t.remove(&self.index);
         }
     }
 }
@@ -170,6 +197,7 @@ impl MemoryRegion for SoftMr {
 #[derive(Debug)]
 pub struct SoftPd {
     pub(super) id: u64,
+    pub(super) regions: Arc<Regions>,
     pub(super) rnic: Arc<RnicShared>,
 }
 
@@ -195,7 +223,7 @@ impl ProtectionDomain for SoftPd {
 
 impl SoftPd {
     fn insert(&self, mem: Storage, addr: u64, access: Access) -> Result<Arc<SoftMr>> {
-        let mut t = lock(&self.rnic.regions);
+        let mut t = lock(&self.regions.map);
         if t.len() >= 0x00ff_fff0 {
             return Err(Error::Registration(RegistrationError::NoFreeStag));
         }
@@ -214,7 +242,7 @@ impl SoftPd {
             addr,
             len: mem.len(),
             mem: Mutex::new(mem),
-            rnic: Arc::downgrade(&self.rnic),
+            table: self.regions.clone(),
         });
         t.insert(index, Arc::downgrade(&mr));
         Ok(mr)

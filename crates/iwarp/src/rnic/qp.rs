@@ -2,7 +2,7 @@
 //! it, the transmitter's queue, and the one way a stream ends (Terminate, close, flush).
 
 use super::cq::SoftCq;
-use super::mr::{SoftMr, SoftPd};
+use super::mr::{Regions, SoftMr, SoftPd};
 use super::rx::{RxStream, receive};
 use super::tx::{Engine, Gathered, Out, Tx, TxItem, TxOutcome, now, transmit};
 use super::{RnicShared, lock, wc};
@@ -79,6 +79,8 @@ impl TxQueue {
 pub(super) struct QpShared {
     pub(super) rnic: Arc<RnicShared>,
     pub(super) pd: u64,
+    /// The protection domain's regions, where every STag the stream names is looked up.
+    pub(super) regions: Arc<Regions>,
     pub(super) caps: QpCaps,
     pub(super) send_cq: Arc<SoftCq>,
     pub(super) recv_cq: Arc<SoftCq>,
@@ -163,6 +165,7 @@ impl SoftQp {
             s: Arc::new(QpShared {
                 rnic: rnic.clone(),
                 pd: pd.id,
+                regions: pd.regions.clone(),
                 caps,
                 send_cq: send_cq.clone(),
                 recv_cq: recv_cq.clone(),
@@ -567,9 +570,15 @@ impl QpShared {
         }
     }
 
+    /// The region an STag names: this stream's protection domain's, else another domain's
+    /// (which the access checks then refuse as such), else none.
+    pub(super) fn lookup(&self, stag: u32) -> Option<Arc<SoftMr>> {
+        self.regions.lookup(stag).or_else(|| self.rnic.lookup_any(stag))
+    }
+
     /// Resolve a local element for an access needing `need`.
     pub(super) fn local(&self, sge: &Sge, need: Access) -> Option<(Arc<SoftMr>, usize)> {
-        let mr = self.rnic.lookup(sge.lkey)?;
+        let mr = self.lookup(sge.lkey)?;
         let off = mr.check(sge.lkey, self.pd, need, sge.addr, u64::from(sge.length)).ok()?;
         Some((mr, off))
     }

@@ -321,7 +321,7 @@ impl Rx {
                     // A zero-length Write (e.g. the peer-to-peer ready-to-receive) touches nothing.
                     return Ok(Commit::None);
                 }
-                let mr = s.rnic.lookup(stag).ok_or(RxError::Term(Term::DDP_TAGGED_INVALID_STAG, "RDMA Write to an unknown STag"))?;
+                let mr = s.lookup(stag).ok_or(RxError::Term(Term::DDP_TAGGED_INVALID_STAG, "RDMA Write to an unknown STag"))?;
                 let off = mr
                     .check(stag, s.pd, Access::REMOTE_WRITE, to, payload as u64)
                     .map_err(|d| RxError::Term(denied_tagged(d), "RDMA Write refused"))?;
@@ -442,7 +442,7 @@ impl Rx {
                 self.msn_send = self.msn_send.wrapping_add(1);
                 let mut invalidated = None;
                 if matches!(op, Opcode::SendInvalidate | Opcode::SendSeInvalidate) {
-                    let refused = match s.rnic.lookup(inv_stag) {
+                    let refused = match s.lookup(inv_stag) {
                         Some(mr) => mr.invalidate_remote(inv_stag, s.pd).err(),
                         None => Some(Denied::Stag),
                     };
@@ -477,7 +477,7 @@ impl Rx {
                 let src = if req.size == 0 {
                     None
                 } else {
-                    let mr = s.rnic.lookup(req.src_stag).ok_or(RxError::Term(Term::RDMAP_INVALID_STAG, "RDMA Read of an unknown STag"))?;
+                    let mr = s.lookup(req.src_stag).ok_or(RxError::Term(Term::RDMAP_INVALID_STAG, "RDMA Read of an unknown STag"))?;
                     mr.check(req.src_stag, s.pd, Access::REMOTE_READ, req.src_to, u64::from(req.size))
                         .map_err(|d| RxError::Term(denied_read(d), "RDMA Read refused"))?;
                     Some(mr)
