@@ -241,8 +241,9 @@ impl RcQp {
             }
         };
         let Some(kind) = kind else {
-            // Done, and nobody asked to hear it (a request signaled for siw); or not ours to place (an unsignaled request already counted as done): pass errors on
-            // so the consumer sees the queue pair fail.
+            // Done, and nobody asked to hear it (a request signaled for siw); or not ours to
+            // place (an unsignaled request already counted as done): pass errors on so the
+            // consumer sees the queue pair fail.
             return (st != WcStatus::Success).then_some(Wc {
                 wr_id: raw.wr_id,
                 status: st,
