@@ -232,8 +232,13 @@ impl RnicShared {
     /// The region of STag `stag` in any protection domain: for telling a key of another domain
     /// (refused as such) from an unknown one, after the stream's own domain had none.
     fn lookup_any(&self, stag: u32) -> Option<Arc<SoftMr>> {
-        let domains: Vec<_> = lock(&self.domains).iter().filter_map(Weak::upgrade).collect();
-        domains.iter().find_map(|d| d.lookup(stag))
+        self.domains().iter().find_map(|d| d.lookup(stag))
+    }
+
+    /// The region tables of the protection domains still in use (taken out of the list's lock,
+    /// so that each table's own lock is taken alone).
+    fn domains(&self) -> Vec<Arc<Regions>> {
+        lock(&self.domains).iter().filter_map(Weak::upgrade).collect()
     }
 }
 
@@ -265,8 +270,7 @@ impl SoftRnic {
     /// Regions currently registered (all protection domains): what remote peers could still
     /// reach with a valid STag is a subset of these.
     pub fn registered_regions(&self) -> usize {
-        let domains: Vec<_> = lock(&self.shared.domains).iter().filter_map(Weak::upgrade).collect();
-        domains.iter().map(|d| d.live()).sum()
+        self.shared.domains().iter().map(|d| d.live()).sum()
     }
 
     /// Answer an MPA connection request arriving on an already accepted TCP stream (for
@@ -294,7 +298,7 @@ impl Provider for SoftRnic {
         domains.retain(|d| d.strong_count() > 0);
         domains.push(Arc::downgrade(&regions));
         drop(domains);
-        Ok(Arc::new(SoftPd { id: regions.pd, regions, rnic: self.shared.clone() }))
+        Ok(Arc::new(SoftPd { regions, rnic: self.shared.clone() }))
     }
 
     fn create_cq(&self, _depth: u32) -> Result<Arc<SoftCq>> {

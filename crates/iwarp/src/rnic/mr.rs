@@ -196,7 +196,7 @@ impl MemoryRegion for SoftMr {
 /// A protection domain.
 #[derive(Debug)]
 pub struct SoftPd {
-    pub(super) id: u64,
+    /// Its regions, and its id (`Regions::pd`).
     pub(super) regions: Arc<Regions>,
     pub(super) rnic: Arc<RnicShared>,
 }
@@ -237,7 +237,7 @@ impl SoftPd {
             index,
             key: AtomicU32::new(u32::from(rand::random::<u8>())),
             valid: AtomicBool::new(true),
-            pd: self.id,
+            pd: self.regions.pd,
             access,
             addr,
             len: mem.len(),

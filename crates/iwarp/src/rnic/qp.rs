@@ -164,7 +164,7 @@ impl SoftQp {
         Ok(Arc::new(Self {
             s: Arc::new(QpShared {
                 rnic: rnic.clone(),
-                pd: pd.id,
+                pd: pd.regions.pd,
                 regions: pd.regions.clone(),
                 caps,
                 send_cq: send_cq.clone(),
