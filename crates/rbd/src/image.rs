@@ -86,6 +86,8 @@ impl Image {
     /// Opens an image read-write at its head (`rbd_open`). Blocks while librbd reads the header.
     pub fn open(ioctx: &Ioctx, name: &str) -> Result<Self, Error> {
         let name = cstring(name, "image name")?;
+        // librbd starts its thread pool at an image's first open, from this thread.
+        let _batch = ioctx.inner.cluster.batch_threads.then(crate::sched::BatchScope::enter);
         let mut handle: ffi::rbd_image_t = ptr::null_mut();
         // SAFETY: valid ioctx; name NUL-terminated; out-pointer to a local; no snapshot.
         let r = unsafe { ffi::rbd_open(ioctx.inner.handle, name.as_ptr(), &mut handle, ptr::null()) };

@@ -105,6 +105,9 @@ mod image;
 #[cfg(feature = "rbd")]
 #[allow(unsafe_code)]
 mod rados;
+#[cfg(feature = "rbd")]
+#[allow(unsafe_code)]
+mod sched;
 
 pub use error::{CompareError, EBLOCKLISTED, EBUSY, EILSEQ, ENOENT, EROFS, ETIMEDOUT, Error};
 pub use notify::{Notify, NotifyAck, NotifyReplies, NotifyTimeout};

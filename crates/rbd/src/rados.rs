@@ -24,6 +24,9 @@ fn cpath(p: &Path, what: &'static str) -> Result<CString, Error> {
 /// keeps it alive; `rados_shutdown` runs when the last one goes.
 pub struct Cluster {
     handle: ffi::rados_t,
+    /// Images opened through it start librbd's threads as batch threads
+    /// ([`ClusterOptions::batch_threads`]).
+    pub(crate) batch_threads: bool,
 }
 
 // SAFETY: a connected rados_t is documented thread-safe (librados' RadosClient serializes its
@@ -61,13 +64,15 @@ impl Cluster {
             settings.push((cstring(k, "option")?, cstring(v, "option value")?));
         }
 
+        // librados starts its threads in rados_create2 and rados_connect, from this thread.
+        let _batch = opts.batch_threads.then(crate::sched::BatchScope::enter);
         let mut handle: ffi::rados_t = ptr::null_mut();
         // SAFETY: out-pointer to a local; the strings are NUL-terminated and outlive the call.
         let r = unsafe { ffi::rados_create2(&mut handle, c"ceph".as_ptr(), name.as_ptr(), 0) };
         Error::check("rados_create2", r.into())?;
         // From here on `cluster`'s Drop (rados_shutdown) frees the handle on every error path;
         // librados allows shutting down a handle that never connected.
-        let cluster = Self { handle };
+        let cluster = Self { handle, batch_threads: opts.batch_threads };
         let conf_ptr = conf.as_ref().map_or(ptr::null(), |c| c.as_ptr());
         // SAFETY: valid handle; the path is NUL-terminated or NULL (default search).
         let r = unsafe { ffi::rados_conf_read_file(cluster.handle, conf_ptr) };

@@ -57,6 +57,8 @@ pub fn connect(spec: &ClusterSpec) -> io::Result<Arc<Cluster>> {
         // they cannot deallocate (librbd skips them by default, leaving the old data), so
         // unmapped blocks read as zeros (LBPRZ=1).
         options: vec![("rbd_cache".into(), "false".into()), ("rbd_skip_partial_discard".into(), "false".into())],
+        // librbd's threads do not preempt the gateway's on every request and completion.
+        batch_threads: true,
     };
     let c = Cluster::connect(&opts).map_err(to_io)?;
     all.retain(|_, w| w.strong_count() > 0);

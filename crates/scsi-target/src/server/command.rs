@@ -54,6 +54,45 @@ impl Drop for InFlight {
     }
 }
 
+/// A store's operation awaited by its command's task, holding what waits for it. Dropped before
+/// the end (the task aborted by task management, or by the session's end) it hands the rest to
+/// a task of its own, which holds the [`InFlight`] until the store is done: in the common case
+/// the command's own task spawns nothing, and the store's completion wakes it directly (a
+/// task per operation cost a spawn and a second wake-up per command).
+///
+/// Outside a runtime (its last thread is going down) there is nowhere to run the rest: the
+/// operation still completes in the store, but what waits for it is told at once.
+struct ToTheEnd {
+    running: Option<crate::lu::Running>,
+    in_flight: Option<InFlight>,
+}
+
+impl Future for ToTheEnd {
+    type Output = Outcome;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Outcome> {
+        let this = &mut *self;
+        let Some(running) = this.running.as_mut() else { return std::task::Poll::Pending };
+        let o = std::task::ready!(running.as_mut().poll(cx));
+        this.running = None;
+        this.in_flight = None;
+        std::task::Poll::Ready(o)
+    }
+}
+
+impl Drop for ToTheEnd {
+    fn drop(&mut self) {
+        if let (Some(running), Some(in_flight)) = (self.running.take(), self.in_flight.take())
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(async move {
+                running.await;
+                drop(in_flight);
+            });
+        }
+    }
+}
+
 /// A command as the session hands it to [`Session::command`].
 pub(super) struct Command {
     pub(super) cmd: ScsiCommand,
@@ -220,24 +259,16 @@ impl Session {
         // A READ's data goes into a buffer of the datamover's pool, which gets it back once sent.
         let read_buf = if c.read && edtl > 0 { self.dm.take_buffer(edtl as usize) } else { Vec::new() };
         let (o, data_out) = if lu.runs_async(&plan) {
-            // An asynchronous store: the command is a future completed by the store. It runs as
-            // a task of its own, so its operation is followed to its end even if this task is
-            // aborted meanwhile: the gate tells task management (and the session's end) when it
-            // is over, and the path keeps a LUN being removed waiting for it.
+            // An asynchronous store: the command is a future completed by the store, awaited
+            // here; should this task be aborted meanwhile, the rest of it goes on as a task of its
+            // own (`ToTheEnd`), so its operation is followed to its end: the gate tells task
+            // management (and the session's end) when it is over, and the path keeps a LUN being
+            // removed waiting for it.
             let Some(running) = lu.execute_async(&plan, data_out.slice(..usable), &self.nexus, read_buf) else {
                 return;
             };
             let in_flight = InFlight::new(gate, &self.io, path.enter(), true);
-            let Ok(o) = tokio::spawn(async move {
-                let o = running.await;
-                drop(in_flight);
-                o
-            })
-            .await
-            else {
-                return;
-            };
-            (o, data_out)
+            (ToTheEnd { running: Some(running), in_flight: Some(in_flight) }.await, data_out)
         } else if !lu.may_block(&plan) {
             // Memory-speed backends run inline; a thread hand-off would cost more than the I/O.
             (lu.execute_into(&plan, &data_out[..usable], &self.nexus, read_buf), data_out)
