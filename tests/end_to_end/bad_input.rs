@@ -14,6 +14,7 @@ on_every_transport!(
     data_out_outside_its_sequence_ends_only_that_task,
     impossible_write_lengths_get_check_condition,
     an_unsolicited_burst_ended_early_fails_the_task,
+    unsolicited_data_out_out_of_order_fails_its_task_on_every_transport,
     a_command_whose_flags_contradict_its_cdb_gets_an_answer,
     unsolicited_data_that_never_comes_ends_the_command_not_the_connection,
     a_header_with_an_impossible_field_is_rejected_and_the_session_goes_on,
@@ -149,6 +150,41 @@ async fn an_unsolicited_burst_ended_early_fails_the_task(t: Transport) {
     assert_eq!((resp.status, sense(&d).asc), (Status::CHECK_CONDITION, AscAscq::DATA_PHASE_ERROR));
     r.ping(0xb11).await;
     r.whole_write_succeeds(0xb12).await;
+}
+
+/// Unsolicited Data-Out at another offset than the next one, or with another DataSN, fails its
+/// task (CHECK CONDITION) and only it, over TCP and iSER alike: one set of rules (riser-iscsi's
+/// `UnsolicitedIn`). Before, iSER dropped the connection at a wrong offset and took a wrong
+/// DataSN with GOOD status.
+async fn unsolicited_data_out_out_of_order_fails_its_task_on_every_transport(t: Transport) {
+    let op = OperationalConfig::default().initial_r2t(false).immediate_data(true).first_burst_length(65536);
+    let addr = t
+        .start(
+            |_| {},
+            |c| {
+                c.login.operational = op.clone();
+                c.iser_unsolicited_data = true;
+            },
+        )
+        .await;
+    let mut r = t.raw(addr, op, 0x16).await;
+    // 32 KiB writes, 8 KiB immediate, the rest unsolicited (F=0): the next Data-Out is due at
+    // 8 KiB with DataSN 0; one at 16 KiB, then one with DataSN 1.
+    for (itt, offset, data_sn) in [(0xc00u32, 16_384u32, 0u32), (0xc01, 8192, 1)] {
+        let h = r.command(itt, &write10(200, 64), 32_768, true, false, false);
+        r.send(h, &[1; 8192]).await;
+        let d = DataOut { final_: false, lun: Lun::ZERO, itt, ttt: u32::MAX, data_sn, buffer_offset: offset, ..DataOut::default() };
+        r.send(Header::DataOut(d), &[2; 8192]).await;
+        let (resp, d) = r.response(itt, |_| {}).await;
+        assert_eq!((resp.status, sense(&d).asc), (Status::CHECK_CONDITION, AscAscq::DATA_PHASE_ERROR), "{itt:#x}");
+    }
+    // The connection lives, and a write whose Data-Out keeps its sequence succeeds.
+    r.ping(0xc02).await;
+    let h = r.command(0xc03, &write10(200, 32), 16_384, true, false, false);
+    r.send(h, &[3; 8192]).await;
+    let d = DataOut { final_: true, lun: Lun::ZERO, itt: 0xc03, ttt: u32::MAX, data_sn: 0, buffer_offset: 8192, ..DataOut::default() };
+    r.send(Header::DataOut(d), &[4; 8192]).await;
+    assert_eq!(r.response(0xc03, |_| {}).await.0.status, Status::GOOD);
 }
 
 /// Every command gets an answer whatever its flags say against its CDB: data the CDB wants but

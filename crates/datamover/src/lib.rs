@@ -292,15 +292,6 @@ pub enum Violation {
     /// The peer frames PDUs with RFC 5046's 12-byte iSER header.
     #[error("the peer uses the 12-byte iSER header of RFC 5046; riser speaks RFC 7145 (28-byte header, as Linux)")]
     Rfc5046Header,
-    /// iSER: unsolicited Data-Out at another offset than the next one due (RFC 7145 carries
-    /// it in order on a reliable connection, so the peer is broken).
-    #[error("unsolicited Data-Out at offset {offset} where {due} was due")]
-    DataOutOutOfOrder {
-        /// The PDU's buffer offset.
-        offset: u32,
-        /// The offset due.
-        due: u32,
-    },
     /// iSER initiator: the target invalidated a key remotely although remote invalidation was
     /// not negotiated.
     #[error("unexpected remote invalidation (not negotiated)")]
@@ -315,61 +306,9 @@ pub enum Violation {
     },
 }
 
-/// Why a task's write data broke sequence (RFC 7143 §11.7–11.8); the task ends with CHECK
-/// CONDITION, the connection goes on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum SequenceError {
-    /// The command announced unsolicited Data-Out (F=0) although InitialR2T=Yes.
-    #[error("unsolicited Data-Out announced (F=0) with InitialR2T=Yes")]
-    UnsolicitedWithInitialR2t,
-    /// Unsolicited Data-Out after the unsolicited sequence ended (F bit seen).
-    #[error("unsolicited Data-Out after the unsolicited burst ended")]
-    UnsolicitedAfterEnd,
-    /// Unsolicited Data-Out at an unexpected buffer offset.
-    #[error("unsolicited Data-Out out of order")]
-    UnsolicitedOutOfOrder,
-    /// The unsolicited sequence ended (F bit) before FirstBurstLength or the transfer's end.
-    #[error("unsolicited Data-Out ended before FirstBurstLength")]
-    UnsolicitedEndedEarly,
-    /// Unsolicited data past FirstBurstLength.
-    #[error("unsolicited Data-Out beyond FirstBurstLength")]
-    BeyondFirstBurst,
-    /// Unsolicited data past what the command announced.
-    #[error("unsolicited data beyond the {len} bytes to collect")]
-    UnsolicitedBeyondLength {
-        /// The bytes to collect.
-        len: u32,
-    },
-    /// The unsolicited sequence ended short of what was due.
-    #[error("{got} bytes of unsolicited data where {due} were due")]
-    UnsolicitedShort {
-        /// Received.
-        got: u32,
-        /// Due.
-        due: u32,
-    },
-    /// A Data-Out with a DataSN other than the next one.
-    #[error("Data-Out with a wrong DataSN")]
-    DataSn,
-    /// A Data-Out naming a Target Transfer Tag no R2T of the task has.
-    #[error("Data-Out for an unknown Target Transfer Tag")]
-    UnknownTtt,
-    /// A Data-Out outside the range its R2T asked for.
-    #[error("Data-Out outside its R2T")]
-    OutsideR2t,
-    /// iSER: the command has solicited write data but its initiator advertised no write STag.
-    #[error("solicited write data but no write STag advertised")]
-    NoWriteStag,
-    /// Get_Data delivered another amount than the command's transfer length.
-    #[error("{got} bytes of write data where {due} were due")]
-    WrongLength {
-        /// Delivered.
-        got: u32,
-        /// Due.
-        due: u32,
-    },
-}
+/// Why a task's write data broke sequence: riser-iscsi's, where the rules that raise it are
+/// ([`riser_iscsi::session::UnsolicitedIn`], [`riser_iscsi::session::SolicitedIn`]).
+pub use riser_iscsi::session::SequenceError;
 
 /// Why a connection ended (Connection_Terminate_Notify).
 #[derive(Clone, Debug, PartialEq, Eq)]

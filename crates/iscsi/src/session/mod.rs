@@ -6,7 +6,9 @@
 //! * [`window`]: CmdSN numbering — the target's window, the initiator's view of it.
 //! * [`transfer`]: the data-transfer arithmetic of RFC 7143 §13 as one value per connection
 //!   ([`TransferLimits`]: whose MaxRecvDataSegmentLength bounds whose PDUs, how a write splits
-//!   into immediate, unsolicited and solicited data) and the R2T plan of a write ([`R2tPlan`]).
+//!   into immediate, unsolicited and solicited data), the R2T plan of a write ([`R2tPlan`]),
+//!   the target's checks of the Data-Out it receives ([`UnsolicitedIn`], [`SolicitedIn`]) and
+//!   the Data-In PDUs of read data ([`TransferLimits::data_in`]).
 //! * [`Residual`]: a command's residual, named.
 //!
 //! The TCP and iSER datamovers and both drivers ask these, so each rule is written once.
@@ -20,5 +22,5 @@ pub mod window;
 pub use initiator::{Busy, InitiatorEvent, InitiatorSession};
 pub use residual::Residual;
 pub use target_session::{CloseReason, Reset, Stamp, TargetEvent, TargetSession, TargetSessionConfig, TaskId, Transmit};
-pub use transfer::{R2tDesc, R2tPlan, TransferLimits, WriteSplit};
+pub use transfer::{Burst, DataInSegments, R2tDesc, R2tPlan, SequenceError, SolicitedIn, TransferLimits, UnsolicitedIn, WriteSplit};
 pub use window::{CommandWindow, InitiatorWindow};

@@ -2,6 +2,8 @@
 //! §13.11, §13.12, §13.13, §13.14; RFC 7145 §6.1–6.2 for the iSER directions).
 
 use crate::keys::{NegotiatedParams, Role};
+use crate::wire::DataIn;
+use core::ops::Range;
 use riser_scsi::lun::Lun;
 
 /// The negotiated values that govern data transfer on one connection, seen from one side.
@@ -193,6 +195,251 @@ impl R2tPlan {
     }
 }
 
+/// Why a task's write data broke sequence (RFC 7143 §11.7–11.8); the task ends with CHECK
+/// CONDITION, the connection goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SequenceError {
+    /// The command announced unsolicited Data-Out (F=0) although InitialR2T=Yes.
+    #[error("unsolicited Data-Out announced (F=0) with InitialR2T=Yes")]
+    UnsolicitedWithInitialR2t,
+    /// Unsolicited Data-Out after the unsolicited sequence ended (F bit seen).
+    #[error("unsolicited Data-Out after the unsolicited burst ended")]
+    UnsolicitedAfterEnd,
+    /// Unsolicited Data-Out at an unexpected buffer offset.
+    #[error("unsolicited Data-Out out of order")]
+    UnsolicitedOutOfOrder,
+    /// The unsolicited sequence ended (F bit) before FirstBurstLength or the transfer's end.
+    #[error("unsolicited Data-Out ended before FirstBurstLength")]
+    UnsolicitedEndedEarly,
+    /// Unsolicited data past FirstBurstLength.
+    #[error("unsolicited Data-Out beyond FirstBurstLength")]
+    BeyondFirstBurst,
+    /// Unsolicited data past what the command announced.
+    #[error("unsolicited data beyond the {len} bytes to collect")]
+    UnsolicitedBeyondLength {
+        /// The bytes to collect.
+        len: u32,
+    },
+    /// The unsolicited sequence ended short of what was due.
+    #[error("{got} bytes of unsolicited data where {due} were due")]
+    UnsolicitedShort {
+        /// Received.
+        got: u32,
+        /// Due.
+        due: u32,
+    },
+    /// A Data-Out with a DataSN other than the next one.
+    #[error("Data-Out with a wrong DataSN")]
+    DataSn,
+    /// A Data-Out naming a Target Transfer Tag no R2T of the task has.
+    #[error("Data-Out for an unknown Target Transfer Tag")]
+    UnknownTtt,
+    /// A Data-Out outside the range its R2T asked for.
+    #[error("Data-Out outside its R2T")]
+    OutsideR2t,
+    /// iSER: the command has solicited write data but its initiator advertised no write STag.
+    #[error("solicited write data but no write STag advertised")]
+    NoWriteStag,
+    /// Get_Data delivered another amount than the command's transfer length.
+    #[error("{got} bytes of write data where {due} were due")]
+    WrongLength {
+        /// Delivered.
+        got: u32,
+        /// Due.
+        due: u32,
+    },
+}
+
+/// The unsolicited part of a write as the target receives it (RFC 7143 §13.10–13.11): the
+/// immediate data, then Data-Out with the reserved Target Transfer Tag, in order (DataPDUInOrder
+/// and DataSequenceInOrder are Yes), DataSN counting from 0, up to the end the command announced
+/// ([`WriteSplit::unsolicited_end`]: FirstBurstLength or the whole transfer, never less — as LIO),
+/// the last with the F bit. The TCP and iSER datamovers both keep one per write: each PDU is
+/// [`check`](Self::check)ed before its data is placed, then [`accept`](Self::accept)ed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnsolicitedIn {
+    received: u32,
+    end: u32,
+    next_data_sn: u32,
+    done: bool,
+}
+
+impl UnsolicitedIn {
+    /// The sequence `split` announces, its immediate data in; over when the command was final.
+    pub const fn new(split: &WriteSplit) -> Self {
+        Self { received: split.immediate, end: split.unsolicited_end, next_data_sn: 0, done: split.command_is_final() }
+    }
+
+    /// Bytes received so far (immediate data included): the covered prefix of the buffer.
+    pub const fn received(&self) -> u32 {
+        self.received
+    }
+
+    /// Whether the sequence is over (its F bit seen, or none was announced).
+    pub const fn done(&self) -> bool {
+        self.done
+    }
+
+    /// Whether a Data-Out of `len` bytes at `offset` with `data_sn` continues the sequence.
+    pub fn check(&self, offset: u32, data_sn: u32, len: u32) -> Result<(), SequenceError> {
+        if self.done {
+            Err(SequenceError::UnsolicitedAfterEnd)
+        } else if offset != self.received {
+            Err(SequenceError::UnsolicitedOutOfOrder)
+        } else if offset.checked_add(len).is_none_or(|e| e > self.end) {
+            Err(SequenceError::BeyondFirstBurst)
+        } else if data_sn != self.next_data_sn {
+            Err(SequenceError::DataSn)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Counts a [`check`](Self::check)ed Data-Out of `len` bytes, placed. With the F bit the
+    /// sequence ends: `Ok(true)`, or [`SequenceError::UnsolicitedEndedEarly`] short of its end.
+    pub fn accept(&mut self, len: u32, final_: bool) -> Result<bool, SequenceError> {
+        self.received += len;
+        self.next_data_sn = self.next_data_sn.wrapping_add(1);
+        if !final_ {
+            return Ok(false);
+        }
+        self.done = true;
+        if self.received == self.end { Ok(true) } else { Err(SequenceError::UnsolicitedEndedEarly) }
+    }
+
+    /// Get_Data's view: the core collects `due` bytes unsolicited (its plan's start, which is
+    /// less than announced when the CDB uses less than the expected length: the sequence then
+    /// ends there). `Ok(true)`: all in (the sequence is over: nothing more of it is taken);
+    /// `Ok(false)`: more is coming; or why `due` bytes never will be.
+    pub fn settle(&mut self, due: u32) -> Result<bool, SequenceError> {
+        self.end = self.end.min(due);
+        if self.received >= due {
+            self.done = true;
+        }
+        match (self.done, self.received == due) {
+            (true, true) => Ok(true),
+            (true, false) => Err(SequenceError::UnsolicitedShort { got: self.received, due }),
+            (false, _) => Ok(false),
+        }
+    }
+}
+
+/// One R2T's Data-Out sequence as the target receives it (RFC 7143 §11.7–11.8): in order from
+/// the R2T's offset, DataSN counting from 0, exactly its length, the last PDU with the F bit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SolicitedIn {
+    ttt: u32,
+    offset: u32,
+    len: u32,
+    received: u32,
+    next_data_sn: u32,
+}
+
+/// What a Data-Out did to its R2T's sequence ([`SolicitedIn::accept`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Burst {
+    /// More is due.
+    More,
+    /// Every byte the R2T asked for is in, the last PDU with the F bit.
+    Complete,
+    /// Every byte is in but the last PDU lacks the F bit: a protocol error of the connection
+    /// (the sequence's end is not where the initiator says).
+    CompleteWithoutFinal,
+}
+
+impl SolicitedIn {
+    /// The sequence `r2t` asks for, nothing received yet.
+    pub const fn new(r2t: &R2tDesc) -> Self {
+        Self { ttt: r2t.ttt, offset: r2t.offset, len: r2t.len, received: 0, next_data_sn: 0 }
+    }
+
+    /// The R2T's Target Transfer Tag (which Data-Out names).
+    pub const fn ttt(&self) -> u32 {
+        self.ttt
+    }
+
+    /// Whether a Data-Out of `len` bytes at `offset` with `data_sn` continues the sequence.
+    pub fn check(&self, offset: u32, data_sn: u32, len: u32) -> Result<(), SequenceError> {
+        if offset != self.offset + self.received || self.received + len > self.len {
+            Err(SequenceError::OutsideR2t)
+        } else if data_sn != self.next_data_sn {
+            Err(SequenceError::DataSn)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Counts a [`check`](Self::check)ed Data-Out of `len` bytes, placed.
+    pub fn accept(&mut self, len: u32, final_: bool) -> Burst {
+        self.received += len;
+        self.next_data_sn = self.next_data_sn.wrapping_add(1);
+        match (self.received == self.len, final_) {
+            (false, _) => Burst::More,
+            (true, true) => Burst::Complete,
+            (true, false) => Burst::CompleteWithoutFinal,
+        }
+    }
+}
+
+impl TransferLimits {
+    /// Put_Data over PDUs: read data of `len` bytes as Data-In PDUs, each at most
+    /// [`send_segment`](Self::send_segment) bytes, sequences of at most
+    /// [`burst`](Self::burst) bytes (the last PDU of each with the F bit), DataSN and buffer
+    /// offset counting up from `first`'s. `first` carries the task's fields, and the status
+    /// when it is collapsed into the data (RFC 7143 §11.7.4): only the last PDU keeps it. With
+    /// no data and a status, one PDU carries the status alone; with neither, there is none.
+    /// Yields each PDU's header and the range of the data it carries.
+    pub fn data_in(&self, first: DataIn, len: u32) -> DataInSegments {
+        DataInSegments { first, len, segment: self.send_segment() as u32, burst: self.burst() as u32, sent: 0, in_burst: 0, pdus: 0 }
+    }
+}
+
+/// The Data-In PDUs of one Put_Data ([`TransferLimits::data_in`]).
+#[derive(Clone, Debug)]
+pub struct DataInSegments {
+    first: DataIn,
+    len: u32,
+    segment: u32,
+    burst: u32,
+    sent: u32,
+    in_burst: u32,
+    pdus: u32,
+}
+
+impl Iterator for DataInSegments {
+    type Item = (DataIn, Range<usize>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let status_only = self.len == 0 && self.pdus == 0 && self.first.status_present;
+        if self.sent >= self.len && !status_only {
+            return None;
+        }
+        let n = self.segment.min(self.len - self.sent).min(self.burst - self.in_burst);
+        let last = self.sent + n == self.len;
+        self.in_burst += n;
+        let mut h = DataIn {
+            final_: last || self.in_burst == self.burst,
+            data_sn: self.first.data_sn.wrapping_add(self.pdus),
+            buffer_offset: self.first.buffer_offset.wrapping_add(self.sent),
+            ..self.first
+        };
+        if !last {
+            // The status rides in the last PDU only (its StatSN with it).
+            let none = DataIn::default();
+            (h.status_present, h.status, h.underflow, h.overflow, h.residual, h.stat_sn) =
+                (none.status_present, none.status, none.underflow, none.overflow, none.residual, none.stat_sn);
+        }
+        let range = self.sent as usize..(self.sent + n) as usize;
+        self.sent += n;
+        self.pdus += 1;
+        if self.in_burst == self.burst {
+            self.in_burst = 0;
+        }
+        Some((h, range))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,5 +520,163 @@ mod tests {
     fn segmenting_never_stalls_on_a_zero_limit() {
         let l = TransferLimits { max_send_segment: 0, max_burst: 0, ..limits(true, true) };
         assert_eq!((l.send_segment(), l.burst()), (512, 512));
+    }
+
+    fn split(immediate: u32, unsolicited_end: u32, len: u32) -> WriteSplit {
+        WriteSplit { immediate, unsolicited_end, len }
+    }
+
+    #[test]
+    fn unsolicited_data_out_continues_the_immediate_data_in_order_to_the_burst_end() {
+        // 8 KiB immediate, Data-Out to 64 KiB (FirstBurstLength) of a 1 MiB write.
+        let mut u = UnsolicitedIn::new(&split(8192, 65_536, 1 << 20));
+        assert!(!u.done());
+        assert_eq!(u.check(8192, 1, 8192), Err(SequenceError::DataSn));
+        assert_eq!(u.check(16_384, 0, 8192), Err(SequenceError::UnsolicitedOutOfOrder));
+        assert_eq!(u.check(8192, 0, 65_536), Err(SequenceError::BeyondFirstBurst));
+        assert_eq!(u.check(u32::MAX - 10, 0, 100), Err(SequenceError::UnsolicitedOutOfOrder));
+        let mut at = 8192;
+        for sn in 0..7 {
+            assert_eq!(u.check(at, sn, 8192), Ok(()));
+            assert_eq!(u.accept(8192, sn == 6), Ok(sn == 6));
+            at += 8192;
+        }
+        assert!(u.done());
+        assert_eq!(u.received(), 65_536);
+        assert_eq!(u.check(65_536, 7, 512), Err(SequenceError::UnsolicitedAfterEnd));
+        assert_eq!(u.settle(65_536), Ok(true));
+    }
+
+    #[test]
+    fn an_unsolicited_burst_ended_early_or_after_a_final_command_fails_its_task() {
+        let mut u = UnsolicitedIn::new(&split(0, 65_536, 1 << 20));
+        assert_eq!(u.check(0, 0, 4096), Ok(()));
+        assert_eq!(u.accept(4096, true), Err(SequenceError::UnsolicitedEndedEarly));
+        assert!(u.done());
+        // A command with the F bit announced none.
+        let u = UnsolicitedIn::new(&split(4096, 4096, 8192));
+        assert!(u.done());
+        assert_eq!(u.check(4096, 0, 4096), Err(SequenceError::UnsolicitedAfterEnd));
+    }
+
+    #[test]
+    fn get_data_settles_what_it_collects_unsolicited() {
+        // Still coming, then complete once the due bytes are in (no F bit needed).
+        let mut u = UnsolicitedIn::new(&split(4096, 16_384, 65_536));
+        assert_eq!(u.settle(16_384), Ok(false));
+        u.accept(8192, false).unwrap();
+        assert_eq!(u.settle(16_384), Ok(false));
+        u.accept(4096, false).unwrap();
+        assert_eq!(u.settle(16_384), Ok(true));
+        assert!(u.done());
+        // The CDB uses less than announced: the sequence ends there.
+        let mut u = UnsolicitedIn::new(&split(0, 16_384, 65_536));
+        assert_eq!(u.settle(8192), Ok(false));
+        assert_eq!(u.check(0, 0, 16_384), Err(SequenceError::BeyondFirstBurst));
+        assert_eq!(u.check(0, 0, 8192), Ok(()));
+        assert_eq!(u.accept(8192, true), Ok(true));
+        // More than due already in, or the burst over short of it.
+        let mut u = UnsolicitedIn::new(&split(8192, 8192, 65_536));
+        assert_eq!(u.settle(4096), Err(SequenceError::UnsolicitedShort { got: 8192, due: 4096 }));
+        let mut u = UnsolicitedIn::new(&split(4096, 4096, 65_536));
+        assert_eq!(u.settle(8192), Err(SequenceError::UnsolicitedShort { got: 4096, due: 8192 }));
+    }
+
+    #[test]
+    fn solicited_data_out_fills_its_r2t_in_order_and_ends_with_the_f_bit() {
+        let plan = R2tPlan {
+            itt: 1,
+            lun: Lun::default(),
+            start: 8192,
+            end: 40_960,
+            max_burst: 16_384,
+            first_ttt: 7,
+            stat_sn: 0,
+            exp_cmd_sn: 0,
+            max_cmd_sn: 0,
+        };
+        let mut s = SolicitedIn::new(&plan.nth(0).unwrap());
+        assert_eq!((s.ttt(), plan.count()), (7, 2));
+        assert_eq!(s.check(0, 0, 8192), Err(SequenceError::OutsideR2t));
+        assert_eq!(s.check(8192, 0, 16_384 + 512), Err(SequenceError::OutsideR2t));
+        assert_eq!(s.check(8192, 1, 8192), Err(SequenceError::DataSn));
+        assert_eq!(s.check(8192, 0, 8192), Ok(()));
+        assert_eq!(s.accept(8192, false), Burst::More);
+        assert_eq!(s.check(16_384, 1, 8192), Ok(()));
+        assert_eq!(s.accept(8192, true), Burst::Complete);
+        let mut s = SolicitedIn::new(&plan.nth(1).unwrap());
+        assert_eq!(s.check(24_576, 0, 16_384), Ok(()));
+        assert_eq!(s.accept(16_384, false), Burst::CompleteWithoutFinal);
+    }
+
+    fn data_in_of(limits: &TransferLimits, first: DataIn, len: u32) -> Vec<(DataIn, Range<usize>)> {
+        limits.data_in(first, len).collect()
+    }
+
+    #[test]
+    fn data_in_is_cut_to_the_segment_and_the_burst_with_the_status_in_the_last_pdu() {
+        // 8 KiB segments, 20 KiB bursts: 48 KiB read data at offset 4096, DataSN from 3.
+        let l = TransferLimits { max_send_segment: 8192, max_burst: 20_480, ..limits(true, true) };
+        let first = DataIn {
+            itt: 9,
+            ttt: 0xffff_ffff,
+            data_sn: 3,
+            buffer_offset: 4096,
+            status_present: true,
+            status: riser_scsi::sense::Status::GOOD,
+            underflow: true,
+            residual: 512,
+            stat_sn: 77,
+            exp_cmd_sn: 5,
+            max_cmd_sn: 40,
+            ..DataIn::default()
+        };
+        let pdus = data_in_of(&l, first, 49_152);
+        let lens: Vec<usize> = pdus.iter().map(|(_, r)| r.len()).collect();
+        assert_eq!(lens, [8192, 8192, 4096, 8192, 8192, 4096, 8192]);
+        let finals: Vec<bool> = pdus.iter().map(|(h, _)| h.final_).collect();
+        assert_eq!(finals, [false, false, true, false, false, true, true]);
+        let mut at = 0;
+        for (i, (h, r)) in pdus.iter().enumerate() {
+            assert_eq!((h.itt, h.data_sn, h.buffer_offset, r.start), (9, 3 + i as u32, 4096 + at as u32, at));
+            assert_eq!((h.exp_cmd_sn, h.max_cmd_sn), (5, 40));
+            let last = i == pdus.len() - 1;
+            assert_eq!(
+                (h.status_present, h.underflow, h.residual, h.stat_sn),
+                if last { (true, true, 512, 77) } else { (false, false, 0, 0) }
+            );
+            at = r.end;
+        }
+        assert_eq!(at, 49_152);
+        // The status alone when there is no data; nothing when neither.
+        let status_only = data_in_of(&l, first, 0);
+        assert_eq!(status_only.len(), 1);
+        assert!(status_only[0].0.status_present && status_only[0].0.final_ && status_only[0].1.is_empty());
+        assert!(data_in_of(&l, DataIn { status_present: false, ..first }, 0).is_empty());
+    }
+
+    proptest::proptest! {
+        /// Every byte once, in order; no PDU above the segment; the F bit exactly where a burst
+        /// fills or the data ends; DataSN one per PDU.
+        #[test]
+        fn data_in_covers_the_data_within_the_limits(seg in 0u32..70_000, burst in 0u32..300_000, len in 0u32..600_000) {
+            let l = TransferLimits { max_send_segment: seg, max_burst: burst, ..limits(true, true) };
+            let (seg, burst) = (l.send_segment(), l.burst());
+            let pdus = data_in_of(&l, DataIn::default(), len);
+            let (mut at, mut in_burst) = (0usize, 0usize);
+            for (i, (h, r)) in pdus.iter().enumerate() {
+                proptest::prop_assert_eq!(r.start, at);
+                proptest::prop_assert!(!r.is_empty() && r.len() <= seg);
+                proptest::prop_assert_eq!((h.data_sn, h.buffer_offset), (i as u32, at as u32));
+                in_burst += r.len();
+                proptest::prop_assert!(in_burst <= burst);
+                proptest::prop_assert_eq!(h.final_, in_burst == burst || r.end == len as usize);
+                if h.final_ {
+                    in_burst = 0;
+                }
+                at = r.end;
+            }
+            proptest::prop_assert_eq!(at, len as usize);
+        }
     }
 }

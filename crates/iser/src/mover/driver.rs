@@ -184,7 +184,10 @@ impl<P: Provider + 'static> Shared<P> {
                     return Ok(());
                 }
             }
-            (Role::Target, Header::DataOut(d)) => return self.receive_unsolicited_data_out(d, pdu.data),
+            (Role::Target, Header::DataOut(d)) => {
+                self.receive_unsolicited_data_out(d, pdu.data);
+                return Ok(());
+            }
             _ => {}
         }
         let data = Bytes::copy_from_slice(pdu.data);
@@ -489,7 +492,7 @@ pub fn fuzz_receive<P: Provider + 'static>(pd: Arc<P::Pd>, cq: Arc<P::Cq>, qp: A
             break;
         }
         for t in lock(&s.writes).values() {
-            assert!(t.received as usize <= t.buf.len() && t.buf.len() <= crate::MAX_TASK_BUFFER);
+            assert!(t.unsolicited.received() as usize <= t.buf.len() && t.buf.len() <= crate::MAX_TASK_BUFFER);
         }
         // A remote invalidation accepted by the initiator named a key of the task it came with.
         if let (Role::Initiator, Some(k)) = (role, invalidated) {

@@ -162,9 +162,8 @@ struct Remote {
 /// Write data arriving before Get_Data (immediate data, unsolicited Data-Out).
 struct WriteTask {
     buf: Vec<u8>,
-    received: u32,
-    /// The unsolicited burst is over (its last Data-Out had the F bit, or none was announced).
-    burst_done: bool,
+    /// The unsolicited data (immediate, then Data-Out) received, and whether its burst is over.
+    unsolicited: riser_iscsi::session::UnsolicitedIn,
     /// The task's data broke the rules: Get_Data fails it (CHECK CONDITION), the connection stays.
     failed: Option<SequenceError>,
 }

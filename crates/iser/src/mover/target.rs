@@ -6,6 +6,7 @@ use super::driver::completion;
 use super::{IserDatamover, Keep, Shared, WriteTask, copy_out, lock, rdma};
 use bytes::Bytes;
 use riser_datamover::{ControlPdu, DataInDesc, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer, Violation};
+use riser_iscsi::session::UnsolicitedIn;
 use riser_iscsi::wire::{DataOut, Header, ScsiCommand};
 use riser_verbs::{Access, MemoryRegion, ProtectionDomain, Provider, SendOp, Sge};
 use std::sync::atomic::Ordering;
@@ -32,13 +33,12 @@ impl<P: Provider + 'static> Shared<P> {
         // Every byte is written before use: immediate data here, unsolicited
         // Data-Out in order after it, RDMA Reads for the rest. Only the unsolicited
         // part is taken now; Get_Data takes the rest within the core's budget.
-        let first = l.incoming_write(c.expected_data_len, imm as u32, c.final_).unsolicited_end as usize;
-        let mut buf = self.pool.take_dirty_vec(first);
+        let split = l.incoming_write(c.expected_data_len, imm as u32, c.final_);
+        let mut buf = self.pool.take_dirty_vec(split.unsolicited_end as usize);
         buf[..imm].copy_from_slice(&immediate_data[..imm]);
         let task = WriteTask {
             buf,
-            received: imm as u32,
-            burst_done: c.final_,
+            unsolicited: UnsolicitedIn::new(&split),
             // F=0 announces unsolicited Data-Out, which InitialR2T=Yes forbids.
             failed: (l.initial_r2t && !c.final_).then_some(SequenceError::UnsolicitedWithInitialR2t),
         };
@@ -46,39 +46,32 @@ impl<P: Provider + 'static> Shared<P> {
         let _ = self.events_tx.send(DmEvent::Control(ControlPdu { header, ahs, data: Bytes::new(), immediate: imm as u32 }));
     }
 
-    /// A received Data-Out (target): unsolicited data placed in its task's buffer, in order.
-    pub(super) fn receive_unsolicited_data_out(&self, d: &DataOut, payload: &[u8]) -> Result<(), DmError> {
+    /// A received Data-Out (target): unsolicited data placed in its task's buffer, checked by
+    /// riser-iscsi's rules as over TCP (in order, DataSN, within the unsolicited burst, the
+    /// burst ended by its F bit at FirstBurstLength or the transfer's end). Data that breaks
+    /// them fails its task (CHECK CONDITION); the connection goes on.
+    pub(super) fn receive_unsolicited_data_out(&self, d: &DataOut, payload: &[u8]) {
         // Unsolicited Data-Out (InitialR2T=No): a Send, placed by its buffer offset.
-        let first_burst = lock(&self.limits).first_burst;
         let mut w = lock(&self.writes);
         if let Some(t) = w.get_mut(&d.itt).filter(|t| t.failed.is_none()) {
-            // In order (DataPDUInOrder=Yes), so `received` is the covered prefix.
-            if d.buffer_offset != t.received {
-                return Err(Violation::DataOutOutOfOrder { offset: d.buffer_offset, due: t.received }.into());
-            }
-            let at = d.buffer_offset as usize;
-            let end = at.checked_add(payload.len()).filter(|&e| e <= t.buf.len());
-            if t.burst_done {
-                t.failed = Some(SequenceError::UnsolicitedAfterEnd);
-            } else if end.is_none() {
-                t.failed = Some(SequenceError::BeyondFirstBurst);
-            } else {
-                let end = end.unwrap_or(at);
-                t.buf[at..end].copy_from_slice(payload);
-                t.received += payload.len() as u32;
-                if d.final_ {
-                    t.burst_done = true;
-                    // The burst is FirstBurstLength or the whole transfer, never less (as
-                    // LIO): only what lies beyond it is read from the initiator.
-                    if t.received != first_burst.min(t.buf.len() as u32) {
-                        t.failed = Some(SequenceError::UnsolicitedEndedEarly);
+            let (at, len) = (d.buffer_offset as usize, payload.len() as u32);
+            let checked = t.unsolicited.check(d.buffer_offset, d.data_sn, len).and_then(|()| {
+                // Within the burst is within the buffer (sized to it, or to the whole
+                // transfer); checked again where the bytes are written.
+                if at.saturating_add(payload.len()) > t.buf.len() { Err(SequenceError::BeyondFirstBurst) } else { Ok(()) }
+            });
+            match checked {
+                Err(e) => t.failed = Some(e),
+                Ok(()) => {
+                    t.buf[at..at + payload.len()].copy_from_slice(payload);
+                    if let Err(e) = t.unsolicited.accept(len, d.final_) {
+                        t.failed = Some(e);
                     }
                 }
             }
         }
         drop(w);
         self.writes_changed.notify_waiters();
-        Ok(())
     }
 }
 
@@ -126,20 +119,16 @@ impl<P: Provider + 'static> IserDatamover<P> {
         loop {
             let mut n = std::pin::pin!(s.writes_changed.notified());
             n.as_mut().enable();
-            let state = lock(&s.writes).get(&itt).map(|t| (t.received, t.burst_done, t.failed));
+            let state = lock(&s.writes).get_mut(&itt).map(|t| t.failed.map_or_else(|| t.unsolicited.settle(unsolicited_len), Err));
             match state {
-                Some((_, _, Some(why))) => {
+                Some(Err(why)) => {
                     lock(&s.writes).remove(&itt);
                     return Err(why.into());
                 }
-                Some((got, _, None)) if got == unsolicited_len => break,
-                Some((got, done, None)) if got > unsolicited_len || done => {
-                    lock(&s.writes).remove(&itt);
-                    return Err(SequenceError::UnsolicitedShort { got, due: unsolicited_len }.into());
-                }
+                Some(Ok(true)) => break,
+                Some(Ok(false)) => {}
                 None if unsolicited_len > 0 => return Err(DmError::NoTask(itt)),
-                _ if unsolicited_len == 0 => break,
-                _ => {}
+                None => break,
             }
             if s.closed.load(Ordering::Acquire) {
                 return Err(DmError::Closed);

@@ -29,15 +29,6 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 use tokio::sync::{Mutex, Notify, mpsc, watch};
 
-#[derive(Debug)]
-struct Solicited {
-    ttt: u32,
-    offset: u32,
-    len: u32,
-    received: u32,
-    next_data_sn: u32,
-}
-
 /// Progress notes from the receiver to a waiting Get_Data.
 #[derive(Debug, Clone, Copy)]
 enum Notice {
@@ -49,12 +40,10 @@ enum Notice {
 #[derive(Debug)]
 struct WriteTask {
     buf: BytesMut,
-    /// Bytes of unsolicited data (immediate + Data-Out with the reserved TTT) received.
-    unsolicited: u32,
-    /// Whether the unsolicited sequence ended (F bit) or none was allowed.
-    unsolicited_done: bool,
-    next_unsol_data_sn: u32,
-    r2ts: Vec<Solicited>,
+    /// The unsolicited data (immediate, then Data-Out with the reserved TTT) received.
+    unsolicited: riser_iscsi::session::UnsolicitedIn,
+    /// The sequences of the R2Ts outstanding.
+    r2ts: Vec<riser_iscsi::session::SolicitedIn>,
     /// Woken with the TTT of each finished R2T (and `RESERVED_TAG` when unsolicited data ends).
     notify: Option<mpsc::UnboundedSender<Notice>>,
     /// Set when the task's data broke sequence: the task ends with CHECK CONDITION and its

@@ -2,11 +2,12 @@
 //! unsolicited Data-Out and the Data-Out each R2T solicits, every PDU checked against the
 //! task's sequence — and read data sent as Data-In PDUs.
 
-use super::{Notice, PduDatamover, Shared, Solicited, WriteTask, lock};
+use super::{Notice, PduDatamover, Shared, WriteTask, lock};
 use crate::link::LinkRx;
 use bytes::{Bytes, BytesMut};
 use riser_datamover::MAX_TASK_BUFFER;
 use riser_datamover::{ControlPdu, DataInDesc, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer, Violation};
+use riser_iscsi::session::{Burst, SolicitedIn, UnsolicitedIn};
 use riser_iscsi::wire::{DataIn, DataOut, Header, R2t, RESERVED_TAG, ScsiCommand};
 use tokio::sync::mpsc;
 
@@ -47,9 +48,7 @@ impl PduDatamover {
         rx.read_data(&mut buf[..data_len]).await?;
         let task = WriteTask {
             buf,
-            unsolicited: data_len as u32,
-            unsolicited_done: split.unsolicited_data_out() == 0,
-            next_unsol_data_sn: 0,
+            unsolicited: UnsolicitedIn::new(&split),
             r2ts: Vec::new(),
             notify: None,
             // F=0 announces unsolicited Data-Out, which InitialR2T=Yes forbids (RFC 7143
@@ -72,7 +71,6 @@ impl PduDatamover {
     /// A Data-Out: checked against its task, its data read into the task's buffer (or drained),
     /// and a waiting Get_Data told when a sequence ends.
     pub(super) async fn receive_data_out(shared: &Shared, rx: &mut dyn LinkRx, d: DataOut, len: usize) -> Result<(), DmError> {
-        let first_burst = lock(&shared.limits).first_burst;
         let len32 = len as u32;
         // Check the PDU against its task and take the task's buffer out while reading into it
         // (the lock is not held across the read); the task stays in the table meanwhile.
@@ -82,7 +80,7 @@ impl PduDatamover {
                 // An aborted or unknown task, or one that already failed: drain the data.
                 None => None,
                 Some(task) if task.failed.is_some() => None,
-                Some(task) => match Self::check_data_out(task, &d, len32, first_burst) {
+                Some(task) => match Self::check_data_out(task, &d, len32) {
                     Ok(slot) => {
                         task.reading = true;
                         Some((slot, std::mem::take(&mut task.buf)))
@@ -119,73 +117,49 @@ impl PduDatamover {
         read?;
         match slot {
             None => {
-                task.unsolicited += len32;
-                task.next_unsol_data_sn += 1;
-                if d.final_ {
-                    task.unsolicited_done = true;
-                    // The unsolicited burst is FirstBurstLength or the whole transfer, never
-                    // less (as LIO): the target solicits only what lies beyond it, so a burst
-                    // ended early would leave bytes of the buffer nobody sent.
-                    let expected = first_burst.min(task.buf.len() as u32);
-                    let notice = if task.unsolicited == expected {
-                        Notice::UnsolicitedDone
-                    } else {
-                        task.failed = Some(SequenceError::UnsolicitedEndedEarly);
-                        Notice::Failed(SequenceError::UnsolicitedEndedEarly)
-                    };
-                    if let Some(n) = &task.notify {
-                        let _ = n.send(notice);
+                // The unsolicited burst is FirstBurstLength or the whole transfer, never less:
+                // the target solicits only what lies beyond it, so a burst ended early would
+                // leave bytes of the buffer nobody sent.
+                let notice = match task.unsolicited.accept(len32, d.final_) {
+                    Ok(false) => None,
+                    Ok(true) => Some(Notice::UnsolicitedDone),
+                    Err(e) => {
+                        task.failed = Some(e);
+                        Some(Notice::Failed(e))
                     }
+                };
+                if let (Some(notice), Some(n)) = (notice, &task.notify) {
+                    let _ = n.send(notice);
                 }
             }
-            Some(i) => {
-                let r = &mut task.r2ts[i];
-                r.received += len32;
-                r.next_data_sn += 1;
-                if r.received == r.len {
-                    if !d.final_ {
-                        return Err(Violation::BurstWithoutFinal.into());
-                    }
+            Some(i) => match task.r2ts[i].accept(len32, d.final_) {
+                Burst::More => {}
+                Burst::CompleteWithoutFinal => return Err(Violation::BurstWithoutFinal.into()),
+                Burst::Complete => {
                     task.r2ts.swap_remove(i);
                     if let Some(n) = &task.notify {
                         let _ = n.send(Notice::R2tDone);
                     }
                 }
-            }
+            },
         }
         Ok(())
     }
 
     /// Where a Data-Out belongs in its task: `None` for unsolicited data, the index of its R2T
-    /// otherwise; or why it breaks the task's sequence.
-    pub(super) fn check_data_out(task: &WriteTask, d: &DataOut, len: u32, first_burst: u32) -> Result<Option<usize>, SequenceError> {
+    /// otherwise; or why it breaks the task's sequence (riser-iscsi's rules).
+    pub(super) fn check_data_out(task: &WriteTask, d: &DataOut, len: u32) -> Result<Option<usize>, SequenceError> {
         if d.ttt == RESERVED_TAG {
-            let end = d.buffer_offset.checked_add(len);
-            if task.unsolicited_done {
-                Err(SequenceError::UnsolicitedAfterEnd)
-            } else if d.buffer_offset != task.unsolicited {
-                Err(SequenceError::UnsolicitedOutOfOrder)
-            } else if end.is_none_or(|e| e > first_burst || e as usize > task.buf.len()) {
-                Err(SequenceError::BeyondFirstBurst)
-            } else if d.data_sn != task.next_unsol_data_sn {
-                Err(SequenceError::DataSn)
-            } else {
-                Ok(None)
+            task.unsolicited.check(d.buffer_offset, d.data_sn, len)?;
+            // Within the sequence is within the buffer (sized to it, or to the whole transfer);
+            // checked again here, where the bytes are written.
+            if (d.buffer_offset as usize).saturating_add(len as usize) > task.buf.len() {
+                return Err(SequenceError::BeyondFirstBurst);
             }
+            Ok(None)
         } else {
-            match task.r2ts.iter().position(|r| r.ttt == d.ttt) {
-                None => Err(SequenceError::UnknownTtt),
-                Some(i) => {
-                    let r = &task.r2ts[i];
-                    if d.buffer_offset != r.offset + r.received || r.received + len > r.len {
-                        Err(SequenceError::OutsideR2t)
-                    } else if d.data_sn != r.next_data_sn {
-                        Err(SequenceError::DataSn)
-                    } else {
-                        Ok(Some(i))
-                    }
-                }
-            }
+            let i = task.r2ts.iter().position(|r| r.ttt() == d.ttt).ok_or(SequenceError::UnknownTtt)?;
+            task.r2ts[i].check(d.buffer_offset, d.data_sn, len).map(|()| Some(i))
         }
     }
 
@@ -204,7 +178,7 @@ impl PduDatamover {
         if task.reading {
             return Ok(false);
         }
-        if unsolicited_len > total_len || task.unsolicited > total_len {
+        if unsolicited_len > total_len || task.unsolicited.received() > total_len {
             writes.remove(&itt);
             return Err(SequenceError::UnsolicitedBeyondLength { len: total_len }.into());
         }
@@ -212,19 +186,18 @@ impl PduDatamover {
         // taken only now, when the core has decided to collect it.
         if task.buf.len() != total_len as usize {
             let mut whole = self.shared.pool.take_dirty(total_len as usize);
-            let have = task.unsolicited as usize;
+            let have = task.unsolicited.received() as usize;
             whole[..have].copy_from_slice(&task.buf[..have]);
             let old = std::mem::replace(&mut task.buf, whole);
             self.shared.pool.give(old);
         }
-        if task.unsolicited >= unsolicited_len {
-            task.unsolicited_done = true;
-        }
         // Every byte is covered exactly once — the unsolicited part, then the solicited
         // range — and the buffer is reused, not cleared: unsolicited data that ended
         // short of what the core counts on fails the task (a gap would be written).
-        if task.unsolicited_done && task.unsolicited != unsolicited_len && task.failed.is_none() {
-            task.failed = Some(SequenceError::UnsolicitedShort { got: task.unsolicited, due: unsolicited_len });
+        if let Err(e) = task.unsolicited.settle(unsolicited_len)
+            && task.failed.is_none()
+        {
+            task.failed = Some(e);
         }
         if let Some(e) = task.failed {
             writes.remove(&itt);
@@ -246,49 +219,33 @@ impl PduDatamover {
     }
 
     /// Put_Data: read data as Data-In PDUs within the negotiated segment and burst sizes, the
-    /// status collapsed into the last one when the core asks.
+    /// status collapsed into the last one when the core asks (riser-iscsi's segmentation,
+    /// [`TransferLimits::data_in`](riser_iscsi::session::TransferLimits::data_in)).
     pub(super) async fn send_data_in(&self, desc: DataInDesc, data: Bytes) -> Result<PutDataDone, DmError> {
-        let l = *lock(&self.shared.limits);
-        let (seg, burst) = (l.send_segment(), l.burst());
+        let limits = *lock(&self.shared.limits);
+        let mut first = DataIn {
+            lun: desc.lun,
+            itt: desc.itt,
+            ttt: RESERVED_TAG,
+            data_sn: desc.data_sn,
+            buffer_offset: desc.offset,
+            ..DataIn::default()
+        };
+        if let Some(s) = desc.collapse_status {
+            first.status_present = true;
+            first.status = s.status;
+            first.underflow = s.underflow;
+            first.overflow = s.overflow;
+            first.residual = s.residual;
+            first.stat_sn = s.stat_sn;
+            first.exp_cmd_sn = s.exp_cmd_sn;
+            first.max_cmd_sn = s.max_cmd_sn;
+        }
         let mut done = PutDataDone::default();
-        let mut sent = 0usize;
-        let mut in_burst = 0usize;
-        while sent < data.len() || (data.is_empty() && done.pdus == 0 && desc.collapse_status.is_some()) {
-            let n = seg.min(data.len() - sent).min(burst - in_burst);
-            let last = sent + n == data.len();
-            in_burst += n;
-            let end_of_sequence = last || in_burst == burst;
-            let mut h = DataIn {
-                final_: end_of_sequence,
-                lun: desc.lun,
-                itt: desc.itt,
-                ttt: RESERVED_TAG,
-                data_sn: desc.data_sn.wrapping_add(done.pdus),
-                buffer_offset: desc.offset + sent as u32,
-                ..DataIn::default()
-            };
-            if last && let Some(s) = desc.collapse_status {
-                h.status_present = true;
-                h.status = s.status;
-                h.underflow = s.underflow;
-                h.overflow = s.overflow;
-                h.residual = s.residual;
-                h.stat_sn = s.stat_sn;
-                done.status_sent = true;
-            }
-            if let Some(s) = desc.collapse_status {
-                h.exp_cmd_sn = s.exp_cmd_sn;
-                h.max_cmd_sn = s.max_cmd_sn;
-            }
-            self.send(Header::DataIn(h), &[], data.slice(sent..sent + n)).await?;
+        for (h, range) in limits.data_in(first, data.len() as u32) {
+            done.status_sent |= h.status_present;
+            self.send(Header::DataIn(h), &[], data.slice(range)).await?;
             done.pdus += 1;
-            sent += n;
-            if in_burst == burst {
-                in_burst = 0;
-            }
-            if data.is_empty() {
-                break;
-            }
         }
         Ok(done)
     }
@@ -313,7 +270,7 @@ impl PduDatamover {
         drop(tx);
         let mut unsolicited_pending = {
             let writes = lock(&self.shared.writes);
-            writes.get(&itt).is_some_and(|t| !t.unsolicited_done)
+            writes.get(&itt).is_some_and(|t| !t.unsolicited.done())
         };
         // One R2T at a time (MaxOutstandingR2T=1), each made when it is sent.
         let count = plan.count();
@@ -323,7 +280,7 @@ impl PduDatamover {
                 {
                     let mut writes = lock(&self.shared.writes);
                     let Some(task) = writes.get_mut(&itt) else { return Err(DmError::NoTask(itt)) };
-                    task.r2ts.push(Solicited { ttt: r.ttt, offset: r.offset, len: r.len, received: 0, next_data_sn: 0 });
+                    task.r2ts.push(SolicitedIn::new(&r));
                 }
                 let h = R2t {
                     lun: r.lun,
