@@ -8,7 +8,8 @@
 //!   ([`TransferLimits`]: whose MaxRecvDataSegmentLength bounds whose PDUs, how a write splits
 //!   into immediate, unsolicited and solicited data), the R2T plan of a write ([`R2tPlan`]),
 //!   the target's checks of the Data-Out it receives ([`UnsolicitedIn`], [`SolicitedIn`]) and
-//!   the Data-In PDUs of read data ([`TransferLimits::data_in`]).
+//!   the Data-In PDUs of read data ([`TransferLimits::data_in`]) and the Data-Out PDUs of write
+//!   data ([`TransferLimits::data_out`]).
 //! * [`Residual`]: a command's residual, named.
 //!
 //! The TCP and iSER datamovers and both drivers ask these, so each rule is written once.
@@ -22,5 +23,7 @@ pub mod window;
 pub use initiator::{Busy, InitiatorEvent, InitiatorSession};
 pub use residual::Residual;
 pub use target_session::{CloseReason, Reset, Stamp, TargetEvent, TargetSession, TargetSessionConfig, TaskId, Transmit};
-pub use transfer::{Burst, DataInSegments, R2tDesc, R2tPlan, SequenceError, SolicitedIn, TransferLimits, UnsolicitedIn, WriteSplit};
+pub use transfer::{
+    Burst, DataInSegments, DataOutSegments, R2tDesc, R2tPlan, SequenceError, SolicitedIn, TransferLimits, UnsolicitedIn, WriteSplit,
+};
 pub use window::{CommandWindow, InitiatorWindow};

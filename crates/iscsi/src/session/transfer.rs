@@ -2,7 +2,7 @@
 //! §13.11, §13.12, §13.13, §13.14; RFC 7145 §6.1–6.2 for the iSER directions).
 
 use crate::keys::{NegotiatedParams, Role};
-use crate::wire::DataIn;
+use crate::wire::{DataIn, DataOut};
 use core::ops::Range;
 use riser_scsi::lun::Lun;
 
@@ -395,6 +395,49 @@ impl TransferLimits {
     }
 }
 
+impl TransferLimits {
+    /// An initiator's Data-Out for the bytes `range` of a write buffer (an R2T's, or the
+    /// unsolicited part after the immediate data): PDUs of at most
+    /// [`send_segment`](Self::send_segment) bytes, buffer offsets from `range.start`, DataSN
+    /// counting up from `first`'s (0 for a new sequence), the F bit on the last. `first` carries
+    /// the task's fields (LUN, ITT, TTT, ExpStatSN). Yields each PDU's header and the range of
+    /// the buffer it carries; nothing for an empty range.
+    pub fn data_out(&self, first: DataOut, range: Range<u32>) -> DataOutSegments {
+        DataOutSegments { first, at: range.start, end: range.end, segment: self.send_segment() as u32, pdus: 0 }
+    }
+}
+
+/// The Data-Out PDUs of one sequence ([`TransferLimits::data_out`]).
+#[derive(Clone, Debug)]
+pub struct DataOutSegments {
+    first: DataOut,
+    at: u32,
+    end: u32,
+    segment: u32,
+    pdus: u32,
+}
+
+impl Iterator for DataOutSegments {
+    type Item = (DataOut, Range<usize>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.at >= self.end {
+            return None;
+        }
+        let n = self.segment.min(self.end - self.at);
+        let h = DataOut {
+            final_: self.at + n == self.end,
+            data_sn: self.first.data_sn.wrapping_add(self.pdus),
+            buffer_offset: self.at,
+            ..self.first
+        };
+        let range = self.at as usize..(self.at + n) as usize;
+        self.at += n;
+        self.pdus += 1;
+        Some((h, range))
+    }
+}
+
 /// The Data-In PDUs of one Put_Data ([`TransferLimits::data_in`]).
 #[derive(Clone, Debug)]
 pub struct DataInSegments {
@@ -653,6 +696,17 @@ mod tests {
         assert_eq!(status_only.len(), 1);
         assert!(status_only[0].0.status_present && status_only[0].0.final_ && status_only[0].1.is_empty());
         assert!(data_in_of(&l, DataIn { status_present: false, ..first }, 0).is_empty());
+    }
+
+    #[test]
+    fn data_out_is_cut_to_the_targets_receive_limit_with_the_f_bit_last() {
+        let l = TransferLimits { max_send_segment: 8192, ..limits(true, true) };
+        let first = DataOut { itt: 4, ttt: 11, exp_stat_sn: 9, ..DataOut::default() };
+        let pdus: Vec<_> = l.data_out(first, 4096..24_576).collect();
+        let shape: Vec<_> = pdus.iter().map(|(h, r)| (h.buffer_offset, h.data_sn, h.final_, r.clone())).collect();
+        assert_eq!(shape, [(4096, 0, false, 4096..12_288), (12_288, 1, false, 12_288..20_480), (20_480, 2, true, 20_480..24_576)]);
+        assert!(pdus.iter().all(|(h, _)| (h.itt, h.ttt, h.exp_stat_sn) == (4, 11, 9)));
+        assert_eq!(l.data_out(first, 100..100).count(), 0);
     }
 
     proptest::proptest! {

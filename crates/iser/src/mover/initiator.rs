@@ -97,22 +97,14 @@ impl<P: Provider + 'static> IserDatamover<P> {
         }
         let mut r = s.send_pdu_from(ih, &Header::ScsiCommand(cmd), &ahs, &[&immediate], by_ref, None);
         // Unsolicited Data-Out PDUs as Sends, each within the target's receive size.
-        let seg = l.send_segment();
-        let (mut at, mut data_sn) = (0usize, 0u32);
-        while r.is_ok() && at < unsolicited.len() {
-            let n = seg.min(unsolicited.len() - at);
-            let d = DataOut {
-                final_: at + n == unsolicited.len(),
-                lun,
-                itt,
-                ttt: RESERVED_TAG,
-                exp_stat_sn,
-                data_sn,
-                buffer_offset: (imm_len + at) as u32,
-            };
-            r = s.send_pdu(IserHeader::CONTROL, &Header::DataOut(d), &[], &[&unsolicited[at..at + n]], None).await;
-            at += n;
-            data_sn += 1;
+        let first = DataOut { lun, itt, ttt: RESERVED_TAG, exp_stat_sn, ..DataOut::default() };
+        let at = imm_len as u32;
+        for (d, range) in l.data_out(first, at..at + unsolicited.len() as u32) {
+            if r.is_err() {
+                break;
+            }
+            let piece = &unsolicited[range.start - imm_len..range.end - imm_len];
+            r = s.send_pdu(IserHeader::CONTROL, &Header::DataOut(d), &[], &[piece], None).await;
         }
         if r.is_ok() {
             r = if gathered { s.command_gathered() } else { s.release_sends() };

@@ -23,7 +23,7 @@ impl PduDatamover {
     }
 
     /// Send `data[start..end]` as Data-Out PDUs no larger than the target's receive limit,
-    /// DataSN from 0, F on the last.
+    /// DataSN from 0, F on the last (riser-iscsi's [`TransferLimits::data_out`](riser_iscsi::session::TransferLimits::data_out)).
     async fn send_data_out(
         &self,
         itt: u32,
@@ -33,15 +33,10 @@ impl PduDatamover {
         start: usize,
         end: usize,
     ) -> Result<(), DmError> {
-        let seg = lock(&self.shared.limits).send_segment();
-        let mut at = start;
-        let mut sn = 0;
-        while at < end {
-            let n = seg.min(end - at);
-            let h = DataOut { final_: at + n == end, lun, itt, ttt, data_sn: sn, buffer_offset: at as u32, ..DataOut::default() };
-            self.send(Header::DataOut(h), &[], data.slice(at..at + n)).await?;
-            at += n;
-            sn += 1;
+        let limits = *lock(&self.shared.limits);
+        let first = DataOut { lun, itt, ttt, ..DataOut::default() };
+        for (h, range) in limits.data_out(first, start as u32..end as u32) {
+            self.send(Header::DataOut(h), &[], data.slice(range)).await?;
         }
         Ok(())
     }
