@@ -732,5 +732,48 @@ mod tests {
             }
             proptest::prop_assert_eq!(at, len as usize);
         }
+
+        /// What an initiator sends of a write (immediate data, unsolicited Data-Out, the
+        /// Data-Out of each R2T, cut by `data_out`), the target's checks take, every byte once,
+        /// each sequence ending where the F bit says: both sides' rules agree for any limits.
+        #[test]
+        fn the_target_takes_every_data_out_the_initiator_sends(
+            immediate_data: bool,
+            initial_r2t: bool,
+            seg in 512u32..70_000,
+            first_burst in 512u32..300_000,
+            burst in 512u32..300_000,
+            len in 1u32..700_000,
+        ) {
+            let l = TransferLimits { max_send_segment: seg, max_recv_segment: seg, max_burst: burst, first_burst, immediate_data, initial_r2t };
+            let sent = l.outgoing_write(len, true);
+            let seen = l.incoming_write(len, sent.immediate, sent.command_is_final());
+            let mut unsolicited = UnsolicitedIn::new(&seen);
+            let mut covered = sent.immediate;
+            let mut ended = false;
+            for (h, r) in l.data_out(DataOut { ttt: 0xffff_ffff, ..DataOut::default() }, sent.immediate..sent.unsolicited_end) {
+                proptest::prop_assert_eq!(r.start as u32, covered);
+                proptest::prop_assert_eq!(unsolicited.check(h.buffer_offset, h.data_sn, r.len() as u32), Ok(()));
+                ended = unsolicited.accept(r.len() as u32, h.final_).unwrap();
+                proptest::prop_assert_eq!(ended, h.final_);
+                covered = r.end as u32;
+            }
+            proptest::prop_assert_eq!(ended, sent.unsolicited_end > sent.immediate);
+            proptest::prop_assert_eq!(unsolicited.settle(seen.unsolicited_end), Ok(true));
+            let plan = R2tPlan { itt: 1, lun: Lun::default(), start: seen.unsolicited_end, end: len, max_burst: burst, first_ttt: 5, stat_sn: 0, exp_cmd_sn: 0, max_cmd_sn: 0 };
+            for n in 0..plan.count() {
+                let r2t = plan.nth(n).unwrap();
+                let mut solicited = SolicitedIn::new(&r2t);
+                let mut last = Burst::More;
+                for (h, r) in l.data_out(DataOut { ttt: r2t.ttt, ..DataOut::default() }, r2t.offset..r2t.offset + r2t.len) {
+                    proptest::prop_assert_eq!(r.start as u32, covered);
+                    proptest::prop_assert_eq!(solicited.check(h.buffer_offset, h.data_sn, r.len() as u32), Ok(()));
+                    last = solicited.accept(r.len() as u32, h.final_);
+                    covered = r.end as u32;
+                }
+                proptest::prop_assert_eq!(last, Burst::Complete);
+            }
+            proptest::prop_assert_eq!(covered, len);
+        }
     }
 }
