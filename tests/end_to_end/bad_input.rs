@@ -1,12 +1,13 @@
 //! PDUs the initiator library never sends, on every transport: each gets the RFC's answer (or
 //! is ignored as the RFC says), fails no more than its own task, and the connection goes on.
 
-use crate::support::{Transport, read10, sense, write10};
+use crate::support::{Raw, Transport, read10, sense, write10};
 use bytes::Bytes;
 use riser::iscsi::keys::OperationalConfig;
 use riser::iscsi::wire::{DataOut, Header, LoginRequest, NopOut, Pdu, RejectReason, Snack};
 use riser::scsi::lun::Lun;
 use riser::scsi::sense::{AscAscq, SenseKey, Status};
+use riser::target::server::TargetConfig;
 use std::time::Duration;
 
 on_every_transport!(
@@ -19,6 +20,23 @@ on_every_transport!(
     unsolicited_data_that_never_comes_ends_the_command_not_the_connection,
     a_header_with_an_impossible_field_is_rejected_and_the_session_goes_on,
 );
+
+/// A target that takes unsolicited data (InitialR2T=No, ImmediateData=Yes, FirstBurstLength
+/// 64 KiB; over iSER too), configured further by `cfg`, and a raw session to it (ISID `isid`).
+async fn unsolicited_data_allowed(t: Transport, isid: u8, cfg: impl FnOnce(&mut TargetConfig)) -> Raw {
+    let op = OperationalConfig::default().initial_r2t(false).immediate_data(true).first_burst_length(65_536);
+    let addr = t
+        .start(
+            |_| {},
+            |c| {
+                c.login.operational = op.clone();
+                c.iser_unsolicited_data = true;
+                cfg(c);
+            },
+        )
+        .await;
+    t.raw(addr, op, isid).await
+}
 
 async fn cmdsn_window_snack_and_stray_data_out(t: Transport) {
     let addr = t.start(|_| {}, |_| {}).await;
@@ -114,17 +132,7 @@ async fn impossible_write_lengths_get_check_condition(t: Transport) {
 /// buffer's stale contents reached the medium with GOOD status. F=0 under InitialR2T=Yes is the
 /// same hole. Both now fail the task, and the connection stays.
 async fn an_unsolicited_burst_ended_early_fails_the_task(t: Transport) {
-    let op = OperationalConfig::default().initial_r2t(false).immediate_data(true).first_burst_length(65536);
-    let addr = t
-        .start(
-            |_| {},
-            |c| {
-                c.login.operational = op.clone();
-                c.iser_unsolicited_data = true;
-            },
-        )
-        .await;
-    let mut r = t.raw(addr, op, 14).await;
+    let mut r = unsolicited_data_allowed(t, 14, |_| {}).await;
     assert!(!r.o.params.initial_r2t && r.o.params.first_burst_length == 65536);
     // 128 KiB write: 8 KiB immediate, then Data-Out 8..16 KiB with F=1 (FirstBurstLength is 64 KiB).
     let h = r.command(0xb00, &write10(100, 256), 131_072, true, false, false);
@@ -157,17 +165,7 @@ async fn an_unsolicited_burst_ended_early_fails_the_task(t: Transport) {
 /// `UnsolicitedIn`). Before, iSER dropped the connection at a wrong offset and took a wrong
 /// DataSN with GOOD status.
 async fn unsolicited_data_out_out_of_order_fails_its_task_on_every_transport(t: Transport) {
-    let op = OperationalConfig::default().initial_r2t(false).immediate_data(true).first_burst_length(65536);
-    let addr = t
-        .start(
-            |_| {},
-            |c| {
-                c.login.operational = op.clone();
-                c.iser_unsolicited_data = true;
-            },
-        )
-        .await;
-    let mut r = t.raw(addr, op, 0x16).await;
+    let mut r = unsolicited_data_allowed(t, 0x16, |_| {}).await;
     // 32 KiB writes, 8 KiB immediate, the rest unsolicited (F=0): the next Data-Out is due at
     // 8 KiB with DataSN 0; one at 16 KiB, then one with DataSN 1.
     for (itt, offset, data_sn) in [(0xc00u32, 16_384u32, 0u32), (0xc01, 8192, 1)] {
@@ -219,18 +217,7 @@ async fn a_command_whose_flags_contradict_its_cdb_gets_an_answer(t: Transport) {
 /// Unsolicited Data-Out announced (F=0) and never sent ends the command with CHECK CONDITION
 /// at `data_timeout`, and only the command: the connection goes on.
 async fn unsolicited_data_that_never_comes_ends_the_command_not_the_connection(t: Transport) {
-    let op = OperationalConfig::default().initial_r2t(false).immediate_data(true).first_burst_length(65_536);
-    let addr = t
-        .start(
-            |_| {},
-            |c| {
-                c.login.operational = op.clone();
-                c.iser_unsolicited_data = true;
-                c.data_timeout = Duration::from_millis(500);
-            },
-        )
-        .await;
-    let mut r = t.raw(addr, op, 0x51).await;
+    let mut r = unsolicited_data_allowed(t, 0x51, |c| c.data_timeout = Duration::from_millis(500)).await;
     // WRITE(10) of 64 KiB, 8 KiB immediate, F=0: 56 KiB of unsolicited Data-Out promised.
     let h = r.command(0xe00, &write10(0, 128), 65_536, true, false, false);
     r.send(h, &[6; 8192]).await;
