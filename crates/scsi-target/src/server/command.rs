@@ -82,7 +82,10 @@ impl Future for ToTheEnd {
 
 impl Drop for ToTheEnd {
     fn drop(&mut self) {
+        // Dropped while the operation's future panics (the task unwinds): it cannot be polled
+        // again; what waits for it is told at once, as when a task of its own panicked before.
         if let (Some(running), Some(in_flight)) = (self.running.take(), self.in_flight.take())
+            && !std::thread::panicking()
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
             runtime.spawn(async move {
