@@ -110,6 +110,19 @@ use riser_scsi::sense::Status;
 /// A boxed, sendable future (keeps the trait object-safe without naming a runtime).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// Poll `fut` once: its output if it is done at once, else `None` (the future stays where it is,
+/// to be awaited on). For a deadline that is armed only when needed: most sends and most PDUs
+/// are done at their first poll, and arming a runtime's timer costs a clock reading and a hold
+/// on the runtime every time.
+pub async fn poll_once<F: Future + ?Sized>(fut: Pin<&mut F>) -> Option<F::Output> {
+    let mut fut = fut;
+    core::future::poll_fn(|cx| match fut.as_mut().poll(cx) {
+        core::task::Poll::Ready(v) => core::task::Poll::Ready(Some(v)),
+        core::task::Poll::Pending => core::task::Poll::Ready(None),
+    })
+    .await
+}
+
 /// A control-type PDU (RFC 5047 §7): everything but Data-In, Data-Out and R2T.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ControlPdu {
@@ -350,6 +363,35 @@ pub enum DmEvent {
     Terminated(Terminated),
 }
 
+/// What a datamover's `try_` call did: the whole of the operation, at once, or nothing, because
+/// it would have had to wait (its arguments come back; the caller makes the waiting call).
+///
+/// The `try_` calls are the seam's hot path without a future: most sends of a target's turn
+/// need no waiting (they gather in the transport), and a future returned through a trait object
+/// is boxed. A datamover that offers none keeps the defaults (always [`WouldWait`](Self::WouldWait)).
+#[derive(Debug)]
+#[must_use]
+pub enum Attempt<T, A> {
+    /// Done: what the waiting call would have returned.
+    Done(T),
+    /// Nothing done: the call would have had to wait. The arguments, back.
+    WouldWait(A),
+}
+
+/// The arguments of [`Datamover::send_command`], as [`Datamover::try_send_command`] gives them
+/// back when it would have had to wait.
+#[derive(Debug)]
+pub struct CommandArgs {
+    /// The command.
+    pub cmd: ScsiCommand,
+    /// Its AHS.
+    pub ahs: Bytes,
+    /// Bytes of read buffer.
+    pub read_len: u32,
+    /// Write data.
+    pub write: Option<Bytes>,
+}
+
 /// Sizes the iSCSI layer asks the datamover to provision (Allocate_Connection_Resources).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct ConnectionResources {
@@ -398,6 +440,26 @@ pub trait Datamover: Send + Sync + core::fmt::Debug {
     /// response is in. Values noticed apply to what is received from the next PDU on, and to
     /// what is sent once enabled (the final Login Response still goes out framed as login).
     fn enable(&self);
+
+    /// [`send_control`](Self::send_control) if it needs no waiting (it joins what is gathered,
+    /// [`hold_sends`](Self::hold_sends)); else nothing is sent and the PDU comes back. Default:
+    /// never.
+    fn try_send_control(&self, pdu: ControlPdu) -> Attempt<Result<(), DmError>, ControlPdu> {
+        Attempt::WouldWait(pdu)
+    }
+
+    /// [`put_data`](Self::put_data) if it needs no waiting; else nothing is sent and the
+    /// arguments come back. Default: never.
+    fn try_put_data(&self, desc: DataInDesc, data: Bytes) -> Attempt<Result<PutDataDone, DmError>, (DataInDesc, Bytes)> {
+        Attempt::WouldWait((desc, data))
+    }
+
+    /// [`release_sends`](Self::release_sends) if everything gathered leaves without waiting.
+    /// `WouldWait`: not all of it has left yet; what did stays sent, and `release_sends` sends
+    /// the rest (gathering has ended either way). Default: never.
+    fn try_release_sends(&self) -> Attempt<Result<(), DmError>, ()> {
+        Attempt::WouldWait(())
+    }
 
     /// Deallocate_Task_Resources: forget task `itt` (aborted or finished): drop its buffer,
     /// fail a pending Get_Data, ignore its further Data-Out.
@@ -450,6 +512,19 @@ pub trait Datamover: Send + Sync + core::fmt::Debug {
     /// the write data. TCP sends immediate and unsolicited data and answers R2Ts; iSER registers
     /// the buffers and advertises them in the iSER header.
     fn send_command(&self, cmd: ScsiCommand, ahs: Bytes, read_len: u32, write: Option<Bytes>) -> BoxFuture<'_, Result<(), DmError>>;
+
+    /// [`send_command`](Self::send_command) if it needs no waiting (the command joins what the
+    /// datamover gathers, or is posted); else nothing is done and the arguments come back.
+    /// Default: never.
+    fn try_send_command(
+        &self,
+        cmd: ScsiCommand,
+        ahs: Bytes,
+        read_len: u32,
+        write: Option<Bytes>,
+    ) -> Attempt<Result<(), DmError>, CommandArgs> {
+        Attempt::WouldWait(CommandArgs { cmd, ahs, read_len, write })
+    }
 
     /// Initiator: the read data of a finished (or aborted) command; forgets the task's buffers
     /// (the initiator half of Deallocate_Task_Resources).

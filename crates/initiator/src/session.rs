@@ -16,7 +16,7 @@ use crate::login::{login, resolve};
 use crate::{CommandResult, Connector, Error, SessionConfig};
 use bytes::{Bytes, BytesMut};
 use hashbrown::HashMap;
-use riser_datamover::{ControlPdu, DmEvent, SharedDatamover};
+use riser_datamover::{Attempt, ControlPdu, DmEvent, SharedDatamover};
 use riser_iscsi::keys::NegotiatedParams;
 use riser_iscsi::login::{InitiatorLoginConfig, LoginOutcome};
 use riser_iscsi::session::{Busy, InitiatorEvent, InitiatorSession, Residual};
@@ -351,7 +351,12 @@ impl Session {
     /// callers still waiting (unless a newer connection has replaced this one).
     async fn receiver(inner: Arc<Inner>, link: Link) {
         loop {
-            match link.dm.next_event().await {
+            // What has arrived is taken without a future; only waiting for more takes one.
+            let event = match link.dm.try_next_event() {
+                Some(e) => e,
+                None => link.dm.next_event().await,
+            };
+            match event {
                 DmEvent::Control(p) => {
                     {
                         let mut s = lock(&inner.state);
@@ -608,7 +613,11 @@ impl Session {
         }
         let (cmd, link, rx, gate) = self.start_command(lun, cdb, read_len, write_len).await?;
         numbered(link.generation);
-        if let Err(e) = link.dm.send_command(cmd, ahs.into(), read_len, write).await {
+        let sent = match link.dm.try_send_command(cmd, ahs.into(), read_len, write) {
+            Attempt::Done(r) => r,
+            Attempt::WouldWait(a) => link.dm.send_command(a.cmd, a.ahs, a.read_len, a.write).await,
+        };
+        if let Err(e) = sent {
             tracing::debug!(itt = cmd.itt, %e, "command not sent");
             // Its CmdSN is taken and the target would wait for it (ExpCmdSN stuck, task-set
             // functions unanswered): this connection is done, whatever the datamover's reason.

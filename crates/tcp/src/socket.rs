@@ -13,7 +13,9 @@ use riser_iscsi::keys::{Digest, Role};
 use riser_iscsi::wire::{BHS_LEN, Bhs, DecodeError, Header, PduLayout, Reaction, pad4};
 use std::future::Future;
 use std::io::{self, IoSlice};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -143,6 +145,46 @@ impl TcpRx {
         Ok(true)
     }
 
+    /// The length of the header that starts the buffer (BHS, AHS, header digest); the BHS is
+    /// buffered.
+    fn header_len(&self) -> Result<usize, DmError> {
+        let view = Bhs::new_unchecked(&self.buf[self.start..self.start + BHS_LEN]);
+        let layout = PduLayout::of(&view, self.p.max_recv_data_segment_length)?;
+        Ok(BHS_LEN + layout.ahs_len + if self.p.header_digest == Digest::Crc32c { 4 } else { 0 })
+    }
+
+    /// Parse and consume the header that starts the buffer, all of it buffered
+    /// ([`header_len`](Self::header_len) bytes).
+    fn parse_header(&mut self) -> Result<RxHeader, DmError> {
+        let mut bhs = [0u8; BHS_LEN];
+        bhs.copy_from_slice(&self.buf[self.start..self.start + BHS_LEN]);
+        let view = Bhs::new_unchecked(&bhs[..]);
+        let layout = PduLayout::of(&view, self.p.max_recv_data_segment_length)?;
+        let mut at = self.start + BHS_LEN;
+        let ahs = if layout.ahs_len == 0 { Bytes::new() } else { Bytes::copy_from_slice(&self.buf[at..at + layout.ahs_len]) };
+        at += layout.ahs_len;
+        if self.p.header_digest == Digest::Crc32c {
+            let d = &self.buf[at..at + 4];
+            at += 4;
+            if u32::from_le_bytes([d[0], d[1], d[2], d[3]]) != crc32c_append(crc32c(&bhs), &ahs) {
+                return Err(DecodeError::HeaderDigest.into());
+            }
+        }
+        self.start = at;
+        for a in riser_iscsi::wire::AhsIter::new(&ahs) {
+            a?;
+        }
+        // A header that is well framed but holds an impossible field is the session's to
+        // reject; anything else wrong with it ends the connection.
+        let (header, malformed) = match Header::parse(&view) {
+            Ok(h) => (h, None),
+            Err(e) if matches!(e.reaction(), Reaction::Reject(_)) => (Header::Unknown(bhs), Some(e)),
+            Err(e) => return Err(e.into()),
+        };
+        self.data_len = layout.data_len;
+        Ok(RxHeader { header, ahs, data_len: layout.data_len, malformed })
+    }
+
     /// The next `n` (at most [`READ_AHEAD`]) bytes, consumed.
     async fn take(&mut self, n: usize) -> io::Result<&[u8]> {
         if !self.fill(n).await? {
@@ -177,33 +219,23 @@ impl LinkRx for TcpRx {
             if !self.fill(BHS_LEN).await.map_err(io_err)? {
                 return Ok(None);
             }
-            let mut bhs = [0u8; BHS_LEN];
-            bhs.copy_from_slice(&self.buf[self.start..self.start + BHS_LEN]);
-            let view = Bhs::new_unchecked(&bhs[..]);
-            let layout = PduLayout::of(&view, self.p.max_recv_data_segment_length)?;
-            self.start += BHS_LEN;
-            let ahs =
-                if layout.ahs_len == 0 { Bytes::new() } else { Bytes::copy_from_slice(self.take(layout.ahs_len).await.map_err(io_err)?) };
-            if self.p.header_digest == Digest::Crc32c {
-                let d = self.take(4).await.map_err(io_err)?;
-                let d = u32::from_le_bytes([d[0], d[1], d[2], d[3]]);
-                if d != crc32c_append(crc32c(&bhs), &ahs) {
-                    return Err(DecodeError::HeaderDigest.into());
-                }
+            let len = self.header_len()?;
+            if !self.fill(len).await.map_err(io_err)? {
+                return Err(io_err(io::ErrorKind::UnexpectedEof.into()));
             }
-            for a in riser_iscsi::wire::AhsIter::new(&ahs) {
-                a?;
-            }
-            // A header that is well framed but holds an impossible field is the session's to
-            // reject; anything else wrong with it ends the connection.
-            let (header, malformed) = match Header::parse(&view) {
-                Ok(h) => (h, None),
-                Err(e) if matches!(e.reaction(), Reaction::Reject(_)) => (Header::Unknown(bhs), Some(e)),
-                Err(e) => return Err(e.into()),
-            };
-            self.data_len = layout.data_len;
-            Ok(Some(RxHeader { header, ahs, data_len: layout.data_len, malformed }))
+            self.parse_header().map(Some)
         })
+    }
+
+    fn try_read_header(&mut self) -> Option<Result<Option<RxHeader>, DmError>> {
+        if self.buffered() < BHS_LEN {
+            return None;
+        }
+        match self.header_len() {
+            Ok(len) if self.buffered() >= len => Some(self.parse_header().map(Some)),
+            Ok(_) => None,
+            Err(e) => Some(Err(e)),
+        }
     }
 
     fn read_data<'a>(&'a mut self, dst: &'a mut [u8]) -> BoxFuture<'a, Result<(), DmError>> {
@@ -279,6 +311,8 @@ pub struct TcpTx<W = OwnedWriteHalf> {
     pieces: Vec<Piece>,
     /// Bytes waiting (framing and data).
     waiting: usize,
+    /// Of those, the bytes a partial write already took.
+    sent: usize,
     /// Where written data segments' buffers go back to ([`LinkTx::recycle_into`]).
     pool: Option<Arc<BufferPool>>,
 }
@@ -286,7 +320,7 @@ pub struct TcpTx<W = OwnedWriteHalf> {
 impl<W: AsyncWrite + Unpin + Send> TcpTx<W> {
     /// Wrap a write half.
     pub fn new(w: W) -> Self {
-        Self { w, p: LinkParams::default(), gather: false, framing: Vec::new(), pieces: Vec::new(), waiting: 0, pool: None }
+        Self { w, p: LinkParams::default(), gather: false, framing: Vec::new(), pieces: Vec::new(), waiting: 0, sent: 0, pool: None }
     }
 
     /// The framing bytes appended since `from` become (or join) a framing piece.
@@ -300,24 +334,48 @@ impl<W: AsyncWrite + Unpin + Send> TcpTx<W> {
     }
 
     /// Write out what waits: one vectored write (more if the socket takes only part of it).
-    async fn write_out(&mut self) -> Result<(), DmError> {
-        if self.pieces.is_empty() {
-            return Ok(());
-        }
-        let mut slices = Vec::with_capacity(self.pieces.len());
-        let mut at = 0;
-        for p in &self.pieces {
-            match p {
-                Piece::Framing { end } => {
-                    slices.push(IoSlice::new(&self.framing[at..*end]));
-                    at = *end;
+    /// What a partial write took stays written: polled again, it goes on from there.
+    fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), DmError>> {
+        while self.sent < self.waiting {
+            let mut slices = Vec::with_capacity(self.pieces.len());
+            let (mut at, mut skip) = (0, self.sent);
+            for p in &self.pieces {
+                let bytes = match p {
+                    Piece::Framing { end } => {
+                        let b = &self.framing[at..*end];
+                        at = *end;
+                        b
+                    }
+                    Piece::Data(d) => &d[..],
+                };
+                if skip >= bytes.len() {
+                    skip -= bytes.len();
+                    continue;
                 }
-                Piece::Data(d) => slices.push(IoSlice::new(d)),
+                slices.push(IoSlice::new(&bytes[skip..]));
+                skip = 0;
+            }
+            debug_assert!(slices.len() <= IOV_MAX);
+            let n = match Pin::new(&mut self.w).poll_write_vectored(cx, &slices) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(0)) => Err(io::Error::from(io::ErrorKind::WriteZero)),
+                Poll::Ready(r) => r,
+            };
+            drop(slices);
+            match n {
+                Ok(n) => self.sent += n,
+                Err(e) => {
+                    self.written();
+                    return Poll::Ready(Err(io_err(e)));
+                }
             }
         }
-        debug_assert!(slices.len() <= IOV_MAX);
-        let r = write_all_vectored(&mut self.w, &mut slices).await.map_err(io_err);
-        drop(slices);
+        self.written();
+        Poll::Ready(Ok(()))
+    }
+
+    /// What waited is gone (written, or lost with the link).
+    fn written(&mut self) {
         for p in self.pieces.drain(..) {
             // Read data the target has let go of: its buffer serves a later command.
             if let (Piece::Data(d), Some(pool)) = (p, &self.pool)
@@ -327,60 +385,60 @@ impl<W: AsyncWrite + Unpin + Send> TcpTx<W> {
             }
         }
         self.framing.clear();
-        self.waiting = 0;
-        r
+        (self.waiting, self.sent) = (0, 0);
     }
-}
 
-/// Write every slice, retrying partial vectored writes.
-async fn write_all_vectored<W: AsyncWrite + Unpin>(w: &mut W, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
-    while !bufs.is_empty() {
-        let n = w.write_vectored(bufs).await?;
-        if n == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
-        IoSlice::advance_slices(&mut bufs, n);
+    /// Whether what waits must be written out now.
+    fn must_write(&self) -> bool {
+        !self.gather || self.waiting >= GATHER_LIMIT || self.pieces.len() > IOV_MAX - PDU_SLICES
     }
-    Ok(())
 }
 
 impl<W: AsyncWrite + Unpin + Send> LinkTx for TcpTx<W> {
-    fn write_pdu<'a>(&'a mut self, header: &'a Header, ahs: &'a [u8], data: Bytes) -> BoxFuture<'a, Result<(), DmError>> {
-        Box::pin(async move {
-            let dsl = data.len();
-            // BHS, AHS, header digest.
+    fn queue_pdu(&mut self, header: &Header, ahs: &[u8], data: Bytes) -> Result<bool, DmError> {
+        let dsl = data.len();
+        // BHS, AHS, header digest.
+        let from = self.framing.len();
+        self.framing.resize(from + BHS_LEN, 0);
+        let bhs: &mut [u8; BHS_LEN] = (&mut self.framing[from..]).try_into().expect("BHS_LEN bytes");
+        header.emit(bhs, ahs.len(), dsl as u32);
+        self.framing.extend_from_slice(ahs);
+        if self.p.header_digest == Digest::Crc32c {
+            let crc = crc32c(&self.framing[from..]);
+            self.framing.extend_from_slice(&crc.to_le_bytes());
+        }
+        self.framed(from);
+        if dsl > 0 {
+            // The data segment by reference; its padding and digest with the framing.
+            let pad = [0u8; 3];
+            let pad = &pad[..pad4(dsl) - dsl];
+            let digest = (self.p.data_digest == Digest::Crc32c).then(|| crc32c_append(crc32c(&data), pad));
+            self.waiting += dsl;
+            self.pieces.push(Piece::Data(data));
             let from = self.framing.len();
-            self.framing.resize(from + BHS_LEN, 0);
-            let bhs: &mut [u8; BHS_LEN] = (&mut self.framing[from..]).try_into().expect("BHS_LEN bytes");
-            header.emit(bhs, ahs.len(), dsl as u32);
-            self.framing.extend_from_slice(ahs);
-            if self.p.header_digest == Digest::Crc32c {
-                let crc = crc32c(&self.framing[from..]);
+            self.framing.extend_from_slice(pad);
+            if let Some(crc) = digest {
                 self.framing.extend_from_slice(&crc.to_le_bytes());
             }
-            self.framed(from);
-            if dsl > 0 {
-                // The data segment by reference; its padding and digest with the framing.
-                let pad = [0u8; 3];
-                let pad = &pad[..pad4(dsl) - dsl];
-                let digest = (self.p.data_digest == Digest::Crc32c).then(|| crc32c_append(crc32c(&data), pad));
-                self.waiting += dsl;
-                self.pieces.push(Piece::Data(data));
-                let from = self.framing.len();
-                self.framing.extend_from_slice(pad);
-                if let Some(crc) = digest {
-                    self.framing.extend_from_slice(&crc.to_le_bytes());
-                }
-                if self.framing.len() > from {
-                    self.framed(from);
-                }
+            if self.framing.len() > from {
+                self.framed(from);
             }
-            // What was gathered leaves first, with this PDU: PDUs never overtake each other.
-            if !self.gather || dsl > GATHER_PDU_MAX || self.waiting >= GATHER_LIMIT || self.pieces.len() > IOV_MAX - PDU_SLICES {
-                self.write_out().await?;
-            }
-            Ok(())
-        })
+        }
+        // What was gathered leaves first, with this PDU: PDUs never overtake each other.
+        Ok(dsl > GATHER_PDU_MAX || self.must_write())
+    }
+
+    fn would_gather(&self, len: usize) -> bool {
+        // The most a PDU adds: BHS, header digest, padding, data digest (an AHS only on commands).
+        const FRAMING_MAX: usize = BHS_LEN + 4 + 3 + 4;
+        self.gather
+            && len <= GATHER_PDU_MAX
+            && self.waiting + len + FRAMING_MAX < GATHER_LIMIT
+            && self.pieces.len() + PDU_SLICES <= IOV_MAX - PDU_SLICES
+    }
+
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), DmError>> {
+        self.poll_write_out(cx)
     }
 
     fn set_params(&mut self, p: LinkParams) {
@@ -389,17 +447,13 @@ impl<W: AsyncWrite + Unpin + Send> LinkTx for TcpTx<W> {
 
     fn shutdown(&mut self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            let _ = self.write_out().await;
+            let _ = std::future::poll_fn(|cx| self.poll_write_out(cx)).await;
             let _ = self.w.shutdown().await;
         })
     }
 
     fn gather(&mut self, on: bool) {
         self.gather = on;
-    }
-
-    fn flush(&mut self) -> BoxFuture<'_, Result<(), DmError>> {
-        Box::pin(self.write_out())
     }
 
     fn recycle_into(&mut self, pool: Arc<BufferPool>) {
@@ -441,20 +495,20 @@ mod tests {
         };
         tx.gather(true);
         for i in 0..3u32 {
-            tx.write_pdu(&data_out(i), &[], Bytes::from(vec![i as u8; 100])).await.unwrap();
+            crate::link::write_pdu(&mut tx, &data_out(i), &[], Bytes::from(vec![i as u8; 100])).await.unwrap();
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         assert!(nothing_yet(&mut rx), "gathered PDUs left before the flush");
-        tx.flush().await.unwrap();
+        crate::link::flush(&mut tx).await.unwrap();
         // A large PDU while gathering: the two small ones before it leave first.
         for i in 3..5u32 {
-            tx.write_pdu(&data_out(i), &[], Bytes::from(vec![i as u8; 100])).await.unwrap();
+            crate::link::write_pdu(&mut tx, &data_out(i), &[], Bytes::from(vec![i as u8; 100])).await.unwrap();
         }
         let big = Bytes::from(vec![5u8; GATHER_PDU_MAX + 1]);
-        tx.write_pdu(&data_out(5), &[], big).await.unwrap();
-        tx.write_pdu(&data_out(6), &[], Bytes::from_static(&[6u8; 10])).await.unwrap();
+        crate::link::write_pdu(&mut tx, &data_out(5), &[], big).await.unwrap();
+        crate::link::write_pdu(&mut tx, &data_out(6), &[], Bytes::from_static(&[6u8; 10])).await.unwrap();
         tx.gather(false);
-        tx.flush().await.unwrap();
+        crate::link::flush(&mut tx).await.unwrap();
         for i in 0..7u32 {
             let h = rx.read_header().await.unwrap().unwrap();
             assert_eq!(h.header, data_out(i));
@@ -479,7 +533,7 @@ mod tests {
         let payload = |i: usize, len: usize| (0..len).map(|k| (k * 31 + i) as u8).collect::<Vec<u8>>();
         let writer = tokio::spawn(async move {
             for (i, len) in lens.iter().enumerate() {
-                tx.write_pdu(&data_out(i as u32), &[], payload(i, *len).into()).await.unwrap();
+                crate::link::write_pdu(&mut tx, &data_out(i as u32), &[], payload(i, *len).into()).await.unwrap();
             }
         });
         let mut wire = Vec::new();
@@ -551,21 +605,17 @@ mod tests {
     }
 
     impl AsyncWrite for Trickle {
-        fn poll_write(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &[u8]) -> std::task::Poll<io::Result<usize>> {
+        fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
             self.poll_write_vectored(cx, &[IoSlice::new(buf)])
         }
 
-        fn poll_write_vectored(
-            self: std::pin::Pin<&mut Self>,
-            cx: &mut std::task::Context<'_>,
-            bufs: &[IoSlice<'_>],
-        ) -> std::task::Poll<io::Result<usize>> {
+        fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[IoSlice<'_>]) -> Poll<io::Result<usize>> {
             let me = self.get_mut();
             me.calls += 1;
             me.most_slices = me.most_slices.max(bufs.len());
             if me.calls.is_multiple_of(5) {
                 cx.waker().wake_by_ref();
-                return std::task::Poll::Pending;
+                return Poll::Pending;
             }
             let mut room = me.calls % 7 + 1;
             let mut n = 0;
@@ -578,20 +628,60 @@ mod tests {
                     break;
                 }
             }
-            std::task::Poll::Ready(Ok(n))
+            Poll::Ready(Ok(n))
         }
 
         fn is_write_vectored(&self) -> bool {
             true
         }
 
-        fn poll_flush(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
-            std::task::Poll::Ready(Ok(()))
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
         }
 
-        fn poll_shutdown(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
-            std::task::Poll::Ready(Ok(()))
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
         }
+    }
+
+    /// What gathered, written out by polls that find the socket full now and then
+    /// ([`crate::link::try_flush`], the datamover's flush without waiting): each poll goes on
+    /// where the last stopped, and the bytes are those of the PDUs written one by one; while
+    /// something waits, the link wants no more queued without a flush.
+    #[tokio::test]
+    async fn a_flush_that_stops_goes_on_where_it_stopped() {
+        let p = LinkParams { header_digest: Digest::Crc32c, data_digest: Digest::Crc32c, max_recv_data_segment_length: 1 << 20 };
+        let pdus: Vec<(Header, Bytes)> = (0..300u32)
+            .map(|i| (data_out(i), Bytes::from((0..i as usize * 13 % 4001).map(|k| (k + i as usize) as u8).collect::<Vec<u8>>())))
+            .collect();
+        let mut one_by_one = TcpTx::new(Vec::new());
+        one_by_one.set_params(p);
+        for (h, d) in &pdus {
+            crate::link::write_pdu(&mut one_by_one, h, &[], d.clone()).await.unwrap();
+        }
+        let mut tx = TcpTx::new(Trickle::default());
+        tx.set_params(p);
+        tx.gather(true);
+        let (mut stopped, mut polls) = (0, 0);
+        for chunk in pdus.chunks(37) {
+            for (h, d) in chunk {
+                assert!(tx.would_gather(d.len()));
+                assert!(!tx.queue_pdu(h, &[], d.clone()).unwrap(), "a small PDU waits while gathering");
+            }
+            loop {
+                polls += 1;
+                match crate::link::try_flush(&mut tx) {
+                    Some(r) => break r.unwrap(),
+                    None => {
+                        stopped += 1;
+                        assert!(tx.sent > 0 || tx.w.calls % 5 == 0, "progress is kept");
+                    }
+                }
+            }
+            assert!(tx.pieces.is_empty() && tx.framing.is_empty() && tx.waiting == 0);
+        }
+        assert!(stopped > 10, "the writer never stopped a flush ({polls} polls)");
+        assert_eq!(tx.w.wire, one_by_one.w, "bytes differ from the PDUs written one by one");
     }
 
     /// A data segment the sender has let go of while it waited in the gathering link goes back
@@ -606,9 +696,9 @@ mod tests {
         let let_go = Bytes::from(vec![1u8; 4096]);
         let at = let_go.as_ptr();
         let kept = Bytes::from(vec![2u8; 4096]);
-        tx.write_pdu(&data_out(1), &[], let_go).await.unwrap();
-        tx.write_pdu(&data_out(2), &[], kept.clone()).await.unwrap();
-        tx.flush().await.unwrap();
+        crate::link::write_pdu(&mut tx, &data_out(1), &[], let_go).await.unwrap();
+        crate::link::write_pdu(&mut tx, &data_out(2), &[], kept.clone()).await.unwrap();
+        crate::link::flush(&mut tx).await.unwrap();
         assert_eq!(tx.w.len(), 2 * (BHS_LEN + 4096));
         // A pooled buffer comes back as it was (`take_dirty_vec`), a fresh one zeroed.
         let again = pool.take_dirty_vec(4096);
@@ -646,14 +736,14 @@ mod tests {
         let mut one_by_one = TcpTx::new(Vec::new());
         one_by_one.set_params(p);
         for (h, a, d) in &pdus {
-            one_by_one.write_pdu(h, a, d.clone()).await.unwrap();
+            crate::link::write_pdu(&mut one_by_one, h, a, d.clone()).await.unwrap();
         }
         let mut tx = TcpTx::new(Trickle::default());
         tx.set_params(p);
         tx.gather(true);
         let mut kept_segments = 0;
         for (h, a, d) in &pdus {
-            tx.write_pdu(h, a, d.clone()).await.unwrap();
+            crate::link::write_pdu(&mut tx, h, a, d.clone()).await.unwrap();
             if !d.is_empty() && !tx.pieces.is_empty() {
                 // Still waiting: its data segment is the last one kept.
                 let kept = tx.pieces.iter().rev().find_map(|p| if let Piece::Data(k) = p { Some(k) } else { None });
@@ -662,7 +752,7 @@ mod tests {
             }
         }
         assert!(kept_segments > 1000);
-        tx.flush().await.unwrap();
+        crate::link::flush(&mut tx).await.unwrap();
         assert!(tx.pieces.is_empty() && tx.framing.is_empty());
         let t = &tx.w;
         assert_eq!(t.wire, one_by_one.w, "gathered bytes differ from the PDUs written one by one");

@@ -334,21 +334,10 @@ impl<P: Provider + 'static> Shared<P> {
         Err(e)
     }
 
-    /// One PDU as one Send: [iSER header | BHS | AHS | data].
-    pub(super) async fn send_pdu(
-        &self,
-        ih: IserHeader,
-        header: &Header,
-        ahs: &[u8],
-        data: &[&[u8]],
-        invalidate: Option<u32>,
-    ) -> Result<(), DmError> {
-        self.send_pdu_from(ih, header, ahs, data, None, invalidate)
-    }
-
-    /// [`Self::send_pdu`] whose data segment ends with `tail` (a region and the SGE of its
-    /// bytes), sent from where it lies: the message is the copied headers (and `data`), then
-    /// the tail's bytes, as a second SGE; the request keeps the region until it completes.
+    /// One PDU as one Send: [iSER header | BHS | AHS | data], the data segment ending with
+    /// `tail` if given (a region and the SGE of its bytes), sent from where it lies: the message
+    /// is the copied headers (and `data`), then the tail's bytes, as a second SGE; the request
+    /// keeps the region until it completes. Posting never waits.
     pub(super) fn send_pdu_from(
         &self,
         ih: IserHeader,

@@ -36,7 +36,8 @@ const IMMEDIATE_COPY_MAX: usize = 8 << 10;
 impl<P: Provider + 'static> IserDatamover<P> {
     /// Send_Control for a SCSI Command: its buffers registered (a new key per command and
     /// direction), immediate data in the command, unsolicited Data-Out after it as negotiated.
-    pub(super) async fn send_command_with_buffers(
+    /// Posting never waits (the send queue is sized for the window).
+    pub(super) fn send_command_with_buffers(
         &self,
         mut cmd: ScsiCommand,
         ahs: Bytes,
@@ -104,7 +105,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
                 break;
             }
             let piece = &unsolicited[range.start - imm_len..range.end - imm_len];
-            r = s.send_pdu(IserHeader::CONTROL, &Header::DataOut(d), &[], &[piece], None).await;
+            r = s.send_pdu_from(IserHeader::CONTROL, &Header::DataOut(d), &[], &[piece], None, None);
         }
         if r.is_ok() {
             r = if gathered { s.command_gathered() } else { s.release_sends() };

@@ -17,8 +17,8 @@ pub use driver::fuzz_receive;
 use crate::header::{CmPrivateData, ISER_HEADERS_LEN, IserHeader, RemoteBuf};
 use bytes::{Bytes, BytesMut};
 use riser_datamover::{
-    BoxFuture, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer,
-    Terminated,
+    Attempt, BoxFuture, CommandArgs, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent, PutDataDone, R2tPlan,
+    SequenceError, TaskBuffer, Terminated,
 };
 use riser_iscsi::keys::{DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH, NegotiatedParams, Role};
 use riser_iscsi::session::transfer::TransferLimits;
@@ -355,31 +355,48 @@ impl<P: Provider + 'static> IserDatamover<P> {
     }
 }
 
+impl<P: Provider + 'static> IserDatamover<P> {
+    /// Send_Control: a Send, posted (nothing here waits: the send queue is sized for the window).
+    fn post_control(&self, pdu: ControlPdu) -> Result<(), DmError> {
+        let s = &self.s;
+        let mut invalidate = None;
+        match &pdu.header {
+            Header::NopIn(_) | Header::AsyncMessage(_) if s.role == Role::Target => lock(&s.unexpected).sending(&pdu.header)?,
+            Header::ScsiResponse(r) => {
+                // The command's STags end with it; with remote invalidation negotiated the
+                // response invalidates the one key the initiator gave (read, else write).
+                let remote = lock(&s.remote).remove(&r.itt);
+                if s.send_inv.load(Ordering::Acquire)
+                    && let Some(rm) = remote
+                {
+                    invalidate = rm.read.or(rm.write).map(|b| b.stag).filter(|&k| k != 0);
+                }
+            }
+            _ => {}
+        }
+        s.send_pdu_from(IserHeader::CONTROL, &pdu.header, &pdu.ahs, &[&pdu.data], None, invalidate)
+    }
+}
+
 impl<P: Provider + 'static> Datamover for IserDatamover<P> {
     fn send_control(&self, pdu: ControlPdu) -> BoxFuture<'_, Result<(), DmError>> {
-        Box::pin(async move {
-            let s = &self.s;
-            let mut invalidate = None;
-            match &pdu.header {
-                Header::NopIn(_) | Header::AsyncMessage(_) if s.role == Role::Target => lock(&s.unexpected).sending(&pdu.header)?,
-                Header::ScsiResponse(r) => {
-                    // The command's STags end with it; with remote invalidation negotiated the
-                    // response invalidates the one key the initiator gave (read, else write).
-                    let remote = lock(&s.remote).remove(&r.itt);
-                    if s.send_inv.load(Ordering::Acquire)
-                        && let Some(rm) = remote
-                    {
-                        invalidate = rm.read.or(rm.write).map(|b| b.stag).filter(|&k| k != 0);
-                    }
-                }
-                _ => {}
-            }
-            s.send_pdu(IserHeader::CONTROL, &pdu.header, &pdu.ahs, &[&pdu.data], invalidate).await
-        })
+        Box::pin(async move { self.post_control(pdu) })
+    }
+
+    fn try_send_control(&self, pdu: ControlPdu) -> Attempt<Result<(), DmError>, ControlPdu> {
+        Attempt::Done(self.post_control(pdu))
+    }
+
+    fn try_put_data(&self, desc: DataInDesc, data: Bytes) -> Attempt<Result<PutDataDone, DmError>, (DataInDesc, Bytes)> {
+        Attempt::Done(self.put_data_by_write(desc, data))
+    }
+
+    fn try_release_sends(&self) -> Attempt<Result<(), DmError>, ()> {
+        Attempt::Done(self.s.release_sends())
     }
 
     fn put_data(&self, desc: DataInDesc, data: Bytes) -> BoxFuture<'_, Result<PutDataDone, DmError>> {
-        Box::pin(self.put_data_by_write(desc, data))
+        Box::pin(async move { self.put_data_by_write(desc, data) })
     }
 
     fn get_data(&self, plan: R2tPlan) -> BoxFuture<'_, Result<TaskBuffer, DmError>> {
@@ -479,7 +496,17 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
     }
 
     fn send_command(&self, cmd: ScsiCommand, ahs: Bytes, read_len: u32, write: Option<Bytes>) -> BoxFuture<'_, Result<(), DmError>> {
-        Box::pin(self.send_command_with_buffers(cmd, ahs, read_len, write))
+        Box::pin(async move { self.send_command_with_buffers(cmd, ahs, read_len, write) })
+    }
+
+    fn try_send_command(
+        &self,
+        cmd: ScsiCommand,
+        ahs: Bytes,
+        read_len: u32,
+        write: Option<Bytes>,
+    ) -> Attempt<Result<(), DmError>, CommandArgs> {
+        Attempt::Done(self.send_command_with_buffers(cmd, ahs, read_len, write))
     }
 
     fn max_recv_data_segment_length(&self) -> Option<u32> {

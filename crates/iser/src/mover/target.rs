@@ -76,8 +76,9 @@ impl<P: Provider + 'static> Shared<P> {
 }
 
 impl<P: Provider + 'static> IserDatamover<P> {
-    /// Put_Data: RDMA Write to the read STag and VA the initiator gave with the command.
-    pub(super) async fn put_data_by_write(&self, desc: DataInDesc, data: Bytes) -> Result<PutDataDone, DmError> {
+    /// Put_Data: RDMA Write to the read STag and VA the initiator gave with the command. Posting
+    /// never waits (the send queue is sized for the window), so this is the waiting call too.
+    pub(super) fn put_data_by_write(&self, desc: DataInDesc, data: Bytes) -> Result<PutDataDone, DmError> {
         let s = &self.s;
         if lock(&s.remote).get(&desc.itt).is_none_or(|r| r.read.is_none()) {
             return Err(Violation::NoReadStag { itt: desc.itt }.into());

@@ -4,7 +4,7 @@
 //! with its status.
 
 use super::lock;
-use super::session::{BUDGET_UNIT, IoCount, IoGate, Session, Slot};
+use super::session::{BUDGET_UNIT, IoCount, IoGate, Session, Slot, within};
 use super::view::PathGuard;
 use crate::lu::{LogicalUnit, Outcome, Plan};
 use bytes::Bytes;
@@ -314,7 +314,7 @@ impl Session {
             if send > 0 && c.read && o.status == Status::GOOD && o.sense.is_none() && self.dm.collapses_status() {
                 // Phase collapse (RFC 7143 §11.7.4): GOOD status rides in the last Data-In, which
                 // then takes the next StatSN; everything stamped before it leaves first.
-                let sent = tokio::time::timeout(self.send_timeout, async {
+                let sent = within(self.send_timeout, async {
                     let _order = self.tx.lock().await;
                     self.flush_locked().await;
                     let Some(stamp) = slot.take().and_then(|t| lock(&self.core).take_status(t)) else {
@@ -333,11 +333,11 @@ impl Session {
                     };
                     let desc =
                         riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: Some(collapse) };
-                    let done = self.dm.put_data(desc, o.data.slice(..send as usize)).await?;
+                    let done = self.put_data(desc, o.data.slice(..send as usize)).await?;
                     if !done.status_sent {
                         // The status did not fit the last Data-In: its own response, same StatSN.
                         let t = TargetSession::scsi_response(c.itt, o.status, None, residual, done.pdus, stamp);
-                        self.dm.send_control(riser_datamover::ControlPdu::new(t.header, t.data)).await?;
+                        self.send_control(riser_datamover::ControlPdu::new(t.header, t.data)).await?;
                     }
                     Ok(Some(done))
                 })
@@ -355,7 +355,7 @@ impl Session {
                 return;
             } else if send > 0 && c.read {
                 let desc = riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: None };
-                match tokio::time::timeout(self.send_timeout, self.dm.put_data(desc, o.data.slice(..send as usize))).await {
+                match within(self.send_timeout, self.put_data(desc, o.data.slice(..send as usize))).await {
                     Ok(Ok(d)) => {
                         pdus = d.pdus;
                         path.counters.read(send);
@@ -416,7 +416,7 @@ impl Session {
         bytes.truncate(usize::from(alloc).min(c.expected_data_len as usize));
         let n = bytes.len() as u32;
         let desc = riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: None };
-        let pdus = if n > 0 { self.dm.put_data(desc, bytes.into()).await.map(|d| d.pdus).unwrap_or(0) } else { 0 };
+        let pdus = if n > 0 { self.put_data(desc, bytes.into()).await.map(|d| d.pdus).unwrap_or(0) } else { 0 };
         let o = Outcome { status: Status::GOOD, sense: None, data: Bytes::new() };
         self.scsi_response(&o, Residual::between(c.expected_data_len, n), pdus, slot).await;
     }
@@ -439,7 +439,7 @@ impl Session {
         };
         let n = (data.len() as u32).min(c.expected_data_len);
         let desc = riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: None };
-        let pdus = if n > 0 { self.dm.put_data(desc, data.slice(..n as usize)).await.map(|d| d.pdus).unwrap_or(0) } else { 0 };
+        let pdus = if n > 0 { self.put_data(desc, data.slice(..n as usize)).await.map(|d| d.pdus).unwrap_or(0) } else { 0 };
         self.scsi_response(&o, Residual::between(c.expected_data_len, n), pdus, slot).await;
     }
 }

@@ -10,7 +10,7 @@ use super::view::{LunPath, PathGuard, View};
 use super::{DiscoveryScope, Quiesce, Target, TargetConfig, lock};
 use crate::lu::Nexus;
 use bytes::Bytes;
-use riser_datamover::{ControlPdu, DmEvent, SharedDatamover};
+use riser_datamover::{Attempt, ControlPdu, DataInDesc, DmError, DmEvent, PutDataDone, SharedDatamover};
 use riser_iscsi::keys::{NegotiatedParams, Transport};
 use riser_iscsi::login::LoginOutcome;
 use riser_iscsi::session::{Reset, TargetEvent, TargetSession, TargetSessionConfig, TaskId};
@@ -19,6 +19,7 @@ use riser_iscsi::wire::{Isid, LogoutRequest};
 use riser_scsi::lun::Lun;
 use riser_scsi::sense::Status;
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -177,6 +178,17 @@ const SWEEP_MIN: usize = 64;
 pub(super) const BUDGET_UNIT: u64 = 64 << 10;
 
 /// A memory budget of `bytes`, in [`BUDGET_UNIT`]s (at least one).
+/// [`tokio::time::timeout`], the timer armed only if `fut` is not done at its first poll: most
+/// sends are done at once, and arming a timer costs a clock reading and a hold on the runtime.
+/// (The limit then counts from the first poll that found it not done.)
+pub(super) async fn within<F: Future>(limit: Duration, fut: F) -> Result<F::Output, tokio::time::error::Elapsed> {
+    let mut fut = std::pin::pin!(fut);
+    match riser_datamover::poll_once(fut.as_mut()).await {
+        Some(v) => Ok(v),
+        None => tokio::time::timeout(limit, fut).await,
+    }
+}
+
 pub(super) fn units_of(bytes: u64) -> u32 {
     (bytes / BUDGET_UNIT).clamp(1, u64::from(u32::MAX >> 4)) as u32
 }
@@ -397,14 +409,31 @@ impl Session {
         loop {
             let next = lock(&self.core).poll_transmit();
             let Some(t) = next else { return };
-            let _ = self.dm.send_control(ControlPdu::new(t.header, t.data)).await;
+            let _ = self.send_control(ControlPdu::new(t.header, t.data)).await;
+        }
+    }
+
+    /// Send_Control, without a future when the datamover takes the PDU at once (the common
+    /// case while a turn gathers).
+    pub(super) async fn send_control(&self, pdu: ControlPdu) -> Result<(), DmError> {
+        match self.dm.try_send_control(pdu) {
+            Attempt::Done(r) => r,
+            Attempt::WouldWait(pdu) => self.dm.send_control(pdu).await,
+        }
+    }
+
+    /// Put_Data, without a future when the datamover takes the data at once.
+    pub(super) async fn put_data(&self, desc: DataInDesc, data: Bytes) -> Result<PutDataDone, DmError> {
+        match self.dm.try_put_data(desc, data) {
+            Attempt::Done(r) => r,
+            Attempt::WouldWait((desc, data)) => self.dm.put_data(desc, data).await,
         }
     }
 
     /// Send what the machine queued. A transport that takes nothing for `send_timeout` ends
     /// the connection.
     pub(super) async fn flush(&self) {
-        let sent = tokio::time::timeout(self.send_timeout, async {
+        let sent = within(self.send_timeout, async {
             let _order = self.tx.lock().await;
             self.flush_locked().await;
         })
@@ -506,6 +535,9 @@ impl Session {
     /// Let what the turn gathered leave. A transport that takes nothing for `send_timeout`
     /// ends the connection.
     pub(super) async fn release_sends(&self) {
+        if let Attempt::Done(_) = self.dm.try_release_sends() {
+            return;
+        }
         match tokio::time::timeout(self.send_timeout, self.dm.release_sends()).await {
             Ok(_) => {}
             Err(_) => self.send_failed("responses"),

@@ -4,7 +4,7 @@
 use super::{OutWrite, PduDatamover, ReadTask, Shared, lock};
 use crate::link::LinkRx;
 use bytes::{Bytes, BytesMut};
-use riser_datamover::{ControlPdu, DmError, DmEvent, Violation};
+use riser_datamover::{Attempt, CommandArgs, ControlPdu, DmError, DmEvent, Violation};
 use riser_iscsi::wire::{DataIn, DataOut, Header, R2t, RESERVED_TAG, ScsiCommand};
 use tokio::sync::mpsc;
 
@@ -65,6 +65,28 @@ impl PduDatamover {
             self.send_data_out(cmd.itt, cmd.lun, RESERVED_TAG, &data, immediate, unsolicited_end).await?;
         }
         Ok(())
+    }
+
+    /// [`send_scsi_command`](Self::send_scsi_command) without waiting, for a command without
+    /// write data (most reads): its read buffer registered and the command queued to leave
+    /// with the flusher. `WouldWait` leaves nothing registered.
+    pub(super) fn try_send_scsi_command(
+        &self,
+        mut cmd: ScsiCommand,
+        ahs: Bytes,
+        read_len: u32,
+        write: Option<Bytes>,
+    ) -> Attempt<Result<(), DmError>, CommandArgs> {
+        if write.as_ref().is_some_and(|d| !d.is_empty()) {
+            return Attempt::WouldWait(CommandArgs { cmd, ahs, read_len, write });
+        }
+        let Some(tx) = self.send_half_now(ahs.len()) else { return Attempt::WouldWait(CommandArgs { cmd, ahs, read_len, write }) };
+        // Registered before it can leave: its Data-In may come back at once.
+        if read_len > 0 {
+            lock(&self.shared.reads).insert(cmd.itt, ReadTask { buf: self.shared.pool.take(read_len as usize) });
+        }
+        cmd.final_ = true;
+        Attempt::Done(self.queue(tx, &Header::ScsiCommand(cmd), &ahs, Bytes::new()))
     }
 
     pub(super) fn take_read_buffer(&self, itt: u32) -> Option<BytesMut> {

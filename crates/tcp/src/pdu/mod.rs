@@ -13,12 +13,12 @@ mod target;
 #[cfg(test)]
 mod tests;
 
-use crate::link::{LinkParams, LinkRx, LinkTx};
+use crate::link::{self, LinkParams, LinkRx, LinkTx};
 use bytes::{Bytes, BytesMut};
 use hashbrown::HashMap;
 use riser_datamover::{
-    BoxFuture, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer,
-    Terminated, Violation,
+    Attempt, BoxFuture, CommandArgs, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent, PutDataDone, R2tPlan,
+    SequenceError, TaskBuffer, Terminated, Violation,
 };
 use riser_iscsi::keys::{NegotiatedParams, Role};
 use riser_iscsi::session::TransferLimits;
@@ -249,10 +249,14 @@ impl PduDatamover {
             if let Some(p) = lock(&shared.pending_rx_params).take() {
                 rx.set_params(p);
             }
-            let next = tokio::select! {
-                biased;
-                r = rx.read_header() => r,
-                () = &mut closed => break Terminated::Local,
+            // A header read ahead is parsed at once; else wait for it (or the local close).
+            let next = match rx.try_read_header() {
+                Some(r) => r,
+                None => tokio::select! {
+                    biased;
+                    r = rx.read_header() => r,
+                    () = &mut closed => break Terminated::Local,
+                },
             };
             let h = match next {
                 Ok(Some(h)) => h,
@@ -263,9 +267,17 @@ impl PduDatamover {
             // that announces a data segment and stalls must not keep the connection.
             let limit = Duration::from_millis(shared.segment_timeout_ms.load(Ordering::Relaxed));
             let len = h.data_len as u32;
+            // The limit's timer is armed only for a PDU not received at the first poll.
+            let receive = async {
+                let mut receive = std::pin::pin!(Self::receive(&shared, rx.as_mut(), h));
+                match riser_datamover::poll_once(receive.as_mut()).await {
+                    Some(r) => Ok(r),
+                    None => tokio::time::timeout(limit, receive).await,
+                }
+            };
             tokio::select! {
                 biased;
-                r = tokio::time::timeout(limit, Self::receive(&shared, rx.as_mut(), h)) => match r {
+                r = receive => match r {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => break Terminated::Error(e),
                     Err(_) => break Terminated::Error(Violation::SegmentStalled { len, secs: limit.as_secs() }.into()),
@@ -296,7 +308,7 @@ impl PduDatamover {
         .await;
     }
 
-    async fn receive(shared: &Shared, rx: &mut dyn LinkRx, h: crate::link::RxHeader) -> Result<(), DmError> {
+    async fn receive(shared: &Shared, rx: &mut dyn LinkRx, h: link::RxHeader) -> Result<(), DmError> {
         if let (Some(error), Header::Unknown(bhs)) = (h.malformed, h.header) {
             // Well framed, but a field breaks a rule whose answer is a Reject: the data goes
             // nowhere and the session rejects the header.
@@ -317,7 +329,9 @@ impl PduDatamover {
             Header::DataOut(d) if shared.role == Role::Target => Self::receive_data_out(shared, rx, d, h.data_len).await,
             header => {
                 let mut data = BytesMut::zeroed(h.data_len);
-                rx.read_data(&mut data).await?;
+                if h.data_len > 0 {
+                    rx.read_data(&mut data).await?;
+                }
                 let _ = shared.events_tx.send(DmEvent::Control(ControlPdu { header, ahs: h.ahs, data: data.freeze(), immediate: 0 }));
                 Ok(())
             }
@@ -337,7 +351,7 @@ impl PduDatamover {
             let flushed = {
                 let mut tx = shared.tx.lock().await;
                 shared.gathered.store(0, Ordering::Relaxed);
-                tx.flush().await
+                link::flush(&mut **tx).await
             };
             if flushed.is_err() {
                 // The commands gathered are lost with the connection: it ends, and so do they
@@ -360,13 +374,61 @@ impl PduDatamover {
         // (`flush_when_due`); a target's while its session holds them (`hold_sends`).
         let deferred = enabled && self.shared.role == Role::Initiator;
         tx.gather(deferred || self.shared.gathering.load(Ordering::Acquire));
-        tx.write_pdu(&header, ahs, data).await?;
+        link::write_pdu(&mut **tx, &header, ahs, data).await?;
         if deferred {
             if self.shared.gathered.fetch_add(1, Ordering::Relaxed) + 1 >= FLUSH_EVERY {
                 self.shared.gathered.store(0, Ordering::Relaxed);
-                tx.flush().await?;
+                link::flush(&mut **tx).await?;
             } else {
                 self.shared.flush_due.notify_one();
+            }
+        }
+        Ok(())
+    }
+
+    /// [`send`](Self::send) without waiting, in full feature phase, for an initiator's PDUs
+    /// and a target's while its session gathers: the PDU joins what the link gathers (an
+    /// initiator's leave with the flusher, as in `send`). `WouldWait` (nothing queued, the data
+    /// back) when the send half is busy, new framing is pending, or the link would have to write.
+    fn try_send(&self, header: &Header, ahs: &[u8], data: Bytes) -> Attempt<Result<(), DmError>, Bytes> {
+        match self.send_half_now(ahs.len() + data.len()) {
+            Some(tx) => Attempt::Done(self.queue(tx, header, ahs, data)),
+            None => Attempt::WouldWait(data),
+        }
+    }
+
+    /// The send half, if a PDU of `len` bytes (AHS and data) can be sent on it without waiting
+    /// (see [`try_send`](Self::try_send)).
+    fn send_half_now(&self, len: usize) -> Option<tokio::sync::MutexGuard<'_, Box<dyn LinkTx>>> {
+        let initiator = self.shared.role == Role::Initiator;
+        if !initiator && !self.shared.gathering.load(Ordering::Acquire) {
+            return None;
+        }
+        let tx = self.shared.tx.try_lock().ok()?;
+        let ready = (!initiator || *self.shared.phase.borrow() == Phase::Enabled)
+            && lock(&self.shared.pending_tx_params).is_none()
+            && tx.would_gather(len);
+        ready.then_some(tx)
+    }
+
+    /// Queue a PDU on the send half [`send_half_now`](Self::send_half_now) gave.
+    fn queue(&self, mut tx: tokio::sync::MutexGuard<'_, Box<dyn LinkTx>>, header: &Header, ahs: &[u8], data: Bytes) -> Result<(), DmError> {
+        tx.gather(true);
+        let mut due = tx.queue_pdu(header, ahs, data)?;
+        if self.shared.role == Role::Initiator {
+            if self.shared.gathered.fetch_add(1, Ordering::Relaxed) + 1 >= FLUSH_EVERY {
+                self.shared.gathered.store(0, Ordering::Relaxed);
+                due = true;
+            } else {
+                self.shared.flush_due.notify_one();
+            }
+        }
+        if due {
+            // Written now if the socket takes it, else by the flusher (it is queued, in
+            // order, like a gathered PDU).
+            match link::try_flush(&mut **tx) {
+                Some(r) => return r,
+                None => self.shared.flush_due.notify_one(),
             }
         }
         Ok(())
@@ -380,6 +442,16 @@ fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Datamover for PduDatamover {
     fn send_command(&self, cmd: ScsiCommand, ahs: Bytes, read_len: u32, write: Option<Bytes>) -> BoxFuture<'_, Result<(), DmError>> {
         Box::pin(self.send_scsi_command(cmd, ahs, read_len, write))
+    }
+
+    fn try_send_command(
+        &self,
+        cmd: ScsiCommand,
+        ahs: Bytes,
+        read_len: u32,
+        write: Option<Bytes>,
+    ) -> Attempt<Result<(), DmError>, CommandArgs> {
+        self.try_send_scsi_command(cmd, ahs, read_len, write)
     }
 
     fn take_read_data(&self, itt: u32) -> Option<BytesMut> {
@@ -468,8 +540,30 @@ impl Datamover for PduDatamover {
             let mut tx = self.shared.tx.lock().await;
             self.shared.gathering.store(false, Ordering::Release);
             tx.gather(false);
-            tx.flush().await
+            link::flush(&mut **tx).await
         })
+    }
+
+    fn try_release_sends(&self) -> Attempt<Result<(), DmError>, ()> {
+        let Ok(mut tx) = self.shared.tx.try_lock() else { return Attempt::WouldWait(()) };
+        self.shared.gathering.store(false, Ordering::Release);
+        tx.gather(false);
+        match link::try_flush(&mut **tx) {
+            Some(r) => Attempt::Done(r),
+            None => Attempt::WouldWait(()),
+        }
+    }
+
+    fn try_send_control(&self, pdu: ControlPdu) -> Attempt<Result<(), DmError>, ControlPdu> {
+        let ControlPdu { header, ahs, data, immediate } = pdu;
+        match self.try_send(&header, &ahs, data) {
+            Attempt::Done(r) => Attempt::Done(r),
+            Attempt::WouldWait(data) => Attempt::WouldWait(ControlPdu { header, ahs, data, immediate }),
+        }
+    }
+
+    fn try_put_data(&self, desc: DataInDesc, data: Bytes) -> Attempt<Result<PutDataDone, DmError>, (DataInDesc, Bytes)> {
+        self.try_send_data_in(desc, data)
     }
 
     fn next_event(&self) -> BoxFuture<'_, DmEvent> {

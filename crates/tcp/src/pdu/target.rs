@@ -6,7 +6,7 @@ use super::{Notice, PduDatamover, Shared, WriteTask, lock};
 use crate::link::LinkRx;
 use bytes::{Bytes, BytesMut};
 use riser_datamover::MAX_TASK_BUFFER;
-use riser_datamover::{ControlPdu, DataInDesc, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer, Violation};
+use riser_datamover::{Attempt, ControlPdu, DataInDesc, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer, Violation};
 use riser_iscsi::session::{Burst, SolicitedIn, UnsolicitedIn};
 use riser_iscsi::wire::{DataIn, DataOut, Header, R2t, RESERVED_TAG, ScsiCommand};
 use tokio::sync::mpsc;
@@ -223,6 +223,30 @@ impl PduDatamover {
     /// [`TransferLimits::data_in`](riser_iscsi::session::TransferLimits::data_in)).
     pub(super) async fn send_data_in(&self, desc: DataInDesc, data: Bytes) -> Result<PutDataDone, DmError> {
         let limits = *lock(&self.shared.limits);
+        let mut done = PutDataDone::default();
+        for (h, range) in limits.data_in(Self::first_data_in(&desc), data.len() as u32) {
+            done.status_sent |= h.status_present;
+            self.send(Header::DataIn(h), &[], data.slice(range)).await?;
+            done.pdus += 1;
+        }
+        Ok(done)
+    }
+
+    /// [`send_data_in`](Self::send_data_in) without waiting, for data that fits one Data-In
+    /// (the common case: a read no larger than the initiator's MaxRecvDataSegmentLength).
+    pub(super) fn try_send_data_in(&self, desc: DataInDesc, data: Bytes) -> Attempt<Result<PutDataDone, DmError>, (DataInDesc, Bytes)> {
+        let limits = *lock(&self.shared.limits);
+        let mut pdus = limits.data_in(Self::first_data_in(&desc), data.len() as u32);
+        let (Some((h, range)), None) = (pdus.next(), pdus.next()) else { return Attempt::WouldWait((desc, data)) };
+        debug_assert_eq!(range, 0..data.len());
+        match self.try_send(&Header::DataIn(h), &[], data) {
+            Attempt::Done(r) => Attempt::Done(r.map(|()| PutDataDone { pdus: 1, status_sent: h.status_present })),
+            Attempt::WouldWait(data) => Attempt::WouldWait((desc, data)),
+        }
+    }
+
+    /// The first Data-In of a Put_Data: the task, the offset, and the status it may carry.
+    fn first_data_in(desc: &DataInDesc) -> DataIn {
         let mut first = DataIn {
             lun: desc.lun,
             itt: desc.itt,
@@ -241,13 +265,7 @@ impl PduDatamover {
             first.exp_cmd_sn = s.exp_cmd_sn;
             first.max_cmd_sn = s.max_cmd_sn;
         }
-        let mut done = PutDataDone::default();
-        for (h, range) in limits.data_in(first, data.len() as u32) {
-            done.status_sent |= h.status_present;
-            self.send(Header::DataIn(h), &[], data.slice(range)).await?;
-            done.pdus += 1;
-        }
-        Ok(done)
+        first
     }
 
     /// Get_Data: the unsolicited part awaited, then the rest solicited one R2T at a time; the

@@ -59,9 +59,12 @@ async fn the_login_limit_holds_until_new_values_are_noticed() {
 struct RecordingTx(Arc<StdMutex<Vec<(u8, LinkParams)>>>, LinkParams);
 
 impl LinkTx for RecordingTx {
-    fn write_pdu<'a>(&'a mut self, header: &'a Header, _: &'a [u8], _: Bytes) -> BoxFuture<'a, Result<(), DmError>> {
+    fn queue_pdu(&mut self, header: &Header, _: &[u8], _: Bytes) -> Result<bool, DmError> {
         self.0.lock().unwrap().push((header.opcode().0, self.1));
-        Box::pin(async { Ok(()) })
+        Ok(false)
+    }
+    fn poll_flush(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), DmError>> {
+        std::task::Poll::Ready(Ok(()))
     }
     fn set_params(&mut self, p: LinkParams) {
         self.1 = p;
@@ -287,4 +290,125 @@ async fn a_connection_the_target_ends_delivers_everything_it_sent_before_closing
     .await
     .unwrap();
     assert_eq!(got, (pdus as usize * (BHS_LEN + len), Ok(())), "everything the target sent, then the end of the stream");
+}
+
+/// A target over a real socket, enabled with `params` noticed, and the initiator's end as a
+/// plain non-blocking socket.
+async fn target_on_socket(params: &NegotiatedParams) -> (PduDatamover, std::net::TcpStream) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (server, _) = listener.accept().await.unwrap();
+    let (dm, driver) = crate::datamover(server, Role::Target);
+    tokio::spawn(driver);
+    dm.notice_key_values(params);
+    dm.enable();
+    client.set_nonblocking(true).unwrap();
+    (dm, client)
+}
+
+/// The PDUs in `bytes` (no digests), as (header, data length).
+fn pdus_in(mut bytes: &[u8]) -> Vec<(Header, usize)> {
+    let mut out = Vec::new();
+    while bytes.len() >= BHS_LEN {
+        let bhs = riser_iscsi::wire::Bhs::new_unchecked(&bytes[..BHS_LEN]);
+        let layout = riser_iscsi::wire::PduLayout::of(&bhs, u32::MAX).unwrap();
+        out.push((Header::parse(&bhs).unwrap(), layout.data_len));
+        bytes = &bytes[BHS_LEN + layout.ahs_len + riser_iscsi::wire::pad4(layout.data_len)..];
+    }
+    out
+}
+
+/// A target's sends without a future (`try_send_control`, `try_put_data`,
+/// `try_release_sends`): while its session gathers, a response and a read's data (one Data-In,
+/// the status collapsed into it) are taken at once and leave together, in order, at the
+/// release; outside a turn, before the negotiated framing applies, and for data beyond one
+/// Data-In, nothing is sent and everything comes back for the waiting call.
+#[tokio::test(flavor = "current_thread")]
+async fn a_targets_sends_without_waiting_join_the_turn_and_leave_at_its_release() {
+    use std::io::Read;
+    let params = NegotiatedParams { initiator_recv_data_segment_length: 8192, ..NegotiatedParams::default() };
+    let (dm, mut peer) = target_on_socket(&params).await;
+    let nop = |itt| ControlPdu::new(Header::NopIn(NopIn { itt, ttt: RESERVED_TAG, ..NopIn::default() }), Bytes::from(vec![itt as u8; 10]));
+    let read = |itt| DataInDesc {
+        itt,
+        lun: riser_scsi::lun::Lun::ZERO,
+        offset: 0,
+        data_sn: 0,
+        collapse_status: Some(riser_datamover::CollapsedStatus {
+            status: riser_scsi::sense::Status::GOOD,
+            underflow: false,
+            overflow: false,
+            residual: 0,
+            stat_sn: 7,
+            exp_cmd_sn: 1,
+            max_cmd_sn: 2,
+        }),
+    };
+    // Outside a turn: nothing taken.
+    match dm.try_send_control(nop(1)) {
+        Attempt::WouldWait(p) => assert_eq!(p, nop(1), "the PDU comes back as it was"),
+        Attempt::Done(r) => panic!("sent outside a turn: {r:?}"),
+    }
+    dm.hold_sends();
+    // The framing noticed applies with the first PDU sent the waiting way.
+    assert!(matches!(dm.try_send_control(nop(2)), Attempt::WouldWait(_)), "taken before the new framing applied");
+    dm.send_control(nop(2)).await.unwrap();
+    assert!(matches!(dm.try_send_control(nop(3)), Attempt::Done(Ok(()))));
+    match dm.try_put_data(read(4), Bytes::from(vec![4u8; 4096])) {
+        Attempt::Done(Ok(done)) => assert_eq!(done, PutDataDone { pdus: 1, status_sent: true }),
+        other => panic!("a 4 KiB read was not taken at once: {other:?}"),
+    }
+    // Two Data-In PDUs' worth: the waiting call's.
+    match dm.try_put_data(read(5), Bytes::from(vec![5u8; 8193])) {
+        Attempt::WouldWait((desc, data)) => assert_eq!((desc, data.len()), (read(5), 8193)),
+        other => panic!("data beyond one Data-In was taken: {other:?}"),
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(arrived(&mut peer), 0, "something left before the release");
+    assert!(matches!(dm.try_release_sends(), Attempt::Done(Ok(()))));
+    let mut wire = Vec::new();
+    for _ in 0..100 {
+        let mut buf = [0u8; 65536];
+        match peer.read(&mut buf) {
+            Ok(n) => wire.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("{e}"),
+        }
+        if pdus_in(&wire).len() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let got: Vec<(u8, u32, usize)> = pdus_in(&wire).into_iter().map(|(h, len)| (h.opcode().0, h.itt(), len)).collect();
+    let (nop_in, data_in) = (Header::NopIn(NopIn::default()).opcode().0, Header::DataIn(riser_iscsi::wire::DataIn::default()).opcode().0);
+    assert_eq!(got, vec![(nop_in, 2, 10), (nop_in, 3, 10), (data_in, 4, 4096)]);
+    // The turn is over: sends wait again.
+    assert!(matches!(dm.try_send_control(nop(6)), Attempt::WouldWait(_)));
+}
+
+/// An initiator's read command sent without a future: its read buffer is registered before it
+/// can leave, and it leaves with the flusher; a write (its data may be solicited) is left to
+/// the waiting call, with nothing registered.
+#[tokio::test(flavor = "current_thread")]
+async fn an_initiators_read_is_sent_without_waiting_and_a_write_is_left_to_the_waiting_call() {
+    let (dm, mut target) = initiator_on_socket().await;
+    // The first full-feature PDU applies the framing (sent the waiting way).
+    dm.send_command(ScsiCommand { itt: 1, read: true, ..ScsiCommand::default() }, Bytes::new(), 0, None).await.unwrap();
+    let read = ScsiCommand { itt: 2, read: true, expected_data_len: 4096, ..ScsiCommand::default() };
+    assert!(matches!(dm.try_send_command(read, Bytes::new(), 4096, None), Attempt::Done(Ok(()))));
+    assert_eq!(lock(&dm.shared.reads).get(&2).map(|t| t.buf.len()), Some(4096));
+    let write = ScsiCommand { itt: 3, write: true, expected_data_len: 512, ..ScsiCommand::default() };
+    match dm.try_send_command(write, Bytes::new(), 0, Some(Bytes::from(vec![3u8; 512]))) {
+        Attempt::WouldWait(a) => assert_eq!((a.cmd, a.read_len, a.write.map(|w| w.len())), (write, 0, Some(512))),
+        other => panic!("a write was sent without waiting: {other:?}"),
+    }
+    let mut n = 0;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        n += arrived(&mut target);
+        if n >= 2 * BHS_LEN {
+            break;
+        }
+    }
+    assert_eq!(n, 2 * BHS_LEN, "both commands leave with the flusher, the write not at all");
 }
