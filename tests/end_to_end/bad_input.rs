@@ -19,6 +19,7 @@ on_every_transport!(
     a_command_whose_flags_contradict_its_cdb_gets_an_answer,
     unsolicited_data_that_never_comes_ends_the_command_not_the_connection,
     a_header_with_an_impossible_field_is_rejected_and_the_session_goes_on,
+    a_write_tag_reused_while_its_write_is_outstanding_ends_the_connection,
 );
 
 /// A target that takes unsolicited data (InitialR2T=No, ImmediateData=Yes, FirstBurstLength
@@ -251,4 +252,18 @@ async fn a_header_with_an_impossible_field_is_rejected_and_the_session_goes_on(t
     let h = r.command(3, &read10(0, 1), 512, false, true, false);
     r.submit(h, 512, None).await;
     assert_eq!(r.response(3, |_| {}).await.0.status, Status::GOOD);
+}
+
+/// A write command whose Initiator Task Tag names a write still outstanding (its unsolicited
+/// data announced and not sent) ends the connection on every transport (the datamover's
+/// `Violation::TaskTagReused`): its data would go into the other task's buffer. Over iSER the
+/// second command used to replace the first one's buffer and sequence.
+async fn a_write_tag_reused_while_its_write_is_outstanding_ends_the_connection(t: Transport) {
+    let mut r = unsolicited_data_allowed(t, 0x17, |_| {}).await;
+    let h = r.command(0xd00, &write10(300, 64), 32_768, true, false, false);
+    r.send(h, &[1; 8192]).await;
+    r.ping(0xd01).await;
+    let again = r.command(0xd00, &write10(400, 16), 8192, true, true, false);
+    r.send(again, &[2; 8192]).await;
+    assert!(r.ends_within(Duration::from_secs(10)).await, "the connection goes on after a write reused a live write's tag");
 }

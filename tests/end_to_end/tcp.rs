@@ -231,3 +231,36 @@ async fn a_collection_waiting_for_a_data_out_ends_when_its_task_is_dropped() {
     let r = tokio::time::timeout(Duration::from_secs(3), collect).await.expect("Get_Data ended").unwrap();
     assert_eq!(r, Err(DmError::NoTask(7)));
 }
+
+/// An R2T's Data-Out sequence that ends (F bit) before the R2T's desired length fails its task
+/// at once (CHECK CONDITION, DATA PHASE ERROR) and only it: the initiator says it sends no more
+/// of it. The target used to wait for the rest until its data timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_r2t_sequence_ended_early_fails_its_task_at_once() {
+    use crate::support::{sense, write10};
+    use riser::iscsi::keys::OperationalConfig;
+    use riser::scsi::sense::{AscAscq, Status};
+    let op = OperationalConfig::default().initial_r2t(true).immediate_data(false);
+    let t = Transport::Tcp;
+    let addr = t
+        .start(
+            |_| {},
+            |c| {
+                c.login.operational = op.clone();
+                c.data_timeout = Duration::from_secs(60);
+            },
+        )
+        .await;
+    let mut r = crate::support::Raw::login_tcp(addr, op, 3).await;
+    let h = r.command(0x20, &write10(256, 64), 32_768, true, true, false);
+    r.send(h, &[]).await;
+    let Header::R2t(r2t) = r.next().await.0 else { panic!("an R2T") };
+    assert_eq!((r2t.buffer_offset, r2t.desired_len), (0, 32_768));
+    let d = DataOut { final_: true, lun: Lun::ZERO, itt: 0x20, ttt: r2t.ttt, data_sn: 0, buffer_offset: 0, ..DataOut::default() };
+    r.send(Header::DataOut(d), &[1u8; 8192]).await;
+    let started = std::time::Instant::now();
+    let (resp, data) = r.response(0x20, |_| {}).await;
+    assert_eq!((resp.status, sense(&data).asc), (Status::CHECK_CONDITION, AscAscq::DATA_PHASE_ERROR));
+    assert!(started.elapsed() < Duration::from_secs(5), "answered after {:?}", started.elapsed());
+    r.ping(0x21).await;
+}

@@ -320,7 +320,8 @@ pub enum Violation {
 }
 
 /// Why a task's write data broke sequence: riser-iscsi's, where the rules that raise it are
-/// ([`riser_iscsi::session::UnsolicitedIn`], [`riser_iscsi::session::SolicitedIn`]).
+/// ([`riser_iscsi::session::WriteIn`], built on [`riser_iscsi::session::UnsolicitedIn`] and
+/// [`riser_iscsi::session::SolicitedIn`]).
 pub use riser_iscsi::session::SequenceError;
 
 /// Why a connection ended (Connection_Terminate_Notify).

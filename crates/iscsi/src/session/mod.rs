@@ -24,6 +24,7 @@ pub use initiator::{Busy, InitiatorEvent, InitiatorSession};
 pub use residual::Residual;
 pub use target_session::{CloseReason, Reset, Stamp, TargetEvent, TargetSession, TargetSessionConfig, TaskId, Transmit};
 pub use transfer::{
-    Burst, DataInSegments, DataOutSegments, R2tDesc, R2tPlan, SequenceError, SolicitedIn, TransferLimits, UnsolicitedIn, WriteSplit,
+    Burst, DataInSegments, DataOutSegments, DataOutTo, Placement, R2tDesc, R2tPlan, SequenceError, SolicitedIn, TransferLimits,
+    UnsolicitedIn, WriteIn, WriteProgress, WriteSplit,
 };
 pub use window::{CommandWindow, InitiatorWindow};

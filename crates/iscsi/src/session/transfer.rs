@@ -2,7 +2,8 @@
 //! §13.11, §13.12, §13.13, §13.14; RFC 7145 §6.1–6.2 for the iSER directions).
 
 use crate::keys::{NegotiatedParams, Role};
-use crate::wire::{DataIn, DataOut};
+use crate::wire::{DataIn, DataOut, R2t};
+use alloc::vec::Vec;
 use core::ops::Range;
 use riser_scsi::lun::Lun;
 
@@ -238,6 +239,9 @@ pub enum SequenceError {
     /// A Data-Out outside the range its R2T asked for.
     #[error("Data-Out outside its R2T")]
     OutsideR2t,
+    /// An R2T's sequence ended (F bit) before every byte it asked for.
+    #[error("Data-Out sequence of an R2T ended before its desired length")]
+    R2tEndedEarly,
     /// iSER: the command has solicited write data but its initiator advertised no write STag.
     #[error("solicited write data but no write STag advertised")]
     NoWriteStag,
@@ -346,6 +350,10 @@ pub enum Burst {
     /// Every byte is in but the last PDU lacks the F bit: a protocol error of the connection
     /// (the sequence's end is not where the initiator says).
     CompleteWithoutFinal,
+    /// The F bit came before every byte the R2T asked for: the initiator ended the sequence
+    /// short, and nothing more of it will come (the task fails,
+    /// [`SequenceError::R2tEndedEarly`]).
+    EndedEarly,
 }
 
 impl SolicitedIn {
@@ -375,10 +383,179 @@ impl SolicitedIn {
         self.received += len;
         self.next_data_sn = self.next_data_sn.wrapping_add(1);
         match (self.received == self.len, final_) {
-            (false, _) => Burst::More,
+            (false, false) => Burst::More,
+            (false, true) => Burst::EndedEarly,
             (true, true) => Burst::Complete,
             (true, false) => Burst::CompleteWithoutFinal,
         }
+    }
+}
+
+/// A write's incoming data as the target tracks it, whatever moves the bytes (RFC 7143
+/// §11.7–11.8, §13.10–13.11): the unsolicited part ([`UnsolicitedIn`]), the R2Ts outstanding
+/// ([`SolicitedIn`], made by [`solicit`](Self::solicit)), and why the write failed if it did. The
+/// TCP datamover and the iSER target each keep one per write task and hold only the bytes
+/// themselves: a Data-Out is [`place`](Self::place)d before its data is written and
+/// [`accept`](Self::accept)ed after; Get_Data starts with [`settle`](Self::settle).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteIn {
+    unsolicited: UnsolicitedIn,
+    r2ts: Vec<SolicitedIn>,
+    failed: Option<SequenceError>,
+}
+
+/// Where a Data-Out's data goes ([`WriteIn::place`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataOutTo {
+    /// Into the task's buffer at `offset`; [`WriteIn::accept`] it once written.
+    Place(Placement),
+    /// Nowhere (read and dropped): the write failed before.
+    Drain,
+    /// Nowhere: this PDU broke the write's sequence, which has failed now (tell whoever waits).
+    Fail(SequenceError),
+}
+
+/// A [`place`](WriteIn::place)d Data-Out: where its bytes go, and the sequence it belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// Buffer offset.
+    pub offset: u32,
+    /// Length.
+    pub len: u32,
+    /// The R2T's Target Transfer Tag; `None` for unsolicited data.
+    pub ttt: Option<u32>,
+}
+
+/// What a placed Data-Out did to its write ([`WriteIn::accept`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteProgress {
+    /// More of its sequence is due.
+    More,
+    /// The unsolicited sequence is over (its F bit).
+    UnsolicitedDone,
+    /// The sequence of the R2T with this Target Transfer Tag is complete.
+    R2tDone(u32),
+    /// The write failed with this PDU (the task ends with CHECK CONDITION).
+    Failed(SequenceError),
+    /// An R2T's every byte came without the F bit on the last PDU: a protocol error of the
+    /// connection, not just of the task.
+    BurstWithoutFinal,
+}
+
+impl WriteIn {
+    /// A write command's data as `split` announces it, its immediate data in; `final_` is the
+    /// command's F bit. With InitialR2T `initial_r2t`, a command that announces unsolicited
+    /// Data-Out (F=0) fails at once (RFC 7143 §11.2.1.6: where its data would start is unknown).
+    pub fn new(split: &WriteSplit, final_: bool, initial_r2t: bool) -> Self {
+        let failed = (initial_r2t && !final_).then_some(SequenceError::UnsolicitedWithInitialR2t);
+        Self { unsolicited: UnsolicitedIn::new(split), r2ts: Vec::new(), failed }
+    }
+
+    /// Why the write failed, if it did.
+    pub const fn failed(&self) -> Option<SequenceError> {
+        self.failed
+    }
+
+    /// The unsolicited part.
+    pub const fn unsolicited(&self) -> &UnsolicitedIn {
+        &self.unsolicited
+    }
+
+    /// Where a Data-Out of `len` bytes goes, checked against its sequence: the unsolicited one
+    /// for the reserved Target Transfer Tag, else the outstanding R2T it names.
+    pub fn place(&mut self, d: &DataOut, len: u32) -> DataOutTo {
+        if self.failed.is_some() {
+            return DataOutTo::Drain;
+        }
+        let checked = if d.ttt == crate::wire::RESERVED_TAG {
+            self.unsolicited.check(d.buffer_offset, d.data_sn, len).map(|()| None)
+        } else {
+            match self.r2ts.iter().find(|r| r.ttt() == d.ttt) {
+                Some(r) => r.check(d.buffer_offset, d.data_sn, len).map(|()| Some(d.ttt)),
+                None => Err(SequenceError::UnknownTtt),
+            }
+        };
+        match checked {
+            Ok(ttt) => DataOutTo::Place(Placement { offset: d.buffer_offset, len, ttt }),
+            Err(e) => {
+                self.failed = Some(e);
+                DataOutTo::Fail(e)
+            }
+        }
+    }
+
+    /// Counts a placed Data-Out whose data is written (`final_`: its F bit).
+    pub fn accept(&mut self, p: Placement, final_: bool) -> WriteProgress {
+        if let Some(e) = self.failed {
+            return WriteProgress::Failed(e);
+        }
+        let Some(ttt) = p.ttt else {
+            return match self.unsolicited.accept(p.len, final_) {
+                Ok(false) => WriteProgress::More,
+                Ok(true) => WriteProgress::UnsolicitedDone,
+                Err(e) => self.failing(e),
+            };
+        };
+        let Some(i) = self.r2ts.iter().position(|r| r.ttt() == ttt) else { return self.failing(SequenceError::UnknownTtt) };
+        match self.r2ts[i].accept(p.len, final_) {
+            Burst::More => WriteProgress::More,
+            Burst::Complete => {
+                self.r2ts.swap_remove(i);
+                WriteProgress::R2tDone(ttt)
+            }
+            Burst::CompleteWithoutFinal => WriteProgress::BurstWithoutFinal,
+            Burst::EndedEarly => self.failing(SequenceError::R2tEndedEarly),
+        }
+    }
+
+    /// Get_Data's start: the core collects `total` bytes, the first `due` of them unsolicited
+    /// (its plan's start and end). `Ok(true)`: the unsolicited part is all in; `Ok(false)`: more
+    /// of it is coming; or why the write fails (recorded).
+    pub fn settle(&mut self, due: u32, total: u32) -> Result<bool, SequenceError> {
+        if let Some(e) = self.failed {
+            return Err(e);
+        }
+        let r = if due > total || self.unsolicited.received() > total {
+            Err(SequenceError::UnsolicitedBeyondLength { len: total })
+        } else {
+            self.unsolicited.settle(due)
+        };
+        if let Err(e) = r {
+            self.failed = Some(e);
+        }
+        r
+    }
+
+    /// The R2T `r` asks for, as sent: its sequence is expected from now on.
+    pub fn solicit(&mut self, r: &R2tDesc) -> R2t {
+        self.r2ts.push(SolicitedIn::new(r));
+        R2t {
+            lun: r.lun,
+            itt: r.itt,
+            ttt: r.ttt,
+            stat_sn: r.stat_sn,
+            exp_cmd_sn: r.exp_cmd_sn,
+            max_cmd_sn: r.max_cmd_sn,
+            r2t_sn: r.r2t_sn,
+            buffer_offset: r.offset,
+            desired_len: r.len,
+        }
+    }
+
+    /// Whether an R2T is outstanding.
+    pub fn soliciting(&self) -> bool {
+        !self.r2ts.is_empty()
+    }
+
+    /// Fail the write for a reason of the caller's (a check of its own); the first reason
+    /// stays.
+    pub fn fail(&mut self, e: SequenceError) {
+        self.failed.get_or_insert(e);
+    }
+
+    fn failing(&mut self, e: SequenceError) -> WriteProgress {
+        self.fail(e);
+        WriteProgress::Failed(e)
     }
 }
 
@@ -486,6 +663,7 @@ impl Iterator for DataInSegments {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::RESERVED_TAG;
 
     fn limits(immediate_data: bool, initial_r2t: bool) -> TransferLimits {
         TransferLimits {
@@ -652,6 +830,100 @@ mod tests {
         assert_eq!(s.accept(16_384, false), Burst::CompleteWithoutFinal);
     }
 
+    fn data_out_at(ttt: u32, offset: u32, data_sn: u32, final_: bool) -> DataOut {
+        DataOut { ttt, buffer_offset: offset, data_sn, final_, ..DataOut::default() }
+    }
+
+    fn r2t_at(ttt: u32, offset: u32, len: u32) -> R2tDesc {
+        R2tDesc { itt: 1, lun: Lun::default(), ttt, r2t_sn: 0, offset, len, stat_sn: 3, exp_cmd_sn: 4, max_cmd_sn: 5 }
+    }
+
+    /// A write of 128 KiB whose unsolicited burst ends at 64 KiB: each Data-Out goes where its
+    /// sequence says — the unsolicited one, or the outstanding R2T it names — and the first
+    /// that breaks a sequence fails the write, after which everything is drained.
+    #[test]
+    fn a_write_places_each_data_out_by_its_sequence() {
+        let place = |w: &mut WriteIn, d: DataOut, len| w.place(&d, len);
+        let fresh = || {
+            let mut w = WriteIn::new(&split(0, 65_536, 131_072), false, false);
+            let p = w.place(&data_out_at(RESERVED_TAG, 0, 0, false), 8192);
+            assert_eq!(p, DataOutTo::Place(Placement { offset: 0, len: 8192, ttt: None }));
+            let DataOutTo::Place(p) = p else { unreachable!() };
+            assert_eq!(w.accept(p, false), WriteProgress::More);
+            let r2t = w.solicit(&r2t_at(9, 65_536, 8192));
+            assert_eq!((r2t.ttt, r2t.buffer_offset, r2t.desired_len, r2t.stat_sn), (9, 65_536, 8192, 3));
+            assert!(w.soliciting());
+            w
+        };
+        let fails = |d: DataOut, len, why| {
+            let mut w = fresh();
+            assert_eq!(place(&mut w, d, len), DataOutTo::Fail(why));
+            assert_eq!(w.failed(), Some(why));
+            assert_eq!(place(&mut w, data_out_at(RESERVED_TAG, 8192, 1, false), 512), DataOutTo::Drain, "drained once failed");
+        };
+        let mut w = fresh();
+        assert_eq!(
+            place(&mut w, data_out_at(RESERVED_TAG, 8192, 1, false), 8192),
+            DataOutTo::Place(Placement { offset: 8192, len: 8192, ttt: None })
+        );
+        assert_eq!(
+            place(&mut w, data_out_at(9, 65_536, 0, false), 8192),
+            DataOutTo::Place(Placement { offset: 65_536, len: 8192, ttt: Some(9) })
+        );
+        fails(data_out_at(RESERVED_TAG, 0, 1, false), 8192, SequenceError::UnsolicitedOutOfOrder);
+        fails(data_out_at(RESERVED_TAG, 8192, 2, false), 8192, SequenceError::DataSn);
+        fails(data_out_at(RESERVED_TAG, 8192, 1, false), 65_536, SequenceError::BeyondFirstBurst);
+        fails(data_out_at(9, 65_536, 1, false), 8192, SequenceError::DataSn);
+        fails(data_out_at(9, 65_536, 0, false), 8193, SequenceError::OutsideR2t);
+        fails(data_out_at(9, 70_000, 0, false), 100, SequenceError::OutsideR2t);
+        fails(data_out_at(10, 65_536, 0, false), 8192, SequenceError::UnknownTtt);
+        // Get_Data settled the unsolicited part at 8 KiB: more of it is after its end.
+        let mut ended = fresh();
+        assert_eq!(ended.settle(8192, 131_072), Ok(true));
+        assert_eq!(place(&mut ended, data_out_at(RESERVED_TAG, 8192, 1, false), 512), DataOutTo::Fail(SequenceError::UnsolicitedAfterEnd));
+    }
+
+    /// An R2T's sequence completes with the F bit on its last byte; the F bit early fails the
+    /// write (the initiator will send no more of it), and its last byte without the F bit is
+    /// the connection's error.
+    #[test]
+    fn an_r2ts_sequence_ends_with_its_f_bit_on_its_last_byte() {
+        let run = |pieces: &[(u32, u32, bool)]| {
+            let mut w = WriteIn::new(&split(0, 0, 16_384), true, true);
+            let _ = w.solicit(&r2t_at(4, 0, 16_384));
+            let mut last = WriteProgress::More;
+            for (sn, &(offset, len, f)) in pieces.iter().enumerate() {
+                let DataOutTo::Place(p) = w.place(&data_out_at(4, offset, sn as u32, f), len) else { panic!("not placed") };
+                last = w.accept(p, f);
+            }
+            (last, w.soliciting(), w.failed())
+        };
+        assert_eq!(run(&[(0, 8192, false), (8192, 8192, true)]), (WriteProgress::R2tDone(4), false, None));
+        assert_eq!(
+            run(&[(0, 8192, true)]),
+            (WriteProgress::Failed(SequenceError::R2tEndedEarly), true, Some(SequenceError::R2tEndedEarly))
+        );
+        assert_eq!(run(&[(0, 16_384, false)]), (WriteProgress::BurstWithoutFinal, true, None));
+    }
+
+    /// The ways a write fails before any Data-Out: unsolicited Data-Out announced under
+    /// InitialR2T=Yes, more unsolicited data than the core collects; the first reason stays.
+    #[test]
+    fn a_write_fails_for_its_first_reason() {
+        let mut w = WriteIn::new(&split(0, 0, 4096), true, true);
+        assert_eq!(w.failed(), None, "a final command under InitialR2T=Yes is fine");
+        // F=0 under InitialR2T=Yes: the target's split announces no Data-Out, but the F bit did.
+        let mut w2 = WriteIn::new(&split(512, 512, 8192), false, true);
+        assert_eq!(w2.failed(), Some(SequenceError::UnsolicitedWithInitialR2t));
+        assert_eq!(w2.settle(512, 8192), Err(SequenceError::UnsolicitedWithInitialR2t));
+        w2.fail(SequenceError::DataSn);
+        assert_eq!(w2.failed(), Some(SequenceError::UnsolicitedWithInitialR2t), "the first reason stays");
+        let mut w3 = WriteIn::new(&split(8192, 8192, 16_384), true, false);
+        assert_eq!(w3.settle(8192, 4096), Err(SequenceError::UnsolicitedBeyondLength { len: 4096 }));
+        assert_eq!(w3.failed(), Some(SequenceError::UnsolicitedBeyondLength { len: 4096 }));
+        assert_eq!(w.settle(0, 4096), Ok(true));
+    }
+
     fn data_in_of(limits: &TransferLimits, first: DataIn, len: u32) -> Vec<(DataIn, Range<usize>)> {
         limits.data_in(first, len).collect()
     }
@@ -748,31 +1020,34 @@ mod tests {
             let l = TransferLimits { max_send_segment: seg, max_recv_segment: seg, max_burst: burst, first_burst, immediate_data, initial_r2t };
             let sent = l.outgoing_write(len, true);
             let seen = l.incoming_write(len, sent.immediate, sent.command_is_final());
-            let mut unsolicited = UnsolicitedIn::new(&seen);
+            let mut write = WriteIn::new(&seen, sent.command_is_final(), initial_r2t);
             let mut covered = sent.immediate;
             let mut ended = false;
-            for (h, r) in l.data_out(DataOut { ttt: 0xffff_ffff, ..DataOut::default() }, sent.immediate..sent.unsolicited_end) {
+            for (h, r) in l.data_out(DataOut { ttt: RESERVED_TAG, ..DataOut::default() }, sent.immediate..sent.unsolicited_end) {
                 proptest::prop_assert_eq!(r.start as u32, covered);
-                proptest::prop_assert_eq!(unsolicited.check(h.buffer_offset, h.data_sn, r.len() as u32), Ok(()));
-                ended = unsolicited.accept(r.len() as u32, h.final_).unwrap();
-                proptest::prop_assert_eq!(ended, h.final_);
+                let DataOutTo::Place(p) = write.place(&h, r.len() as u32) else { return Err(proptest::test_runner::TestCaseError::fail("not placed")) };
+                proptest::prop_assert_eq!((p.offset, p.len as usize), (covered, r.len()));
+                let progress = write.accept(p, h.final_);
+                ended = progress == WriteProgress::UnsolicitedDone;
+                proptest::prop_assert_eq!(ended, h.final_, "{:?}", progress);
                 covered = r.end as u32;
             }
             proptest::prop_assert_eq!(ended, sent.unsolicited_end > sent.immediate);
-            proptest::prop_assert_eq!(unsolicited.settle(seen.unsolicited_end), Ok(true));
+            proptest::prop_assert_eq!(write.settle(seen.unsolicited_end, len), Ok(true));
             let plan = R2tPlan { itt: 1, lun: Lun::default(), start: seen.unsolicited_end, end: len, max_burst: burst, first_ttt: 5, stat_sn: 0, exp_cmd_sn: 0, max_cmd_sn: 0 };
             for n in 0..plan.count() {
-                let r2t = plan.nth(n).unwrap();
-                let mut solicited = SolicitedIn::new(&r2t);
-                let mut last = Burst::More;
-                for (h, r) in l.data_out(DataOut { ttt: r2t.ttt, ..DataOut::default() }, r2t.offset..r2t.offset + r2t.len) {
+                let r2t = write.solicit(&plan.nth(n).unwrap());
+                let mut last = WriteProgress::More;
+                for (h, r) in l.data_out(DataOut { ttt: r2t.ttt, ..DataOut::default() }, r2t.buffer_offset..r2t.buffer_offset + r2t.desired_len) {
                     proptest::prop_assert_eq!(r.start as u32, covered);
-                    proptest::prop_assert_eq!(solicited.check(h.buffer_offset, h.data_sn, r.len() as u32), Ok(()));
-                    last = solicited.accept(r.len() as u32, h.final_);
+                    let DataOutTo::Place(p) = write.place(&h, r.len() as u32) else { return Err(proptest::test_runner::TestCaseError::fail("not placed")) };
+                    last = write.accept(p, h.final_);
                     covered = r.end as u32;
                 }
-                proptest::prop_assert_eq!(last, Burst::Complete);
+                proptest::prop_assert_eq!(last, WriteProgress::R2tDone(r2t.ttt));
             }
+            proptest::prop_assert!(!write.soliciting());
+            proptest::prop_assert_eq!(write.failed(), None);
             proptest::prop_assert_eq!(covered, len);
         }
     }

@@ -3,6 +3,7 @@
 use crate::harness::*;
 use bytes::Bytes;
 use riser_iscsi::keys::NegotiatedParams;
+use riser_iscsi::session::SequenceError;
 use riser_iscsi::session::{InitiatorEvent, Residual, TargetEvent, TargetSessionConfig};
 use riser_iscsi::wire::{Header, RESERVED_TAG, ScsiCommand};
 use riser_scsi::sense::Status;
@@ -76,4 +77,83 @@ fn a_status_taken_for_phase_collapse_consumes_stat_sn_and_frees_the_slot() {
     assert_eq!((s.stat_sn, s.exp_cmd_sn, s.max_cmd_sn), (100, 2, 2), "the window opened before the status is stamped");
     assert_eq!(p.t.stat_sn(), 101);
     assert!(p.t.take_status(p.task(itt)).is_none());
+}
+
+/// A write across both machines as the datamovers move it: the initiator's command with
+/// immediate data and its unsolicited Data-Out (cut by its limits), the target's split, its R2T
+/// plan and the R2Ts' Data-Out (cut by the initiator's limits), all taken by the target's
+/// write tracking (`WriteIn`), every byte once; then the same write whose initiator ends an
+/// R2T's sequence early fails its task, and only it.
+#[test]
+fn a_write_crosses_in_sequences_both_sides_agree_on() {
+    use riser_iscsi::keys::Role;
+    use riser_iscsi::session::{DataOutTo, WriteIn, WriteProgress};
+    use riser_iscsi::wire::DataOut;
+    let params = NegotiatedParams {
+        initial_r2t: false,
+        immediate_data: true,
+        first_burst_length: 65_536,
+        max_burst_length: 40_960,
+        initiator_recv_data_segment_length: 8192,
+        target_recv_data_segment_length: 16_384,
+        ..Default::default()
+    };
+    let (ini, tgt) = (params.transfer_limits(Role::Initiator), params.transfer_limits(Role::Target));
+    let len = 200_000u32;
+    for early_f in [false, true] {
+        let mut p = Pair::with(TargetSessionConfig::new(4).luns([LUN0]), &params, 1, 1);
+        let sent = ini.outgoing_write(len, true);
+        let c = p.i.start_command(LUN0, &[0x2a], 0, len).unwrap();
+        let c = ScsiCommand { final_: sent.command_is_final(), ..c };
+        p.t.handle_pdu(p.now, &Header::ScsiCommand(c), Bytes::new(), Bytes::new(), sent.immediate);
+        let Some(TargetEvent::Command { split, .. }) = p.t.poll_event() else { panic!("a command") };
+        assert_eq!((split.immediate, split.unsolicited_end), (sent.immediate, sent.unsolicited_end));
+        let mut write = WriteIn::new(&split, c.final_, params.initial_r2t);
+        let mut covered = vec![false; len as usize];
+        covered[..sent.immediate as usize].iter_mut().for_each(|c| *c = true);
+        let mut take = |write: &mut WriteIn, h: &DataOut, r: core::ops::Range<usize>| {
+            let DataOutTo::Place(at) = write.place(h, r.len() as u32) else { panic!("Data-Out at {} not placed", h.buffer_offset) };
+            assert_eq!(at.offset as usize, r.start);
+            assert!(covered[r.clone()].iter().all(|c| !c), "bytes placed twice");
+            covered[r].iter_mut().for_each(|c| *c = true);
+            write.accept(at, h.final_)
+        };
+        let mut last = WriteProgress::More;
+        for (h, r) in ini.data_out(DataOut { itt: c.itt, ttt: RESERVED_TAG, ..DataOut::default() }, sent.immediate..sent.unsolicited_end) {
+            assert!(r.len() <= 16_384, "beyond the target's receive limit");
+            last = take(&mut write, &h, r);
+        }
+        assert_eq!(last, WriteProgress::UnsolicitedDone);
+        let plan = p.t.plan_write(&c, split, len);
+        assert_eq!(write.settle(plan.start, plan.end), Ok(true));
+        for n in 0..plan.count() {
+            let r2t = write.solicit(&plan.nth(n).unwrap());
+            assert!(r2t.desired_len <= tgt.max_burst);
+            let mut last = WriteProgress::More;
+            let pieces: Vec<_> = ini
+                .data_out(
+                    DataOut { itt: c.itt, ttt: r2t.ttt, ..DataOut::default() },
+                    r2t.buffer_offset..r2t.buffer_offset + r2t.desired_len,
+                )
+                .collect();
+            for (k, (mut h, r)) in pieces.into_iter().enumerate() {
+                if early_f && n == 1 && k == 0 {
+                    h.final_ = true;
+                    assert_eq!(take(&mut write, &h, r), WriteProgress::Failed(SequenceError::R2tEndedEarly));
+                    break;
+                }
+                last = take(&mut write, &h, r);
+            }
+            if early_f && n == 1 {
+                break;
+            }
+            assert_eq!(last, WriteProgress::R2tDone(r2t.ttt));
+        }
+        if early_f {
+            assert_eq!(write.failed(), Some(SequenceError::R2tEndedEarly));
+        } else {
+            assert_eq!(write.failed(), None);
+            assert!(covered.iter().all(|c| *c), "a byte nobody sent");
+        }
+    }
 }

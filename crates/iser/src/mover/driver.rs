@@ -180,8 +180,7 @@ impl<P: Provider + 'static> Shared<P> {
             (Role::Target, Header::ScsiCommand(c)) => {
                 lock(&self.remote).insert(c.itt, Remote { write: ih.write, read: ih.read });
                 if c.write && c.expected_data_len > 0 {
-                    self.receive_write_command(*c, ahs, pdu.data);
-                    return Ok(());
+                    return self.receive_write_command(*c, ahs, pdu.data);
                 }
             }
             (Role::Target, Header::DataOut(d)) => {
@@ -481,7 +480,7 @@ pub fn fuzz_receive<P: Provider + 'static>(pd: Arc<P::Pd>, cq: Arc<P::Cq>, qp: A
             break;
         }
         for t in lock(&s.writes).values() {
-            assert!(t.unsolicited.received() as usize <= t.buf.len() && t.buf.len() <= crate::MAX_TASK_BUFFER);
+            assert!(t.write.unsolicited().received() as usize <= t.buf.len() && t.buf.len() <= crate::MAX_TASK_BUFFER);
         }
         // A remote invalidation accepted by the initiator named a key of the task it came with.
         if let (Role::Initiator, Some(k)) = (role, invalidated) {

@@ -18,7 +18,7 @@ use crate::header::{CmPrivateData, ISER_HEADERS_LEN, IserHeader, RemoteBuf};
 use bytes::{Bytes, BytesMut};
 use riser_datamover::{
     Attempt, BoxFuture, CommandArgs, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent, PutDataDone, R2tPlan,
-    SequenceError, TaskBuffer, Terminated,
+    TaskBuffer, Terminated,
 };
 use riser_iscsi::keys::{DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH, NegotiatedParams, Role};
 use riser_iscsi::session::transfer::TransferLimits;
@@ -162,10 +162,10 @@ struct Remote {
 /// Write data arriving before Get_Data (immediate data, unsolicited Data-Out).
 struct WriteTask {
     buf: Vec<u8>,
-    /// The unsolicited data (immediate, then Data-Out) received, and whether its burst is over.
-    unsolicited: riser_iscsi::session::UnsolicitedIn,
-    /// The task's data broke the rules: Get_Data fails it (CHECK CONDITION), the connection stays.
-    failed: Option<SequenceError>,
+    /// Its sequences (riser-iscsi's rules, as over TCP): the unsolicited part received, and
+    /// whether the data broke them (Get_Data then fails it: CHECK CONDITION, the connection
+    /// stays). Its solicited data comes by RDMA Read: no R2Ts.
+    write: riser_iscsi::session::WriteIn,
 }
 
 /// The initiator's registrations for one command.

@@ -5,8 +5,9 @@
 use super::driver::completion;
 use super::{IserDatamover, Keep, Shared, WriteTask, copy_out, lock, rdma};
 use bytes::Bytes;
+use hashbrown::hash_map::Entry;
 use riser_datamover::{ControlPdu, DataInDesc, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer, Violation};
-use riser_iscsi::session::UnsolicitedIn;
+use riser_iscsi::session::{DataOutTo, WriteIn};
 use riser_iscsi::wire::{DataOut, Header, ScsiCommand};
 use riser_verbs::{Access, MemoryRegion, ProtectionDomain, Provider, SendOp, Sge};
 use std::sync::atomic::Ordering;
@@ -17,8 +18,9 @@ const MAX_RDMA_READ: u32 = 16 << 20;
 
 impl<P: Provider + 'static> Shared<P> {
     /// A write command with data (target): its immediate data goes straight into a new task
-    /// buffer, sized for the unsolicited part; the command goes up as a control PDU.
-    pub(super) fn receive_write_command(&self, c: ScsiCommand, ahs: Bytes, immediate_data: &[u8]) {
+    /// buffer, sized for the unsolicited part; the command goes up as a control PDU. A tag
+    /// still in use by a write is a protocol error of the connection (as over TCP).
+    pub(super) fn receive_write_command(&self, c: ScsiCommand, ahs: Bytes, immediate_data: &[u8]) -> Result<(), DmError> {
         let header = Header::ScsiCommand(c);
         let edtl = c.expected_data_len as usize;
         let imm = immediate_data.len();
@@ -27,7 +29,7 @@ impl<P: Provider + 'static> Shared<P> {
             // immediate data beyond the command's length or a length beyond
             // MAX_TASK_BUFFER; the connection goes on.
             let _ = self.events_tx.send(DmEvent::Control(ControlPdu { header, ahs, data: Bytes::new(), immediate: imm as u32 }));
-            return;
+            return Ok(());
         }
         let l = *lock(&self.limits);
         // Every byte is written before use: immediate data here, unsolicited
@@ -36,14 +38,13 @@ impl<P: Provider + 'static> Shared<P> {
         let split = l.incoming_write(c.expected_data_len, imm as u32, c.final_);
         let mut buf = self.pool.take_dirty_vec(split.unsolicited_end as usize);
         buf[..imm].copy_from_slice(&immediate_data[..imm]);
-        let task = WriteTask {
-            buf,
-            unsolicited: UnsolicitedIn::new(&split),
-            // F=0 announces unsolicited Data-Out, which InitialR2T=Yes forbids.
-            failed: (l.initial_r2t && !c.final_).then_some(SequenceError::UnsolicitedWithInitialR2t),
+        let task = WriteTask { buf, write: WriteIn::new(&split, c.final_, l.initial_r2t) };
+        match lock(&self.writes).entry(c.itt) {
+            Entry::Occupied(_) => return Err(Violation::TaskTagReused { itt: c.itt }.into()),
+            Entry::Vacant(v) => v.insert(task),
         };
-        lock(&self.writes).insert(c.itt, task);
         let _ = self.events_tx.send(DmEvent::Control(ControlPdu { header, ahs, data: Bytes::new(), immediate: imm as u32 }));
+        Ok(())
     }
 
     /// A received Data-Out (target): unsolicited data placed in its task's buffer, checked by
@@ -53,21 +54,21 @@ impl<P: Provider + 'static> Shared<P> {
     pub(super) fn receive_unsolicited_data_out(&self, d: &DataOut, payload: &[u8]) {
         // Unsolicited Data-Out (InitialR2T=No): a Send, placed by its buffer offset.
         let mut w = lock(&self.writes);
-        if let Some(t) = w.get_mut(&d.itt).filter(|t| t.failed.is_none()) {
-            let (at, len) = (d.buffer_offset as usize, payload.len() as u32);
-            let checked = t.unsolicited.check(d.buffer_offset, d.data_sn, len).and_then(|()| {
-                // Within the burst is within the buffer (sized to it, or to the whole
-                // transfer); checked again where the bytes are written.
-                if at.saturating_add(payload.len()) > t.buf.len() { Err(SequenceError::BeyondFirstBurst) } else { Ok(()) }
-            });
-            match checked {
-                Err(e) => t.failed = Some(e),
-                Ok(()) => {
-                    t.buf[at..at + payload.len()].copy_from_slice(payload);
-                    if let Err(e) = t.unsolicited.accept(len, d.final_) {
-                        t.failed = Some(e);
-                    }
+        if let Some(t) = w.get_mut(&d.itt) {
+            // Within the burst is within the buffer (sized to it, or to the whole transfer);
+            // checked again where the bytes are written.
+            match t.write.place(d, payload.len() as u32) {
+                DataOutTo::Place(p) if (p.offset as usize).saturating_add(payload.len()) > t.buf.len() => {
+                    t.write.fail(SequenceError::BeyondFirstBurst);
                 }
+                DataOutTo::Place(p) => {
+                    let at = p.offset as usize;
+                    t.buf[at..at + payload.len()].copy_from_slice(payload);
+                    // Its sequence's end or failure shows in Get_Data's `settle`.
+                    let _ = t.write.accept(p, d.final_);
+                }
+                // An R2T's Data-Out over iSER (none are sent) fails the task in `place`.
+                DataOutTo::Drain | DataOutTo::Fail(_) => {}
             }
         }
         drop(w);
@@ -120,7 +121,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
         loop {
             let mut n = std::pin::pin!(s.writes_changed.notified());
             n.as_mut().enable();
-            let state = lock(&s.writes).get_mut(&itt).map(|t| t.failed.map_or_else(|| t.unsolicited.settle(unsolicited_len), Err));
+            let state = lock(&s.writes).get_mut(&itt).map(|t| t.write.settle(unsolicited_len, total_len));
             match state {
                 Some(Err(why)) => {
                     lock(&s.writes).remove(&itt);

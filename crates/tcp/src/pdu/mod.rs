@@ -40,15 +40,12 @@ enum Notice {
 #[derive(Debug)]
 struct WriteTask {
     buf: BytesMut,
-    /// The unsolicited data (immediate, then Data-Out with the reserved TTT) received.
-    unsolicited: riser_iscsi::session::UnsolicitedIn,
-    /// The sequences of the R2Ts outstanding.
-    r2ts: Vec<riser_iscsi::session::SolicitedIn>,
-    /// Woken with the TTT of each finished R2T (and `RESERVED_TAG` when unsolicited data ends).
+    /// Its sequences (riser-iscsi's rules): the unsolicited part, the R2Ts outstanding, and
+    /// whether it failed (then it ends with CHECK CONDITION and its further Data-Out is
+    /// drained).
+    write: riser_iscsi::session::WriteIn,
+    /// Woken when the unsolicited part ends, an R2T's sequence completes, or the write fails.
     notify: Option<mpsc::UnboundedSender<Notice>>,
-    /// Set when the task's data broke sequence: the task ends with CHECK CONDITION and its
-    /// further Data-Out is drained.
-    failed: Option<SequenceError>,
     /// A Data-Out's data is being read into `buf`, which is out of the table meanwhile (the
     /// lock is not held across the read); the task itself stays, so Get_Data always finds it.
     reading: bool,

@@ -7,8 +7,8 @@ use crate::link::LinkRx;
 use bytes::{Bytes, BytesMut};
 use riser_datamover::MAX_TASK_BUFFER;
 use riser_datamover::{Attempt, ControlPdu, DataInDesc, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer, Violation};
-use riser_iscsi::session::{Burst, SolicitedIn, UnsolicitedIn};
-use riser_iscsi::wire::{DataIn, DataOut, Header, R2t, RESERVED_TAG, ScsiCommand};
+use riser_iscsi::session::{DataOutTo, WriteIn, WriteProgress};
+use riser_iscsi::wire::{DataIn, DataOut, Header, RESERVED_TAG, ScsiCommand};
 use tokio::sync::mpsc;
 
 impl PduDatamover {
@@ -46,16 +46,7 @@ impl PduDatamover {
         let first = split.unsolicited_end;
         let mut buf = shared.pool.take_dirty(first as usize);
         rx.read_data(&mut buf[..data_len]).await?;
-        let task = WriteTask {
-            buf,
-            unsolicited: UnsolicitedIn::new(&split),
-            r2ts: Vec::new(),
-            notify: None,
-            // F=0 announces unsolicited Data-Out, which InitialR2T=Yes forbids (RFC 7143
-            // §11.2.1.6): the task fails rather than guess where the data starts.
-            failed: (limits.initial_r2t && !cmd.final_).then_some(SequenceError::UnsolicitedWithInitialR2t),
-            reading: false,
-        };
+        let task = WriteTask { buf, write: WriteIn::new(&split, cmd.final_, limits.initial_r2t), notify: None, reading: false };
         if lock(&shared.writes).insert(cmd.itt, task).is_some() {
             return Err(Violation::TaskTagReused { itt: cmd.itt }.into());
         }
@@ -77,27 +68,30 @@ impl PduDatamover {
         let checked = {
             let mut writes = lock(&shared.writes);
             match writes.get_mut(&d.itt) {
-                // An aborted or unknown task, or one that already failed: drain the data.
+                // An aborted or unknown task: drain the data.
                 None => None,
-                Some(task) if task.failed.is_some() => None,
-                Some(task) => match Self::check_data_out(task, &d, len32) {
-                    Ok(slot) => {
-                        task.reading = true;
-                        Some((slot, std::mem::take(&mut task.buf)))
+                Some(task) => match task.write.place(&d, len32) {
+                    // Within the sequence is within the buffer (sized to it, or to the whole
+                    // transfer); checked again here, where the bytes are written.
+                    DataOutTo::Place(p) if (p.offset as usize).saturating_add(len) > task.buf.len() => {
+                        Self::fail_task(task, SequenceError::BeyondFirstBurst);
+                        None
                     }
-                    Err(msg) => {
-                        // The PDU itself is well framed: drain it and end just this task (CHECK
-                        // CONDITION) rather than the connection, so other commands are unaffected.
-                        task.failed = Some(msg);
-                        if let Some(n) = &task.notify {
-                            let _ = n.send(Notice::Failed(msg));
-                        }
+                    DataOutTo::Place(p) => {
+                        task.reading = true;
+                        Some((p, std::mem::take(&mut task.buf)))
+                    }
+                    DataOutTo::Drain => None,
+                    // The PDU itself is well framed: it is drained and just this task ends
+                    // (CHECK CONDITION), not the connection, so other commands are unaffected.
+                    DataOutTo::Fail(e) => {
+                        Self::fail_task(task, e);
                         None
                     }
                 },
             }
         };
-        let Some((slot, mut buf)) = checked else {
+        let Some((placed, mut buf)) = checked else {
             let mut scratch = vec![0u8; len];
             return rx.read_data(&mut scratch).await;
         };
@@ -115,51 +109,24 @@ impl PduDatamover {
         task.reading = false;
         shared.write_read_done.notify_waiters();
         read?;
-        match slot {
-            None => {
-                // The unsolicited burst is FirstBurstLength or the whole transfer, never less:
-                // the target solicits only what lies beyond it, so a burst ended early would
-                // leave bytes of the buffer nobody sent.
-                let notice = match task.unsolicited.accept(len32, d.final_) {
-                    Ok(false) => None,
-                    Ok(true) => Some(Notice::UnsolicitedDone),
-                    Err(e) => {
-                        task.failed = Some(e);
-                        Some(Notice::Failed(e))
-                    }
-                };
-                if let (Some(notice), Some(n)) = (notice, &task.notify) {
-                    let _ = n.send(notice);
-                }
-            }
-            Some(i) => match task.r2ts[i].accept(len32, d.final_) {
-                Burst::More => {}
-                Burst::CompleteWithoutFinal => return Err(Violation::BurstWithoutFinal.into()),
-                Burst::Complete => {
-                    task.r2ts.swap_remove(i);
-                    if let Some(n) = &task.notify {
-                        let _ = n.send(Notice::R2tDone);
-                    }
-                }
-            },
+        let notice = match task.write.accept(placed, d.final_) {
+            WriteProgress::More => None,
+            WriteProgress::UnsolicitedDone => Some(Notice::UnsolicitedDone),
+            WriteProgress::R2tDone(_) => Some(Notice::R2tDone),
+            WriteProgress::Failed(e) => Some(Notice::Failed(e)),
+            WriteProgress::BurstWithoutFinal => return Err(Violation::BurstWithoutFinal.into()),
+        };
+        if let (Some(notice), Some(n)) = (notice, &task.notify) {
+            let _ = n.send(notice);
         }
         Ok(())
     }
 
-    /// Where a Data-Out belongs in its task: `None` for unsolicited data, the index of its R2T
-    /// otherwise; or why it breaks the task's sequence (riser-iscsi's rules).
-    pub(super) fn check_data_out(task: &WriteTask, d: &DataOut, len: u32) -> Result<Option<usize>, SequenceError> {
-        if d.ttt == RESERVED_TAG {
-            task.unsolicited.check(d.buffer_offset, d.data_sn, len)?;
-            // Within the sequence is within the buffer (sized to it, or to the whole transfer);
-            // checked again here, where the bytes are written.
-            if (d.buffer_offset as usize).saturating_add(len as usize) > task.buf.len() {
-                return Err(SequenceError::BeyondFirstBurst);
-            }
-            Ok(None)
-        } else {
-            let i = task.r2ts.iter().position(|r| r.ttt() == d.ttt).ok_or(SequenceError::UnknownTtt)?;
-            task.r2ts[i].check(d.buffer_offset, d.data_sn, len).map(|()| Some(i))
+    /// The task's write failed with `e` (its sequence says why): whoever waits is told.
+    fn fail_task(task: &mut WriteTask, e: SequenceError) {
+        task.write.fail(e);
+        if let (Some(n), Some(e)) = (&task.notify, task.write.failed()) {
+            let _ = n.send(Notice::Failed(e));
         }
     }
 
@@ -178,30 +145,21 @@ impl PduDatamover {
         if task.reading {
             return Ok(false);
         }
-        if unsolicited_len > total_len || task.unsolicited.received() > total_len {
+        // Every byte is covered exactly once — the unsolicited part, then the solicited
+        // range — and the buffer is reused, not cleared: unsolicited data that ended
+        // short of what the core counts on fails the task (a gap would be written).
+        if let Err(e) = task.write.settle(unsolicited_len, total_len) {
             writes.remove(&itt);
-            return Err(SequenceError::UnsolicitedBeyondLength { len: total_len }.into());
+            return Err(e.into());
         }
         // The buffer holds the unsolicited part so far; the whole transfer's memory is
         // taken only now, when the core has decided to collect it.
         if task.buf.len() != total_len as usize {
             let mut whole = self.shared.pool.take_dirty(total_len as usize);
-            let have = task.unsolicited.received() as usize;
+            let have = task.write.unsolicited().received() as usize;
             whole[..have].copy_from_slice(&task.buf[..have]);
             let old = std::mem::replace(&mut task.buf, whole);
             self.shared.pool.give(old);
-        }
-        // Every byte is covered exactly once — the unsolicited part, then the solicited
-        // range — and the buffer is reused, not cleared: unsolicited data that ended
-        // short of what the core counts on fails the task (a gap would be written).
-        if let Err(e) = task.unsolicited.settle(unsolicited_len)
-            && task.failed.is_none()
-        {
-            task.failed = Some(e);
-        }
-        if let Some(e) = task.failed {
-            writes.remove(&itt);
-            return Err(e.into());
         }
         task.notify = Some(tx.clone());
         Ok(true)
@@ -288,28 +246,17 @@ impl PduDatamover {
         drop(tx);
         let mut unsolicited_pending = {
             let writes = lock(&self.shared.writes);
-            writes.get(&itt).is_some_and(|t| !t.unsolicited.done())
+            writes.get(&itt).is_some_and(|t| !t.write.unsolicited().done())
         };
         // One R2T at a time (MaxOutstandingR2T=1), each made when it is sent.
         let count = plan.count();
         let (mut next, mut outstanding, mut finished) = (0u32, false, 0u32);
         while finished < count || unsolicited_pending {
             if !outstanding && let Some(r) = plan.nth(next) {
-                {
+                let h = {
                     let mut writes = lock(&self.shared.writes);
                     let Some(task) = writes.get_mut(&itt) else { return Err(DmError::NoTask(itt)) };
-                    task.r2ts.push(SolicitedIn::new(&r));
-                }
-                let h = R2t {
-                    lun: r.lun,
-                    itt,
-                    ttt: r.ttt,
-                    stat_sn: r.stat_sn,
-                    exp_cmd_sn: r.exp_cmd_sn,
-                    max_cmd_sn: r.max_cmd_sn,
-                    r2t_sn: r.r2t_sn,
-                    buffer_offset: r.offset,
-                    desired_len: r.len,
+                    task.write.solicit(&r)
                 };
                 self.send(Header::R2t(h), &[], Bytes::new()).await?;
                 next += 1;

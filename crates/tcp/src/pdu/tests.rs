@@ -1,10 +1,9 @@
-//! Unit tests of the PDU datamover: login-phase reads over a loopback link, and the placement
-//! of Data-Out by its sequence.
+//! Unit tests of the PDU datamover: login-phase reads over a loopback link, and the sends
+//! that need no waiting (the seam's `try_` calls) over a socket.
 
 use super::*;
 use crate::loopback::{RawEnd, pair};
-use riser_iscsi::session::{R2tDesc, SolicitedIn, UnsolicitedIn, WriteSplit};
-use riser_iscsi::wire::{BHS_LEN, DataOut, DecodeError, LoginRequest, NopIn, NopOut, Pdu, RESERVED_TAG, Stage};
+use riser_iscsi::wire::{BHS_LEN, DecodeError, LoginRequest, NopIn, NopOut, Pdu, RESERVED_TAG, Stage};
 
 /// A target datamover on one end of a loopback link, the other end driven by hand.
 fn target() -> (PduDatamover, RawEnd) {
@@ -116,42 +115,6 @@ async fn a_peer_closing_during_login_is_reported() {
     let (dm, peer) = target();
     drop(peer);
     assert!(matches!(dm.next_event().await, DmEvent::Terminated(Terminated::PeerClosed)));
-}
-
-/// A write of `len` bytes whose unsolicited burst ends at 64 KiB, its first 8 KiB received as one
-/// Data-Out (DataSN 0), and an R2T (TTT 9) outstanding for 8 KiB at 64 KiB.
-fn write_task(len: usize) -> WriteTask {
-    let mut unsolicited = UnsolicitedIn::new(&WriteSplit { immediate: 0, unsolicited_end: 65_536, len: len as u32 });
-    unsolicited.check(0, 0, 8192).unwrap();
-    assert_eq!(unsolicited.accept(8192, false), Ok(false));
-    let r2t =
-        R2tDesc { itt: 1, lun: Default::default(), ttt: 9, r2t_sn: 0, offset: 65_536, len: 8192, stat_sn: 0, exp_cmd_sn: 0, max_cmd_sn: 0 };
-    WriteTask { buf: BytesMut::zeroed(len), unsolicited, r2ts: vec![SolicitedIn::new(&r2t)], notify: None, failed: None, reading: false }
-}
-
-fn data_out(ttt: u32, offset: u32, data_sn: u32) -> DataOut {
-    DataOut { ttt, buffer_offset: offset, data_sn, ..DataOut::default() }
-}
-
-#[test]
-fn data_out_is_placed_only_where_its_sequence_says() {
-    let t = write_task(131_072);
-    let check = |d: DataOut, len| PduDatamover::check_data_out(&t, &d, len);
-    assert_eq!(check(data_out(RESERVED_TAG, 8192, 1), 8192), Ok(None));
-    assert_eq!(check(data_out(RESERVED_TAG, 0, 1), 8192), Err(SequenceError::UnsolicitedOutOfOrder));
-    assert_eq!(check(data_out(RESERVED_TAG, 8192, 2), 8192), Err(SequenceError::DataSn));
-    assert_eq!(check(data_out(RESERVED_TAG, 8192, 1), 65_536), Err(SequenceError::BeyondFirstBurst));
-    assert_eq!(check(data_out(9, 65_536, 0), 8192), Ok(Some(0)));
-    assert_eq!(check(data_out(9, 65_536, 1), 8192), Err(SequenceError::DataSn));
-    assert_eq!(check(data_out(9, 65_536, 0), 8193), Err(SequenceError::OutsideR2t));
-    assert_eq!(check(data_out(9, 70_000, 0), 100), Err(SequenceError::OutsideR2t));
-    assert_eq!(check(data_out(10, 65_536, 0), 8192), Err(SequenceError::UnknownTtt));
-    // Within the sequence but past the buffer (the core collects less than announced).
-    let short = write_task(12_288);
-    assert_eq!(PduDatamover::check_data_out(&short, &data_out(RESERVED_TAG, 8192, 1), 8192), Err(SequenceError::BeyondFirstBurst));
-    let mut ended = write_task(131_072);
-    assert_eq!(ended.unsolicited.settle(8192), Ok(true));
-    assert_eq!(PduDatamover::check_data_out(&ended, &data_out(RESERVED_TAG, 8192, 1), 512), Err(SequenceError::UnsolicitedAfterEnd));
 }
 
 /// An initiator over a real socket, enabled (full feature phase), and the target's end as a
