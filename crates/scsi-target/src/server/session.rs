@@ -177,7 +177,6 @@ const SWEEP_MIN: usize = 64;
 /// Granularity of the memory budgets.
 pub(super) const BUDGET_UNIT: u64 = 64 << 10;
 
-/// A memory budget of `bytes`, in [`BUDGET_UNIT`]s (at least one).
 /// [`tokio::time::timeout`], the timer armed only if `fut` is not done at its first poll: most
 /// sends are done at once, and arming a timer costs a clock reading and a hold on the runtime.
 /// (The limit then counts from the first poll that found it not done.)
@@ -189,6 +188,7 @@ pub(super) async fn within<F: Future>(limit: Duration, fut: F) -> Result<F::Outp
     }
 }
 
+/// A memory budget of `bytes`, in [`BUDGET_UNIT`]s (at least one).
 pub(super) fn units_of(bytes: u64) -> u32 {
     (bytes / BUDGET_UNIT).clamp(1, u64::from(u32::MAX >> 4)) as u32
 }

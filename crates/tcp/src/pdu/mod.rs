@@ -398,11 +398,10 @@ impl PduDatamover {
     /// (see [`try_send`](Self::try_send)).
     fn send_half_now(&self, len: usize) -> Option<tokio::sync::MutexGuard<'_, Box<dyn LinkTx>>> {
         let initiator = self.shared.role == Role::Initiator;
-        if !initiator && !self.shared.gathering.load(Ordering::Acquire) {
-            return None;
-        }
         let tx = self.shared.tx.try_lock().ok()?;
-        let ready = (!initiator || *self.shared.phase.borrow() == Phase::Enabled)
+        // Whether the session gathers is read under the send half's lock, which its release
+        // takes: a PDU of another task queued after the release would wait for the next turn.
+        let ready = (if initiator { *self.shared.phase.borrow() == Phase::Enabled } else { self.shared.gathering.load(Ordering::Acquire) })
             && lock(&self.shared.pending_tx_params).is_none()
             && tx.would_gather(len);
         ready.then_some(tx)
