@@ -12,7 +12,8 @@
 
 use bytes::{Bytes, BytesMut};
 use riser::datamover::{
-    BoxFuture, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent, PutDataDone, R2tPlan, SharedDatamover, TaskBuffer,
+    Attempt, BoxFuture, CommandArgs, ConnectionResources, ControlPdu, DataInDesc, Datamover, DmError, DmEvent, PutDataDone, R2tPlan,
+    SharedDatamover, TaskBuffer,
 };
 use riser::initiator::{Connector, Error, Lun, Session, SessionConfig};
 use riser::iscsi::keys::{NegotiatedParams, Role, Transport};
@@ -72,6 +73,41 @@ impl Datamover for Counting {
         self.counts.commands_sent.fetch_add(1, Relaxed);
         self.counts.write_bytes.fetch_add(write.as_ref().map_or(0, |w| w.len() as u64), Relaxed);
         self.inner.send_command(cmd, ahs, read_len, write)
+    }
+    // The calls without a future (the hot path: each returns what it was given when it would
+    // have to wait, and the caller then makes the waiting call above): counted only when done.
+    fn try_send_control(&self, pdu: ControlPdu) -> Attempt<Result<(), DmError>, ControlPdu> {
+        let done = self.inner.try_send_control(pdu);
+        if let Attempt::Done(_) = done {
+            self.counts.control_sent.fetch_add(1, Relaxed);
+        }
+        done
+    }
+    fn try_put_data(&self, desc: DataInDesc, data: Bytes) -> Attempt<Result<PutDataDone, DmError>, (DataInDesc, Bytes)> {
+        let len = data.len() as u64;
+        let done = self.inner.try_put_data(desc, data);
+        if let Attempt::Done(_) = done {
+            self.counts.read_bytes.fetch_add(len, Relaxed);
+        }
+        done
+    }
+    fn try_send_command(
+        &self,
+        cmd: ScsiCommand,
+        ahs: Bytes,
+        read_len: u32,
+        write: Option<Bytes>,
+    ) -> Attempt<Result<(), DmError>, CommandArgs> {
+        let len = write.as_ref().map_or(0, |w| w.len() as u64);
+        let done = self.inner.try_send_command(cmd, ahs, read_len, write);
+        if let Attempt::Done(_) = done {
+            self.counts.commands_sent.fetch_add(1, Relaxed);
+            self.counts.write_bytes.fetch_add(len, Relaxed);
+        }
+        done
+    }
+    fn try_release_sends(&self) -> Attempt<Result<(), DmError>, ()> {
+        self.inner.try_release_sends()
     }
     fn take_read_data(&self, itt: u32) -> Option<BytesMut> {
         let data = self.inner.take_read_data(itt);
