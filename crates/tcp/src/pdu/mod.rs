@@ -372,15 +372,22 @@ impl PduDatamover {
         let deferred = enabled && self.shared.role == Role::Initiator;
         tx.gather(deferred || self.shared.gathering.load(Ordering::Acquire));
         link::write_pdu(&mut **tx, &header, ahs, data).await?;
-        if deferred {
-            if self.shared.gathered.fetch_add(1, Ordering::Relaxed) + 1 >= FLUSH_EVERY {
-                self.shared.gathered.store(0, Ordering::Relaxed);
-                link::flush(&mut **tx).await?;
-            } else {
-                self.shared.flush_due.notify_one();
-            }
+        if deferred && self.gathered_one() {
+            link::flush(&mut **tx).await?;
         }
         Ok(())
+    }
+
+    /// Count an initiator's PDU gathered: `true` when it makes [`FLUSH_EVERY`] (the caller
+    /// writes them out now), else the flusher is told a flush is due.
+    fn gathered_one(&self) -> bool {
+        if self.shared.gathered.fetch_add(1, Ordering::Relaxed) + 1 >= FLUSH_EVERY {
+            self.shared.gathered.store(0, Ordering::Relaxed);
+            true
+        } else {
+            self.shared.flush_due.notify_one();
+            false
+        }
     }
 
     /// [`send`](Self::send) without waiting, in full feature phase, for an initiator's PDUs
@@ -410,16 +417,9 @@ impl PduDatamover {
     /// Queue a PDU on the send half [`send_half_now`](Self::send_half_now) gave.
     fn queue(&self, mut tx: tokio::sync::MutexGuard<'_, Box<dyn LinkTx>>, header: &Header, ahs: &[u8], data: Bytes) -> Result<(), DmError> {
         tx.gather(true);
-        let mut due = tx.queue_pdu(header, ahs, data)?;
-        if self.shared.role == Role::Initiator {
-            if self.shared.gathered.fetch_add(1, Ordering::Relaxed) + 1 >= FLUSH_EVERY {
-                self.shared.gathered.store(0, Ordering::Relaxed);
-                due = true;
-            } else {
-                self.shared.flush_due.notify_one();
-            }
-        }
-        if due {
+        let due = tx.queue_pdu(header, ahs, data)?;
+        // An initiator's PDU is counted whether or not the link wants a write anyway (`|`).
+        if due | (self.shared.role == Role::Initiator && self.gathered_one()) {
             // Written now if the socket takes it, else by the flusher (it is queued, in
             // order, like a gathered PDU).
             match link::try_flush(&mut **tx) {
