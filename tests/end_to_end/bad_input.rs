@@ -1,7 +1,7 @@
 //! PDUs the initiator library never sends, on every transport: each gets the RFC's answer (or
 //! is ignored as the RFC says), fails no more than its own task, and the connection goes on.
 
-use crate::support::{Raw, Transport, read10, sense, write10};
+use crate::support::{Gated, Raw, Transport, read10, sense, write10};
 use bytes::Bytes;
 use riser::iscsi::keys::OperationalConfig;
 use riser::iscsi::wire::{DataOut, Header, LoginRequest, NopOut, Pdu, RejectReason, Snack};
@@ -20,6 +20,7 @@ on_every_transport!(
     unsolicited_data_that_never_comes_ends_the_command_not_the_connection,
     a_header_with_an_impossible_field_is_rejected_and_the_session_goes_on,
     a_write_tag_reused_while_its_write_is_outstanding_ends_the_connection,
+    a_command_reusing_a_live_tasks_tag_is_rejected_and_that_task_goes_on,
 );
 
 /// A target that takes unsolicited data (InitialR2T=No, ImmediateData=Yes, FirstBurstLength
@@ -266,4 +267,49 @@ async fn a_write_tag_reused_while_its_write_is_outstanding_ends_the_connection(t
     let again = r.command(0xd00, &write10(400, 16), 8192, true, true, false);
     r.send(again, &[2; 8192]).await;
     assert!(r.ends_within(Duration::from_secs(10)).await, "the connection goes on after a write reused a live write's tag");
+}
+
+/// A command whose Initiator Task Tag names a task still running gets Reject (Task in
+/// progress, RFC 7143 §11.17.1), and the running task goes on: its data lands, its status
+/// comes. The discard of the rejected command used to free what the datamover held under the
+/// tag — the running task's: over TCP a write's buffer (its Data-Out was then drained and the
+/// write failed), over iSER a command's remote keys (a read's data could not be put).
+async fn a_command_reusing_a_live_tasks_tag_is_rejected_and_that_task_goes_on(t: Transport) {
+    let gated = Gated::new();
+    let op = OperationalConfig::default().initial_r2t(false).immediate_data(true).first_burst_length(65_536);
+    let config = |c: &mut TargetConfig| {
+        c.login.operational = op.clone();
+        c.iser_unsolicited_data = true;
+    };
+    let addr = t.start_on(gated.clone(), |_| {}, config).await;
+    let mut r = t.raw(addr, op.clone(), 0x18).await;
+    let in_progress = |h: Header| match h {
+        Header::Reject(j) => assert_eq!(j.reason, RejectReason::TASK_IN_PROGRESS),
+        h => panic!("expected Reject (Task in progress), got {h:?}"),
+    };
+    // A write whose unsolicited data is announced and not all sent, and a read reusing its tag.
+    let h = r.command(0xe00, &write10(600, 64), 32_768, true, false, false);
+    r.send(h, &[5; 8192]).await;
+    let dup = r.command(0xe00, &read10(0, 8), 4096, false, true, false);
+    r.send(dup, &[]).await;
+    in_progress(r.next().await.0);
+    for n in 0..3u32 {
+        let at = 8192 * (n + 1);
+        let d = DataOut { final_: n == 2, lun: Lun::ZERO, itt: 0xe00, ttt: u32::MAX, data_sn: n, buffer_offset: at, ..DataOut::default() };
+        r.send(Header::DataOut(d), &[6; 8192]).await;
+    }
+    assert_eq!(r.response(0xe00, |_| {}).await.0.status, Status::GOOD, "the write whose tag was reused");
+    // A read (150 ms at the disk), and a command reusing its tag while it runs.
+    let h = r.command(0xe01, &read10(600, 64), 32_768, false, true, false);
+    r.submit(h, 32_768, None).await;
+    let dup = r.command(0xe01, &read10(0, 1), 512, false, true, false);
+    r.send(dup, &[]).await;
+    in_progress(r.next().await.0);
+    assert_eq!(r.response(0xe01, |_| {}).await.0.status, Status::GOOD, "the read whose tag was reused");
+    r.ping(0xe02).await;
+    // What the write carried is on the disk.
+    let s = t.session(addr).await;
+    let mut want = vec![5u8; 8192];
+    want.extend_from_slice(&[6; 24_576]);
+    assert_eq!(s.read(Lun::ZERO, 600, 64, 512).await.unwrap(), want);
 }

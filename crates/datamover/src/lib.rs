@@ -89,8 +89,10 @@
 //! ```
 #![warn(missing_docs)]
 
+mod duplicates;
 mod pool;
 
+pub use duplicates::{DUPLICATE_TAGS_MAX, DuplicateCommands};
 pub use pool::{BufferPool, POOL_MAX_BYTES, into_bytes_mut};
 /// Largest write buffer a datamover allocates for one command (EDTL above this is refused by
 /// the target core with CHECK CONDITION before any data is solicited).
@@ -464,6 +466,10 @@ pub trait Datamover: Send + Sync + core::fmt::Debug {
 
     /// Deallocate_Task_Resources: forget task `itt` (aborted or finished): drop its buffer,
     /// fail a pending Get_Data, ignore its further Data-Out.
+    ///
+    /// Also called for a command the session discarded (`TargetEvent::Discard`), which may be
+    /// one that reused the tag of a task still running: then what is held under `itt` is that
+    /// task's, and must stay ([`DuplicateCommands`] tells the two apart).
     fn deallocate_task_resources(&self, itt: u32);
 
     /// Give a task buffer back once its data has been consumed, so the datamover can reuse the

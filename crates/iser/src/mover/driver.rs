@@ -178,7 +178,16 @@ impl<P: Provider + 'static> Shared<P> {
         }
         match (self.role, &header) {
             (Role::Target, Header::ScsiCommand(c)) => {
-                lock(&self.remote).insert(c.itt, Remote { write: ih.write, read: ih.read });
+                let fresh = match lock(&self.remote).entry(c.itt) {
+                    hashbrown::hash_map::Entry::Vacant(v) => {
+                        v.insert(Remote { write: ih.write, read: ih.read });
+                        true
+                    }
+                    hashbrown::hash_map::Entry::Occupied(_) => false,
+                };
+                if !fresh {
+                    return self.receive_duplicate_command(*c, ahs);
+                }
                 if c.write && c.expected_data_len > 0 {
                     return self.receive_write_command(*c, ahs, pdu.data);
                 }

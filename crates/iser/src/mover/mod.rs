@@ -251,6 +251,8 @@ struct Shared<P: Provider> {
     events_tx: mpsc::UnboundedSender<DmEvent>,
     events_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<DmEvent>>,
     remote: Mutex<HashMap<u32, Remote>>,
+    /// Target: commands that reused a live task's tag (see `receive_duplicate_command`).
+    duplicates: riser_datamover::DuplicateCommands,
     writes: Mutex<HashMap<u32, WriteTask>>,
     /// Task buffers (target: write data; initiator: read data), reused: see
     /// [`Datamover::release_task_buffer`].
@@ -311,6 +313,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             events_tx,
             events_rx: tokio::sync::Mutex::new(events_rx),
             remote: Mutex::new(HashMap::new()),
+            duplicates: Default::default(),
             writes: Mutex::new(HashMap::new()),
             pool: riser_datamover::BufferPool::default(),
             writes_changed: Notify::new(),
@@ -435,6 +438,10 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
     }
 
     fn deallocate_task_resources(&self, itt: u32) {
+        if self.s.duplicates.take(itt) {
+            // A discarded command that reused a running task's tag: what is held is not its.
+            return;
+        }
         lock(&self.s.writes).remove(&itt);
         lock(&self.s.remote).remove(&itt);
         if let Some(t) = lock(&self.s.tasks).remove(&itt) {

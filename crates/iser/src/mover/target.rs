@@ -47,6 +47,20 @@ impl<P: Provider + 'static> Shared<P> {
         Ok(())
     }
 
+    /// A command whose tag names a task still held here (its remote keys, perhaps its write
+    /// buffer). A write while that task's write is outstanding ends the connection (its data
+    /// could not be told from the first's); otherwise the command takes nothing, keeps the
+    /// first task's keys, and goes up to be rejected (Task in progress) and discarded — a
+    /// discard that the `duplicates` count keeps from freeing the first task's state.
+    pub(super) fn receive_duplicate_command(&self, c: ScsiCommand, ahs: Bytes) -> Result<(), DmError> {
+        if c.write && lock(&self.writes).contains_key(&c.itt) {
+            return Err(Violation::TaskTagReused { itt: c.itt }.into());
+        }
+        self.duplicates.note(c.itt);
+        let _ = self.events_tx.send(DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), ahs, data: Bytes::new(), immediate: 0 }));
+        Ok(())
+    }
+
     /// A received Data-Out (target): unsolicited data placed in its task's buffer, checked by
     /// riser-iscsi's rules as over TCP (in order, DataSN, within the unsolicited burst, the
     /// burst ended by its F bit at FirstBurstLength or the transfer's end). Data that breaks

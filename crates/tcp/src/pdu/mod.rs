@@ -75,6 +75,9 @@ struct Shared {
     pending_rx_params: StdMutex<Option<LinkParams>>,
     pending_tx_params: StdMutex<Option<LinkParams>>,
     writes: StdMutex<HashMap<u32, WriteTask>>,
+    /// Target: commands that reused the tag of a write in `writes` (rejected by the session;
+    /// their discard must leave that write alone).
+    duplicates: riser_datamover::DuplicateCommands,
     /// Woken whenever a Data-Out's read ends and its task's buffer is back (`reading` false),
     /// and whenever tasks leave the table (so a Get_Data waiting on a read learns it is gone).
     write_read_done: Notify,
@@ -155,6 +158,7 @@ impl PduDatamover {
             pending_rx_params: StdMutex::new(None),
             pending_tx_params: StdMutex::new(None),
             writes: StdMutex::new(HashMap::new()),
+            duplicates: Default::default(),
             write_read_done: Notify::new(),
             events_tx,
             events_rx: StdMutex::new(events_rx),
@@ -325,6 +329,11 @@ impl PduDatamover {
             }
             Header::DataOut(d) if shared.role == Role::Target => Self::receive_data_out(shared, rx, d, h.data_len).await,
             header => {
+                if let Header::ScsiCommand(cmd) = header
+                    && shared.role == Role::Target
+                {
+                    shared.note_if_duplicate(cmd.itt);
+                }
                 let mut data = BytesMut::zeroed(h.data_len);
                 if h.data_len > 0 {
                     rx.read_data(&mut data).await?;
@@ -503,6 +512,10 @@ impl Datamover for PduDatamover {
     }
 
     fn deallocate_task_resources(&self, itt: u32) {
+        if self.shared.duplicates.take(itt) {
+            // A discarded command that reused a running write's tag: the write is not its.
+            return;
+        }
         lock(&self.shared.writes).remove(&itt);
         // A Get_Data waiting for a Data-Out's read to end finds the task gone.
         self.shared.write_read_done.notify_waiters();

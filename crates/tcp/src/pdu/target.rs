@@ -11,6 +11,17 @@ use riser_iscsi::session::{DataOutTo, WriteIn, WriteProgress};
 use riser_iscsi::wire::{DataIn, DataOut, Header, RESERVED_TAG, ScsiCommand};
 use tokio::sync::mpsc;
 
+impl Shared {
+    /// Target: a command without a write buffer of its own arrived: if its tag names a write
+    /// still held here, the session rejects it (Task in progress) and its discard must leave
+    /// that write alone.
+    pub(super) fn note_if_duplicate(&self, itt: u32) {
+        if lock(&self.writes).contains_key(&itt) {
+            self.duplicates.note(itt);
+        }
+    }
+}
+
 impl PduDatamover {
     /// A write command with data: its immediate data read into a new task buffer, sized for
     /// the unsolicited part; the command goes up as a control PDU.
@@ -26,6 +37,7 @@ impl PduDatamover {
         if edtl > MAX_TASK_BUFFER || data_len > edtl as usize {
             // No task: the core answers with CHECK CONDITION (it sees `immediate` beyond the
             // command's length, or a length beyond MAX_TASK_BUFFER); the data goes nowhere.
+            shared.note_if_duplicate(cmd.itt);
             let mut scratch = vec![0u8; data_len];
             rx.read_data(&mut scratch).await?;
             let _ = shared.events_tx.send(DmEvent::Control(ControlPdu {
