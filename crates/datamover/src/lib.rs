@@ -480,12 +480,13 @@ pub trait Datamover: Send + Sync + core::fmt::Debug {
         drop(buf);
     }
 
-    /// Target: a buffer for data the target core produces (a READ's data), at least `len`
-    /// bytes, contents unspecified — from the datamover's pool, the one pool of the
-    /// connection; once the data has been put, it comes back through
+    /// Target: a buffer for data the target core produces (a READ's data), with room for at
+    /// least `len` bytes, its length and contents unspecified (the core clears it before it
+    /// fills it) — from the datamover's pool, the one pool of the connection
+    /// ([`BufferPool::take_room`]); once the data has been put, it comes back through
     /// [`release_task_buffer`](Self::release_task_buffer).
     fn take_buffer(&self, len: usize) -> Vec<u8> {
-        vec![0; len]
+        Vec::with_capacity(len)
     }
 
     /// Connection_Terminate.

@@ -59,6 +59,19 @@ impl BufferPool {
         b
     }
 
+    /// An empty buffer with room for at least `len` bytes, from the pool when one is large
+    /// enough: for a caller that appends what it fills it with (a READ's data, which every
+    /// store writes after clearing the buffer). Nothing is zeroed, whatever the buffer held.
+    pub fn take_room(&self, len: usize) -> Vec<u8> {
+        match self.pooled(len) {
+            Some(mut b) => {
+                b.clear();
+                b
+            }
+            None => Vec::with_capacity(len),
+        }
+    }
+
     /// [`take_dirty_vec`](Self::take_dirty_vec) as a `BytesMut` (no copy).
     pub fn take_dirty(&self, len: usize) -> BytesMut {
         into_bytes_mut(self.take_dirty_vec(len))
@@ -96,6 +109,21 @@ pub fn into_bytes_mut(v: Vec<u8>) -> BytesMut {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn room_is_empty_and_reused_without_zeroing() {
+        let pool = BufferPool::default();
+        let fresh = pool.take_room(4096);
+        assert!(fresh.is_empty() && fresh.capacity() >= 4096);
+        let mut b = pool.take_dirty_vec(8192);
+        b.fill(0xaa);
+        let ptr = b.as_ptr();
+        pool.give_vec(b);
+        let again = pool.take_room(4096);
+        assert_eq!(again.as_ptr(), ptr, "the pooled buffer is reused");
+        assert!(again.is_empty() && again.capacity() >= 8192);
+        assert!(pool.take_room(4096).capacity() >= 4096, "an empty pool makes a new one");
+    }
 
     #[test]
     fn reused_buffers_come_back_zeroed_and_sized() {

@@ -19,7 +19,7 @@ fn pattern(seed: u32, n: usize) -> Vec<u8> {
 async fn read_data_arrives_before_its_response_and_its_buffer_comes_back() {
     let rnic = SoftRnic::default();
     let (target, initiator) = pair(&rnic).await;
-    let mut recycled = 0;
+    let (mut recycled, mut larger, mut seen) = (0, 0, std::collections::HashSet::new());
     for (round, len) in [4096usize, 65_536, 300_000, 512, 65_536, 4096].into_iter().cycle().take(60).enumerate() {
         let itt = 10 + round as u32;
         let cmd =
@@ -27,14 +27,19 @@ async fn read_data_arrives_before_its_response_and_its_buffer_comes_back() {
         initiator.send_command(cmd, Bytes::new(), len as u32, None).await.unwrap();
         let ev = tokio::time::timeout(Duration::from_secs(5), target.next_event()).await.unwrap();
         assert!(matches!(ev, DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), .. }) if c.itt == itt), "{ev:?}");
-        // The target's buffer: from its pool, so a recycled one still holds an earlier round's
-        // data (a pooled buffer is handed out as it was given back), a new one zeros.
+        // The target's buffer: room from its pool, so a recycled one is memory an earlier
+        // round's data was put from.
         let mut buf = target.take_buffer(len);
-        if round > 0 && buf.iter().any(|&b| b != 0) {
+        assert!(buf.capacity() >= len);
+        if !seen.insert(buf.as_ptr() as usize) {
             recycled += 1;
         }
+        if buf.capacity() > len {
+            larger += 1;
+        }
         let data = pattern(itt, len);
-        buf.copy_from_slice(&data);
+        buf.clear();
+        buf.extend_from_slice(&data);
         let desc = DataInDesc { itt, lun: Default::default(), offset: 0, data_sn: 0, collapse_status: None };
         let done = target.put_data(desc, Bytes::from(buf)).await.unwrap();
         assert!(!done.status_sent);
@@ -49,7 +54,10 @@ async fn read_data_arrives_before_its_response_and_its_buffer_comes_back() {
     }
     // Responses go mostly unsignaled: a write's buffer comes back when a later signaled request
     // completes, so most rounds after the first few reuse one.
+    // (By address; and a buffer with more room than asked for can only be a pooled one of an
+    // earlier, larger read: a new one has the room asked for.)
     assert!(recycled >= 30, "only {recycled} of 59 buffers came back from the pool");
+    assert!(larger >= 15, "only {larger} buffers were larger ones from the pool");
 }
 
 /// Sends held for a turn leave once the turn ends — or as soon as what was gathered exceeds

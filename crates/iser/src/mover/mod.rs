@@ -434,7 +434,7 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
     }
 
     fn take_buffer(&self, len: usize) -> Vec<u8> {
-        self.s.pool.take_dirty_vec(len)
+        self.s.pool.take_room(len)
     }
 
     fn deallocate_task_resources(&self, itt: u32) {

@@ -526,7 +526,7 @@ impl Datamover for PduDatamover {
     }
 
     fn take_buffer(&self, len: usize) -> Vec<u8> {
-        self.shared.pool.take_dirty_vec(len)
+        self.shared.pool.take_room(len)
     }
 
     fn terminate(&self) {
