@@ -1,7 +1,7 @@
 //! `cargo xtask bench`: the older side-by-side tables (bench-client.sh against riser and tgtd,
 //! the software RNIC against raw TCP, iSER against TCP). `cargo xtask evaluate` supersedes them.
 
-use crate::{RunningTarget, Tgtd, arg_value, build_examples, ensure_packages, free_port, initiator_run, median, root, shared};
+use crate::{RunningTarget, Tgtd, arg_value, build_examples, ensure_packages, free_port, median, root, sessions_run, shared};
 use std::process::Command;
 
 /// Run bench-client.sh against `url`; returns its table rows keyed by
@@ -71,23 +71,23 @@ pub(crate) fn bench_rdma(reps: usize) -> Result<(), String> {
 
 /// riser iSER (software iWARP RNIC) against riser TCP: the same target process and the same
 /// initiator program, reads and writes of 4 KiB–16 MiB, throughput and CPU seconds per GiB of
-/// the target and of the initiator.
-pub(crate) fn bench_iser(reps: usize) -> Result<(), String> {
+/// the target and of the initiator; `sessions` initiators at once (each a session of its own).
+pub(crate) fn bench_iser(reps: usize, sessions: usize) -> Result<(), String> {
     build_examples()?;
     let iqn = "iqn.2026-11.io.riser:bench-iser";
     let iser_portal = format!("127.0.0.1:{}", free_port()?);
     let target = RunningTarget::start(&["--target-name", iqn, "--lun", "ram:1GiB", "--iser-portal", &iser_portal])?;
     let urls = [("TCP", format!("iscsi://127.0.0.1:{}/{iqn}/0", target.port)), ("iSER", format!("iser://{iser_portal}/{iqn}/0"))];
     println!(
-        "== riser iSER (software iWARP RNIC) vs riser TCP: same target, same initiator, QD 8; MiB/s median of {reps} \
-         (interleaved; ratio: median of per-run ratios), CPU s/GiB (user + system)"
+        "== riser iSER (software iWARP RNIC) vs riser TCP: same target, same initiator, QD 8, {sessions} session(s) at once; \
+         MiB/s (all sessions) median of {reps} (interleaved; ratio: median of per-run ratios), CPU s/GiB (user + system)"
     );
     println!(
         "{:>6} {:<5} {:>9} {:>9} {:>6} {:>12} {:>12} {:>12} {:>12}",
         "io", "op", "TCP", "iSER", "ratio", "TCP tgt", "iSER tgt", "TCP ini", "iSER ini"
     );
     let run = |op: &str, url: &str, size: u64, bs: u64| {
-        initiator_run(target.child.id(), op, url, size, bs, 8, &[]).map(|s| (s.mib_s, s.target_cpu_s, s.initiator_cpu_s))
+        sessions_run(target.child.id(), op, url, size, bs, 8, sessions).map(|s| (s.mib_s, s.target_cpu_s, s.initiator_cpu_s))
     };
     // The LUN is written once first, so no run pays for the target's first touch of its memory.
     run("write", &urls[0].1, 1 << 30, 1 << 20)?;
@@ -105,7 +105,7 @@ pub(crate) fn bench_iser(reps: usize) -> Result<(), String> {
                     ini[i] += c;
                 }
             }
-            let gib = (size * reps as u64) as f64 / (1u64 << 30) as f64;
+            let gib = (size * (reps * sessions) as u64) as f64 / (1u64 << 30) as f64;
             let ratio = median(mibs[1].iter().zip(&mibs[0]).map(|(i, t)| i / t).collect());
             let [tm, im] = mibs.map(median);
             let ([tt, it], [ti, ii]) = (tgt.map(|c| c / gib), ini.map(|c| c / gib));
@@ -130,8 +130,9 @@ pub(crate) fn bench(args: &[String]) -> Result<(), String> {
     if args.iter().any(|a| a == "--rdma-only") {
         return bench_rdma(reps);
     }
+    let sessions: usize = arg_value(args, "--sessions").and_then(|r| r.parse().ok()).unwrap_or(1).max(1);
     if args.iter().any(|a| a == "--iser-only") {
-        return bench_iser(reps);
+        return bench_iser(reps, sessions);
     }
     ensure_packages(&[("iscsi-perf", "libiscsi-bin"), ("tgtd", "tgt"), ("iperf3", "iperf3")])?;
     // fio with the libiscsi engine (Debian's lacks it); bench-client.sh skips fio rows without it.
@@ -171,5 +172,5 @@ pub(crate) fn bench(args: &[String]) -> Result<(), String> {
     println!();
     bench_rdma(reps)?;
     println!();
-    bench_iser(reps)
+    bench_iser(reps, sessions)
 }

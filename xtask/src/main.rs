@@ -71,7 +71,7 @@ mod rbd;
 use bench::bench;
 use fuzz::{FUZZ_TARGETS, fuzz_seeds, fuzz_smoke};
 use interop::{Tgtd, interop};
-use measure::{Measured, initiator_run, measured, median};
+use measure::{Measured, initiator_run, measured, median, sessions_run};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
@@ -100,7 +100,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo | interop | rbd | lab [--quick] [CELL...] | soak [--minutes N | --seconds N] [--sessions N] [--queue-depth N] | faults [--cuts N] [--kills N] | evaluate [--quick] [--lab] [--reps N] [--out DIR] [--only SECTIONS] [--publish] | evaluate --plot-only DIR [--publish] | bench [--full] [--reps N] [--runtime S] [--rdma-only | --iser-only | --rbd [--pin split|none] | --against DIR | --live [--seconds S]] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list | public-api [--bless]>"
+                "usage: cargo xtask <demo | interop | rbd | lab [--quick] [CELL...] | soak [--minutes N | --seconds N] [--sessions N] [--queue-depth N] | faults [--cuts N] [--kills N] | evaluate [--quick] [--lab] [--reps N] [--out DIR] [--only SECTIONS] [--publish] | evaluate --plot-only DIR [--publish] | bench [--full] [--reps N] [--runtime S] [--rdma-only | --iser-only [--sessions N] | --rbd [--pin split|none] | --against DIR | --live [--seconds S]] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list | public-api [--bless]>"
             );
             return ExitCode::from(2);
         }

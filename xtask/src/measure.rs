@@ -82,6 +82,43 @@ pub(crate) fn initiator_run_from(
     Ok(Sample { mib_s, target_cpu_s: m.target_cpu_s, initiator_cpu_s: m.client_cpu_s })
 }
 
+/// `sessions` runs of the example initiator at once (each a session of its own moving `size`
+/// bytes), as [`initiator_run`]: the aggregate MiB/s (every session's bytes over the longest
+/// transfer time any of them reports, so their logins do not count), and the CPU seconds of
+/// the target and of all the initiators meanwhile.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sessions_run(target_pid: u32, op: &str, url: &str, size: u64, bs: u64, qd: u32, sessions: usize) -> Result<Sample, String> {
+    if sessions <= 1 {
+        return initiator_run(target_pid, op, url, size, bs, qd, &[]);
+    }
+    let target_stat = format!("/proc/{target_pid}/stat");
+    let (t0, c0) = (proc_cpu(&target_stat, 14), proc_cpu("/proc/self/stat", 16));
+    let children: Vec<_> = (0..sessions)
+        .map(|_| {
+            Command::new(root().join("target/release/examples/initiator"))
+                .args([op, url, "--size", &size.to_string(), "--block-size", &bs.to_string(), "--queue-depth", &qd.to_string()])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("initiator: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut longest = 0.0f64;
+    for child in children {
+        let out = child.wait_with_output().map_err(|e| format!("initiator: {e}"))?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        // "read 256 MiB in 0.27 s (941.6 MiB/s)"
+        let secs = stdout.split(" in ").nth(1).and_then(|r| r.split_whitespace().next()).and_then(|x| x.parse::<f64>().ok());
+        let secs = secs.ok_or_else(|| format!("initiator {op} {url}: {stdout}{}", String::from_utf8_lossy(&out.stderr)))?;
+        longest = longest.max(secs);
+    }
+    Ok(Sample {
+        mib_s: (size * sessions as u64) as f64 / (1u64 << 20) as f64 / longest,
+        target_cpu_s: proc_cpu(&target_stat, 14) - t0,
+        initiator_cpu_s: proc_cpu("/proc/self/stat", 16) - c0,
+    })
+}
+
 /// The median (of an even count, the mean of the middle two; NaN for none).
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
