@@ -155,23 +155,28 @@ fn parse_url(u: &str, provider: riser::cli::RdmaProvider) -> Result<Url, String>
     Ok(Url { iser, host, target, lun })
 }
 
-/// A seeded pattern for `len` bytes at byte `offset` of the LUN (xorshift per 8 bytes), so any
-/// range can be regenerated for comparison.
+/// A seeded pattern for `len` bytes at byte `offset` of the LUN, so any range can be
+/// regenerated for comparison: each 64-byte line of the LUN from a hash of its index and the
+/// seed, its eight words that value plus a step each. Cheap (about a third of an instruction
+/// per byte), so a write's client measures the data path more than its own data: a
+/// xorshift per 8 bytes cost about 170 000 instructions per 64 KiB written, several times
+/// what the data path spends on it.
 fn pattern(seed: u64, offset: u64, len: usize) -> Bytes {
-    let mut v = Vec::with_capacity(len);
-    let mut i = offset / 8;
-    while v.len() < len {
-        let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ seed;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-        i += 1;
+    const LINE: usize = 64;
+    let first = offset / LINE as u64;
+    let skip = (offset % LINE as u64) as usize;
+    let mut v = vec![0u8; (skip + len).div_ceil(LINE) * LINE];
+    for (k, line) in v.chunks_exact_mut(LINE).enumerate() {
+        let mut h = (first + k as u64) ^ seed.rotate_left(32);
+        h = h.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h ^= h >> 29;
+        for (j, word) in line.chunks_exact_mut(8).enumerate() {
+            word.copy_from_slice(&h.wrapping_add((j as u64).wrapping_mul(0xd6e8_feb8_6659_fd93)).to_le_bytes());
+        }
     }
-    let skip = (offset % 8) as usize;
-    v.drain(..skip.min(v.len()));
-    v.truncate(len);
-    v.into()
+    v.truncate(skip + len);
+    let b = Bytes::from(v);
+    if skip == 0 { b } else { b.slice(skip..) }
 }
 
 fn fmt_err(e: Error) -> String {
@@ -781,5 +786,19 @@ mod tests {
         // Beyond flat addressing: an error, never another LUN.
         let e = parse_url("iscsi://h/iqn.x/16384", RdmaProvider::Soft).err().unwrap();
         assert!(e.contains("16384"), "{e}");
+    }
+
+    #[test]
+    fn the_pattern_is_a_function_of_the_position_and_the_seed() {
+        let whole = pattern(5, 0, 1 << 16);
+        // Any range regenerates the bytes of the whole at its position, aligned or not.
+        for (at, len) in [(4096u64, 512usize), (100, 7), (63, 130), (65_000, 536)] {
+            assert_eq!(pattern(5, at, len), whole.slice(at as usize..at as usize + len), "{at}+{len}");
+        }
+        // Every 8-byte word differs from every other in 64 KiB (misplaced data shows), and
+        // another seed gives other data.
+        let words: std::collections::HashSet<&[u8]> = whole.chunks_exact(8).collect();
+        assert_eq!(words.len(), (1 << 16) / 8);
+        assert_ne!(pattern(6, 0, 4096), whole.slice(..4096));
     }
 }
