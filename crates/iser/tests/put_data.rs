@@ -1,6 +1,7 @@
-//! Put_Data over the software RNIC: read data goes out by RDMA Write from where it lies (no
-//! copy, nothing waited for), arrives whole before its response, and its buffer comes back to
-//! the target's pool once the write has completed.
+//! Put_Data over the software RNIC: read data goes out by RDMA Write (above 8 KiB from where
+//! it lies, smaller from the connection's registered write buffers; nothing waited for),
+//! arrives whole before its response, and its buffer comes back to the target's pool once the
+//! write has completed.
 
 use bytes::Bytes;
 use riser_datamover::{ControlPdu, DataInDesc, Datamover, DmEvent};
@@ -100,5 +101,43 @@ async fn a_turn_of_large_reads_leaves_in_parts_of_at_most_256_kib() {
     }
     for &itt in &itts {
         assert!(initiator.take_read_data(itt).expect("the read's data")[..] == pattern(itt, len)[..], "itt {itt}");
+    }
+}
+
+/// Small read data leaves from the connection's registered write buffers, each reused only
+/// once the RDMA Write that used it has completed: rounds of more small reads at once than
+/// there are such buffers (32), each read's data distinct, all put and answered in one turn,
+/// every read gets its own bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_read_data_leaves_from_reused_buffers_and_each_read_gets_its_own() {
+    let rnic = SoftRnic::default();
+    let (target, initiator) = pair(&rnic).await;
+    for round in 0..4u32 {
+        let itts: Vec<u32> = (0..40).map(|i| 1000 * (round + 1) + i).collect();
+        for &itt in &itts {
+            let len = 512 + (itt as usize % 16) * 512;
+            let cmd = ScsiCommand { final_: true, read: true, itt, expected_data_len: len as u32, cmd_sn: itt, ..ScsiCommand::default() };
+            initiator.send_command(cmd, Bytes::new(), len as u32, None).await.unwrap();
+            let ev = tokio::time::timeout(Duration::from_secs(5), target.next_event()).await.unwrap();
+            assert!(matches!(ev, DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), .. }) if c.itt == itt), "{ev:?}");
+        }
+        target.hold_sends();
+        for &itt in &itts {
+            let len = 512 + (itt as usize % 16) * 512;
+            let desc = DataInDesc { itt, lun: Default::default(), offset: 0, data_sn: 0, collapse_status: None };
+            target.put_data(desc, Bytes::from(pattern(itt, len))).await.unwrap();
+            let r = ScsiResponse { itt, stat_sn: itt, ..ScsiResponse::default() };
+            target.send_control(ControlPdu::new(Header::ScsiResponse(r), Bytes::new())).await.unwrap();
+        }
+        target.release_sends().await.unwrap();
+        for &itt in &itts {
+            let ev = tokio::time::timeout(Duration::from_secs(5), initiator.next_event()).await.unwrap();
+            assert!(matches!(ev, DmEvent::Control(ControlPdu { header: Header::ScsiResponse(r), .. }) if r.itt == itt), "{ev:?}");
+            let len = 512 + (itt as usize % 16) * 512;
+            let got = initiator.take_read_data(itt).expect("the read's data");
+            assert!(got[..] == pattern(itt, len)[..], "round {round}, itt {itt}: another read's bytes");
+            initiator.deallocate_task_resources(itt);
+            target.deallocate_task_resources(itt);
+        }
     }
 }
