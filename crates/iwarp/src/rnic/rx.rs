@@ -82,6 +82,21 @@ impl<'a> RxStream<'a> {
         Self::new(Source::Memory(io::Cursor::new(bytes)))
     }
 
+    /// Bytes read ahead and not yet taken.
+    fn buffered(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
+    /// Fill `dst` from what was read ahead, if all of it is there (`false`: nothing taken).
+    fn take_buffered(&mut self, dst: &mut [u8]) -> bool {
+        if self.end - self.start < dst.len() {
+            return false;
+        }
+        dst.copy_from_slice(&self.buf[self.start..self.start + dst.len()]);
+        self.start += dst.len();
+        true
+    }
+
     /// Read what is there into `dst` (not empty) without waiting: `Ok(0)` at the stream's end,
     /// `WouldBlock` when nothing is there yet.
     fn try_read(&mut self, dst: &mut [u8]) -> io::Result<usize> {
@@ -260,21 +275,40 @@ impl Crc {
 impl Rx {
     async fn fpdu(&mut self, s: &QpShared, r: &mut RxStream<'_>, tx: &TxQueue) -> Result<(), RxError> {
         let mut lenb = [0u8; 2];
-        r.read_exact(&mut lenb).await?;
+        let mut hb = [0u8; UNTAGGED_HDR + READ_REQUEST_LEN];
+        // The length and the DDP header in one copy when they were read ahead (the common case:
+        // a read that placed the last payload took what followed it too), else field by field
+        // as they arrive. Either way the checks below see the same bytes.
+        let ahead = r.buffered();
+        let whole = ahead.len() >= 4 && {
+            let base = if ahead[2] & 0x80 != 0 { wire::TAGGED_HDR } else { UNTAGGED_HDR };
+            let mpa_len = usize::from(u16::from_be_bytes([ahead[0], ahead[1]]));
+            mpa_len >= base && ahead.len() >= 2 + base
+        };
+        if whole {
+            r.take_buffered(&mut lenb);
+            let base = if r.buffered()[0] & 0x80 != 0 { wire::TAGGED_HDR } else { UNTAGGED_HDR };
+            r.take_buffered(&mut hb[..base]);
+        } else {
+            r.read_exact(&mut lenb).await?;
+        }
         let mpa_len = usize::from(u16::from_be_bytes(lenb));
         let mut crc = Crc { on: self.crc, value: 0 };
         crc.add(&lenb);
         if mpa_len < 2 {
             return Err(RxError::Term(Term::MPA_FRAMING, "FPDU shorter than a DDP header"));
         }
-        let mut hb = [0u8; UNTAGGED_HDR + READ_REQUEST_LEN];
-        r.read_exact(&mut hb[..2]).await?;
+        if !whole {
+            r.read_exact(&mut hb[..2]).await?;
+        }
         let tagged = hb[0] & 0x80 != 0;
         let base = if tagged { wire::TAGGED_HDR } else { UNTAGGED_HDR };
         if mpa_len < base {
             return Err(RxError::Term(Term::MPA_FRAMING, "FPDU shorter than its DDP header"));
         }
-        r.read_exact(&mut hb[2..base]).await?;
+        if !whole {
+            r.read_exact(&mut hb[2..base]).await?;
+        }
         let h = Header::parse(&hb[..base]).map_err(|e| match e {
             wire::WireError::Violation(t, why) => RxError::Term(t, why),
             _ => RxError::Term(Term::MPA_FRAMING, "bad DDP header"),
@@ -286,14 +320,18 @@ impl Rx {
         if mpa_len < base + extra {
             return Err(RxError::Term(Term::MPA_FRAMING, "FPDU shorter than its RDMAP header"));
         }
-        r.read_exact(&mut hb[base..base + extra]).await?;
+        if extra > 0 {
+            r.read_exact(&mut hb[base..base + extra]).await?;
+        }
         crc.add(&hb[..base + extra]);
         let payload = mpa_len - base - extra;
         let commit = self.segment(s, r, &h, &hb[base..base + extra], payload, &mut crc).await?;
         // Pad and CRC.
         let mut tail = [0u8; 7];
         let pad = wire::fpdu_pad(mpa_len);
-        r.read_exact(&mut tail[..pad + 4]).await?;
+        if !r.take_buffered(&mut tail[..pad + 4]) {
+            r.read_exact(&mut tail[..pad + 4]).await?;
+        }
         crc.add(&tail[..pad]);
         if self.crc && crc.value.to_le_bytes() != tail[pad..pad + 4] {
             return Err(RxError::Term(Term::MPA_CRC, "FPDU CRC mismatch"));
