@@ -436,3 +436,43 @@ fn lists_and_gathered_requests_keep_their_order() {
     assert_eq!(got, [(8, WcStatus::Success), (10, WcStatus::LocalProtErr), (11, WcStatus::WrFlushErr)]);
     drop(rt);
 }
+
+/// A receiver takes FPDUs apart alike whether they arrive several in one read (headers taken
+/// from what was read ahead) or a byte at a time (each field awaited): Sends land in their
+/// receives and an RDMA Write in its region, byte for byte, in both cases.
+#[test]
+fn fpdus_arriving_together_or_a_byte_at_a_time_are_received_alike() {
+    let (mut sock, server) = raw_peer(false, |_| {});
+    let s = server.join().unwrap();
+    let region = s.mr(vec![0u8; 4096], Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    for (round, trickle) in [(0u32, false), (1, true)] {
+        let recvs: Vec<_> = (0..3).map(|_| s.mr(vec![0u8; 256], Access::LOCAL_WRITE)).collect();
+        for (i, r) in recvs.iter().enumerate() {
+            s.recv(u64::from(round * 10) + i as u64, r);
+        }
+        let sends: Vec<Vec<u8>> = (0..3).map(|i| pattern(round as u8 * 3 + i, 1 + 61 * usize::from(i))).collect();
+        let write = pattern(7 + round as u8, 1000 + round as usize);
+        let mut stream = Vec::new();
+        for (i, payload) in sends.iter().enumerate() {
+            stream.extend(raw_fpdu(send_hdr(round * 3 + i as u32 + 1, 0, true), &[], payload, false));
+        }
+        let to = region.addr() + u64::from(round) * 2048;
+        stream.extend(raw_fpdu(Header::Tagged { op: Opcode::Write, last: true, stag: region.rkey(), to }, &[], &write, false));
+        if trickle {
+            for b in &stream {
+                sock.write_all(std::slice::from_ref(b)).unwrap();
+                sock.flush().unwrap();
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        } else {
+            sock.write_all(&stream).unwrap();
+        }
+        for (i, payload) in sends.iter().enumerate() {
+            let wc = next(&s.rcq);
+            assert_eq!((wc.status, wc.wr_id, wc.byte_len as usize), (WcStatus::Success, u64::from(round * 10) + i as u64, payload.len()));
+            assert_eq!(&contents(&recvs[i])[..payload.len()], &payload[..], "round {round}, Send {i}");
+        }
+        let at = round as usize * 2048;
+        wait_until("the RDMA Write placed", || contents(&region)[at..at + write.len()] == write[..]);
+    }
+}
