@@ -16,6 +16,19 @@ fn pattern(seed: u32, n: usize) -> Vec<u8> {
     (0..n).map(|i| (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed).to_le_bytes()[1]).collect()
 }
 
+/// A read's length, 512 B to 8 KiB by its tag.
+fn small_len(itt: u32) -> usize {
+    512 + (itt as usize % 16) * 512
+}
+
+/// The initiator sends a read command of `len` bytes as task `itt`; the target receives it.
+async fn read_command<D: Datamover>(initiator: &D, target: &D, itt: u32, len: usize) {
+    let cmd = ScsiCommand { final_: true, read: true, itt, expected_data_len: len as u32, cmd_sn: itt, ..ScsiCommand::default() };
+    initiator.send_command(cmd, Bytes::new(), len as u32, None).await.unwrap();
+    let ev = tokio::time::timeout(Duration::from_secs(5), target.next_event()).await.unwrap();
+    assert!(matches!(ev, DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), .. }) if c.itt == itt), "{ev:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_data_arrives_before_its_response_and_its_buffer_comes_back() {
     let rnic = SoftRnic::default();
@@ -72,10 +85,7 @@ async fn a_turn_of_large_reads_leaves_in_parts_of_at_most_256_kib() {
     let len = 100_000usize;
     let itts: Vec<u32> = (20..26).collect();
     for &itt in &itts {
-        let cmd = ScsiCommand { final_: true, read: true, itt, expected_data_len: len as u32, cmd_sn: itt, ..ScsiCommand::default() };
-        initiator.send_command(cmd, Bytes::new(), len as u32, None).await.unwrap();
-        let ev = tokio::time::timeout(Duration::from_secs(5), target.next_event()).await.unwrap();
-        assert!(matches!(ev, DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), .. }) if c.itt == itt), "{ev:?}");
+        read_command(&initiator, &target, itt, len).await;
     }
     target.hold_sends();
     for &itt in &itts {
@@ -115,17 +125,12 @@ async fn small_read_data_leaves_from_reused_buffers_and_each_read_gets_its_own()
     for round in 0..4u32 {
         let itts: Vec<u32> = (0..40).map(|i| 1000 * (round + 1) + i).collect();
         for &itt in &itts {
-            let len = 512 + (itt as usize % 16) * 512;
-            let cmd = ScsiCommand { final_: true, read: true, itt, expected_data_len: len as u32, cmd_sn: itt, ..ScsiCommand::default() };
-            initiator.send_command(cmd, Bytes::new(), len as u32, None).await.unwrap();
-            let ev = tokio::time::timeout(Duration::from_secs(5), target.next_event()).await.unwrap();
-            assert!(matches!(ev, DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), .. }) if c.itt == itt), "{ev:?}");
+            read_command(&initiator, &target, itt, small_len(itt)).await;
         }
         target.hold_sends();
         for &itt in &itts {
-            let len = 512 + (itt as usize % 16) * 512;
             let desc = DataInDesc { itt, lun: Default::default(), offset: 0, data_sn: 0, collapse_status: None };
-            target.put_data(desc, Bytes::from(pattern(itt, len))).await.unwrap();
+            target.put_data(desc, Bytes::from(pattern(itt, small_len(itt)))).await.unwrap();
             let r = ScsiResponse { itt, stat_sn: itt, ..ScsiResponse::default() };
             target.send_control(ControlPdu::new(Header::ScsiResponse(r), Bytes::new())).await.unwrap();
         }
@@ -133,9 +138,8 @@ async fn small_read_data_leaves_from_reused_buffers_and_each_read_gets_its_own()
         for &itt in &itts {
             let ev = tokio::time::timeout(Duration::from_secs(5), initiator.next_event()).await.unwrap();
             assert!(matches!(ev, DmEvent::Control(ControlPdu { header: Header::ScsiResponse(r), .. }) if r.itt == itt), "{ev:?}");
-            let len = 512 + (itt as usize % 16) * 512;
             let got = initiator.take_read_data(itt).expect("the read's data");
-            assert!(got[..] == pattern(itt, len)[..], "round {round}, itt {itt}: another read's bytes");
+            assert!(got[..] == pattern(itt, small_len(itt))[..], "round {round}, itt {itt}: another read's bytes");
             initiator.deallocate_task_resources(itt);
             target.deallocate_task_resources(itt);
         }
