@@ -404,43 +404,22 @@ pub(super) const SMALL_SEND: usize = 512;
 /// Registered send buffers a connection keeps at most (more Sends in flight register their own).
 const SMALL_SENDS: usize = 64;
 
-/// Largest read data a target sends by RDMA Write from the connection's registered write
-/// buffers (copied there; on the software RNIC a registration per read cost more: ~190
-/// instructions more per 4 KiB read, callgrind; rdma-core copies small local regions into a
-/// pool of its own either way); larger data is registered where it lies.
-pub(super) const SMALL_WRITE: usize = 8 << 10;
-
-/// Registered write buffers a connection keeps at most (256 KiB; more reads in flight register
-/// their data).
-const SMALL_WRITES: usize = 32;
-
 impl<P: Provider + 'static> Shared<P> {
     /// A registered send buffer for a message of `len` bytes that nothing else holds (the
     /// request that last used it has completed, or a later one has: see `Unsignaled`), or a new
     /// one while there are fewer than [`SMALL_SENDS`]; `None`: register one for this message.
     fn small_send_buffer(&self, len: usize) -> Option<Arc<Mr<P>>> {
-        self.reusable_buffer(&self.send_bufs, SMALL_SEND, SMALL_SENDS, len)
-    }
-
-    /// As [`small_send_buffer`](Self::small_send_buffer), for read data of `len` bytes sent by
-    /// RDMA Write (local access only: no key of it ever reaches the peer).
-    pub(super) fn small_write_buffer(&self, len: usize) -> Option<Arc<Mr<P>>> {
-        self.reusable_buffer(&self.write_bufs, SMALL_WRITE, SMALL_WRITES, len)
-    }
-
-    /// A buffer of `bufs` (each `size` bytes, at most `max` of them) for `len` bytes.
-    fn reusable_buffer(&self, bufs: &std::sync::Mutex<Vec<Arc<Mr<P>>>>, size: usize, max: usize, len: usize) -> Option<Arc<Mr<P>>> {
-        if len > size {
+        if len > SMALL_SEND {
             return None;
         }
-        let mut bufs = lock(bufs);
+        let mut bufs = lock(&self.send_bufs);
         if let Some(mr) = bufs.iter().find(|mr| Arc::strong_count(mr) == 1) {
             return Some(mr.clone());
         }
-        if bufs.len() >= max {
+        if bufs.len() >= SMALL_SENDS {
             return None;
         }
-        let mr = self.pd.register(vec![0u8; size], Access::empty()).ok()?;
+        let mr = self.pd.register(vec![0u8; SMALL_SEND], Access::empty()).ok()?;
         bufs.push(mr.clone());
         Some(mr)
     }

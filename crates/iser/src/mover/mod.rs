@@ -265,8 +265,6 @@ struct Shared<P: Provider> {
     closed: AtomicBool,
     /// Registered buffers for small Sends, reused once free (see `small_send_buffer`).
     send_bufs: Mutex<Vec<Arc<Mr<P>>>>,
-    /// Registered buffers small read data is sent from, reused once free (`small_write_buffer`).
-    write_bufs: Mutex<Vec<Arc<Mr<P>>>>,
     /// Initiator: commands were gathered; the flusher posts them once the executor's ready
     /// tasks have run (see `flush_when_due`).
     flush_due: Notify,
@@ -325,7 +323,6 @@ impl<P: Provider + 'static> IserDatamover<P> {
             ff_posted: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             send_bufs: Mutex::new(Vec::new()),
-            write_bufs: Mutex::new(Vec::new()),
             flush_due: Notify::new(),
         });
         // Every received message goes through the driver. Handling them on the software

@@ -100,21 +100,13 @@ impl<P: Provider + 'static> IserDatamover<P> {
         }
         if !data.is_empty() {
             // RDMA Write to (read STag, read VA + offset); the SCSI Response Send follows on
-            // the same queue pair, so the data is placed before the status arrives. The write
-            // is left queued: nothing waits for it (a send queue completes in order). Small
-            // data is copied into a registered buffer of the connection's (the caller's buffer
-            // is free at once); larger data is registered where it lies, and its buffer goes
-            // back to the pool once the write has completed and the caller has let go of it.
-            let (sge, keep) = match s.small_write_buffer(data.len()) {
-                Some(mr) => {
-                    mr.write(&mut |b| b[..data.len()].copy_from_slice(&data));
-                    (Sge { addr: mr.addr(), length: data.len() as u32, lkey: mr.lkey() }, Keep::region(mr))
-                }
-                None => {
-                    let mr = s.pd.register_shared(data.clone(), Access::empty()).map_err(rdma("register read data"))?;
-                    (Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() }, Keep { mr, recycle: Some(data), also: None })
-                }
-            };
+            // the same queue pair, so the data is placed before the status arrives. The data
+            // is registered where it lies (no copy) and the write left queued: nothing waits
+            // for it (a send queue completes in order), and its buffer goes back to the pool
+            // once the write has completed and the caller has let go of it.
+            let mr = s.pd.register_shared(data.clone(), Access::empty()).map_err(rdma("register read data"))?;
+            let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
+            let keep = Keep { mr, recycle: Some(data), also: None };
             // Posted under the lock task management takes to end the task: once a task is
             // aborted (and its TMF response may be on its way) nothing more is posted for
             // it, so the initiator never sees a write to a key it has revoked.
