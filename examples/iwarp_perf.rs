@@ -94,7 +94,8 @@ fn rdma(op: &str, size: usize, count: u64, depth: usize, crc: bool) -> f64 {
         if is_send {
             for i in 0..count {
                 let b = &bufs[i as usize % depth];
-                qp.post_recv(RecvWr { wr_id: i, sg_list: vec![Sge { addr: b.addr(), length: size as u32, lkey: b.lkey() }] }).unwrap();
+                qp.post_recv(RecvWr { wr_id: i, sg_list: vec![Sge { addr: b.addr(), length: size as u32, lkey: b.lkey() }].into() })
+                    .unwrap();
             }
         }
         let qp = req.accept(&ConnParam { private_data: vec![], responder_resources: 16, initiator_depth: 16 }).unwrap();
@@ -131,7 +132,7 @@ fn rdma(op: &str, size: usize, count: u64, depth: usize, crc: bool) -> f64 {
     while done < count {
         while posted < count && posted - done < depth as u64 {
             let signaled = posted % batch == batch - 1 || posted == count - 1;
-            qp.post_send(SendWr { wr_id: posted, op, sg_list: vec![sge], signaled }).unwrap();
+            qp.post_send(SendWr { wr_id: posted, op, sg_list: vec![sge].into(), signaled }).unwrap();
             posted += 1;
         }
         for wc in cq.poll(64) {

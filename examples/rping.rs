@@ -122,7 +122,7 @@ impl<P: Provider> Conn<P> {
     }
 
     fn post_recv(&self) -> Result<(), String> {
-        self.qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![whole(&*self.recv)] }).map_err(|e| e.to_string())
+        self.qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![whole(&*self.recv)].into() }).map_err(|e| e.to_string())
     }
 
     /// Wait for the next completion of `op` (errors other than flushes end the program).
@@ -165,7 +165,7 @@ impl<P: Provider> Conn<P> {
     fn send_advert(&self, addr: u64, rkey: u32, size: u32) -> Result<(), String> {
         self.send.write(&mut |b| b[..16].copy_from_slice(&advert(addr, rkey, size)));
         self.qp
-            .post_send(SendWr { wr_id: 2, op: SendOp::Send, sg_list: vec![whole(&*self.send)], signaled: true })
+            .post_send(SendWr { wr_id: 2, op: SendOp::Send, sg_list: vec![whole(&*self.send)].into(), signaled: true })
             .map_err(|e| e.to_string())?;
         self.wait(WcOpcode::Send).map(|_| ())
     }
@@ -224,7 +224,7 @@ fn server<P: Provider>(p: &P, a: &Args) -> Result<(), String> {
         }
         let sink = Sge { addr: rdma.addr(), length: rlen, lkey: rdma.lkey() };
         conn.qp
-            .post_send(SendWr { wr_id: 3, op: SendOp::RdmaRead { remote_addr: raddr, rkey }, sg_list: vec![sink], signaled: true })
+            .post_send(SendWr { wr_id: 3, op: SendOp::RdmaRead { remote_addr: raddr, rkey }, sg_list: vec![sink].into(), signaled: true })
             .map_err(|e| e.to_string())?;
         conn.wait(WcOpcode::RdmaRead)?;
         if a.verbose {
@@ -238,7 +238,7 @@ fn server<P: Provider>(p: &P, a: &Args) -> Result<(), String> {
             .post_send(SendWr {
                 wr_id: 4,
                 op: SendOp::RdmaWrite { remote_addr: waddr, rkey: wkey },
-                sg_list: vec![Sge { addr: rdma.addr(), length: n, lkey: rdma.lkey() }],
+                sg_list: vec![Sge { addr: rdma.addr(), length: n, lkey: rdma.lkey() }].into(),
                 signaled: true,
             })
             .map_err(|e| e.to_string())?;

@@ -31,7 +31,7 @@
 //! use riser_iwarp::{RnicConfig, SoftRnic};
 //! use riser_verbs::{
 //!     Access, CompletionQueue, ConnParam, ConnectionRequest, Listener, MemoryRegion, ProtectionDomain,
-//!     Provider, QpCaps, QueuePair, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus,
+//!     Provider, QpCaps, QueuePair, RecvWr, SendOp, SendWr, SgList, Sge, Wc, WcOpcode, WcStatus,
 //! };
 //! use std::time::Duration;
 //!
@@ -57,7 +57,7 @@
 //!     // Receives are posted before the connection is established, so no Send can miss one.
 //!     let inbox = pd.register(vec![0; 64], Access::LOCAL_WRITE).unwrap();
 //!     let sge = Sge { addr: inbox.addr(), length: 64, lkey: inbox.lkey() };
-//!     qp.post_recv(RecvWr { wr_id: 1, sg_list: vec![sge] }).unwrap();
+//!     qp.post_recv(RecvWr { wr_id: 1, sg_list: SgList::from_slice(&[sge]) }).unwrap();
 //!     request.accept(&ConnParam { responder_resources: 1, initiator_depth: 1, ..ConnParam::default() }).unwrap();
 //!     (server, qp, cq, inbox) // keep the device and queue pair alive while the message arrives
 //! });
@@ -71,7 +71,7 @@
 //! println!("connected: {}", established.description); // MPA revision, CRC, IRD/ORD
 //! let msg = pd.register(b"hello over iWARP".to_vec(), Access::empty()).unwrap();
 //! let sge = Sge { addr: msg.addr(), length: msg.len() as u32, lkey: msg.lkey() };
-//! qp.post_send(SendWr { wr_id: 2, op: SendOp::Send, sg_list: vec![sge], signaled: true }).unwrap();
+//! qp.post_send(SendWr { wr_id: 2, op: SendOp::Send, sg_list: SgList::from_slice(&[sge]), signaled: true }).unwrap();
 //! let sent = next(&*cq);
 //! assert_eq!((sent.wr_id, sent.opcode, sent.status), (2, WcOpcode::Send, WcStatus::Success));
 //!

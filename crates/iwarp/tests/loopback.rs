@@ -27,7 +27,8 @@ fn send_receive_every_size_with_gather_and_scatter() {
                 // Two scatter elements per receive.
                 let mr = s.mr(b, Access::LOCAL_WRITE);
                 let half = mr.len() / 2;
-                s.qp.post_recv(RecvWr { wr_id: i as u64, sg_list: vec![sge(&mr, 0, half), sge(&mr, half, mr.len() - half)] }).unwrap();
+                s.qp.post_recv(RecvWr { wr_id: i as u64, sg_list: vec![sge(&mr, 0, half), sge(&mr, half, mr.len() - half)].into() })
+                    .unwrap();
                 RECEIVES.lock().unwrap().push(mr);
             }
         });
@@ -75,8 +76,8 @@ fn messages_of_a_header_and_shared_data_arrive_whole_across_segments() {
                 let sg = vec![sge(&head, 0, 76), sge(&data, 0, n)];
                 // The write first: the Send behind it arrives after it is placed.
                 let write = SendOp::RdmaWrite { remote_addr: sinks[i].addr(), rkey: sinks[i].rkey() };
-                wrs.push(SendWr { wr_id: 2 * i as u64, op: write, sg_list: sg.clone(), signaled: true });
-                wrs.push(SendWr { wr_id: 2 * i as u64 + 1, op: SendOp::Send, sg_list: sg, signaled: true });
+                wrs.push(SendWr { wr_id: 2 * i as u64, op: write, sg_list: sg.clone().into(), signaled: true });
+                wrs.push(SendWr { wr_id: 2 * i as u64 + 1, op: SendOp::Send, sg_list: sg.into(), signaled: true });
                 want.push([contents(&head), contents(&data)].concat());
                 regions.push((head, data));
             }
@@ -271,7 +272,7 @@ fn a_peer_that_stops_reading_stalls_only_the_transmitter_and_order_holds() {
         let (qp, src, posted) = (s.qp.clone(), src.clone(), posted.clone());
         std::thread::spawn(move || {
             for i in 0..count {
-                qp.post_send(SendWr { wr_id: i as u64, op: SendOp::Send, sg_list: vec![sge(&src, i * size, size)], signaled: true })
+                qp.post_send(SendWr { wr_id: i as u64, op: SendOp::Send, sg_list: vec![sge(&src, i * size, size)].into(), signaled: true })
                     .unwrap();
             }
             posted.store(true, std::sync::atomic::Ordering::Release);
@@ -303,7 +304,7 @@ fn gathered_shared_payloads_survive_a_full_socket_in_order() {
         let _in = rt.enter();
         let mut at = 0;
         for (i, &n) in sizes.iter().enumerate() {
-            s.qp.post_send(SendWr { wr_id: i as u64, op: SendOp::Send, sg_list: vec![sge(&src, at, n)], signaled: true }).unwrap();
+            s.qp.post_send(SendWr { wr_id: i as u64, op: SendOp::Send, sg_list: vec![sge(&src, at, n)].into(), signaled: true }).unwrap();
             at += n;
         }
     }
@@ -355,19 +356,20 @@ fn refused_work_requests_say_why() {
     let mr = c.mr(vec![0; 64], ALL);
     let max = QpCaps::default().max_sge as usize;
     let many = vec![sge(&mr, 0, 8); max + 1];
-    let e = c.qp.post_send(SendWr { wr_id: 1, op: SendOp::Send, sg_list: many.clone(), signaled: true }).unwrap_err();
+    let e = c.qp.post_send(SendWr { wr_id: 1, op: SendOp::Send, sg_list: many.clone().into(), signaled: true }).unwrap_err();
     assert!(matches!(e, Error::Invalid(Invalid::TooManySge { got, max: m }) if got == max + 1 && m == max), "{e}");
     assert_eq!(e.to_string(), format!("invalid argument: {} scatter/gather elements (at most {max})", max + 1));
-    let e = c.qp.post_recv(RecvWr { wr_id: 2, sg_list: many }).unwrap_err();
+    let e = c.qp.post_recv(RecvWr { wr_id: 2, sg_list: many.into() }).unwrap_err();
     assert!(matches!(e, Error::Invalid(Invalid::TooManySge { .. })), "{e}");
     let read = SendOp::RdmaRead { remote_addr: 0, rkey: 0 };
-    let e = c.qp.post_send(SendWr { wr_id: 3, op: read, sg_list: vec![sge(&mr, 0, 8), sge(&mr, 8, 8)], signaled: true }).unwrap_err();
+    let e =
+        c.qp.post_send(SendWr { wr_id: 3, op: read, sg_list: vec![sge(&mr, 0, 8), sge(&mr, 8, 8)].into(), signaled: true }).unwrap_err();
     assert!(matches!(e, Error::Invalid(Invalid::ReadSinkCount { got: 2 })), "{e}");
     let depth = QpCaps::default().max_recv_wr;
     for id in 0..depth {
-        c.qp.post_recv(RecvWr { wr_id: u64::from(id), sg_list: vec![sge(&mr, 0, 8)] }).unwrap();
+        c.qp.post_recv(RecvWr { wr_id: u64::from(id), sg_list: vec![sge(&mr, 0, 8)].into() }).unwrap();
     }
-    let e = c.qp.post_recv(RecvWr { wr_id: 0, sg_list: vec![sge(&mr, 0, 8)] }).unwrap_err();
+    let e = c.qp.post_recv(RecvWr { wr_id: 0, sg_list: vec![sge(&mr, 0, 8)].into() }).unwrap_err();
     assert!(matches!(e, Error::Invalid(Invalid::ReceiveQueueFull { depth: d }) if d == depth), "{e}");
     let param = ConnParam { private_data: vec![0; MAX_PRIVATE_DATA + 1], ..ConnParam::default() };
     let e = c.rnic.connect(&c.qp, &param).unwrap_err();
@@ -397,7 +399,7 @@ fn lists_and_gathered_requests_keep_their_order() {
         let a = c.mr(pattern(1, 4096), Access::empty());
         let b = c.mr(pattern(2, 300_000), Access::empty());
         let m = c.mr(pattern(3, 64), Access::empty());
-        let wr = |wr_id, op, sg_list| SendWr { wr_id, op, sg_list, signaled: true };
+        let wr = |wr_id, op, sg_list: Vec<Sge>| SendWr { wr_id, op, sg_list: sg_list.into(), signaled: true };
         let list = vec![
             wr(1, SendOp::RdmaWrite { remote_addr: small.addr(), rkey: small.rkey() }, vec![sge(&a, 0, 4096)]),
             wr(2, SendOp::RdmaRead { remote_addr: small.addr(), rkey: small.rkey() }, vec![sge(&back, 0, 4096)]),
@@ -422,14 +424,14 @@ fn lists_and_gathered_requests_keep_their_order() {
     }
     // An invalid request fails the whole list before anything is posted.
     let m = c.mr(vec![1u8; 8], Access::empty());
-    let bad = SendWr { wr_id: 9, op: SendOp::Send, sg_list: vec![sge(&m, 0, 1); 9], signaled: true };
-    let ok = SendWr { wr_id: 8, op: SendOp::Send, sg_list: vec![sge(&m, 0, 8)], signaled: true };
+    let bad = SendWr { wr_id: 9, op: SendOp::Send, sg_list: vec![sge(&m, 0, 1); 9].into(), signaled: true };
+    let ok = SendWr { wr_id: 8, op: SendOp::Send, sg_list: vec![sge(&m, 0, 8)].into(), signaled: true };
     assert!(matches!(c.qp.post_send_list(vec![ok.clone(), bad]), Err(Error::Invalid(Invalid::TooManySge { .. }))));
     assert!(c.cq.poll(8).is_empty(), "nothing of a refused list was posted");
     // A local error in the middle: what is before it completes, it fails, the rest is flushed.
     let r = s.mr(vec![0u8; 64], Access::LOCAL_WRITE);
     s.recv(60, &r);
-    let stale = SendWr { wr_id: 10, op: SendOp::Send, sg_list: vec![Sge { lkey: m.lkey() ^ 1, ..sge(&m, 0, 8) }], signaled: true };
+    let stale = SendWr { wr_id: 10, op: SendOp::Send, sg_list: vec![Sge { lkey: m.lkey() ^ 1, ..sge(&m, 0, 8) }].into(), signaled: true };
     let after = SendWr { wr_id: 11, ..ok.clone() };
     c.qp.post_send_list(vec![ok, stale, after]).unwrap();
     let got: Vec<_> = (0..3).map(|_| next(&c.cq)).map(|wc| (wc.wr_id, wc.status)).collect();

@@ -37,7 +37,7 @@
 //! ```rust
 //! use riser_verbs::{
 //!     Access, CompletionQueue, MemoryRegion, ProtectionDomain, Provider, QueuePair, SendOp, SendWr,
-//!     Sge, WcOpcode, WcStatus,
+//!     SgList, Sge, WcOpcode, WcStatus,
 //! };
 //! use std::time::Duration;
 //!
@@ -50,7 +50,7 @@
 //! fn send_message<P: Provider>(pd: &P::Pd, qp: &P::Qp, send_cq: &P::Cq, msg: &[u8]) -> riser_verbs::Result<()> {
 //!     // Local read is always allowed: a Send's source needs no rights at all.
 //!     let mr = pd.register(msg.to_vec(), Access::empty())?;
-//!     qp.post_send(SendWr { wr_id: 7, op: SendOp::Send, sg_list: vec![sge(&*mr, 0, msg.len())], signaled: true })?;
+//!     qp.post_send(SendWr { wr_id: 7, op: SendOp::Send, sg_list: SgList::from_slice(&[sge(&*mr, 0, msg.len())]), signaled: true })?;
 //!     loop {
 //!         if let Some(wc) = send_cq.poll(1).pop() {
 //!             assert_eq!((wc.wr_id, wc.opcode), (7, WcOpcode::Send));
@@ -72,7 +72,7 @@
 //! let write = SendWr {
 //!     wr_id: 1,
 //!     op: SendOp::RdmaWrite { remote_addr: 0x7f00_0000_1000, rkey: 0x0203 },
-//!     sg_list: vec![Sge { addr: 0x5000, length: 4096, lkey: 0x0100 }],
+//!     sg_list: SgList::from_slice(&[Sge { addr: 0x5000, length: 4096, lkey: 0x0100 }]),
 //!     signaled: false, // its completion is implied by a later signaled request's
 //! };
 //! assert_eq!(write.sg_list.iter().map(|s| s.length).sum::<u32>(), 4096);
@@ -158,6 +158,12 @@ pub enum SendOp {
     },
 }
 
+/// A work request's scatter/gather list: up to two elements inline (what requests mostly have:
+/// headers in one region, data in another), so building one allocates nothing; more spill to the
+/// heap. Build it with `SgList::from_slice(&[..])`, `[..].into_iter().collect()` or
+/// `Vec::into()`.
+pub type SgList = smallvec::SmallVec<[Sge; 2]>;
+
 /// A send-queue work request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SendWr {
@@ -166,7 +172,7 @@ pub struct SendWr {
     /// The operation.
     pub op: SendOp,
     /// Local data (gather list; for RDMA Read the sink, one element).
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
     /// Whether a successful completion is reported (errors always are). The memory of an
     /// unsignaled request is free once a later request of the queue pair has completed, on every
     /// provider (rdma-core signals some on siw to keep that promise, so a completion queue
@@ -180,7 +186,7 @@ pub struct RecvWr {
     /// Caller's identifier, returned in the completion.
     pub wr_id: u64,
     /// Where an incoming Send is scattered.
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
 }
 
 /// How a work request ended.

@@ -37,7 +37,7 @@ struct End {
 
 impl End {
     fn post_recv(&self) {
-        self.qp.post_recv(RecvWr { wr_id: 1000, sg_list: vec![sge(&self.recv)] }).unwrap();
+        self.qp.post_recv(RecvWr { wr_id: 1000, sg_list: vec![sge(&self.recv)].into() }).unwrap();
     }
     /// The next completion (waiting up to 20 s: the lab VM is emulated).
     fn next(&self) -> Wc {
@@ -50,7 +50,7 @@ impl End {
         panic!("no completion within 20 s");
     }
     fn send(&self, op: SendOp, sg: Vec<Sge>) -> Wc {
-        self.qp.post_send(SendWr { wr_id: 7, op, sg_list: sg, signaled: true }).unwrap();
+        self.qp.post_send(SendWr { wr_id: 7, op, sg_list: sg.into(), signaled: true }).unwrap();
         self.next()
     }
 }
@@ -109,7 +109,7 @@ fn siw_rdma_read_takes_one_element_and_more_are_refused() {
     let a = server.pd.register(vec![0; 4096], Access::LOCAL_WRITE | Access::READ_SINK).unwrap();
     let b = server.pd.register(vec![0; 4096], Access::LOCAL_WRITE | Access::READ_SINK).unwrap();
     let read = SendOp::RdmaRead { remote_addr: src.addr(), rkey: src.rkey() };
-    let two = server.qp.post_send(SendWr { wr_id: 1, op: read, sg_list: vec![sge(&a), sge(&b)], signaled: true });
+    let two = server.qp.post_send(SendWr { wr_id: 1, op: read, sg_list: vec![sge(&a), sge(&b)].into(), signaled: true });
     match two {
         Err(Error::Invalid(Invalid::TooManyReadSge { got: 2, max: 1, .. })) => {}
         other => panic!("a 2-element RDMA Read on siw must be refused, got {other:?}"),
@@ -182,7 +182,7 @@ fn rxe_windows_fresh_keys_and_remote_invalidation_reported() {
         .post_send(SendWr {
             wr_id: 9,
             op: SendOp::RdmaWrite { remote_addr: b.addr(), rkey: b.rkey() },
-            sg_list: vec![sge(&data)],
+            sg_list: vec![sge(&data)].into(),
             signaled: true,
         })
         .unwrap();
@@ -260,8 +260,8 @@ fn siw_read_completing_after_a_later_send_is_not_lost() {
     let sink = server.pd.register(vec![0; 4 << 20], Access::LOCAL_WRITE | Access::READ_SINK).unwrap();
     let msg = server.pd.register(vec![7; 64], Access::empty()).unwrap();
     let read = SendOp::RdmaRead { remote_addr: src.addr(), rkey: src.rkey() };
-    server.qp.post_send(SendWr { wr_id: 41, op: read, sg_list: vec![sge(&sink)], signaled: true }).unwrap();
-    server.qp.post_send(SendWr { wr_id: 42, op: SendOp::Send, sg_list: vec![sge(&msg)], signaled: true }).unwrap();
+    server.qp.post_send(SendWr { wr_id: 41, op: read, sg_list: vec![sge(&sink)].into(), signaled: true }).unwrap();
+    server.qp.post_send(SendWr { wr_id: 42, op: SendOp::Send, sg_list: vec![sge(&msg)].into(), signaled: true }).unwrap();
     let (a, b) = (server.next(), server.next());
     eprintln!("completion order: {} then {}", a.wr_id, b.wr_id);
     let mut got = [(a.wr_id, a.opcode, a.status), (b.wr_id, b.opcode, b.status)];
@@ -299,12 +299,12 @@ fn siw_unsignaled_memory_is_free_once_a_later_request_completed() {
         // The receiving side keeps its socket busy sending.
         for n in 0..K as u64 {
             let op = SendOp::RdmaWrite { remote_addr: scratch.addr(), rkey: scratch.rkey() };
-            server.qp.post_send(SendWr { wr_id: NOISE + n, op, sg_list: vec![sge(&noise)], signaled: n + 1 == K as u64 }).unwrap();
+            server.qp.post_send(SendWr { wr_id: NOISE + n, op, sg_list: vec![sge(&noise)].into(), signaled: n + 1 == K as u64 }).unwrap();
         }
         for (k, b) in bufs.iter().enumerate() {
             b.write(&mut |d| d.iter_mut().enumerate().for_each(|(i, x)| *x = byte(rounds, k, i)));
             let op = SendOp::RdmaWrite { remote_addr: sink.addr() + (k * LEN) as u64, rkey: sink.rkey() };
-            client.qp.post_send(SendWr { wr_id: 100 + k as u64, op, sg_list: vec![sge(b)], signaled: false }).unwrap();
+            client.qp.post_send(SendWr { wr_id: 100 + k as u64, op, sg_list: vec![sge(b)].into(), signaled: false }).unwrap();
         }
         let wc = client.send(SendOp::Send, vec![sge(&msg)]);
         assert_eq!((wc.wr_id, wc.status), (7, WcStatus::Success), "only the signaled request completes: {wc:?}");

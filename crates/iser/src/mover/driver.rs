@@ -9,7 +9,8 @@ use riser_datamover::{ControlPdu, DmError, DmEvent, Terminated, Violation};
 use riser_iscsi::keys::Role;
 use riser_iscsi::wire::{BHS_LEN, Bhs, Header, Pdu, Reaction};
 use riser_verbs::{
-    Access, CompletionQueue, MemoryRegion, ProtectionDomain, Provider, QueuePair, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus,
+    Access, CompletionQueue, MemoryRegion, ProtectionDomain, Provider, QueuePair, RecvWr, SendOp, SendWr, SgList, Sge, Wc, WcOpcode,
+    WcStatus,
 };
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -27,7 +28,7 @@ impl<P: Provider + 'static> Shared<P> {
         let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
         let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
         lock(&self.recvs).insert(wr_id, mr);
-        self.qp.post_recv(RecvWr { wr_id, sg_list: vec![sge] }).inspect_err(|_| {
+        self.qp.post_recv(RecvWr { wr_id, sg_list: SgList::from_slice(&[sge]) }).inspect_err(|_| {
             lock(&self.recvs).remove(&wr_id);
         })
     }
@@ -204,7 +205,7 @@ impl<P: Provider + 'static> Shared<P> {
     }
 
     /// Post a send-queue request now and hand back the receiver of its completion status.
-    pub(super) fn post_queued(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Keep<P>>) -> Result<oneshot::Receiver<WcStatus>, DmError> {
+    pub(super) fn post_queued(&self, op: SendOp, sg: SgList, keep: Option<Keep<P>>) -> Result<oneshot::Receiver<WcStatus>, DmError> {
         let (tx, rx) = oneshot::channel();
         self.post_wr(op, sg, keep, Some(tx), true)?;
         Ok(rx)
@@ -214,7 +215,7 @@ impl<P: Provider + 'static> Shared<P> {
     /// wake-up of the driver): their memory is released when a later request completes, since
     /// a send queue completes in order. Every [`IserConfig::signal_every`]th is signaled so that always
     /// happens; a signaled one is in `waiting` until it completes (see `terminate`).
-    pub(super) fn post_unawaited(&self, op: SendOp, sg: Vec<Sge>, keep: Option<Keep<P>>, signal: bool) -> Result<(), DmError> {
+    pub(super) fn post_unawaited(&self, op: SendOp, sg: SgList, keep: Option<Keep<P>>, signal: bool) -> Result<(), DmError> {
         self.post_wr(op, sg, keep, signal.then(|| oneshot::channel().0), false)
     }
 
@@ -271,7 +272,7 @@ impl<P: Provider + 'static> Shared<P> {
     fn post_wr(
         &self,
         op: SendOp,
-        sg: Vec<Sge>,
+        sg: SgList,
         keep: Option<Keep<P>>,
         done: Option<oneshot::Sender<WcStatus>>,
         awaited: bool,
@@ -380,7 +381,7 @@ impl<P: Provider + 'static> Shared<P> {
                 self.pd.register(buf, Access::empty()).map_err(rdma("register a send buffer"))?
             }
         };
-        let mut sg = vec![Sge { addr: mr.addr(), length: len as u32, lkey: mr.lkey() }];
+        let mut sg = SgList::from_slice(&[Sge { addr: mr.addr(), length: len as u32, lkey: mr.lkey() }]);
         let mut keep = Keep::region(mr);
         if let Some((region, sge)) = tail {
             sg.push(sge);

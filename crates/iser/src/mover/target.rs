@@ -9,7 +9,7 @@ use hashbrown::hash_map::Entry;
 use riser_datamover::{ControlPdu, DataInDesc, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer, Violation};
 use riser_iscsi::session::{DataOutTo, WriteIn};
 use riser_iscsi::wire::{DataOut, Header, ScsiCommand};
-use riser_verbs::{Access, MemoryRegion, ProtectionDomain, Provider, SendOp, Sge};
+use riser_verbs::{Access, MemoryRegion, ProtectionDomain, Provider, SendOp, SgList, Sge};
 use std::sync::atomic::Ordering;
 
 /// The largest single RDMA Read: well within every device's max_msg_sz (2 GiB on rxe, siw and
@@ -113,7 +113,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             let remote = lock(&s.remote);
             let Some(rb) = remote.get(&desc.itt).and_then(|r| r.read) else { return Err(DmError::NoTask(desc.itt)) };
             let op = SendOp::RdmaWrite { remote_addr: rb.va.wrapping_add(u64::from(desc.offset)), rkey: rb.stag };
-            s.post_unawaited(op, vec![sge], Some(keep), false)?;
+            s.post_unawaited(op, SgList::from_slice(&[sge]), Some(keep), false)?;
         }
         // No Data-In PDUs (DataSN not consumed) and never a collapsed status.
         Ok(PutDataDone { pdus: 0, status_sent: false })
@@ -185,7 +185,11 @@ impl<P: Provider + 'static> IserDatamover<P> {
                 let remote_addr = wb.va.wrapping_add(u64::from(at - unsolicited_len.min(at)));
                 // The sink stays registered until the read completes, even if this task is
                 // aborted meanwhile (a response into a deregistered sink would end the stream).
-                pending.push(s.post_queued(SendOp::RdmaRead { remote_addr, rkey: wb.stag }, vec![sge], Some(Keep::region(mr.clone())))?);
+                pending.push(s.post_queued(
+                    SendOp::RdmaRead { remote_addr, rkey: wb.stag },
+                    SgList::from_slice(&[sge]),
+                    Some(Keep::region(mr.clone())),
+                )?);
                 at += len;
             }
         }

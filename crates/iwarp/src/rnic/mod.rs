@@ -24,7 +24,7 @@ pub use qp::SoftQp;
 use crate::wire::{Term, TerminateMsg};
 use qp::{QpState, TxQueue};
 use riser_verbs::{
-    Access, ConnParam, Established, MemoryRegion, ProtectionDomain, Provider, QpCaps, QueuePair, RecvWr, Result, Sge, Wc, WcOpcode,
+    Access, ConnParam, Established, MemoryRegion, ProtectionDomain, Provider, QpCaps, QueuePair, RecvWr, Result, SgList, Sge, Wc, WcOpcode,
     WcStatus,
 };
 use rx::{RxStream, receive};
@@ -347,7 +347,10 @@ pub fn fuzz_receive(bytes: &[u8], crc: bool) {
     let all = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
     let regions: Vec<_> = (0..3).map(|i| pd.register(vec![0u8; 256 << i], all).expect("mr")).collect();
     for (i, mr) in regions.iter().enumerate() {
-        let _ = qp.post_recv(RecvWr { wr_id: i as u64, sg_list: vec![Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() }] });
+        let _ = qp.post_recv(RecvWr {
+            wr_id: i as u64,
+            sg_list: SgList::from_slice(&[Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() }]),
+        });
     }
     qp.s.ird.store(4, Ordering::Release);
     qp.s.ord.store(4, Ordering::Release);

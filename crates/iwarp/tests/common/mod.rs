@@ -30,9 +30,10 @@ impl End {
         self.pd.register(data, access).unwrap()
     }
     pub(crate) fn recv(&self, id: u64, mr: &SoftMr) {
-        self.qp.post_recv(RecvWr { wr_id: id, sg_list: vec![sge(mr, 0, mr.len())] }).unwrap();
+        self.qp.post_recv(RecvWr { wr_id: id, sg_list: vec![sge(mr, 0, mr.len())].into() }).unwrap();
     }
     pub(crate) fn send(&self, id: u64, op: SendOp, sg: Vec<Sge>) {
+        let sg = riser_verbs::SgList::from_vec(sg);
         self.qp.post_send(SendWr { wr_id: id, op, sg_list: sg, signaled: true }).unwrap();
     }
 }

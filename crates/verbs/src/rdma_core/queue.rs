@@ -408,7 +408,7 @@ impl QueuePair for RcQp {
                 device: self.dev.name.clone(),
             }));
         }
-        let mut sges: Vec<sys::ibv_sge> =
+        let mut sges: smallvec::SmallVec<[sys::ibv_sge; 2]> =
             wr.sg_list.iter().map(|s| sys::ibv_sge { addr: s.addr, length: s.length, lkey: s.lkey }).collect();
         // SAFETY: zeroed plain data; the fields are set below.
         let mut w: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
@@ -459,7 +459,7 @@ impl QueuePair for RcQp {
         if self.conn.ended() {
             return Err(Error::NotConnected);
         }
-        let mut sges: Vec<sys::ibv_sge> =
+        let mut sges: smallvec::SmallVec<[sys::ibv_sge; 2]> =
             wr.sg_list.iter().map(|s| sys::ibv_sge { addr: s.addr, length: s.length, lkey: s.lkey }).collect();
         let mut w =
             sys::ibv_recv_wr { wr_id: wr.wr_id, next: std::ptr::null_mut(), sg_list: sges.as_mut_ptr(), num_sge: sges.len() as i32 };
