@@ -251,11 +251,15 @@ impl From<std::io::Error> for DmError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Violation {
-    /// Initiator: a Data-In placed data past the end of the command's read buffer.
-    #[error("Data-In for task {itt:#x} beyond its read buffer")]
-    DataInBeyondBuffer {
+    /// Initiator: the target broke the rules for a command's Data-In or R2Ts (riser-iscsi's
+    /// `ReadIn` and `R2tIn`: DataSN and R2TSN in order, Data-In continuing in order, nothing
+    /// beyond the expected length, a GOOD status only after the data it vouches for).
+    #[error("task {itt:#x}: {error}")]
+    TaskData {
         /// Task.
         itt: u32,
+        /// The rule broken.
+        error: DataInError,
     },
     /// A SCSI Command carried immediate data although ImmediateData=No.
     #[error("immediate data sent with ImmediateData=No")]
@@ -324,7 +328,7 @@ pub enum Violation {
 /// Why a task's write data broke sequence: riser-iscsi's, where the rules that raise it are
 /// ([`riser_iscsi::session::WriteIn`], built on [`riser_iscsi::session::UnsolicitedIn`] and
 /// [`riser_iscsi::session::SolicitedIn`]).
-pub use riser_iscsi::session::SequenceError;
+pub use riser_iscsi::session::{DataInError, SequenceError};
 
 /// Why a connection ended (Connection_Terminate_Notify).
 #[derive(Clone, Debug, PartialEq, Eq)]

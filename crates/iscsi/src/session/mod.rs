@@ -10,17 +10,21 @@
 //!   the target's checks of the Data-Out it receives ([`UnsolicitedIn`], [`SolicitedIn`]) and
 //!   the Data-In PDUs of read data ([`TransferLimits::data_in`]) and the Data-Out PDUs of write
 //!   data ([`TransferLimits::data_out`]).
+//! * The initiator's checks of the data a target moves for its commands: a read's Data-In
+//!   ([`ReadIn`]) and a write's R2Ts ([`R2tIn`]).
 //! * [`Residual`]: a command's residual, named.
 //!
 //! The TCP and iSER datamovers and both drivers ask these, so each rule is written once.
 
 pub mod initiator;
+mod read_in;
 mod residual;
 pub mod target_session;
 pub mod transfer;
 pub mod window;
 
 pub use initiator::{Busy, InitiatorEvent, InitiatorSession};
+pub use read_in::{DataInError, R2tIn, ReadIn};
 pub use residual::Residual;
 pub use target_session::{CloseReason, Reset, Stamp, TargetEvent, TargetSession, TargetSessionConfig, TaskId, Transmit};
 pub use transfer::{

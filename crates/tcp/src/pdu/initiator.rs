@@ -5,13 +5,16 @@ use super::{OutWrite, PduDatamover, ReadTask, Shared, lock};
 use crate::link::LinkRx;
 use bytes::{Bytes, BytesMut};
 use riser_datamover::{Attempt, CommandArgs, ControlPdu, DmError, DmEvent, Violation};
-use riser_iscsi::wire::{DataIn, DataOut, Header, R2t, RESERVED_TAG, ScsiCommand};
+use riser_iscsi::session::{R2tIn, ReadIn, Residual};
+use riser_iscsi::wire::{DataIn, DataOut, Header, R2t, RESERVED_TAG, ScsiCommand, ScsiResponse};
+use std::sync::atomic::Ordering;
 use tokio::sync::mpsc;
 
 impl PduDatamover {
     /// Initiator: send the Data-Out PDUs each R2T asks for, from the command's write buffer.
     pub(super) async fn serve_r2ts(self, mut q: mpsc::UnboundedReceiver<R2t>) {
         while let Some(r) = q.recv().await {
+            // Checked on arrival (`check_r2t`): within the write.
             let data = lock(&self.shared.out_writes).get(&r.itt).map(|w| (w.lun, w.data.clone()));
             let Some((lun, data)) = data else { continue };
             let end = (r.buffer_offset as usize).saturating_add(r.desired_len as usize).min(data.len());
@@ -47,7 +50,8 @@ impl PduDatamover {
     /// by [`Datamover::take_read_data`](riser_datamover::Datamover::take_read_data) when the command ends.
     pub async fn send_scsi_command(&self, mut cmd: ScsiCommand, ahs: Bytes, read_len: u32, write: Option<Bytes>) -> Result<(), DmError> {
         if read_len > 0 {
-            lock(&self.shared.reads).insert(cmd.itt, ReadTask { buf: self.shared.pool.take(read_len as usize) });
+            let bidi = write.as_ref().is_some_and(|d| !d.is_empty());
+            lock(&self.shared.reads).insert(cmd.itt, self.read_task(read_len, bidi));
         }
         let Some(data) = write.filter(|d| !d.is_empty()) else {
             cmd.final_ = true;
@@ -58,7 +62,8 @@ impl PduDatamover {
         let (immediate, unsolicited_end) = (split.immediate as usize, split.unsolicited_end as usize);
         cmd.final_ = split.command_is_final();
         if unsolicited_end < len {
-            lock(&self.shared.out_writes).insert(cmd.itt, OutWrite { lun: cmd.lun, data: data.clone() });
+            let r2ts = R2tIn::new(len as u32);
+            lock(&self.shared.out_writes).insert(cmd.itt, OutWrite { lun: cmd.lun, data: data.clone(), r2ts });
         }
         self.send(Header::ScsiCommand(cmd), &ahs, data.slice(..immediate)).await?;
         if unsolicited_end > immediate {
@@ -83,7 +88,7 @@ impl PduDatamover {
         let Some(tx) = self.send_half_now(ahs.len()) else { return Attempt::WouldWait(CommandArgs { cmd, ahs, read_len, write }) };
         // Registered before it can leave: its Data-In may come back at once.
         if read_len > 0 {
-            lock(&self.shared.reads).insert(cmd.itt, ReadTask { buf: self.shared.pool.take(read_len as usize) });
+            lock(&self.shared.reads).insert(cmd.itt, self.read_task(read_len, false));
         }
         cmd.final_ = true;
         Attempt::Done(self.queue(tx, &Header::ScsiCommand(cmd), &ahs, Bytes::new()))
@@ -94,19 +99,45 @@ impl PduDatamover {
         lock(&self.shared.reads).remove(&itt).map(|r| r.buf)
     }
 
-    /// Data-In: its data placed in the command's read buffer (or drained if the command is
-    /// gone); with status, the PDU goes up as the command's end.
+    /// A read's buffer (zeroed: a buffer handed out after a failed status may be partly
+    /// unwritten) and its Data-In checks.
+    fn read_task(&self, read_len: u32, bidi: bool) -> ReadTask {
+        let in_order = self.shared.data_in_order.load(Ordering::Relaxed);
+        ReadTask { buf: self.shared.pool.take(read_len as usize), read: ReadIn::new(read_len, in_order), bidi }
+    }
+
+    /// An R2T arrived: it must be the write's next, ask for data, and stay within the write
+    /// (riser-iscsi's `R2tIn`); a bidirectional command's R2Ts share its Data-In numbering. An
+    /// R2T for a task with no solicited data left is passed on (and ignored there).
+    pub(super) fn check_r2t(shared: &Shared, r: &R2t) -> Result<(), DmError> {
+        let mut writes = lock(&shared.out_writes);
+        let Some(w) = writes.get_mut(&r.itt) else { return Ok(()) };
+        let mut reads = lock(&shared.reads);
+        let read = reads.get_mut(&r.itt).map(|t| &mut t.read);
+        let served = w.r2ts.serve(r, read.as_ref().map(|t| t.next_sn()));
+        if let (Ok(_), Some(read)) = (&served, read) {
+            read.r2t_numbered();
+        }
+        served.map(|_| ()).map_err(|error| Violation::TaskData { itt: r.itt, error }.into())
+    }
+
+    /// Data-In: checked (riser-iscsi's `ReadIn`), its data placed in the command's read buffer
+    /// (or drained if the command is gone); with status, the PDU goes up as the command's end
+    /// once the status is known to cover only data that arrived.
     pub(super) async fn receive_data_in(shared: &Shared, rx: &mut dyn LinkRx, d: DataIn, len: usize) -> Result<(), DmError> {
         let removed = lock(&shared.reads).remove(&d.itt);
         match removed {
             Some(mut t) => {
-                let at = d.buffer_offset as usize;
-                let r = match at.checked_add(len).filter(|e| *e <= t.buf.len()) {
-                    Some(end) => rx.read_data(&mut t.buf[at..end]).await,
-                    None => Err(Violation::DataInBeyondBuffer { itt: d.itt }.into()),
+                let r = match t.read.place(&d, len as u32) {
+                    Ok(range) => rx.read_data(&mut t.buf[range]).await.map(|()| t.read.accept(len as u32)),
+                    Err(error) => Err(Violation::TaskData { itt: d.itt, error }.into()),
                 };
+                let settled = d.status_present.then(|| t.read.settle(d.status, Residual::from_flags(d.underflow, d.overflow, d.residual)));
                 lock(&shared.reads).insert(d.itt, t);
                 r?;
+                if let Some(Err(error)) = settled {
+                    return Err(Violation::TaskData { itt: d.itt, error }.into());
+                }
             }
             None => {
                 let mut scratch = vec![0u8; len];
@@ -117,5 +148,18 @@ impl PduDatamover {
             let _ = shared.events_tx.send(DmEvent::Control(ControlPdu::new(Header::DataIn(d), Bytes::new())));
         }
         Ok(())
+    }
+
+    /// A SCSI Response for a read: its status may vouch only for data that arrived.
+    pub(super) fn check_response(shared: &Shared, r: &ScsiResponse) -> Result<(), DmError> {
+        let reads = lock(&shared.reads);
+        let Some(t) = reads.get(&r.itt) else { return Ok(()) };
+        // A bidirectional command's read residual has fields of its own (§11.4.5).
+        let residual = if t.bidi {
+            Residual::from_flags(r.bidi_underflow, r.bidi_overflow, r.bidi_read_residual)
+        } else {
+            Residual::from_flags(r.underflow, r.overflow, r.residual)
+        };
+        t.read.settle(r.status, residual).map_err(|error| Violation::TaskData { itt: r.itt, error }.into())
     }
 }

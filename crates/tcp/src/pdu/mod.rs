@@ -21,7 +21,7 @@ use riser_datamover::{
     SequenceError, TaskBuffer, Terminated, Violation,
 };
 use riser_iscsi::keys::{NegotiatedParams, Role};
-use riser_iscsi::session::TransferLimits;
+use riser_iscsi::session::{R2tIn, ReadIn, TransferLimits};
 use riser_iscsi::wire::{Header, R2t, ScsiCommand};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -51,17 +51,21 @@ struct WriteTask {
     reading: bool,
 }
 
-/// Initiator side: a read buffer Data-In lands in.
+/// Initiator side: a read buffer Data-In lands in, and what has arrived (riser-iscsi's checks).
 #[derive(Debug)]
 struct ReadTask {
     buf: BytesMut,
+    read: ReadIn,
+    /// The command writes too (its read residual is the response's bidirectional one).
+    bidi: bool,
 }
 
-/// Initiator side: write data the target may solicit with R2Ts.
+/// Initiator side: write data the target may solicit with R2Ts, and their checks.
 #[derive(Debug)]
 struct OutWrite {
     lun: riser_scsi::lun::Lun,
     data: Bytes,
+    r2ts: R2tIn,
 }
 
 struct Shared {
@@ -72,6 +76,8 @@ struct Shared {
     r2t_queue: mpsc::UnboundedSender<R2t>,
     tx: Mutex<Box<dyn LinkTx>>,
     limits: StdMutex<TransferLimits>,
+    /// DataPDUInOrder and DataSequenceInOrder both Yes (what Data-In must keep to).
+    data_in_order: AtomicBool,
     pending_rx_params: StdMutex<Option<LinkParams>>,
     pending_tx_params: StdMutex<Option<LinkParams>>,
     writes: StdMutex<HashMap<u32, WriteTask>>,
@@ -155,6 +161,7 @@ impl PduDatamover {
             r2t_queue: r2t_tx,
             tx: Mutex::new(tx),
             limits: StdMutex::new(TransferLimits::default()),
+            data_in_order: AtomicBool::new(true),
             pending_rx_params: StdMutex::new(None),
             pending_tx_params: StdMutex::new(None),
             writes: StdMutex::new(HashMap::new()),
@@ -321,6 +328,7 @@ impl PduDatamover {
         match h.header {
             Header::DataIn(d) if shared.role == Role::Initiator => Self::receive_data_in(shared, rx, d, h.data_len).await,
             Header::R2t(r) if shared.role == Role::Initiator => {
+                Self::check_r2t(shared, &r)?;
                 let _ = shared.r2t_queue.send(r);
                 Ok(())
             }
@@ -329,10 +337,10 @@ impl PduDatamover {
             }
             Header::DataOut(d) if shared.role == Role::Target => Self::receive_data_out(shared, rx, d, h.data_len).await,
             header => {
-                if let Header::ScsiCommand(cmd) = header
-                    && shared.role == Role::Target
-                {
-                    shared.note_if_duplicate(cmd.itt);
+                match &header {
+                    Header::ScsiCommand(cmd) if shared.role == Role::Target => shared.note_if_duplicate(cmd.itt),
+                    Header::ScsiResponse(r) if shared.role == Role::Initiator => Self::check_response(shared, r)?,
+                    _ => {}
                 }
                 let mut data = BytesMut::zeroed(h.data_len);
                 if h.data_len > 0 {
@@ -482,6 +490,7 @@ impl Datamover for PduDatamover {
     fn notice_key_values(&self, p: &NegotiatedParams) {
         let limits = p.transfer_limits(self.shared.role);
         *lock(&self.shared.limits) = limits;
+        self.shared.data_in_order.store(p.data_pdu_in_order && p.data_sequence_in_order, Ordering::Relaxed);
         let lp = LinkParams {
             header_digest: p.header_digest,
             data_digest: p.data_digest,

@@ -3,7 +3,8 @@
 
 use super::*;
 use crate::loopback::{RawEnd, pair};
-use riser_iscsi::wire::{BHS_LEN, DecodeError, LoginRequest, NopIn, NopOut, Pdu, RESERVED_TAG, Stage};
+use riser_datamover::{DataInError, Terminated, Violation};
+use riser_iscsi::wire::{BHS_LEN, DataIn, DecodeError, LoginRequest, NopIn, NopOut, Pdu, RESERVED_TAG, Stage};
 
 /// A target datamover on one end of a loopback link, the other end driven by hand.
 fn target() -> (PduDatamover, RawEnd) {
@@ -343,7 +344,7 @@ async fn a_targets_sends_without_waiting_join_the_turn_and_leave_at_its_release(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let got: Vec<(u8, u32, usize)> = pdus_in(&wire).into_iter().map(|(h, len)| (h.opcode().0, h.itt(), len)).collect();
-    let (nop_in, data_in) = (Header::NopIn(NopIn::default()).opcode().0, Header::DataIn(riser_iscsi::wire::DataIn::default()).opcode().0);
+    let (nop_in, data_in) = (Header::NopIn(NopIn::default()).opcode().0, Header::DataIn(DataIn::default()).opcode().0);
     assert_eq!(got, vec![(nop_in, 2, 10), (nop_in, 3, 10), (data_in, 4, 4096)]);
     // The turn is over: sends wait again.
     assert!(matches!(dm.try_send_control(nop(6)), Attempt::WouldWait(_)));
@@ -374,4 +375,90 @@ async fn an_initiators_read_is_sent_without_waiting_and_a_write_is_left_to_the_w
         }
     }
     assert_eq!(n, 2 * BHS_LEN, "both commands leave with the flusher, the write not at all");
+}
+
+/// One PDU as the wire carries it (no digests).
+fn wire_pdu(h: Header, data: &[u8]) -> Vec<u8> {
+    let mut bhs = [0u8; BHS_LEN];
+    h.emit(&mut bhs, 0, data.len() as u32);
+    let mut v = bhs.to_vec();
+    v.extend_from_slice(data);
+    v.resize(v.len().next_multiple_of(4), 0);
+    v
+}
+
+/// The next event that is not a control PDU the test does not look at, within 5 s.
+async fn next_event_soon(dm: &PduDatamover) -> DmEvent {
+    tokio::time::timeout(Duration::from_secs(5), dm.next_event()).await.expect("an event within 5 s")
+}
+
+fn data_in(itt: u32, data_sn: u32, buffer_offset: u32) -> DataIn {
+    DataIn { itt, data_sn, buffer_offset, ttt: RESERVED_TAG, ..DataIn::default() }
+}
+
+fn good(d: DataIn) -> DataIn {
+    DataIn { final_: true, status_present: true, status: riser_scsi::sense::Status::GOOD, ..d }
+}
+
+/// What the initiator's datamover makes of a target's answers to an 8 KiB read (itt 1) and a
+/// 64 KiB write (itt 2, the first 8 KiB immediate): `None` when they are taken, else the
+/// connection's error (RFC 7143 §11.7–11.8; at ErrorRecoveryLevel 0 the connection ends, as
+/// Linux's initiator ends it on a DataSN, offset or R2TSN error).
+async fn initiator_meets(answers: &[(Header, usize)]) -> Option<DmError> {
+    use std::io::Write;
+    let (dm, mut target) = initiator_on_socket().await;
+    dm.send_command(ScsiCommand { itt: 1, read: true, expected_data_len: 8192, ..ScsiCommand::default() }, Bytes::new(), 8192, None)
+        .await
+        .unwrap();
+    let write = ScsiCommand { itt: 2, write: true, expected_data_len: 65536, ..ScsiCommand::default() };
+    dm.send_command(write, Bytes::new(), 0, Some(Bytes::from(vec![2u8; 65536]))).await.unwrap();
+    target.set_nonblocking(false).unwrap();
+    for (h, len) in answers {
+        target.write_all(&wire_pdu(*h, &vec![5u8; *len])).unwrap();
+    }
+    // Then a NOP-In: reached only if everything before it was taken.
+    let nop = NopIn { itt: 9, ttt: RESERVED_TAG, ..NopIn::default() };
+    target.write_all(&wire_pdu(Header::NopIn(nop), &[])).unwrap();
+    loop {
+        match next_event_soon(&dm).await {
+            DmEvent::Control(c) if matches!(c.header, Header::NopIn(_)) => return None,
+            DmEvent::Control(_) => {}
+            DmEvent::Terminated(Terminated::Error(e)) => return Some(e),
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_initiator_takes_only_data_in_and_r2ts_that_keep_the_rules() {
+    let task = |itt, error| Some(DmError::Protocol(Violation::TaskData { itt, error }));
+    let r2t =
+        |r2t_sn, buffer_offset, desired_len| Header::R2t(R2t { itt: 2, ttt: 0x10, r2t_sn, buffer_offset, desired_len, ..R2t::default() });
+    let response =
+        |underflow, residual| Header::ScsiResponse(riser_iscsi::wire::ScsiResponse { itt: 1, underflow, residual, ..Default::default() });
+    // In order, complete: taken.
+    let fine = [(Header::DataIn(data_in(1, 0, 0)), 4096), (Header::DataIn(good(data_in(1, 1, 4096))), 4096), (r2t(0, 8192, 57344), 0)];
+    assert_eq!(initiator_meets(&fine).await, None);
+    // A DataSN skipped.
+    let gap = [(Header::DataIn(data_in(1, 0, 0)), 4096), (Header::DataIn(data_in(1, 2, 4096)), 4096)];
+    assert_eq!(initiator_meets(&gap).await, task(1, DataInError::SequenceNumber { expected: 1, got: 2 }));
+    // Data-In going back.
+    let back = [(Header::DataIn(data_in(1, 0, 4096)), 4096)];
+    assert_eq!(initiator_meets(&back).await, task(1, DataInError::Offset { expected: 0, got: 4096 }));
+    // Past the expected length.
+    let past = [(Header::DataIn(data_in(1, 0, 0)), 4096), (Header::DataIn(data_in(1, 1, 4096)), 4100)];
+    assert_eq!(initiator_meets(&past).await, task(1, DataInError::BeyondLength { end: 8196, len: 8192 }));
+    // GOOD in the last Data-In with half the data and no residual.
+    let short = [(Header::DataIn(good(data_in(1, 0, 0))), 4096)];
+    assert_eq!(initiator_meets(&short).await, task(1, DataInError::Missing { got: 4096, due: 8192 }));
+    // The same with the underflow said: taken.
+    let under = [(Header::DataIn(DataIn { underflow: true, residual: 4096, ..good(data_in(1, 0, 0)) }), 4096)];
+    assert_eq!(initiator_meets(&under).await, None);
+    // A GOOD SCSI Response without any data; with its underflow said, taken.
+    assert_eq!(initiator_meets(&[(response(false, 0), 0)]).await, task(1, DataInError::Missing { got: 0, due: 8192 }));
+    assert_eq!(initiator_meets(&[(response(true, 8192), 0)]).await, None);
+    // R2Ts: beyond the write, for nothing, out of order.
+    assert_eq!(initiator_meets(&[(r2t(0, 8192, 65536), 0)]).await, task(2, DataInError::BeyondLength { end: 73728, len: 65536 }));
+    assert_eq!(initiator_meets(&[(r2t(0, 8192, 0), 0)]).await, task(2, DataInError::EmptyR2t));
+    assert_eq!(initiator_meets(&[(r2t(1, 8192, 4096), 0)]).await, task(2, DataInError::SequenceNumber { expected: 0, got: 1 }));
 }
