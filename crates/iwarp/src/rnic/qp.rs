@@ -246,7 +246,7 @@ impl SoftQp {
             // here waits (the writers never do, the ORD room was checked), so one poll
             // finishes it. A request taken is done (its payload is its byte count) or a read
             // (pending: its response completes it).
-            match now(tx.work_request(&self.s, &mut out, wr, &|| false)) {
+            match tx.small_now(&self.s, &mut out, wr).or_else(|| now(tx.work_request(&self.s, &mut out, wr, &|| false))) {
                 Some(TxOutcome::Done(_) | TxOutcome::Pending) => {}
                 Some(TxOutcome::LocalError(_) | TxOutcome::Io(_)) | None => break,
             }

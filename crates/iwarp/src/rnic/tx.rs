@@ -150,11 +150,54 @@ impl Gathered {
 }
 
 impl Out<'_> {
+    /// [`write`](Self::write) for the writers that never wait (all but [`Out::Wait`], for which
+    /// it is `None`), without a future.
+    pub(super) fn write_now(&mut self, mem: Option<&SoftMr>, pieces: &[Piece<'_>]) -> Option<io::Result<()>> {
+        match self {
+            Out::Wait(_) => None,
+            Out::Sink => Some(Ok(())),
+            Out::Gather(g) => {
+                g.add(mem, pieces);
+                Some(Ok(()))
+            }
+            Out::NoWait { sock, rest } => {
+                let guard = mem.map(|m| lock(&m.mem));
+                let bufs: SmallVec<[IoSlice<'_>; 4]> = pieces
+                    .iter()
+                    .map(|p| match *p {
+                        Piece::Bytes(b) => b,
+                        Piece::Mem(off, n) => guard.as_deref().map_or(&[][..], |m| &m[off..off + n]),
+                    })
+                    .filter(|b| !b.is_empty())
+                    .map(IoSlice::new)
+                    .collect();
+                let mut sent = 0;
+                while rest.is_empty() && !bufs.is_empty() {
+                    match sock.try_write_vectored(&bufs) {
+                        Ok(n) => {
+                            sent = n;
+                            break;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        // Would block, or broken: everything is left to the transmitter.
+                        Err(_) => break,
+                    }
+                }
+                // Keep whatever did not go out.
+                for b in &bufs {
+                    let take = sent.min(b.len());
+                    sent -= take;
+                    rest.extend_from_slice(&b[take..]);
+                }
+                Some(Ok(()))
+            }
+        }
+    }
+
     /// Write `pieces` (`Piece::Mem` ranges of `mem`) in order, all of them.
     pub(super) async fn write(&mut self, mem: Option<&SoftMr>, pieces: &[Piece<'_>]) -> io::Result<()> {
-        if let Out::Gather(g) = self {
-            g.add(mem, pieces);
-            return Ok(());
+        if let Some(r) = self.write_now(mem, pieces) {
+            return r;
         }
         let total: usize = pieces
             .iter()
@@ -182,29 +225,8 @@ impl Out<'_> {
                     skip = 0;
                 }
                 match self {
-                    Out::Sink => Ok(total - done),
-                    Out::Gather(_) => unreachable!("gathering adds the pieces above and returns"),
                     Out::Wait(sock) => sock.try_write_vectored(&bufs),
-                    Out::NoWait { sock, rest } => {
-                        let mut sent = 0;
-                        while rest.is_empty() {
-                            match sock.try_write_vectored(&bufs) {
-                                Ok(n) => {
-                                    sent = n;
-                                    break;
-                                }
-                                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                                Err(_) => break,
-                            }
-                        }
-                        // Keep whatever did not go out.
-                        for b in &bufs {
-                            let take = sent.min(b.len());
-                            sent -= take;
-                            rest.extend_from_slice(&b[take..]);
-                        }
-                        Ok(total - done)
-                    }
+                    _ => unreachable!("only the transmitter's writer waits (`write_now` took the others)"),
                 }
             };
             match r {
@@ -230,32 +252,53 @@ pub(super) struct Engine {
     pub(super) tx: Tx,
 }
 
+/// An FPDU's framing around its payload: the length field and the header before it, pad and
+/// CRC after it.
+struct Framing {
+    head: [u8; 2 + UNTAGGED_HDR + READ_REQUEST_LEN + 8],
+    head_len: usize,
+    tail: [u8; 7],
+    tail_len: usize,
+}
+
+impl Framing {
+    /// Frame `payload` (`Piece::Mem` of `mem`) behind `header` (after the length field).
+    fn new(crc: bool, header: &[u8], mem: Option<&SoftMr>, payload: Piece<'_>) -> Self {
+        let plen = match payload {
+            Piece::Bytes(b) => b.len(),
+            Piece::Mem(_, n) => n,
+        };
+        let mpa_len = header.len() + plen;
+        let mut f = Self { head: [0; 2 + UNTAGGED_HDR + READ_REQUEST_LEN + 8], head_len: 2 + header.len(), tail: [0; 7], tail_len: 0 };
+        f.head[..2].copy_from_slice(&(mpa_len as u16).to_be_bytes());
+        f.head[2..f.head_len].copy_from_slice(header);
+        let pad = wire::fpdu_pad(mpa_len);
+        f.tail_len = pad + 4;
+        if crc {
+            let sum = {
+                let guard = mem.map(|m| lock(&m.mem));
+                let body: &[u8] = match payload {
+                    Piece::Bytes(b) => b,
+                    Piece::Mem(off, n) => guard.as_deref().map_or(&[][..], |m| &m[off..off + n]),
+                };
+                wire::fpdu_crc(&[&f.head[..f.head_len], body, &f.tail[..pad]])
+            };
+            f.tail[pad..pad + 4].copy_from_slice(&sum);
+        }
+        f
+    }
+
+    /// The FPDU's pieces: framing, payload, framing.
+    fn around<'a>(&'a self, payload: Piece<'a>) -> [Piece<'a>; 3] {
+        [Piece::Bytes(&self.head[..self.head_len]), payload, Piece::Bytes(&self.tail[..self.tail_len])]
+    }
+}
+
 /// One FPDU: header (after the length field), the payload (`Piece::Mem` of `mem`), then pad
 /// and CRC.
 async fn send_fpdu(w: &mut Out<'_>, crc: bool, header: &[u8], mem: Option<&SoftMr>, payload: Piece<'_>) -> io::Result<()> {
-    let plen = match payload {
-        Piece::Bytes(b) => b.len(),
-        Piece::Mem(_, n) => n,
-    };
-    let mpa_len = header.len() + plen;
-    let mut head = [0u8; 2 + UNTAGGED_HDR + READ_REQUEST_LEN + 8];
-    head[..2].copy_from_slice(&(mpa_len as u16).to_be_bytes());
-    head[2..2 + header.len()].copy_from_slice(header);
-    let head = &head[..2 + header.len()];
-    let pad = wire::fpdu_pad(mpa_len);
-    let mut tail = [0u8; 7];
-    if crc {
-        let sum = {
-            let guard = mem.map(|m| lock(&m.mem));
-            let body: &[u8] = match payload {
-                Piece::Bytes(b) => b,
-                Piece::Mem(off, n) => guard.as_deref().map_or(&[][..], |m| &m[off..off + n]),
-            };
-            wire::fpdu_crc(&[head, body, &tail[..pad]])
-        };
-        tail[pad..pad + 4].copy_from_slice(&sum);
-    }
-    w.write(mem, &[Piece::Bytes(head), payload, Piece::Bytes(&tail[..pad + 4])]).await
+    let f = Framing::new(crc, header, mem, payload);
+    w.write(mem, &f.around(payload)).await
 }
 
 /// Send one item of the transmit queue.
@@ -410,7 +453,10 @@ enum Halt {
 async fn gather_item(s: &Arc<QpShared>, tx: &mut Tx, out: &mut Out<'_>, item: TxItem) -> Result<Option<(SendWr, u32)>, Halt> {
     let stop = &|| s.state() != QpState::Connected;
     match item {
-        TxItem::Wr(wr) => match tx.work_request(s, out, &wr, stop).await {
+        TxItem::Wr(wr) => match match tx.small_now(s, out, &wr) {
+            Some(done) => done,
+            None => tx.work_request(s, out, &wr, stop).await,
+        } {
             TxOutcome::Done(n) => Ok(Some((wr, n))),
             TxOutcome::Pending => Ok(None),
             TxOutcome::LocalError(st) => Err(Halt::Local(wr, st)),
@@ -570,6 +616,51 @@ type Stop<'a> = &'a (dyn Fn() -> bool + Sync);
 type Sources = SmallVec<[(Arc<SoftMr>, usize, usize); 2]>;
 
 impl Tx {
+    /// The common request framed at once, without the general path's futures: an RDMA Write or
+    /// a Send of any kind whose payload is at most one local element and fits one FPDU, written
+    /// to a writer that never waits (`None`: not such a request, or `w` is the transmitter's
+    /// writer; [`Tx::work_request`] takes it). The same checks, numbering and FPDU as there.
+    pub(super) fn small_now(&mut self, s: &QpShared, w: &mut Out<'_>, wr: &SendWr) -> Option<TxOutcome> {
+        if matches!(w, Out::Wait(_)) || matches!(wr.op, SendOp::RdmaRead { .. }) || wr.sg_list.len() > 1 {
+            return None;
+        }
+        if wr.sg_list.first().is_some_and(|sge| sge.length as usize > self.max_segment) {
+            return None;
+        }
+        let source = match wr.sg_list.first() {
+            Some(sge) => match s.local(sge, Access::empty()) {
+                Some((mr, off)) => Some((mr, off, sge.length as usize)),
+                None => return Some(TxOutcome::LocalError(WcStatus::LocalProtErr)),
+            },
+            None => None,
+        };
+        let header = match wr.op {
+            SendOp::RdmaWrite { remote_addr, rkey } => Header::Tagged { op: Opcode::Write, last: true, stag: rkey, to: remote_addr },
+            op => {
+                let (op, inv) = match op {
+                    SendOp::SendWithInvalidate { rkey } => (Opcode::SendInvalidate, rkey),
+                    SendOp::SendWithSolicitedEvent => (Opcode::SendSe, 0),
+                    SendOp::SendWithSolicitedEventInvalidate { rkey } => (Opcode::SendSeInvalidate, rkey),
+                    _ => (Opcode::Send, 0),
+                };
+                self.msn_send = self.msn_send.wrapping_add(1);
+                Header::Untagged { op, last: true, inv_stag: inv, qn: QN_SEND, msn: self.msn_send, mo: 0 }
+            }
+        };
+        let mut hb = [0u8; UNTAGGED_HDR];
+        let n = header.emit(&mut hb);
+        let (mem, payload) = match &source {
+            Some((mr, off, len)) => (Some(&**mr), Piece::Mem(*off, *len)),
+            None => (None, Piece::Bytes(&[])),
+        };
+        let f = Framing::new(self.crc, &hb[..n], mem, payload);
+        let r = w.write_now(mem, &f.around(payload))?;
+        Some(match r {
+            Ok(()) => TxOutcome::Done(source.map_or(0, |(_, _, len)| len as u32)),
+            Err(e) => TxOutcome::Io(e),
+        })
+    }
+
     /// Transmit one work request. `stop` is asked between FPDUs: true ends the message there
     /// (a Terminate is waiting; the transmitter's work is flushed anyway). An RDMA Read needs
     /// room under the ORD, which the caller made sure of.
