@@ -83,7 +83,7 @@ fn messages_of_a_header_and_shared_data_arrive_whole_across_segments() {
             }
             match how {
                 "alone" => wrs.into_iter().for_each(|w| c.qp.post_send(w).unwrap()),
-                "list" => c.qp.post_send_list(wrs).unwrap(),
+                "list" => c.qp.post_send_list(&mut wrs).unwrap(),
                 _ => {
                     let _in = rt.enter();
                     wrs.into_iter().for_each(|w| c.qp.post_send(w).unwrap());
@@ -400,7 +400,7 @@ fn lists_and_gathered_requests_keep_their_order() {
         let b = c.mr(pattern(2, 300_000), Access::empty());
         let m = c.mr(pattern(3, 64), Access::empty());
         let wr = |wr_id, op, sg_list: Vec<Sge>| SendWr { wr_id, op, sg_list: sg_list.into(), signaled: true };
-        let list = vec![
+        let mut list = vec![
             wr(1, SendOp::RdmaWrite { remote_addr: small.addr(), rkey: small.rkey() }, vec![sge(&a, 0, 4096)]),
             wr(2, SendOp::RdmaRead { remote_addr: small.addr(), rkey: small.rkey() }, vec![sge(&back, 0, 4096)]),
             wr(3, SendOp::RdmaWrite { remote_addr: large.addr(), rkey: large.rkey() }, vec![sge(&b, 0, 300_000)]),
@@ -409,7 +409,7 @@ fn lists_and_gathered_requests_keep_their_order() {
         if on_runtime {
             list.into_iter().for_each(|w| c.qp.post_send(w).unwrap());
         } else {
-            c.qp.post_send_list(list).unwrap();
+            c.qp.post_send_list(&mut list).unwrap();
         }
         // The read completes when its response is in (after later requests may have).
         let mut ids: Vec<_> = (0..4).map(|_| next(&c.cq)).map(|wc| (wc.wr_id, wc.status)).collect();
@@ -426,14 +426,14 @@ fn lists_and_gathered_requests_keep_their_order() {
     let m = c.mr(vec![1u8; 8], Access::empty());
     let bad = SendWr { wr_id: 9, op: SendOp::Send, sg_list: vec![sge(&m, 0, 1); 9].into(), signaled: true };
     let ok = SendWr { wr_id: 8, op: SendOp::Send, sg_list: vec![sge(&m, 0, 8)].into(), signaled: true };
-    assert!(matches!(c.qp.post_send_list(vec![ok.clone(), bad]), Err(Error::Invalid(Invalid::TooManySge { .. }))));
+    assert!(matches!(c.qp.post_send_list(&mut vec![ok.clone(), bad]), Err(Error::Invalid(Invalid::TooManySge { .. }))));
     assert!(c.cq.poll(8).is_empty(), "nothing of a refused list was posted");
     // A local error in the middle: what is before it completes, it fails, the rest is flushed.
     let r = s.mr(vec![0u8; 64], Access::LOCAL_WRITE);
     s.recv(60, &r);
     let stale = SendWr { wr_id: 10, op: SendOp::Send, sg_list: vec![Sge { lkey: m.lkey() ^ 1, ..sge(&m, 0, 8) }].into(), signaled: true };
     let after = SendWr { wr_id: 11, ..ok.clone() };
-    c.qp.post_send_list(vec![ok, stale, after]).unwrap();
+    c.qp.post_send_list(&mut vec![ok, stale, after]).unwrap();
     let got: Vec<_> = (0..3).map(|_| next(&c.cq)).map(|wc| (wc.wr_id, wc.status)).collect();
     assert_eq!(got, [(8, WcStatus::Success), (10, WcStatus::LocalProtErr), (11, WcStatus::WrFlushErr)]);
     drop(rt);

@@ -382,11 +382,13 @@ pub trait QueuePair: Send + Sync + fmt::Debug {
     /// Post a send-queue request.
     fn post_send(&self, wr: SendWr) -> Result<()>;
     /// Post several send-queue requests, in order, with one doorbell (as `ibv_post_send` with
-    /// a chain of requests): a provider may transmit them together. On an error the requests
-    /// before the one that failed may have been posted (those after it are not). Default: one
+    /// a chain of requests): a provider may transmit them together. The requests are taken out
+    /// of `wrs`, which is empty on return whatever the outcome (its capacity kept, so a caller
+    /// gathering requests reuses it). On an error the requests before the one that failed may
+    /// have been posted (those after it are not). Default: one
     /// [`post_send`](Self::post_send) each.
-    fn post_send_list(&self, wrs: Vec<SendWr>) -> Result<()> {
-        wrs.into_iter().try_for_each(|wr| self.post_send(wr))
+    fn post_send_list(&self, wrs: &mut Vec<SendWr>) -> Result<()> {
+        wrs.drain(..).try_for_each(|wr| self.post_send(wr))
     }
     /// Post a receive.
     fn post_recv(&self, wr: RecvWr) -> Result<()>;

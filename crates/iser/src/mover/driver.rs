@@ -234,7 +234,7 @@ impl<P: Provider + 'static> Shared<P> {
 
     /// Initiator: gather the requests posted from now on (until the flusher posts them).
     pub(super) fn gather_commands(&self) {
-        lock(&self.unsignaled).gathering.get_or_insert_with(Vec::new);
+        lock(&self.unsignaled).start_gathering();
     }
 
     /// Initiator: a command was gathered: post the list now if it holds
@@ -252,11 +252,16 @@ impl<P: Provider + 'static> Shared<P> {
     pub(super) fn release_sends(&self) -> Result<(), DmError> {
         let mut u = lock(&self.unsignaled);
         u.gathered_bytes = 0;
-        let Some(list) = u.gathering.take().filter(|l| !l.is_empty()) else { return Ok(()) };
+        let Some(mut list) = u.gathering.take() else { return Ok(()) };
+        if list.is_empty() {
+            u.give_back(list);
+            return Ok(());
+        }
         let order = lock(&self.posting);
         drop(u);
-        let posted = self.qp.post_send_list(list);
+        let posted = self.qp.post_send_list(&mut list);
         drop(order);
+        lock(&self.unsignaled).give_back(list);
         if let Err(e) = posted {
             // Their bookkeeping cannot be told apart any more: the connection ends.
             let e = rdma("post gathered work requests")(e);
@@ -303,7 +308,8 @@ impl<P: Provider + 'static> Shared<P> {
                 };
                 // Past the cap, what was gathered leaves now, while the poster may still write
                 // it itself; this request starts the next list.
-                let full = (!list.is_empty() && u.gathered_bytes + bytes > GATHER_BYTES_MAX).then(|| std::mem::take(list));
+                let full = !list.is_empty() && u.gathered_bytes + bytes > GATHER_BYTES_MAX;
+                let full = full.then(|| u.take_gathered());
                 if full.is_some() {
                     u.gathered_bytes = 0;
                 }
@@ -315,7 +321,7 @@ impl<P: Provider + 'static> Shared<P> {
                 }
             }
             Some(list) if !list.is_empty() => {
-                let mut list = std::mem::take(list);
+                let mut list = u.take_gathered();
                 u.gathered_bytes = 0;
                 list.push(wr);
                 (None, list)
@@ -325,11 +331,15 @@ impl<P: Provider + 'static> Shared<P> {
         let alone = one.is_some();
         let order = lock(&self.posting);
         drop(guard);
+        let mut list = list;
         let posted = match one {
             Some(wr) => self.qp.post_send(wr),
-            None => self.qp.post_send_list(list),
+            None => self.qp.post_send_list(&mut list),
         };
         drop(order);
+        if !alone {
+            lock(&self.unsignaled).give_back(list);
+        }
         let Err(e) = posted else { return Ok(()) };
         if alone {
             // The request fails and the connection goes on; its memory, if held, goes with a

@@ -185,6 +185,32 @@ struct Unsignaled<P: Provider> {
     gathering: Option<Vec<riser_verbs::SendWr>>,
     /// Payload bytes in `gathering`.
     gathered_bytes: u64,
+    /// A posted list's memory, for the next (`post_send_list` empties a list and keeps it).
+    spare: Vec<riser_verbs::SendWr>,
+}
+
+impl<P: Provider> Unsignaled<P> {
+    /// Gather from now on (into the spare list's memory).
+    fn start_gathering(&mut self) {
+        if self.gathering.is_none() {
+            self.gathering = Some(std::mem::take(&mut self.spare));
+        }
+    }
+
+    /// The gathered list, replaced by the spare one.
+    fn take_gathered(&mut self) -> Vec<riser_verbs::SendWr> {
+        match self.gathering.as_mut() {
+            Some(list) => std::mem::replace(list, std::mem::take(&mut self.spare)),
+            None => Vec::new(),
+        }
+    }
+
+    /// A list posted (and so emptied): its memory kept for the next.
+    fn give_back(&mut self, list: Vec<riser_verbs::SendWr>) {
+        if list.capacity() > self.spare.capacity() {
+            self.spare = list;
+        }
+    }
 }
 
 /// Payload gathered between `hold_sends` and `release_sends` at most before it is posted: the
@@ -308,7 +334,13 @@ impl<P: Provider + 'static> IserDatamover<P> {
             recvs: Mutex::new(HashMap::new()),
             next_wr: AtomicU64::new(1),
             waiting: Mutex::new(HashMap::new()),
-            unsignaled: Mutex::new(Unsignaled { held: Default::default(), since_signal: 0, gathering: None, gathered_bytes: 0 }),
+            unsignaled: Mutex::new(Unsignaled {
+                held: Default::default(),
+                since_signal: 0,
+                gathering: None,
+                gathered_bytes: 0,
+                spare: Vec::new(),
+            }),
             posting: Mutex::new(()),
             events_tx,
             events_rx: tokio::sync::Mutex::new(events_rx),
@@ -482,7 +514,7 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
     /// gathered and posted as one list at `release_sends`: the software RNIC writes them in
     /// one system call. A request someone waits for takes what was gathered with it.
     fn hold_sends(&self) {
-        lock(&self.s.unsignaled).gathering.get_or_insert_with(Vec::new);
+        lock(&self.s.unsignaled).start_gathering();
     }
 
     fn release_sends(&self) -> BoxFuture<'_, Result<(), DmError>> {

@@ -226,7 +226,7 @@ impl SoftQp {
             return 0;
         }
         let Ok(mut engine) = self.s.engine.try_lock() else { return 0 };
-        let Some(Engine { w, tx }) = engine.as_mut() else { return 0 };
+        let Some(Engine { w, tx, gather }) = engine.as_mut() else { return 0 };
         if self.s.queued.load(Ordering::Acquire) != 0 {
             return 0;
         }
@@ -239,7 +239,13 @@ impl SoftQp {
         // completed by the receiver when its response arrives.
         // Room for the payload and each request's FPDU framing (one FPDU each: all are small).
         let room = wrs.iter().map(payload).sum::<u64>() as usize + wrs.len() * 64;
-        let mut out = if wrs.len() == 1 { Out::NoWait { sock: w, rest: Vec::new() } } else { Out::Gather(Gathered::with_capacity(room)) };
+        let mut out = if wrs.len() == 1 {
+            Out::NoWait { sock: w, rest: Vec::new() }
+        } else {
+            let mut g = std::mem::take(gather);
+            g.reserve(room);
+            Out::Gather(g)
+        };
         let mut taken = 0;
         for wr in wrs {
             // Never stopped half-way: what the socket refused is owed to the stream. Nothing
@@ -258,7 +264,8 @@ impl SoftQp {
         let owed = || wrs[..taken].iter().filter(|wr| !matches!(wr.op, SendOp::RdmaRead { .. })).map(|wr| (wr, payload(wr) as u32));
         if let Out::Gather(gathered) = out {
             out = Out::NoWait { sock: w, rest: Vec::new() };
-            let _ = now(out.write(None, &gathered.pieces()));
+            let _ = out.write_now(None, &gathered.pieces());
+            *gather = gathered.recycle().unwrap_or_default();
         }
         let Out::NoWait { rest, .. } = out else { unreachable!("written without waiting above") };
         if rest.is_empty() {
@@ -333,7 +340,8 @@ impl SoftQp {
             let _ = txq.send(TxItem::RtrWrite);
         }
         let max_segment = self.s.rnic.config.max_segment.clamp(4, 65516) & !3;
-        *lock(&self.s.engine) = Some(Engine { w: sock.clone(), tx: Tx { crc, max_segment, msn_send: 0, msn_read: 0 } });
+        *lock(&self.s.engine) =
+            Some(Engine { w: sock.clone(), tx: Tx { crc, max_segment, msn_send: 0, msn_read: 0 }, gather: Gathered::default() });
         *lock(&self.s.tx) = Some(txq.clone());
         *lock(&self.s.state) = QpState::Connected;
         self.s.own_runtime.store(own, Ordering::Release);
@@ -378,7 +386,7 @@ impl QpShared {
             return false;
         }
         let Ok(mut engine) = self.engine.try_lock() else { return false };
-        let Some(Engine { w, tx }) = engine.as_mut() else { return false };
+        let Some(Engine { w, tx, .. }) = engine.as_mut() else { return false };
         if self.queued.load(Ordering::Acquire) != 0 {
             return false;
         }
@@ -608,18 +616,25 @@ impl QueuePair for SoftQp {
     /// Every request is checked first (an invalid one fails the call and none is posted); then
     /// they are written at once, together, when the transmitter is idle, else queued for it
     /// (it gathers them).
-    fn post_send_list(&self, wrs: Vec<SendWr>) -> Result<()> {
-        wrs.iter().try_for_each(|wr| self.check(wr))?;
+    fn post_send_list(&self, wrs: &mut Vec<SendWr>) -> Result<()> {
+        if let Err(e) = wrs.iter().try_for_each(|wr| self.check(wr)) {
+            wrs.clear();
+            return Err(e);
+        }
         match self.s.state() {
-            QpState::Idle => Err(Error::NotConnected),
+            QpState::Idle => {
+                wrs.clear();
+                Err(Error::NotConnected)
+            }
             QpState::Connected => {
-                let taken = self.post_inline(&wrs);
-                self.queue(wrs.into_iter().skip(taken));
+                let taken = self.post_inline(wrs);
+                wrs.drain(..taken);
+                self.queue(wrs.drain(..));
                 Ok(())
             }
             QpState::Terminating | QpState::Error => {
-                for wr in &wrs {
-                    self.s.complete_send(wr, WcStatus::WrFlushErr, 0);
+                for wr in wrs.drain(..) {
+                    self.s.complete_send(&wr, WcStatus::WrFlushErr, 0);
                 }
                 Ok(())
             }

@@ -89,8 +89,9 @@ pub(super) struct Gathered {
 }
 
 impl Gathered {
-    pub(super) fn with_capacity(n: usize) -> Self {
-        Self { buf: Vec::with_capacity(n), ..Self::default() }
+    /// Room for `n` more bytes of framing and copied payload.
+    pub(super) fn reserve(&mut self, n: usize) {
+        self.buf.reserve(n);
     }
 
     pub(super) fn is_empty(&self) -> bool {
@@ -117,7 +118,7 @@ impl Gathered {
 
     /// Empty again (the framing buffer's memory kept), or `None` when it grew beyond what is
     /// worth keeping.
-    fn recycle(mut self) -> Option<Self> {
+    pub(super) fn recycle(mut self) -> Option<Self> {
         (self.buf.capacity() <= SPARE_MAX).then(|| {
             self.buf.clear();
             self.refs.clear();
@@ -250,6 +251,8 @@ impl Out<'_> {
 pub(super) struct Engine {
     pub(super) w: Arc<TcpStream>,
     pub(super) tx: Tx,
+    /// A poster's gathering buffer, empty, kept from one list to the next.
+    pub(super) gather: Gathered,
 }
 
 /// An FPDU's framing around its payload: the length field and the header before it, pad and
@@ -304,7 +307,7 @@ async fn send_fpdu(w: &mut Out<'_>, crc: bool, header: &[u8], mem: Option<&SoftM
 /// Send one item of the transmit queue.
 async fn transmit_item(s: &Arc<QpShared>, engine: &mut Engine, item: TxItem) {
     let state = s.state();
-    let Engine { w, tx } = engine;
+    let Engine { w, tx, .. } = engine;
     let w = &mut Out::Wait(w);
     match item {
         TxItem::Stop => {}
