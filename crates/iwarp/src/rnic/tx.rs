@@ -619,6 +619,19 @@ type Stop<'a> = &'a (dyn Fn() -> bool + Sync);
 type Sources = SmallVec<[(Arc<SoftMr>, usize, usize); 2]>;
 
 impl Tx {
+    /// A Send's RDMAP opcode, the key it invalidates (0: none) and its MSN, the next on the
+    /// Send queue.
+    fn next_send(&mut self, op: SendOp) -> (Opcode, u32, u32) {
+        let (op, inv) = match op {
+            SendOp::SendWithInvalidate { rkey } => (Opcode::SendInvalidate, rkey),
+            SendOp::SendWithSolicitedEvent => (Opcode::SendSe, 0),
+            SendOp::SendWithSolicitedEventInvalidate { rkey } => (Opcode::SendSeInvalidate, rkey),
+            _ => (Opcode::Send, 0),
+        };
+        self.msn_send = self.msn_send.wrapping_add(1);
+        (op, inv, self.msn_send)
+    }
+
     /// The common request framed at once, without the general path's futures: an RDMA Write or
     /// a Send of any kind whose payload is at most one local element and fits one FPDU, written
     /// to a writer that never waits (`None`: not such a request, or `w` is the transmitter's
@@ -640,14 +653,8 @@ impl Tx {
         let header = match wr.op {
             SendOp::RdmaWrite { remote_addr, rkey } => Header::Tagged { op: Opcode::Write, last: true, stag: rkey, to: remote_addr },
             op => {
-                let (op, inv) = match op {
-                    SendOp::SendWithInvalidate { rkey } => (Opcode::SendInvalidate, rkey),
-                    SendOp::SendWithSolicitedEvent => (Opcode::SendSe, 0),
-                    SendOp::SendWithSolicitedEventInvalidate { rkey } => (Opcode::SendSeInvalidate, rkey),
-                    _ => (Opcode::Send, 0),
-                };
-                self.msn_send = self.msn_send.wrapping_add(1);
-                Header::Untagged { op, last: true, inv_stag: inv, qn: QN_SEND, msn: self.msn_send, mo: 0 }
+                let (op, inv, msn) = self.next_send(op);
+                Header::Untagged { op, last: true, inv_stag: inv, qn: QN_SEND, msn, mo: 0 }
             }
         };
         let mut hb = [0u8; UNTAGGED_HDR];
@@ -692,14 +699,7 @@ impl Tx {
                 self.stream_out(w, &sources, header, &mut || {}, stop).await
             }
             op => {
-                let (op, inv) = match op {
-                    SendOp::SendWithInvalidate { rkey } => (Opcode::SendInvalidate, rkey),
-                    SendOp::SendWithSolicitedEvent => (Opcode::SendSe, 0),
-                    SendOp::SendWithSolicitedEventInvalidate { rkey } => (Opcode::SendSeInvalidate, rkey),
-                    _ => (Opcode::Send, 0),
-                };
-                self.msn_send = self.msn_send.wrapping_add(1);
-                let msn = self.msn_send;
+                let (op, inv, msn) = self.next_send(op);
                 self.stream_out(
                     w,
                     &sources,
