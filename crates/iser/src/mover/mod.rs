@@ -206,7 +206,8 @@ impl<P: Provider> Unsignaled<P> {
     }
 
     /// A list posted (and so emptied): its memory kept for the next.
-    fn give_back(&mut self, list: Vec<riser_verbs::SendWr>) {
+    fn give_back(&mut self, mut list: Vec<riser_verbs::SendWr>) {
+        list.clear();
         if list.capacity() > self.spare.capacity() {
             self.spare = list;
         }

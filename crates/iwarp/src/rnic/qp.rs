@@ -252,13 +252,16 @@ impl SoftQp {
             // here waits (the writers never do, the ORD room was checked), so one poll
             // finishes it. A request taken is done (its payload is its byte count) or a read
             // (pending: its response completes it).
-            match tx.small_now(&self.s, &mut out, wr).or_else(|| now(tx.work_request(&self.s, &mut out, wr, &|| false))) {
+            match tx.small_now(&self.s, &mut out, wr, &|| false).or_else(|| now(tx.work_request(&self.s, &mut out, wr, &|| false))) {
                 Some(TxOutcome::Done(_) | TxOutcome::Pending) => {}
                 Some(TxOutcome::LocalError(_) | TxOutcome::Io(_)) | None => break,
             }
             taken += 1;
         }
         if taken == 0 {
+            if let Out::Gather(g) = out {
+                *gather = g.recycle().unwrap_or_default();
+            }
             return 0;
         }
         let owed = || wrs[..taken].iter().filter(|wr| !matches!(wr.op, SendOp::RdmaRead { .. })).map(|wr| (wr, payload(wr) as u32));

@@ -456,7 +456,7 @@ enum Halt {
 async fn gather_item(s: &Arc<QpShared>, tx: &mut Tx, out: &mut Out<'_>, item: TxItem) -> Result<Option<(SendWr, u32)>, Halt> {
     let stop = &|| s.state() != QpState::Connected;
     match item {
-        TxItem::Wr(wr) => match match tx.small_now(s, out, &wr) {
+        TxItem::Wr(wr) => match match tx.small_now(s, out, &wr, stop) {
             Some(done) => done,
             None => tx.work_request(s, out, &wr, stop).await,
         } {
@@ -635,8 +635,9 @@ impl Tx {
     /// The common request framed at once, without the general path's futures: an RDMA Write or
     /// a Send of any kind whose payload is at most one local element and fits one FPDU, written
     /// to a writer that never waits (`None`: not such a request, or `w` is the transmitter's
-    /// writer; [`Tx::work_request`] takes it). The same checks, numbering and FPDU as there.
-    pub(super) fn small_now(&mut self, s: &QpShared, w: &mut Out<'_>, wr: &SendWr) -> Option<TxOutcome> {
+    /// writer; [`Tx::work_request`] takes it). The same checks, numbering and FPDU as there,
+    /// and as there `stop` true abandons a message with payload before its FPDU.
+    pub(super) fn small_now(&mut self, s: &QpShared, w: &mut Out<'_>, wr: &SendWr, stop: Stop<'_>) -> Option<TxOutcome> {
         if matches!(w, Out::Wait(_)) || matches!(wr.op, SendOp::RdmaRead { .. }) || wr.sg_list.len() > 1 {
             return None;
         }
@@ -650,6 +651,9 @@ impl Tx {
             },
             None => None,
         };
+        if source.as_ref().is_some_and(|(_, _, len)| *len > 0) && stop() {
+            return Some(TxOutcome::Io(stopped()));
+        }
         let header = match wr.op {
             SendOp::RdmaWrite { remote_addr, rkey } => Header::Tagged { op: Opcode::Write, last: true, stag: rkey, to: remote_addr },
             op => {

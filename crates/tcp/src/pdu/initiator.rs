@@ -132,7 +132,8 @@ impl PduDatamover {
                     Ok(range) => rx.read_data(&mut t.buf[range]).await.map(|()| t.read.accept(len as u32)),
                     Err(error) => Err(Violation::TaskData { itt: d.itt, error }.into()),
                 };
-                let settled = d.status_present.then(|| t.read.settle(d.status, Residual::from_flags(d.underflow, d.overflow, d.residual)));
+                let settled = (d.status_present && !t.bidi)
+                    .then(|| t.read.settle(d.status, Residual::from_flags(d.underflow, d.overflow, d.residual)));
                 lock(&shared.reads).insert(d.itt, t);
                 r?;
                 if let Some(Err(error)) = settled {
@@ -150,16 +151,19 @@ impl PduDatamover {
         Ok(())
     }
 
-    /// A SCSI Response for a read: its status may vouch only for data that arrived.
+    /// A SCSI Response for a read: its status may vouch only for data that arrived. Only a
+    /// response whose Response code is "Command Completed at Target" has a status at all
+    /// (§11.4.3). A bidirectional command's read is not settled: the initiator announces no
+    /// Bidirectional Read Expected Data Transfer Length, so the target's read residual says
+    /// nothing about what it owed (its Data-In are still checked as they arrive).
     pub(super) fn check_response(shared: &Shared, r: &ScsiResponse) -> Result<(), DmError> {
+        if r.response != 0 {
+            return Ok(());
+        }
         let reads = lock(&shared.reads);
-        let Some(t) = reads.get(&r.itt) else { return Ok(()) };
-        // A bidirectional command's read residual has fields of its own (§11.4.5).
-        let residual = if t.bidi {
-            Residual::from_flags(r.bidi_underflow, r.bidi_overflow, r.bidi_read_residual)
-        } else {
-            Residual::from_flags(r.underflow, r.overflow, r.residual)
-        };
-        t.read.settle(r.status, residual).map_err(|error| Violation::TaskData { itt: r.itt, error }.into())
+        let Some(t) = reads.get(&r.itt).filter(|t| !t.bidi) else { return Ok(()) };
+        t.read
+            .settle(r.status, Residual::from_flags(r.underflow, r.overflow, r.residual))
+            .map_err(|error| Violation::TaskData { itt: r.itt, error }.into())
     }
 }

@@ -56,7 +56,7 @@ struct WriteTask {
 struct ReadTask {
     buf: BytesMut,
     read: ReadIn,
-    /// The command writes too (its read residual is the response's bidirectional one).
+    /// The command writes too: its status does not settle the read (see `check_response`).
     bidi: bool,
 }
 

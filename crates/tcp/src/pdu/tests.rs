@@ -457,6 +457,10 @@ async fn an_initiator_takes_only_data_in_and_r2ts_that_keep_the_rules() {
     // A GOOD SCSI Response without any data; with its underflow said, taken.
     assert_eq!(initiator_meets(&[(response(false, 0), 0)]).await, task(1, DataInError::Missing { got: 0, due: 8192 }));
     assert_eq!(initiator_meets(&[(response(true, 8192), 0)]).await, None);
+    // A response whose Response code is not "Command Completed at Target" has no status to
+    // vouch for anything (RFC 7143 §11.4.3): the command fails, the connection goes on.
+    let failed = Header::ScsiResponse(riser_iscsi::wire::ScsiResponse { itt: 1, response: 1, ..Default::default() });
+    assert_eq!(initiator_meets(&[(failed, 0)]).await, None);
     // R2Ts: beyond the write, for nothing, out of order.
     assert_eq!(initiator_meets(&[(r2t(0, 8192, 65536), 0)]).await, task(2, DataInError::BeyondLength { end: 73728, len: 65536 }));
     assert_eq!(initiator_meets(&[(r2t(0, 8192, 0), 0)]).await, task(2, DataInError::EmptyR2t));
