@@ -333,6 +333,9 @@ impl<P: Provider + 'static> Shared<P> {
         drop(guard);
         let mut list = list;
         let posted = match one {
+            // Someone waits for it (Get_Data's RDMA Read): as a list, which a provider may
+            // transmit on the spot, rather than through its transmitter.
+            Some(wr) if awaited => self.qp.post_send_list(&mut vec![wr]),
             Some(wr) => self.qp.post_send(wr),
             None => self.qp.post_send_list(&mut list),
         };
