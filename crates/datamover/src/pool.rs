@@ -31,10 +31,18 @@ struct Free {
 }
 
 impl BufferPool {
-    /// A pooled buffer with room for `len` bytes, if there is one.
-    fn pooled(&self, len: usize) -> Option<Vec<u8>> {
+    /// A pooled buffer with room for `len` bytes, if there is one: the smallest that fits, or
+    /// with `filled`, first one already that long (a dirty take then zeroes nothing: a buffer
+    /// shortened by an earlier take would have its tail zeroed again).
+    fn pooled(&self, len: usize, filled: bool) -> Option<Vec<u8>> {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let i = free.buffers.iter().position(|b| b.capacity() >= len)?;
+        let i = free
+            .buffers
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= len)
+            .min_by_key(|(_, b)| (filled && b.len() < len, b.capacity()))?
+            .0;
         let b = free.buffers.swap_remove(i);
         free.bytes -= b.capacity();
         Some(b)
@@ -42,7 +50,7 @@ impl BufferPool {
 
     /// A zeroed buffer of `len` bytes, from the pool when one is large enough.
     pub fn take_vec(&self, len: usize) -> Vec<u8> {
-        let Some(mut b) = self.pooled(len) else { return vec![0; len] };
+        let Some(mut b) = self.pooled(len, false) else { return vec![0; len] };
         b.clear();
         b.resize(len, 0);
         b
@@ -53,17 +61,29 @@ impl BufferPool {
     /// write task buffer whose data-in-order checks guarantee full coverage); spares a memset
     /// of the whole buffer per command.
     pub fn take_dirty_vec(&self, len: usize) -> Vec<u8> {
-        let Some(mut b) = self.pooled(len) else { return vec![0; len] };
+        let Some(mut b) = self.pooled(len, true) else { return vec![0; len] };
         b.truncate(len);
         b.resize(len, 0);
         b
+    }
+
+    /// [`take_dirty_vec`](Self::take_dirty_vec) only from a pooled buffer holding `len` bytes
+    /// already (nothing allocated, nothing zeroed), else `None`. For memory a caller may take
+    /// ahead of its budget: what the pool holds is bounded and already allocated.
+    pub fn take_dirty_pooled(&self, len: usize) -> Option<Vec<u8>> {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let i = free.buffers.iter().enumerate().filter(|(_, b)| b.len() >= len).min_by_key(|(_, b)| b.capacity())?.0;
+        let mut b = free.buffers.swap_remove(i);
+        free.bytes -= b.capacity();
+        b.truncate(len);
+        Some(b)
     }
 
     /// An empty buffer with room for at least `len` bytes, from the pool when one is large
     /// enough: for a caller that appends what it fills it with (a READ's data, which every
     /// store writes after clearing the buffer). Nothing is zeroed, whatever the buffer held.
     pub fn take_room(&self, len: usize) -> Vec<u8> {
-        match self.pooled(len) {
+        match self.pooled(len, false) {
             Some(mut b) => {
                 b.clear();
                 b
@@ -153,6 +173,32 @@ mod tests {
         assert_eq!(d.as_ptr(), vp);
         assert_eq!(&d[..50], &[7; 50]);
         assert_eq!(&d[50..], &[0; 10]);
+    }
+
+    /// A dirty take prefers a buffer already holding the bytes it needs: a write's buffer
+    /// taken for its first burst (shortened) and then for the whole transfer used to be
+    /// zero-filled back to length on every command.
+    #[test]
+    fn a_dirty_take_prefers_a_buffer_already_that_long() {
+        let pool = BufferPool::default();
+        let short = pool.take_dirty_vec(256 << 10);
+        let long = pool.take_dirty_vec(256 << 10);
+        let (sp, lp) = (short.as_ptr(), long.as_ptr());
+        let mut short = short;
+        short.truncate(64 << 10);
+        pool.give_vec(short);
+        pool.give_vec(long);
+        let whole = pool.take_dirty_vec(256 << 10);
+        assert_eq!(whole.as_ptr(), lp, "the full-length buffer, not the shortened one");
+        // Only a buffer that long is taken ahead of a budget; nothing is allocated for it.
+        assert_eq!(pool.take_dirty_pooled(128 << 10), None);
+        let first = pool.take_dirty_pooled(64 << 10).expect("the shortened buffer");
+        assert_eq!((first.as_ptr(), first.len()), (sp, 64 << 10));
+        assert_eq!(pool.take_dirty_pooled(1), None, "the pool is empty");
+        // A zeroed take picks the smallest that fits, whatever it holds.
+        pool.give_vec(vec![1; 8192]);
+        pool.give_vec(whole);
+        assert_eq!(pool.take_vec(4096).capacity(), 8192);
     }
 
     /// What a connection keeps once its commands end is bounded in bytes, not only in buffers

@@ -63,9 +63,10 @@ async fn read_data_arrives_before_its_response_and_its_buffer_comes_back() {
     // Responses go mostly unsignaled: a write's buffer comes back when a later signaled request
     // completes, so most rounds after the first few reuse one.
     // (By address; and a buffer with more room than asked for can only be a pooled one of an
-    // earlier, larger read: a new one has the room asked for.)
+    // earlier, larger read: a new one has the room asked for. The pool hands out the smallest
+    // buffer that fits, so only a 512-byte read finding no small one back yet gets one.)
     assert!(recycled >= 30, "only {recycled} of 59 buffers came back from the pool");
-    assert!(larger >= 15, "only {larger} buffers were larger ones from the pool");
+    assert!(larger >= 1, "no buffer was a larger one from the pool");
 }
 
 /// Sends held for a turn leave once the turn ends — or as soon as what was gathered exceeds

@@ -34,9 +34,11 @@ impl<P: Provider + 'static> Shared<P> {
         let l = *lock(&self.limits);
         // Every byte is written before use: immediate data here, unsolicited
         // Data-Out in order after it, RDMA Reads for the rest. Only the unsolicited
-        // part is taken now; Get_Data takes the rest within the core's budget.
+        // part is allocated now; Get_Data takes the rest within the core's budget. A
+        // pooled buffer for the whole transfer is taken at once if there is one (no
+        // allocation, and Get_Data copies nothing).
         let split = l.incoming_write(c.expected_data_len, imm as u32, c.final_);
-        let mut buf = self.pool.take_dirty_vec(split.unsolicited_end as usize);
+        let mut buf = self.pool.take_dirty_pooled(edtl).unwrap_or_else(|| self.pool.take_dirty_vec(split.unsolicited_end as usize));
         buf[..imm].copy_from_slice(&immediate_data[..imm]);
         let task = WriteTask { buf, write: WriteIn::new(&split, c.final_, l.initial_r2t) };
         match lock(&self.writes).entry(c.itt) {

@@ -52,11 +52,16 @@ impl PduDatamover {
             return Err(Violation::ImmediateDataNotNegotiated.into());
         }
         // Every byte is written before use: Data-Out is checked to arrive in order, once. Only
-        // the unsolicited part is taken now (at most FirstBurstLength); Get_Data takes the
-        // rest once the core decides to collect it (within its per-session memory budget).
+        // the unsolicited part is allocated now (at most FirstBurstLength); Get_Data takes the
+        // rest once the core decides to collect it (within its per-session memory budget). A
+        // pooled buffer for the whole transfer is taken at once if there is one (no
+        // allocation, and Get_Data copies nothing).
         let split = limits.incoming_write(edtl, data_len as u32, cmd.final_);
         let first = split.unsolicited_end;
-        let mut buf = shared.pool.take_dirty(first as usize);
+        let mut buf = match shared.pool.take_dirty_pooled(edtl as usize) {
+            Some(whole) => riser_datamover::into_bytes_mut(whole),
+            None => shared.pool.take_dirty(first as usize),
+        };
         rx.read_data(&mut buf[..data_len]).await?;
         let task = WriteTask { buf, write: WriteIn::new(&split, cmd.final_, limits.initial_r2t), notify: None, reading: false };
         if lock(&shared.writes).insert(cmd.itt, task).is_some() {
