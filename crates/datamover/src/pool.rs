@@ -36,14 +36,21 @@ impl BufferPool {
     /// shortened by an earlier take would have its tail zeroed again).
     fn pooled(&self, len: usize, filled: bool) -> Option<Vec<u8>> {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let i = free
-            .buffers
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.capacity() >= len)
-            .min_by_key(|(_, b)| (filled && b.len() < len, b.capacity()))?
-            .0;
-        let b = free.buffers.swap_remove(i);
+        // The best so far: (needs zeroing, capacity, index). An exact fit ends the search.
+        let mut best: Option<(bool, usize, usize)> = None;
+        for (i, b) in free.buffers.iter().enumerate() {
+            if b.capacity() < len {
+                continue;
+            }
+            let key = (filled && b.len() < len, b.capacity(), i);
+            if best.is_none_or(|k| (key.0, key.1) < (k.0, k.1)) {
+                best = Some(key);
+                if !key.0 && key.1 == len {
+                    break;
+                }
+            }
+        }
+        let b = free.buffers.swap_remove(best?.2);
         free.bytes -= b.capacity();
         Some(b)
     }
