@@ -125,21 +125,34 @@ impl PduDatamover {
     /// (or drained if the command is gone); with status, the PDU goes up as the command's end
     /// once the status is known to cover only data that arrived.
     pub(super) async fn receive_data_in(shared: &Shared, rx: &mut dyn LinkRx, d: DataIn, len: usize) -> Result<(), DmError> {
-        let removed = lock(&shared.reads).remove(&d.itt);
-        match removed {
-            Some(mut t) => {
-                let r = match t.read.place(&d, len as u32) {
-                    Ok(range) => rx.read_data(&mut t.buf[range]).await.map(|()| t.read.accept(len as u32)),
-                    Err(error) => Err(Violation::TaskData { itt: d.itt, error }.into()),
+        // The task stays in the table while its data is read (the lock is not held across the
+        // read), its buffer taken out: a task forgotten meanwhile (aborted, timed out: its data
+        // taken back) stays forgotten, and the buffer is dropped.
+        let placed =
+            lock(&shared.reads).get_mut(&d.itt).map(|t| t.read.place(&d, len as u32).map(|range| (range, std::mem::take(&mut t.buf))));
+        match placed {
+            Some(Ok((range, mut buf))) => {
+                let r = rx.read_data(&mut buf[range]).await;
+                let mut reads = lock(&shared.reads);
+                let settled = match reads.get_mut(&d.itt) {
+                    // Only the slot this read emptied (never another task's).
+                    Some(t) if t.buf.is_empty() => {
+                        t.buf = buf;
+                        if r.is_ok() {
+                            t.read.accept(len as u32);
+                        }
+                        (d.status_present && !t.bidi)
+                            .then(|| t.read.settle(d.status, Residual::from_flags(d.underflow, d.overflow, d.residual)))
+                    }
+                    _ => None,
                 };
-                let settled = (d.status_present && !t.bidi)
-                    .then(|| t.read.settle(d.status, Residual::from_flags(d.underflow, d.overflow, d.residual)));
-                lock(&shared.reads).insert(d.itt, t);
+                drop(reads);
                 r?;
                 if let Some(Err(error)) = settled {
                     return Err(Violation::TaskData { itt: d.itt, error }.into());
                 }
             }
+            Some(Err(error)) => return Err(Violation::TaskData { itt: d.itt, error }.into()),
             None => {
                 let mut scratch = vec![0u8; len];
                 rx.read_data(&mut scratch).await?;

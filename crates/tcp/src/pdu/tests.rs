@@ -466,3 +466,28 @@ async fn an_initiator_takes_only_data_in_and_r2ts_that_keep_the_rules() {
     assert_eq!(initiator_meets(&[(r2t(0, 8192, 0), 0)]).await, task(2, DataInError::EmptyR2t));
     assert_eq!(initiator_meets(&[(r2t(1, 8192, 4096), 0)]).await, task(2, DataInError::SequenceNumber { expected: 0, got: 1 }));
 }
+
+/// A read forgotten while one of its Data-In is being read (the caller took its data back: an
+/// abort, a timeout) stays forgotten: the rest of the payload is read and dropped. The task
+/// used to be taken out of the table for the read and put back after it, so a task forgotten
+/// meanwhile came back and its buffer stayed until the connection ended.
+#[tokio::test]
+async fn a_read_forgotten_while_its_data_arrives_stays_forgotten() {
+    use std::io::Write;
+    let (dm, mut target) = initiator_on_socket().await;
+    let cmd = ScsiCommand { itt: 1, read: true, expected_data_len: 8192, ..ScsiCommand::default() };
+    dm.send_command(cmd, Bytes::new(), 8192, None).await.unwrap();
+    target.set_nonblocking(false).unwrap();
+    let pdu = wire_pdu(Header::DataIn(data_in(1, 0, 0)), &[5u8; 4096]);
+    // The header and part of the payload: the receiver waits inside the read.
+    target.write_all(&pdu[..BHS_LEN + 1000]).unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let _ = dm.take_read_data(1);
+    target.write_all(&pdu[BHS_LEN + 1000..]).unwrap();
+    let nop = NopIn { itt: 9, ttt: RESERVED_TAG, ..NopIn::default() };
+    target.write_all(&wire_pdu(Header::NopIn(nop), &[])).unwrap();
+    let ev = next_event_soon(&dm).await;
+    assert!(matches!(&ev, DmEvent::Control(c) if matches!(c.header, Header::NopIn(_))), "{ev:?}");
+    assert!(lock(&dm.shared.reads).get(&1).is_none(), "the forgotten read came back");
+    assert!(dm.take_read_data(1).is_none());
+}
