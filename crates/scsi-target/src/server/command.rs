@@ -100,7 +100,7 @@ impl Drop for ToTheEnd {
 pub(super) struct Command {
     pub(super) cmd: ScsiCommand,
     /// Its full CDB (the BHS's 16 bytes and an extended-CDB AHS).
-    pub(super) cdb: Vec<u8>,
+    pub(super) cdb: smallvec::SmallVec<[u8; 16]>,
     pub(super) split: WriteSplit,
     /// REPORT LUNS: the nexus's LUNs, which it answers from (whichever LUN it names).
     pub(super) report: Option<Vec<Lun>>,

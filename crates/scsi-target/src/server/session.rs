@@ -610,7 +610,8 @@ impl Session {
         split: riser_iscsi::session::WriteSplit,
         now: Duration,
     ) {
-        let full_cdb = cmd.full_cdb(&ahs);
+        // Without an AHS (nearly every command) the CDB is the BHS's 16 bytes: no allocation.
+        let full_cdb: smallvec::SmallVec<[u8; 16]> = if ahs.is_empty() { cmd.cdb.into() } else { cmd.full_cdb(&ahs).into() };
         let opcode = full_cdb.first().copied().unwrap_or(0);
         // REPORT LUNS answers from the nexus's LUN inventory, whichever LUN it is sent to.
         let (path, report) = if opcode == REPORT_LUNS { (None, Some(view.luns())) } else { (self.enter(target, view, cmd.lun), None) };
