@@ -79,8 +79,17 @@ impl BufferPool {
     /// ahead of its budget: what the pool holds is bounded and already allocated.
     pub fn take_dirty_pooled(&self, len: usize) -> Option<Vec<u8>> {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let i = free.buffers.iter().enumerate().filter(|(_, b)| b.len() >= len).min_by_key(|(_, b)| b.capacity())?.0;
-        let mut b = free.buffers.swap_remove(i);
+        // The smallest that holds `len` bytes: (capacity, index); an exact fit ends the search.
+        let mut best: Option<(usize, usize)> = None;
+        for (i, b) in free.buffers.iter().enumerate() {
+            if b.len() >= len && best.is_none_or(|(c, _)| b.capacity() < c) {
+                best = Some((b.capacity(), i));
+                if b.capacity() == len {
+                    break;
+                }
+            }
+        }
+        let mut b = free.buffers.swap_remove(best?.1);
         free.bytes -= b.capacity();
         b.truncate(len);
         Some(b)
