@@ -30,19 +30,31 @@ struct Free {
     bytes: usize,
 }
 
+/// Which pooled buffers a take may have (see `BufferPool::pooled`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fit {
+    /// Any with room enough.
+    Room,
+    /// Any with room enough, those already holding the bytes first.
+    PreferFilled,
+    /// Only those already holding the bytes.
+    Filled,
+}
+
 impl BufferPool {
     /// A pooled buffer with room for `len` bytes, if there is one: the smallest that fits, or
-    /// with `filled`, first one already that long (a dirty take then zeroes nothing: a buffer
-    /// shortened by an earlier take would have its tail zeroed again).
-    fn pooled(&self, len: usize, filled: bool) -> Option<Vec<u8>> {
+    /// as `fit` asks, one already that long first (a dirty take then zeroes nothing: a buffer
+    /// shortened by an earlier take would have its tail zeroed again) or only such a one.
+    fn pooled(&self, len: usize, fit: Fit) -> Option<Vec<u8>> {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         // The best so far: (needs zeroing, capacity, index). An exact fit ends the search.
         let mut best: Option<(bool, usize, usize)> = None;
         for (i, b) in free.buffers.iter().enumerate() {
-            if b.capacity() < len {
+            let short = b.len() < len;
+            if b.capacity() < len || (short && fit == Fit::Filled) {
                 continue;
             }
-            let key = (filled && b.len() < len, b.capacity(), i);
+            let key = (short && fit == Fit::PreferFilled, b.capacity(), i);
             if best.is_none_or(|k| (key.0, key.1) < (k.0, k.1)) {
                 best = Some(key);
                 if !key.0 && key.1 == len {
@@ -57,7 +69,7 @@ impl BufferPool {
 
     /// A zeroed buffer of `len` bytes, from the pool when one is large enough.
     pub fn take_vec(&self, len: usize) -> Vec<u8> {
-        let Some(mut b) = self.pooled(len, false) else { return vec![0; len] };
+        let Some(mut b) = self.pooled(len, Fit::Room) else { return vec![0; len] };
         b.clear();
         b.resize(len, 0);
         b
@@ -68,7 +80,7 @@ impl BufferPool {
     /// write task buffer whose data-in-order checks guarantee full coverage); spares a memset
     /// of the whole buffer per command.
     pub fn take_dirty_vec(&self, len: usize) -> Vec<u8> {
-        let Some(mut b) = self.pooled(len, true) else { return vec![0; len] };
+        let Some(mut b) = self.pooled(len, Fit::PreferFilled) else { return vec![0; len] };
         b.truncate(len);
         b.resize(len, 0);
         b
@@ -78,19 +90,7 @@ impl BufferPool {
     /// already (nothing allocated, nothing zeroed), else `None`. For memory a caller may take
     /// ahead of its budget: what the pool holds is bounded and already allocated.
     pub fn take_dirty_pooled(&self, len: usize) -> Option<Vec<u8>> {
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        // The smallest that holds `len` bytes: (capacity, index); an exact fit ends the search.
-        let mut best: Option<(usize, usize)> = None;
-        for (i, b) in free.buffers.iter().enumerate() {
-            if b.len() >= len && best.is_none_or(|(c, _)| b.capacity() < c) {
-                best = Some((b.capacity(), i));
-                if b.capacity() == len {
-                    break;
-                }
-            }
-        }
-        let mut b = free.buffers.swap_remove(best?.1);
-        free.bytes -= b.capacity();
+        let mut b = self.pooled(len, Fit::Filled)?;
         b.truncate(len);
         Some(b)
     }
@@ -99,7 +99,7 @@ impl BufferPool {
     /// enough: for a caller that appends what it fills it with (a READ's data, which every
     /// store writes after clearing the buffer). Nothing is zeroed, whatever the buffer held.
     pub fn take_room(&self, len: usize) -> Vec<u8> {
-        match self.pooled(len, false) {
+        match self.pooled(len, Fit::Room) {
             Some(mut b) => {
                 b.clear();
                 b
