@@ -129,7 +129,7 @@ impl Transport {
         match self {
             Self::Tcp => c,
             #[cfg(feature = "rdma")]
-            Self::Iser => c.queue_depth(64),
+            Self::Iser => c.queue_depth(64).iser_threads(2),
         }
     }
 

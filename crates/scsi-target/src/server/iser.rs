@@ -1,6 +1,7 @@
 //! The iSER portal (feature `iser`): each RDMA connection request becomes an iSER datamover over
 //! a riser-verbs provider, then a session exactly as over TCP.
 
+use super::threads::ConnectionThreads;
 use super::{Portal, Target};
 use riser_iscsi::keys::{DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH, Transport};
 use std::sync::Arc;
@@ -16,6 +17,19 @@ impl<L: riser_verbs::Listener> Drop for CloseOnDrop<L> {
 }
 
 impl Target {
+    /// The threads iSER connections run on, started at the first call (`None`: none asked
+    /// for, or they could not be started: on the caller's runtime).
+    fn iser_threads(&self) -> Option<&ConnectionThreads> {
+        self.iser_threads
+            .get_or_init(|| match self.config.iser_threads {
+                0 => None,
+                n => ConnectionThreads::start(n, "riser-iser")
+                    .inspect_err(|e| warn!("iSER connection threads not started ({e}): connections run on the portal's runtime"))
+                    .ok(),
+            })
+            .as_ref()
+    }
+
     /// Accept iSER connections on `listener` (an RDMA provider's listener) until the task is
     /// dropped: each connection request becomes an iSER datamover, then a session exactly as
     /// over TCP. `cfg.recv_depth` is raised above the CmdSN window so MaxCmdSN never opens
@@ -68,7 +82,10 @@ impl Target {
                 continue;
             };
             let (p, me) = (provider.clone(), self.clone());
-            tokio::spawn(async move {
+            // Everything of the connection runs where this future does: the accept (on that
+            // runtime's blocking pool) starts the software RNIC's engines on its runtime, and
+            // the driver, the session and its commands are spawned on it.
+            let connection = async move {
                 match tokio::task::spawn_blocking(move || riser_iser::accept(&p, req, cfg)).await {
                     Ok(Ok((dm, peer))) => {
                         tokio::spawn(dm.driver());
@@ -78,7 +95,11 @@ impl Target {
                     Ok(Err(e)) => warn!("iSER accept failed: {e}"),
                     Err(e) => warn!("iSER accept failed: {e}"),
                 }
-            });
+            };
+            match self.iser_threads() {
+                Some(threads) => threads.spawn(connection),
+                None => drop(tokio::spawn(connection)),
+            }
         }
         Ok(())
     }

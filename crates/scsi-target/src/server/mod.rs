@@ -17,6 +17,8 @@ mod session;
 pub mod stats;
 #[cfg(feature = "tcp")]
 mod tcp;
+#[cfg(feature = "iser")]
+mod threads;
 mod view;
 
 pub use config::{DEFAULT_MAX_CONNECTIONS, DiscoveryScope, MAX_LUN, Node, Portal, PortalGroup, TargetConfig};
@@ -120,6 +122,10 @@ pub struct Target {
     counters: TargetCounters,
     /// Counters of ended sessions, per (target, LUN): see `stats`.
     retired: Mutex<std::collections::BTreeMap<(String, u16), stats::LunStats>>,
+    /// The threads iSER connections run on ([`TargetConfig::iser_threads`]), started with the
+    /// first; `None`: on the runtime of `serve_iser`.
+    #[cfg(feature = "iser")]
+    iser_threads: std::sync::OnceLock<Option<threads::ConnectionThreads>>,
 }
 
 /// A portal in [`Target`]'s list of the ones it serves, until dropped.
@@ -184,6 +190,8 @@ impl Target {
             budget,
             counters: TargetCounters::default(),
             retired: Mutex::new(Default::default()),
+            #[cfg(feature = "iser")]
+            iser_threads: std::sync::OnceLock::new(),
         })
     }
 

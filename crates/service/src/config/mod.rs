@@ -89,6 +89,7 @@ pub struct Limits {
     pub nop_interval: Option<toml::Value>,
     pub nop_timeout: Option<toml::Value>,
     pub iser_unsolicited_data: Option<toml::Value>,
+    pub iser_threads: Option<toml::Value>,
     pub busy_poll_us: Option<toml::Value>,
     pub max_mpa_handshakes: Option<toml::Value>,
     pub logout_timeout: Option<toml::Value>,
@@ -624,6 +625,14 @@ const MAX_SECONDS: f64 = 86_400.0;
 /// The longest `busy_poll_us`: a second of polling each time a connection goes idle.
 const MAX_BUSY_POLL_US: u64 = 1_000_000;
 
+/// The most `iser_threads`: far more than a host has cores.
+const MAX_ISER_THREADS: u64 = 1024;
+
+/// Default of `limits.iser_threads`: one per CPU the process may run on.
+pub fn default_iser_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// Default of `limits.drain_timeout`.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -676,6 +685,10 @@ impl Limits {
         if let Some(v) = &self.iser_unsolicited_data {
             t.iser_unsolicited_data = v.as_bool().ok_or_else(|| format!("limits.iser_unsolicited_data = {v}: expected true or false"))?;
         }
+        t.iser_threads = match &self.iser_threads {
+            Some(v) => integer("iser_threads", v, 0, MAX_ISER_THREADS)? as usize,
+            None => default_iser_threads(),
+        };
         if let Some(v) = &self.logout_timeout {
             t.logout_timeout = seconds("logout_timeout", v)?;
         }

@@ -31,6 +31,7 @@ fn limits_table_sets_the_target_config() {
         nop_interval = 3
         nop_timeout = 7
         iser_unsolicited_data = true
+        iser_threads = 3
         busy_poll_us = 50
         max_mpa_handshakes = 4
         "#,
@@ -48,6 +49,8 @@ fn limits_table_sets_the_target_config() {
     assert_eq!(c.nop_interval, Some(Duration::from_secs(3)));
     assert_eq!(c.nop_timeout, Duration::from_secs(7));
     assert!(c.iser_unsolicited_data);
+    assert_eq!(c.iser_threads, 3);
+    assert_eq!(limits("[limits]\niser_threads = 0\n").unwrap().target.iser_threads, 0, "0: the service's runtime");
     assert_eq!(c.busy_poll, Some(Duration::from_micros(50)));
     assert_eq!(t.rnic.as_ref().and_then(|r| r.busy_poll), Some(Duration::from_micros(50)), "the software RNIC polls too");
     assert_eq!(limits("[limits]\nbusy_poll_us = 0\n").unwrap().target.busy_poll, None, "0: off");
@@ -73,6 +76,9 @@ fn absent_keys_keep_the_defaults() {
         assert_eq!(c.nop_timeout, d.nop_timeout);
         assert_eq!(c.iser_unsolicited_data, d.iser_unsolicited_data);
         assert_eq!(c.busy_poll, d.busy_poll);
+        // Unlike the library's (0: the caller's runtime), the service's: one thread per CPU.
+        assert_eq!(c.iser_threads, default_iser_threads());
+        assert!(c.iser_threads >= 1);
         assert!(t.rnic.is_none());
     }
 }
@@ -115,6 +121,9 @@ fn bad_values_name_their_key() {
         ("busy_poll_us = -1", "limits.busy_poll_us"),
         ("busy_poll_us = 1000001", "limits.busy_poll_us"),
         ("busy_poll_us = 0.5", "limits.busy_poll_us"),
+        ("iser_threads = -1", "limits.iser_threads"),
+        ("iser_threads = 1025", "limits.iser_threads"),
+        ("iser_threads = \"all\"", "limits.iser_threads"),
     ] {
         let e = error(&format!("[limits]\n{line}\n"));
         assert!(e.contains(key), "{line}: {e}");
