@@ -11,7 +11,8 @@ use riser_iscsi::keys::Transport;
 use riser_iscsi::wire::LoginStatus;
 use riser_scsi::sense::Status;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::time::Duration;
 
 /// What kind of command, for counting.
@@ -138,8 +139,11 @@ pub(crate) struct LuCounters {
 
 impl LuCounters {
     /// A command ended with `status` after `took`.
+    ///
+    /// The command itself is counted last (Release) and a snapshot reads the command counts
+    /// first (Acquire): whoever sees a command counted sees every count it made, its bytes
+    /// included (counted before it ended).
     pub(crate) fn command(&self, op: Op, status: Status, sense: Option<&[u8]>, took: Duration) {
-        self.commands[op.index()].fetch_add(1, Relaxed);
         if let Some(e) = error_class(status, sense) {
             self.errors[e].fetch_add(1, Relaxed);
         }
@@ -149,6 +153,7 @@ impl LuCounters {
         self.latency[bucket].fetch_add(1, Relaxed);
         let ns = took.as_secs().saturating_mul(1_000_000_000).saturating_add(u64::from(took.subsec_nanos()));
         self.latency_sum_ns.fetch_add(ns, Relaxed);
+        self.commands[op.index()].fetch_add(1, Release);
     }
 
     /// `n` bytes went to the initiator.
@@ -164,8 +169,10 @@ impl LuCounters {
     /// What they hold now.
     pub(crate) fn snapshot(&self) -> LunStats {
         let load = |a: &[AtomicU64]| a.iter().map(|c| c.load(Relaxed)).collect::<Vec<_>>();
+        // First, and with Acquire: see `command`.
+        let commands = self.commands.iter().map(|c| c.load(Acquire)).collect::<Vec<_>>();
         LunStats {
-            commands: load(&self.commands).try_into().unwrap_or_default(),
+            commands: commands.try_into().unwrap_or_default(),
             read_bytes: self.read_bytes.load(Relaxed),
             write_bytes: self.write_bytes.load(Relaxed),
             errors: load(&self.errors).try_into().unwrap_or_default(),
@@ -355,6 +362,38 @@ mod tests {
         assert_eq!(ERROR_NAMES[16], "reservation_conflict");
         assert_eq!(error_class(Status::RESERVATION_CONFLICT, None), Some(16));
         assert_eq!(error_class(Status::GOOD, None), None);
+    }
+
+    /// A reader that sees a command counted sees all of its counts (its error class, its
+    /// latency, the bytes counted before it ended): a statistics request made once the
+    /// initiator has its response must not find the command without its error.
+    #[test]
+    fn a_command_seen_counted_is_seen_whole() {
+        let c = std::sync::Arc::new(LuCounters::default());
+        let sense = [0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x21, 0];
+        const N: u64 = 300_000;
+        let writer = {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                for _ in 0..N {
+                    c.read(512);
+                    c.command(Op::Read, Status::CHECK_CONDITION, Some(&sense), Duration::from_micros(5));
+                }
+            })
+        };
+        let mut torn = 0;
+        loop {
+            let s = c.snapshot();
+            let n = s.total_commands();
+            if s.total_errors() < n || s.latency_buckets.iter().sum::<u64>() < n || s.read_bytes < 512 * n {
+                torn += 1;
+            }
+            if n == N {
+                break;
+            }
+        }
+        writer.join().unwrap();
+        assert_eq!(torn, 0, "snapshots that saw commands without their other counts");
     }
 
     #[test]
