@@ -217,8 +217,8 @@ pub struct SoftRnic {
 
 /// The device's state, shared by its handles, protection domains, regions and queue pairs.
 /// Regions are found through their protection domain's table (`mr::Regions`): registering,
-/// deregistering and every access of a connection touch nothing another connection writes but
-/// the next STag index.
+/// deregistering and every access of a connection touch nothing another connection writes (a
+/// domain takes STag indexes from the shared counter 64 at a time, and reuses its own).
 #[derive(Debug)]
 struct RnicShared {
     config: RnicConfig,

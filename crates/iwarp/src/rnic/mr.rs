@@ -3,7 +3,7 @@
 
 use super::{IndexHasher, RnicShared, lock};
 use riser_verbs::{Access, Error, MemoryRegion, ProtectionDomain, RegistrationError, Result};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -25,27 +25,43 @@ pub struct SoftMr {
 }
 
 /// A protection domain's regions by STag index. Each domain has its own (a connection's
-/// registrations and lookups do not meet another's); indexes come from the RNIC's counter.
+/// registrations and lookups do not meet another's). Indexes are unique in the RNIC (a key of
+/// another domain is told from an unknown one): a domain takes [`INDEX_CHUNK`] at a time from
+/// the RNIC's counter and reuses its own, so that registering writes nothing another connection
+/// writes once a connection has as many indexes as it keeps regions.
 #[derive(Debug)]
 pub(super) struct Regions {
     pub(super) pd: u64,
-    map: Mutex<HashMap<u32, Weak<SoftMr>, BuildHasherDefault<IndexHasher>>>,
+    map: Mutex<Table>,
+}
+
+/// STag indexes a protection domain takes from the RNIC's counter at a time.
+const INDEX_CHUNK: u32 = 64;
+
+#[derive(Debug, Default)]
+struct Table {
+    live: HashMap<u32, Weak<SoftMr>, BuildHasherDefault<IndexHasher>>,
+    /// Indexes of this domain no region holds, each with the key its next region gets: the
+    /// oldest first, so an index comes back only after the others (and its key byte goes
+    /// round only after 256 registrations on it: an STag kept after its region was dropped
+    /// names no later region until then).
+    free: VecDeque<(u32, u8)>,
 }
 
 impl Regions {
     pub(super) fn new(pd: u64) -> Self {
-        Self { pd, map: Mutex::new(HashMap::default()) }
+        Self { pd, map: Mutex::new(Table::default()) }
     }
 
     /// The live region of this domain with the index of `stag` (its key is checked by
     /// [`SoftMr::check`]).
     pub(super) fn lookup(&self, stag: u32) -> Option<Arc<SoftMr>> {
-        lock(&self.map).get(&(stag >> 8)).and_then(Weak::upgrade)
+        lock(&self.map).live.get(&(stag >> 8)).and_then(Weak::upgrade)
     }
 
     /// Regions registered and not yet dropped.
     pub(super) fn live(&self) -> usize {
-        lock(&self.map).values().filter(|w| w.strong_count() > 0).count()
+        lock(&self.map).live.values().filter(|w| w.strong_count() > 0).count()
     }
 }
 
@@ -139,8 +155,10 @@ impl SoftMr {
 impl Drop for SoftMr {
     fn drop(&mut self) {
         let mut t = lock(&self.table.map);
-        if t.get(&self.index).is_some_and(|w| w.strong_count() == 0) {
-            t.remove(&self.index);
+        if t.live.get(&self.index).is_some_and(|w| w.strong_count() == 0) {
+            t.live.remove(&self.index);
+            let next_key = (self.key.load(Ordering::Acquire) as u8).wrapping_add(1);
+            t.free.push_back((self.index, next_key));
         }
     }
 }
@@ -224,18 +242,26 @@ impl ProtectionDomain for SoftPd {
 impl SoftPd {
     fn insert(&self, mem: Storage, addr: u64, access: Access) -> Result<Arc<SoftMr>> {
         let mut t = lock(&self.regions.map);
-        if t.len() >= 0x00ff_fff0 {
+        if t.live.len() >= 0x00ff_fff0 {
             return Err(Error::Registration(RegistrationError::NoFreeStag));
         }
-        let index = loop {
-            let i = self.rnic.next_index.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
-            if i != 0 && t.get(&i).is_none_or(|w| w.strong_count() == 0) {
-                break i;
+        let (index, key) = loop {
+            match t.free.pop_front() {
+                // One another domain of this RNIC's could share only once the counter has gone
+                // round: skipped (it is its domain's, not this one's).
+                Some((i, key)) if t.live.get(&i).is_none_or(|w| w.strong_count() == 0) => break (i, key),
+                Some(_) => {}
+                None => {
+                    let first = self.rnic.next_index.fetch_add(INDEX_CHUNK, Ordering::Relaxed);
+                    let keys: [u8; INDEX_CHUNK as usize] = std::array::from_fn(|_| rand::random());
+                    let fresh = (0..INDEX_CHUNK).map(|j| first.wrapping_add(j) & 0x00ff_ffff).zip(keys).filter(|&(i, _)| i != 0);
+                    t.free.extend(fresh);
+                }
             }
         };
         let mr = Arc::new(SoftMr {
             index,
-            key: AtomicU32::new(u32::from(rand::random::<u8>())),
+            key: AtomicU32::new(u32::from(key)),
             valid: AtomicBool::new(true),
             pd: self.regions.pd,
             access,
@@ -244,7 +270,47 @@ impl SoftPd {
             mem: Mutex::new(mem),
             table: self.regions.clone(),
         });
-        t.insert(index, Arc::downgrade(&mr));
+        t.live.insert(index, Arc::downgrade(&mr));
         Ok(mr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::SoftRnic;
+    use riser_verbs::Provider;
+
+    /// A domain registering and dropping regions one after another takes STag indexes from the
+    /// RNIC's shared counter once, reuses its own, and gives a reused index the next key: an
+    /// STag of a dropped region names no region registered after it.
+    #[test]
+    fn a_domain_reuses_its_own_stag_indexes_with_the_next_key() {
+        let rnic = SoftRnic::default();
+        let pd = rnic.alloc_pd().unwrap();
+        let counter = || rnic.shared.next_index.load(Ordering::Relaxed);
+        let before = counter();
+        let first = pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+        let stag = first.lkey();
+        drop(first);
+        let mut seen = HashMap::new();
+        for _ in 0..1000 {
+            let mr = pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+            assert_ne!(mr.lkey(), stag, "a dropped region's STag came back");
+            *seen.entry(mr.lkey() >> 8).or_insert(0) += 1;
+            assert!(pd.regions.lookup(stag).is_none_or(|m| m.check(stag, m.pd, Access::empty(), m.addr, 1).is_err()));
+        }
+        assert_eq!(counter().wrapping_sub(before), INDEX_CHUNK, "one chunk of indexes for the domain");
+        // The oldest free index first: every index of the chunk serves in turn (index 0, never
+        // an STag's, is left out should the chunk straddle it).
+        assert!(seen.len() as u32 >= INDEX_CHUNK - 1, "{} indexes in turn", seen.len());
+        // A domain with more regions at once takes more chunks; they stay unique in the RNIC.
+        let other = rnic.alloc_pd().unwrap();
+        let held: Vec<_> = (0..100).map(|_| other.register(vec![0u8; 8], Access::LOCAL_WRITE).unwrap()).collect();
+        let mut indexes: Vec<u32> = held.iter().map(|m| m.lkey() >> 8).collect();
+        indexes.sort_unstable();
+        indexes.dedup();
+        assert_eq!(indexes.len(), 100);
+        assert!(indexes.iter().all(|i| !seen.contains_key(i)), "another domain's indexes are its own");
     }
 }
