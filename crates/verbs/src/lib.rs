@@ -375,6 +375,14 @@ pub trait ProtectionDomain: Send + Sync + fmt::Debug {
     /// [`Access::REMOTE_READ`], peer reads; write rights are refused. The region keeps the
     /// bytes alive until it is dropped.
     fn register_shared(&self, buf: bytes::Bytes, access: Access) -> Result<Arc<Self::Mr>>;
+    /// Whether a region is the caller's buffer itself: `register` keeps the vector as the
+    /// region's memory and [`MemoryRegion::into_buffer`] gives the same vector back, each at
+    /// the cost of a table entry (the software RNIC). A consumer may then hand a received
+    /// buffer on and register another rather than copy out of it. Default `false`: rdma-core's
+    /// regions are chunks of slabs registered in advance, the bytes copied in and out.
+    fn registers_in_place(&self) -> bool {
+        false
+    }
 }
 
 /// A reliable-connected queue pair.

@@ -2,12 +2,12 @@
 //! them unsignaled) and their completions awaited, the completion driver, and the receive path
 //! that handles each received Send in place.
 
-use super::{GATHER_BYTES_MAX, InitTask, IserConfig, IserDatamover, Keep, Mr, Remote, Shared, Waiter, lock, rdma, signal_interval};
+use super::{GATHER_BYTES_MAX, InitTask, IserConfig, IserDatamover, Keep, Mr, Recv, Remote, Shared, Waiter, lock, rdma, signal_interval};
 use crate::header::{ISER_HDR_LEN, ISER_HEADERS_LEN, IserHeader, IserOpcode, RFC5046_HDR_LEN};
 use bytes::Bytes;
 use riser_datamover::{ControlPdu, DmError, DmEvent, Terminated, Violation};
 use riser_iscsi::keys::Role;
-use riser_iscsi::wire::{BHS_LEN, Bhs, Header, Pdu, Reaction};
+use riser_iscsi::wire::{BHS_LEN, Bhs, DecodeError, Header, Pdu, PduLayout, Reaction};
 use riser_verbs::{
     Access, CompletionQueue, MemoryRegion, ProtectionDomain, Provider, QueuePair, RecvWr, SendOp, SendWr, SgList, Sge, Wc, WcOpcode,
     WcStatus,
@@ -18,17 +18,59 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tracing::warn;
 
+/// A received message's data segment, in a receive buffer of its own (see [`Recv`]).
+enum Tail<'a> {
+    /// Read where it lies.
+    Borrowed(&'a [u8]),
+    /// The buffer taken out of its region: a task may keep it (`Bytes::slice_ref`).
+    Owned(&'a Bytes),
+}
+
+impl Tail<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Self::Borrowed(b) => b,
+            Self::Owned(b) => b,
+        }
+    }
+}
+
+/// A PDU from its BHS and its data segment apart (no AHS: the caller checked), with the
+/// checks `Pdu::parse_limited` makes.
+fn parts<'a>(bhs: &'a [u8], data: &'a [u8], max_data: u32) -> Result<Pdu<&'a [u8]>, DecodeError> {
+    let b = Bhs::new_checked(bhs)?;
+    let layout = PduLayout::of(&b, max_data)?;
+    if layout.data_len != data.len() {
+        return Err(DecodeError::Truncated { need: layout.data_offset() + layout.data_len, have: BHS_LEN + data.len() });
+    }
+    Ok(Pdu { header: Header::parse(&b)?, ahs: &bhs[..0], data })
+}
+
 impl<P: Provider + 'static> Shared<P> {
-    /// Post one receive (a fresh buffer, or `mr` again).
-    pub(super) fn post_recv(&self, mr: Option<Arc<Mr<P>>>) -> Result<(), riser_verbs::Error> {
-        let mr = match mr {
-            Some(m) => m,
-            None => self.pd.register(vec![0u8; self.recv_size], Access::LOCAL_WRITE)?,
+    /// Post one receive: `reuse` again, fresh buffers for what it lacks (with
+    /// `split_recv`, a data buffer handed on with its message).
+    pub(super) fn post_recv(&self, reuse: Option<Recv<Mr<P>>>) -> Result<(), riser_verbs::Error> {
+        let (head, data) = match reuse {
+            Some(r) => (Some(r.head), r.data),
+            None => (None, None),
+        };
+        let head = match head {
+            Some(h) => h,
+            None => self.pd.register(vec![0u8; if self.split_recv { ISER_HEADERS_LEN } else { self.recv_size }], Access::LOCAL_WRITE)?,
+        };
+        let data = match (self.split_recv, data) {
+            (false, _) => None,
+            (true, Some(d)) => Some(d),
+            // Nothing beyond what a message placed is ever read: a pooled buffer as it is.
+            (true, None) => Some(self.pd.register(self.pool.take_dirty_vec(self.recv_size - ISER_HEADERS_LEN), Access::LOCAL_WRITE)?),
         };
         let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
-        let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
-        lock(&self.recvs).insert(wr_id, mr);
-        self.qp.post_recv(RecvWr { wr_id, sg_list: SgList::from_slice(&[sge]) }).inspect_err(|_| {
+        let mut sg_list = SgList::from_slice(&[Sge { addr: head.addr(), length: head.len() as u32, lkey: head.lkey() }]);
+        if let Some(d) = &data {
+            sg_list.push(Sge { addr: d.addr(), length: d.len() as u32, lkey: d.lkey() });
+        }
+        lock(&self.recvs).insert(wr_id, Recv { head, data });
+        self.qp.post_recv(RecvWr { wr_id, sg_list }).inspect_err(|_| {
             lock(&self.recvs).remove(&wr_id);
         })
     }
@@ -109,7 +151,7 @@ impl<P: Provider + 'static> Shared<P> {
     /// A receive completed: the message is handled in place (immediate and Data-Out payload go
     /// straight to the task buffer), then the buffer is posted again.
     pub(super) fn on_receive(&self, wc: Wc) {
-        let Some(mr) = lock(&self.recvs).remove(&wc.wr_id) else { return };
+        let Some(Recv { head, data }) = lock(&self.recvs).remove(&wc.wr_id) else { return };
         if wc.status != WcStatus::Success {
             if wc.status != WcStatus::WrFlushErr {
                 self.fail(DmError::Completion { op: WcOpcode::Recv.name(), status: wc.status.name() });
@@ -117,13 +159,71 @@ impl<P: Provider + 'static> Shared<P> {
             return;
         }
         let n = wc.byte_len as usize;
+        let inv = wc.invalidated_rkey;
         let mut handled = Ok(());
-        mr.read(&mut |b| handled = self.on_message(&b[..n.min(b.len())], wc.invalidated_rkey));
-        if !self.closed.load(Ordering::Acquire) && self.qp.is_connected() && self.post_recv(Some(mr)).is_err() {
+        let data = match data {
+            // The whole message in one buffer.
+            None => {
+                head.read(&mut |b| handled = self.on_message(&b[..n.min(b.len())], None, inv));
+                None
+            }
+            Some(d) if n <= head.len() => {
+                head.read(&mut |b| handled = self.on_message(&b[..n.min(b.len())], None, inv));
+                Some(d)
+            }
+            Some(d) => self.on_split_message(&head, d, n - head.len(), inv, &mut handled),
+        };
+        if !self.closed.load(Ordering::Acquire) && self.qp.is_connected() && self.post_recv(Some(Recv { head, data })).is_err() {
             self.fail(DmError::Resources { what: "repost a receive" });
         }
         if let Err(why) = handled {
             self.fail(why);
+        }
+    }
+
+    /// A message in two receive elements (see [`Recv`]): its headers in `head`, the `n` bytes
+    /// after them in `data`. A PDU whose data segment is all of them (no AHS) is handled in
+    /// place, and one whose data segment fills at least half the buffer is handed on with it
+    /// (a command's immediate data becomes its task's buffer; nothing copied); anything else is
+    /// put together first. The data buffer to post again, if it stays.
+    fn on_split_message(
+        &self,
+        head: &Mr<P>,
+        data: Arc<Mr<P>>,
+        n: usize,
+        inv: Option<u32>,
+        handled: &mut Result<(), DmError>,
+    ) -> Option<Arc<Mr<P>>> {
+        let mut hdr = [0u8; ISER_HEADERS_LEN];
+        head.read(&mut |b| hdr.copy_from_slice(&b[..ISER_HEADERS_LEN]));
+        let bhs = &hdr[ISER_HDR_LEN..];
+        let segment = u32::from_be_bytes([0, bhs[5], bhs[6], bhs[7]]) as usize;
+        if bhs[4] != 0 || segment != n {
+            // AHS, or lengths that do not add up (the parse says what is wrong): contiguous.
+            let mut msg = Vec::with_capacity(ISER_HEADERS_LEN + n);
+            msg.extend_from_slice(&hdr);
+            data.read(&mut |b| msg.extend_from_slice(&b[..n.min(b.len())]));
+            *handled = self.on_message(&msg, None, inv);
+            return Some(data);
+        }
+        if 2 * n < data.len() {
+            data.read(&mut |b| *handled = self.on_message(&hdr, Some(Tail::Borrowed(&b[..n.min(b.len())])), inv));
+            return Some(data);
+        }
+        match data.into_buffer() {
+            Ok(whole) => {
+                let owned = Bytes::from(whole);
+                *handled = self.on_message(&hdr, Some(Tail::Owned(&owned.slice(..n))), inv);
+                // Not kept by a task: registered again, whole (nothing to zero).
+                match owned.try_into_mut() {
+                    Ok(b) => self.pd.register(Vec::from(b), Access::LOCAL_WRITE).ok(),
+                    Err(_) => None,
+                }
+            }
+            Err(data) => {
+                data.read(&mut |b| *handled = self.on_message(&hdr, Some(Tail::Borrowed(&b[..n.min(b.len())])), inv));
+                Some(data)
+            }
         }
     }
 
@@ -133,8 +233,9 @@ impl<P: Provider + 'static> Shared<P> {
         lock(&self.waiting).remove(&wr_id)
     }
 
-    /// One received Send: an iSER header, a BHS, AHS and data.
-    fn on_message(&self, msg: &[u8], invalidated: Option<u32>) -> Result<(), DmError> {
+    /// One received Send: an iSER header, a BHS, AHS and data — or, with `tail`, the iSER header
+    /// and BHS in `msg` and the data segment (no AHS) in `tail`.
+    fn on_message(&self, msg: &[u8], tail: Option<Tail<'_>>, invalidated: Option<u32>) -> Result<(), DmError> {
         let ih = IserHeader::parse(msg).map_err(|_| Violation::IserTruncated)?;
         match ih.opcode {
             IserOpcode::Control => {}
@@ -149,8 +250,12 @@ impl<P: Provider + 'static> Shared<P> {
             let itt = msg.get(ISER_HDR_LEN..).and_then(|b| Bhs::new_checked(b).ok()).map(|b| b.itt());
             self.check_invalidation(itt, invalidated)?;
         }
-        let pdu = match Pdu::parse_limited(&msg[ISER_HDR_LEN..], self.cfg.recv_segment(), false) {
-            Ok((p, _)) => p,
+        let parsed = match &tail {
+            None => Pdu::parse_limited(&msg[ISER_HDR_LEN..], self.cfg.recv_segment(), false).map(|(p, _)| p),
+            Some(t) => parts(&msg[ISER_HDR_LEN..], t.bytes(), self.cfg.recv_segment()),
+        };
+        let pdu = match parsed {
+            Ok(p) => p,
             Err(e) => {
                 // Only a message that is exactly one PDU behind a 12-byte header: a control PDU's
                 // zero STags and VAs also parse as a (NOP-Out) header at that offset.
@@ -190,7 +295,11 @@ impl<P: Provider + 'static> Shared<P> {
                     return self.receive_duplicate_command(*c, ahs);
                 }
                 if c.write && c.expected_data_len > 0 {
-                    return self.receive_write_command(*c, ahs, pdu.data);
+                    let owned = match &tail {
+                        Some(Tail::Owned(b)) => Some(*b),
+                        _ => None,
+                    };
+                    return self.receive_write_command(*c, ahs, pdu.data, owned);
                 }
             }
             (Role::Target, Header::DataOut(d)) => {
@@ -488,7 +597,21 @@ pub fn fuzz_receive<P: Provider + 'static>(pd: Arc<P::Pd>, cq: Arc<P::Cq>, qp: A
             continue;
         }
         let tasks_before: std::collections::HashSet<u32> = lock(&s.writes).keys().copied().collect();
-        let r = s.on_message(msg, invalidated);
+        // A target on the software RNIC receives in two elements (see `Recv`): a message as it
+        // lands there, now and then.
+        let r = if s.split_recv && sel & 0x40 != 0 && msg.len() > ISER_HEADERS_LEN {
+            let (Ok(head), Ok(data)) = (
+                s.pd.register(msg[..ISER_HEADERS_LEN].to_vec(), Access::LOCAL_WRITE),
+                s.pd.register([&msg[ISER_HEADERS_LEN..], &vec![0; s.recv_size - msg.len()][..]].concat(), Access::LOCAL_WRITE),
+            ) else {
+                return;
+            };
+            let mut handled = Ok(());
+            s.on_split_message(&head, data, msg.len() - ISER_HEADERS_LEN, invalidated, &mut handled);
+            handled
+        } else {
+            s.on_message(msg, None, invalidated)
+        };
         let mut events = s.events_rx.try_lock().expect("events");
         while let Ok(ev) = events.try_recv() {
             if let DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), immediate, .. }) = ev {
@@ -503,7 +626,8 @@ pub fn fuzz_receive<P: Provider + 'static>(pd: Arc<P::Pd>, cq: Arc<P::Cq>, qp: A
             break;
         }
         for t in lock(&s.writes).values() {
-            assert!(t.write.unsolicited().received() as usize <= t.buf.len() && t.buf.len() <= crate::MAX_TASK_BUFFER);
+            let held = t.whole.as_ref().map_or(t.buf.len(), Bytes::len);
+            assert!(t.write.unsolicited().received() as usize <= held && held <= crate::MAX_TASK_BUFFER);
         }
         // A remote invalidation accepted by the initiator named a key of the task it came with.
         if let (Role::Initiator, Some(k)) = (role, invalidated) {
@@ -515,7 +639,7 @@ pub fn fuzz_receive<P: Provider + 'static>(pd: Arc<P::Pd>, cq: Arc<P::Cq>, qp: A
 #[cfg(test)]
 mod tests {
     use super::*;
-    use riser_iscsi::wire::{LoginRequest, NopOut, RESERVED_TAG};
+    use riser_iscsi::wire::{LoginRequest, NopOut, RESERVED_TAG, ScsiCommand};
 
     /// A target-side datamover on an unconnected software-RNIC queue pair (the RNIC is kept
     /// alive beside it).
@@ -530,6 +654,70 @@ mod tests {
         v
     }
 
+    /// A received message in two elements, as the RNIC scattered it: its first
+    /// `ISER_HEADERS_LEN` bytes in a head buffer, the rest at the start of a data buffer the
+    /// size of the receive segment. What `on_split_message` returns, and the data buffer's
+    /// address.
+    fn split_receive(dm: &IserDatamover<riser_iwarp::SoftRnic>, msg: &[u8]) -> (Option<u64>, u64) {
+        let s = &dm.s;
+        let head = s.pd.register(msg[..ISER_HEADERS_LEN].to_vec(), Access::LOCAL_WRITE).unwrap();
+        let mut data = vec![0xee_u8; s.recv_size - ISER_HEADERS_LEN];
+        data[..msg.len() - ISER_HEADERS_LEN].copy_from_slice(&msg[ISER_HEADERS_LEN..]);
+        let data = s.pd.register(data, Access::LOCAL_WRITE).unwrap();
+        let addr = data.addr();
+        let mut handled = Ok(());
+        let kept = s.on_split_message(&head, data, msg.len() - ISER_HEADERS_LEN, None, &mut handled);
+        assert_eq!(handled, Ok(()));
+        (kept.map(|d| d.addr()), addr)
+    }
+
+    /// With receives in two elements (the target on the software RNIC), a write whose data
+    /// all came with its command gets the receive buffer itself as its task buffer (nothing
+    /// copied; the receive is posted again with another), when the data fills at least half of
+    /// it; smaller immediate data, a write with more to fetch and a PDU with an AHS are copied
+    /// as before, the buffer staying with its receive.
+    #[test]
+    fn immediate_data_filling_its_receive_buffer_becomes_the_task_buffer() {
+        let (_rnic, dm) = target();
+        assert!(dm.s.split_recv);
+        let segment = dm.s.recv_size - ISER_HEADERS_LEN;
+        let command = |itt: u32, edtl: usize, data: &[u8], ahs: &[u8]| {
+            let c = ScsiCommand { final_: true, write: true, itt, expected_data_len: edtl as u32, cmd_sn: itt, ..ScsiCommand::default() };
+            let mut v = IserHeader::CONTROL.emit().to_vec();
+            Pdu::new(Header::ScsiCommand(c), ahs, data).encode(&mut v);
+            v
+        };
+        let data: Vec<u8> = (0..segment).map(|i| (i * 7 + i / 251) as u8).collect();
+        let whole = |itt: u32| lock(&dm.s.writes).get(&itt).and_then(|t| t.whole.as_ref().map(|b| (b.as_ptr() as u64, b.to_vec())));
+        // All of a write's data, filling the buffer: handed on.
+        let (kept, addr) = split_receive(&dm, &command(1, segment, &data, &[]));
+        assert_eq!(kept, None, "the data buffer went with the command");
+        assert_eq!(whole(1), Some((addr, data.clone())), "the task buffer is the receive buffer");
+        // Half of it: handed on too.
+        let half = &data[..segment / 2];
+        let (kept, addr) = split_receive(&dm, &command(2, half.len(), half, &[]));
+        assert_eq!((kept, whole(2)), (None, Some((addr, half.to_vec()))));
+        // Less than half: copied; the buffer stays.
+        let small = &data[..segment / 2 - 4];
+        let (kept, addr) = split_receive(&dm, &command(3, small.len(), small, &[]));
+        assert_eq!((kept, whole(3)), (Some(addr), None));
+        assert_eq!(&lock(&dm.s.writes)[&3].buf[..], small);
+        // More to fetch than came with it: the immediate part copied into the task's buffer.
+        let (kept, addr) = split_receive(&dm, &command(4, 4 * segment, &data, &[]));
+        assert_eq!((whole(4), &lock(&dm.s.writes)[&4].buf[..segment]), (None, &data[..]));
+        assert_eq!(kept, Some(addr), "the buffer, not kept by the task, registered again for its receive");
+        // An AHS: the message put together, then as before.
+        let ahs = [0u8, 4, 1, 0, 1, 2, 3, 4];
+        let (kept, addr) = split_receive(&dm, &command(5, segment / 2, &data[..segment / 2], &ahs));
+        assert_eq!((kept, whole(5)), (Some(addr), None));
+        assert_eq!(&lock(&dm.s.writes)[&5].buf[..], &data[..segment / 2]);
+        let mut events = dm.s.events_rx.try_lock().expect("events");
+        for itt in 1..=5 {
+            let ev = events.try_recv().expect("the command went up");
+            assert!(matches!(ev, DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), .. }) if c.itt == itt), "{ev:?}");
+        }
+    }
+
     #[test]
     fn an_rfc_5046_header_is_told_apart_from_a_pdu_with_a_bad_field() {
         let (_rnic, dm) = target();
@@ -538,7 +726,7 @@ mod tests {
         let bad = Header::LoginRequest(LoginRequest { transit: true, cont: true, itt: 7, ..LoginRequest::default() });
         let mut msg = IserHeader::CONTROL.emit().to_vec();
         msg.extend(pdu_bytes(bad, b"x"));
-        assert_eq!(dm.s.on_message(&msg, None), Ok(()));
+        assert_eq!(dm.s.on_message(&msg, None, None), Ok(()));
         let ev = dm.s.events_rx.try_lock().expect("events").try_recv().expect("an event");
         assert!(matches!(ev, DmEvent::Malformed { bhs, .. } if bhs[0] & 0x3f == 0x03), "{ev:?}");
         // A peer speaking RFC 5046: a 12-byte header, then a whole PDU. Named as such.
@@ -553,7 +741,7 @@ mod tests {
         let mut old = vec![0x10u8; 1];
         old.extend([0u8; RFC5046_HDR_LEN - 1]);
         old.extend(pdu_bytes(nop, &[]));
-        assert_eq!(dm.s.on_message(&old, None), Err(Violation::Rfc5046Header.into()));
+        assert_eq!(dm.s.on_message(&old, None, None), Err(Violation::Rfc5046Header.into()));
     }
 
     /// An initiator's commands wait for the turn's end and leave together, posted by the

@@ -162,6 +162,9 @@ struct Remote {
 /// Write data arriving before Get_Data (immediate data, unsolicited Data-Out).
 struct WriteTask {
     buf: Vec<u8>,
+    /// All of the write's data, when it came with the command in a receive buffer of its own
+    /// (see `Recv`): that buffer itself, handed on without a copy (`buf` is then empty).
+    whole: Option<Bytes>,
     /// Its sequences (riser-iscsi's rules, as over TCP): the unsolicited part received, and
     /// whether the data broke them (Get_Data then fails it: CHECK CONDITION, the connection
     /// stays). Its solicited data comes by RDMA Read: no R2Ts.
@@ -261,6 +264,14 @@ impl<P: Provider> Keep<P> {
     }
 }
 
+/// A posted receive: one buffer for the whole message, or (`Shared::split_recv`) one for the
+/// iSER header and BHS and one for what follows, so that a command's immediate data lands at
+/// the start of a buffer of its own, which can become the task's buffer as it is.
+pub(super) struct Recv<M> {
+    head: Arc<M>,
+    data: Option<Arc<M>>,
+}
+
 struct Shared<P: Provider> {
     role: Role,
     cfg: IserConfig,
@@ -269,7 +280,11 @@ struct Shared<P: Provider> {
     qp: Arc<P::Qp>,
     send_inv: AtomicBool,
     recv_size: usize,
-    recvs: Mutex<HashMap<u64, Arc<Mr<P>>>>,
+    recvs: Mutex<HashMap<u64, Recv<Mr<P>>>>,
+    /// Target, on a provider whose regions are the buffers themselves
+    /// ([`riser_verbs::ProtectionDomain::registers_in_place`]): receives in two elements (see
+    /// [`Recv`]), so that immediate data needs no copy.
+    split_recv: bool,
     next_wr: AtomicU64,
     waiting: Mutex<HashMap<u64, Waiter<P>>>,
     unsignaled: Mutex<Unsignaled<P>>,
@@ -323,6 +338,7 @@ fn rdma(what: &'static str) -> impl Fn(riser_verbs::Error) -> DmError {
 
 impl<P: Provider + 'static> IserDatamover<P> {
     fn new(role: Role, cfg: IserConfig, pd: Arc<P::Pd>, cq: Arc<P::Cq>, qp: Arc<P::Qp>) -> Result<Self, riser_verbs::Error> {
+        let split_recv = role == Role::Target && pd.registers_in_place();
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let s = Arc::new(Shared {
             role,
@@ -333,6 +349,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             send_inv: AtomicBool::new(false),
             recv_size: ISER_HEADERS_LEN + cfg.recv_segment() as usize,
             recvs: Mutex::new(HashMap::new()),
+            split_recv,
             next_wr: AtomicU64::new(1),
             waiting: Mutex::new(HashMap::new()),
             unsignaled: Mutex::new(Unsignaled {

@@ -4,7 +4,7 @@
 
 use super::driver::completion;
 use super::{IserDatamover, Keep, Shared, WriteTask, copy_out, lock, rdma};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use hashbrown::hash_map::Entry;
 use riser_datamover::{ControlPdu, DataInDesc, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer, Violation};
 use riser_iscsi::session::{DataOutTo, WriteIn};
@@ -20,7 +20,16 @@ impl<P: Provider + 'static> Shared<P> {
     /// A write command with data (target): its immediate data goes straight into a new task
     /// buffer, sized for the unsolicited part; the command goes up as a control PDU. A tag
     /// still in use by a write is a protocol error of the connection (as over TCP).
-    pub(super) fn receive_write_command(&self, c: ScsiCommand, ahs: Bytes, immediate_data: &[u8]) -> Result<(), DmError> {
+    ///
+    /// With `owned` (the receive buffer `immediate_data` lies in, handed on: see `Recv`), a
+    /// write whose data all came with it keeps that buffer as its task buffer: nothing copied.
+    pub(super) fn receive_write_command(
+        &self,
+        c: ScsiCommand,
+        ahs: Bytes,
+        immediate_data: &[u8],
+        owned: Option<&Bytes>,
+    ) -> Result<(), DmError> {
         let header = Header::ScsiCommand(c);
         let edtl = c.expected_data_len as usize;
         let imm = immediate_data.len();
@@ -38,9 +47,15 @@ impl<P: Provider + 'static> Shared<P> {
         // pooled buffer for the whole transfer is taken at once if there is one (no
         // allocation, and Get_Data copies nothing).
         let split = l.incoming_write(c.expected_data_len, imm as u32, c.final_);
-        let mut buf = self.pool.take_dirty_pooled(edtl).unwrap_or_else(|| self.pool.take_dirty_vec(split.unsolicited_end as usize));
-        buf[..imm].copy_from_slice(&immediate_data[..imm]);
-        let task = WriteTask { buf, write: WriteIn::new(&split, c.final_, l.initial_r2t) };
+        let write = WriteIn::new(&split, c.final_, l.initial_r2t);
+        let task = match owned {
+            Some(b) if imm == edtl && imm > 0 => WriteTask { buf: Vec::new(), whole: Some(b.slice_ref(immediate_data)), write },
+            _ => {
+                let mut buf = self.pool.take_dirty_pooled(edtl).unwrap_or_else(|| self.pool.take_dirty_vec(split.unsolicited_end as usize));
+                buf[..imm].copy_from_slice(&immediate_data[..imm]);
+                WriteTask { buf, whole: None, write }
+            }
+        };
         match lock(&self.writes).entry(c.itt) {
             Entry::Occupied(_) => return Err(Violation::TaskTagReused { itt: c.itt }.into()),
             Entry::Vacant(v) => v.insert(task),
@@ -154,7 +169,16 @@ impl<P: Provider + 'static> IserDatamover<P> {
             n.await;
         }
         let task = lock(&s.writes).remove(&itt);
-        let mut buf = task.map_or_else(|| s.pool.take_vec(total_len as usize), |t| t.buf);
+        let (mut buf, whole) = task.map_or_else(|| (s.pool.take_vec(total_len as usize), None), |t| (t.buf, t.whole));
+        if let Some(b) = whole {
+            // All the data came with the command, in the receive buffer the task kept.
+            if plan.count() == 0 && b.len() >= total_len as usize {
+                let mut data = b.try_into_mut().unwrap_or_else(|b| BytesMut::from(&b[..]));
+                data.truncate(total_len as usize);
+                return Ok(TaskBuffer { data });
+            }
+            buf = b.to_vec();
+        }
         if buf.len() != total_len as usize {
             // The buffer held the unsolicited part; the whole transfer's memory is taken
             // only now that the core collects it.

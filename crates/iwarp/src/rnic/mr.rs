@@ -237,6 +237,10 @@ impl ProtectionDomain for SoftPd {
         let addr = buf.as_ptr() as u64;
         self.insert(Storage::Shared(buf), addr, access)
     }
+
+    fn registers_in_place(&self) -> bool {
+        true
+    }
 }
 
 impl SoftPd {

@@ -237,7 +237,7 @@ pub struct TargetConfig {
     /// and iSER from 0.76–0.79× TCP's throughput to 0.88–0.92× there; but one connection then
     /// uses one core at most, and a single session's 256 KiB reads fell from 1,871 to
     /// 1,693 MiB/s (medians of 7), its thread busy all the time. The threads start with the
-    /// first iSER connection and stop when the [`super::Target`] is dropped.
+    /// first iSER portal and stop when the [`super::Target`] is dropped.
     #[cfg(feature = "iser")]
     #[cfg_attr(docsrs, doc(cfg(feature = "iser")))]
     pub iser_threads: usize,

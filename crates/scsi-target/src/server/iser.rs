@@ -17,8 +17,9 @@ impl<L: riser_verbs::Listener> Drop for CloseOnDrop<L> {
 }
 
 impl Target {
-    /// The threads iSER connections run on, started at the first call (`None`: none asked
-    /// for, or they could not be started: on the caller's runtime).
+    /// The threads iSER connections run on, started at the first call (when the first iSER
+    /// portal starts serving; `None`: none asked for, or they could not be started: on the
+    /// caller's runtime).
     fn iser_threads(&self) -> Option<&ConnectionThreads> {
         self.iser_threads
             .get_or_init(|| match self.config.iser_threads {
@@ -52,6 +53,10 @@ impl Target {
         cfg.recv_depth = cfg.recv_depth.max(self.config.queue_depth.saturating_mul(per_command).saturating_add(16));
         let portal = listener.local_addr().map_err(std::io::Error::other)?;
         let _serving = self.serving(Portal::iser(portal));
+        // The connection threads start with the portal, not with its first connection: a fixed
+        // part of a serving portal (a runtime's epoll and waker descriptors each), not something
+        // a connection leaves behind.
+        let _ = self.iser_threads();
         // The provider's listener blocks: it runs on a thread of its own (not the blocking pool,
         // which a runtime waits for at shutdown) and hands requests over. When this future is
         // dropped the listener is closed: the thread's wait ends, and the address is free once

@@ -123,7 +123,7 @@ pub struct Target {
     /// Counters of ended sessions, per (target, LUN): see `stats`.
     retired: Mutex<std::collections::BTreeMap<(String, u16), stats::LunStats>>,
     /// The threads iSER connections run on ([`TargetConfig::iser_threads`]), started with the
-    /// first; `None`: on the runtime of `serve_iser`.
+    /// first iSER portal; `None`: on the runtime of `serve_iser`.
     #[cfg(feature = "iser")]
     iser_threads: std::sync::OnceLock<Option<threads::ConnectionThreads>>,
 }
