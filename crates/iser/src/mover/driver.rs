@@ -162,16 +162,12 @@ impl<P: Provider + 'static> Shared<P> {
         let inv = wc.invalidated_rkey;
         let mut handled = Ok(());
         let data = match data {
-            // The whole message in one buffer.
-            None => {
+            Some(d) if n > head.len() => self.on_split_message(&head, d, n - head.len(), inv, &mut handled),
+            // The whole message in the first buffer.
+            d => {
                 head.read(&mut |b| handled = self.on_message(&b[..n.min(b.len())], None, inv));
-                None
+                d
             }
-            Some(d) if n <= head.len() => {
-                head.read(&mut |b| handled = self.on_message(&b[..n.min(b.len())], None, inv));
-                Some(d)
-            }
-            Some(d) => self.on_split_message(&head, d, n - head.len(), inv, &mut handled),
         };
         if !self.closed.load(Ordering::Acquire) && self.qp.is_connected() && self.post_recv(Some(Recv { head, data })).is_err() {
             self.fail(DmError::Resources { what: "repost a receive" });
@@ -206,25 +202,22 @@ impl<P: Provider + 'static> Shared<P> {
             *handled = self.on_message(&msg, None, inv);
             return Some(data);
         }
-        if 2 * n < data.len() {
-            data.read(&mut |b| *handled = self.on_message(&hdr, Some(Tail::Borrowed(&b[..n.min(b.len())])), inv));
-            return Some(data);
-        }
-        match data.into_buffer() {
-            Ok(whole) => {
-                let owned = Bytes::from(whole);
-                *handled = self.on_message(&hdr, Some(Tail::Owned(&owned.slice(..n))), inv);
-                // Not kept by a task: registered again, whole (nothing to zero).
-                match owned.try_into_mut() {
-                    Ok(b) => self.pd.register(Vec::from(b), Access::LOCAL_WRITE).ok(),
-                    Err(_) => None,
+        let data = if 2 * n < data.len() {
+            data
+        } else {
+            match data.into_buffer() {
+                Ok(whole) => {
+                    let owned = Bytes::from(whole);
+                    *handled = self.on_message(&hdr, Some(Tail::Owned(&owned.slice(..n))), inv);
+                    // Not kept by a task: registered again, whole (nothing to zero).
+                    return owned.try_into_mut().ok().and_then(|b| self.pd.register(Vec::from(b), Access::LOCAL_WRITE).ok());
                 }
+                // Held for a moment elsewhere: read where it lies.
+                Err(data) => data,
             }
-            Err(data) => {
-                data.read(&mut |b| *handled = self.on_message(&hdr, Some(Tail::Borrowed(&b[..n.min(b.len())])), inv));
-                Some(data)
-            }
-        }
+        };
+        data.read(&mut |b| *handled = self.on_message(&hdr, Some(Tail::Borrowed(&b[..n.min(b.len())])), inv));
+        Some(data)
     }
 
     /// The waiter of a send-queue request (the map's lock released at once: the caller goes on

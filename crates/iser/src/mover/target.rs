@@ -171,13 +171,11 @@ impl<P: Provider + 'static> IserDatamover<P> {
         let task = lock(&s.writes).remove(&itt);
         let (mut buf, whole) = task.map_or_else(|| (s.pool.take_vec(total_len as usize), None), |t| (t.buf, t.whole));
         if let Some(b) = whole {
-            // All the data came with the command, in the receive buffer the task kept.
-            if plan.count() == 0 && b.len() >= total_len as usize {
-                let mut data = b.try_into_mut().unwrap_or_else(|b| BytesMut::from(&b[..]));
-                data.truncate(total_len as usize);
-                return Ok(TaskBuffer { data });
-            }
-            buf = b.to_vec();
+            // All the data came with the command (nothing to fetch: `total_len` is at most the
+            // immediate data, checked above), in the receive buffer the task kept.
+            let mut data = b.try_into_mut().unwrap_or_else(|b| BytesMut::from(&b[..]));
+            data.truncate(total_len as usize);
+            return Ok(TaskBuffer { data });
         }
         if buf.len() != total_len as usize {
             // The buffer held the unsolicited part; the whole transfer's memory is taken
