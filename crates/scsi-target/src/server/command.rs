@@ -174,14 +174,17 @@ impl Session {
         let Command { cmd: c, cdb, split, report, gate } = run;
         let gate = gate.as_ref();
         let (edtl, immediate) = (c.expected_data_len, split.immediate);
+        // The rare answers (REPORT LUNS, no unit, a refusal) are boxed: awaited in place, their
+        // futures would set this one's size, and a future is copied whole each time one is made
+        // — for this one, at every level that awaits it, once per command.
         if let Some(luns) = report {
             // Its data goes out through the task's resources (iSER: the read STag): they are
             // freed once the answer is out.
-            self.report_luns(&c, &cdb, &luns, slot).await;
+            Box::pin(self.report_luns(&c, &cdb, &luns, slot)).await;
             return self.dm.deallocate_task_resources(c.itt);
         }
         let Some(path) = slot.path() else {
-            self.no_such_lun(&c, &cdb, slot).await;
+            Box::pin(self.no_such_lun(&c, &cdb, slot)).await;
             return self.dm.deallocate_task_resources(c.itt);
         };
         // Borrowed from the path (a clone would write the unit's reference count, which every
@@ -201,7 +204,7 @@ impl Session {
         // What no CDB can justify is refused before anything is planned or allocated: more
         // data than a task buffer holds, immediate data beyond the expected length.
         if c.write && edtl > crate::MAX_DATA_OUT {
-            return self.refuse(&c, lu, AscAscq::INVALID_FIELD_IN_CDB, slot).await;
+            return Box::pin(self.refuse(&c, lu, AscAscq::INVALID_FIELD_IN_CDB, slot)).await;
         }
         if c.write && immediate > edtl {
             self.dm.deallocate_task_resources(c.itt);
@@ -314,34 +317,36 @@ impl Session {
             if send > 0 && c.read && o.status == Status::GOOD && o.sense.is_none() && self.dm.collapses_status() {
                 // Phase collapse (RFC 7143 §11.7.4): GOOD status rides in the last Data-In, which
                 // then takes the next StatSN; everything stamped before it leaves first.
-                let sent = within(self.send_timeout, async {
-                    let _order = self.tx.lock().await;
-                    self.flush_locked().await;
-                    let Some(stamp) = slot.take().and_then(|t| lock(&self.core).take_status(t)) else {
-                        // Aborted meanwhile: no data, no status.
-                        return Ok::<_, riser_datamover::DmError>(None);
-                    };
-                    let (underflow, overflow, count) = residual.flags();
-                    let collapse = riser_datamover::CollapsedStatus {
-                        status: o.status,
-                        underflow,
-                        overflow,
-                        residual: count,
-                        stat_sn: stamp.stat_sn,
-                        exp_cmd_sn: stamp.exp_cmd_sn,
-                        max_cmd_sn: stamp.max_cmd_sn,
-                    };
-                    let desc =
-                        riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: Some(collapse) };
-                    let done = self.put_data(desc, o.data.slice(..send as usize)).await?;
-                    if !done.status_sent {
-                        // The status did not fit the last Data-In: its own response, same StatSN.
-                        let t = TargetSession::scsi_response(c.itt, o.status, None, residual, done.pdus, stamp);
-                        self.send_control(riser_datamover::ControlPdu::new(t.header, t.data)).await?;
-                    }
-                    Ok(Some(done))
-                })
-                .await;
+                let sent = {
+                    let collapsed = std::pin::pin!(async {
+                        let _order = self.tx.lock().await;
+                        self.flush_locked().await;
+                        let Some(stamp) = slot.take().and_then(|t| lock(&self.core).take_status(t)) else {
+                            // Aborted meanwhile: no data, no status.
+                            return Ok::<_, riser_datamover::DmError>(None);
+                        };
+                        let (underflow, overflow, count) = residual.flags();
+                        let collapse = riser_datamover::CollapsedStatus {
+                            status: o.status,
+                            underflow,
+                            overflow,
+                            residual: count,
+                            stat_sn: stamp.stat_sn,
+                            exp_cmd_sn: stamp.exp_cmd_sn,
+                            max_cmd_sn: stamp.max_cmd_sn,
+                        };
+                        let desc =
+                            riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: Some(collapse) };
+                        let done = self.put_data(desc, o.data.slice(..send as usize)).await?;
+                        if !done.status_sent {
+                            // The status did not fit the last Data-In: its own response, same StatSN.
+                            let t = TargetSession::scsi_response(c.itt, o.status, None, residual, done.pdus, stamp);
+                            self.send_control(riser_datamover::ControlPdu::new(t.header, t.data)).await?;
+                        }
+                        Ok(Some(done))
+                    });
+                    within(self.send_timeout, collapsed).await
+                };
                 match sent {
                     Ok(Ok(Some(_))) => {
                         slot.count(o.status, None);
@@ -355,7 +360,8 @@ impl Session {
                 return;
             } else if send > 0 && c.read {
                 let desc = riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: None };
-                match within(self.send_timeout, self.put_data(desc, o.data.slice(..send as usize))).await {
+                let put = std::pin::pin!(self.put_data(desc, o.data.slice(..send as usize)));
+                match within(self.send_timeout, put).await {
                     Ok(Ok(d)) => {
                         pdus = d.pdus;
                         path.counters.read(send);

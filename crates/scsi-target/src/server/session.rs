@@ -180,8 +180,14 @@ pub(super) const BUDGET_UNIT: u64 = 64 << 10;
 /// [`tokio::time::timeout`], the timer armed only if `fut` is not done at its first poll: most
 /// sends are done at once, and arming a timer costs a clock reading and a hold on the runtime.
 /// (The limit then counts from the first poll that found it not done.)
-pub(super) async fn within<F: Future>(limit: Duration, fut: F) -> Result<F::Output, tokio::time::error::Elapsed> {
-    let mut fut = std::pin::pin!(fut);
+///
+/// `fut` is pinned by the caller, where it lies: taken by value it would be stored twice in this
+/// future (as the argument and pinned), and every future awaiting it would grow by as much —
+/// futures are moved (copied) whole each time one is made, once per command per level.
+pub(super) async fn within<F: Future + ?Sized>(
+    limit: Duration,
+    mut fut: std::pin::Pin<&mut F>,
+) -> Result<F::Output, tokio::time::error::Elapsed> {
     match riser_datamover::poll_once(fut.as_mut()).await {
         Some(v) => Ok(v),
         None => tokio::time::timeout(limit, fut).await,
@@ -433,11 +439,11 @@ impl Session {
     /// Send what the machine queued. A transport that takes nothing for `send_timeout` ends
     /// the connection.
     pub(super) async fn flush(&self) {
-        let sent = within(self.send_timeout, async {
+        let send = std::pin::pin!(async {
             let _order = self.tx.lock().await;
             self.flush_locked().await;
-        })
-        .await;
+        });
+        let sent = within(self.send_timeout, send).await;
         if sent.is_err() {
             self.send_failed("response");
         }
