@@ -415,13 +415,25 @@ impl Target {
                 }
                 dm.notice_key_values(&o.params);
             }
+            // A failure is counted before its Login Response leaves: an initiator told of it
+            // finds it in the statistics (counted after, it could be missing for a moment).
+            let failed = match &event {
+                Some(TargetLoginEvent::Failed { status, reason }) => {
+                    info!(%peer, %status, reason, "login failed");
+                    self.counters.login_failed(LoginFailure::of(*status));
+                    true
+                }
+                _ => false,
+            };
             while let Some(p) = login.poll_transmit() {
                 let sent = tokio::time::timeout(
                     self.config.send_timeout,
                     dm.send_control(ControlPdu::new(Header::LoginResponse(p.header), p.data.into())),
                 );
                 if !matches!(sent.await, Ok(Ok(()))) {
-                    self.counters.login_failed(LoginFailure::Disconnected);
+                    if !failed {
+                        self.counters.login_failed(LoginFailure::Disconnected);
+                    }
                     return None;
                 }
             }
@@ -430,11 +442,7 @@ impl Target {
                     self.counters.logins.fetch_add(1, Ordering::Relaxed);
                     return Some(o);
                 }
-                Some(TargetLoginEvent::Failed { status, reason }) => {
-                    info!(%peer, %status, reason, "login failed");
-                    self.counters.login_failed(LoginFailure::of(status));
-                    return None;
-                }
+                Some(TargetLoginEvent::Failed { .. }) => return None,
                 _ => {}
             }
         }
