@@ -10,6 +10,7 @@ use super::view::{LunPath, PathGuard, View};
 use super::{DiscoveryScope, Quiesce, Target, TargetConfig, lock};
 use crate::lu::Nexus;
 use bytes::Bytes;
+use futures_util::future::Either;
 use riser_datamover::{Attempt, ControlPdu, DataInDesc, DmError, DmEvent, PutDataDone, SharedDatamover};
 use riser_iscsi::keys::{NegotiatedParams, Transport};
 use riser_iscsi::login::LoginOutcome;
@@ -194,6 +195,20 @@ pub(super) async fn within<F: Future + ?Sized>(
     }
 }
 
+/// What is left to do with an event fed to the session's machine.
+enum Fed {
+    /// The connection has ended.
+    Ended,
+    /// Nothing more.
+    Handled,
+    /// What the machine asks done ([`Session::drive`]), at this time.
+    Drive(Duration),
+}
+
+/// What [`Session::send_control`] and [`Session::put_data`] return: the result of an operation
+/// done at once, or the datamover's future.
+pub(super) type Sent<'a, T> = Either<std::future::Ready<T>, riser_datamover::BoxFuture<'a, T>>;
+
 /// A memory budget of `bytes`, in [`BUDGET_UNIT`]s (at least one).
 pub(super) fn units_of(bytes: u64) -> u32 {
     (bytes / BUDGET_UNIT).clamp(1, u64::from(u32::MAX >> 4)) as u32
@@ -229,8 +244,10 @@ pub(super) struct Session {
     pub(super) luns_changed: AtomicBool,
     /// Set once the session has ended and no I/O of its commands runs any more.
     pub(super) ended: Quiesce,
-    /// Serialises sending: PDUs leave in the order the machine stamped them.
-    pub(super) tx: tokio::sync::Mutex<()>,
+    /// Serialises sending: PDUs leave in the order the machine stamped them. Taken once per
+    /// command: futures-util's lock is two atomic operations when nobody waits (tokio's locks
+    /// and unlocks its waiter list's mutex at every release).
+    pub(super) tx: futures_util::lock::Mutex<()>,
     /// The running commands: the handle to abort each, and its backend I/O's gate (ended ones
     /// linger until the next sweep).
     running: Mutex<HashMap<TaskId, (AbortHandle, Arc<IoGate>)>>,
@@ -290,7 +307,7 @@ impl Session {
             paths: Mutex::new(Vec::new()),
             luns_changed: AtomicBool::new(false),
             ended: Quiesce::default(),
-            tx: tokio::sync::Mutex::new(()),
+            tx: futures_util::lock::Mutex::new(()),
             running: Mutex::new(HashMap::new()),
             sweep_at: AtomicUsize::new(SWEEP_MIN),
             budget: Arc::new(tokio::sync::Semaphore::new(budget_units as usize)),
@@ -420,19 +437,21 @@ impl Session {
     }
 
     /// Send_Control, without a future when the datamover takes the PDU at once (the common
-    /// case while a turn gathers).
-    pub(super) async fn send_control(&self, pdu: ControlPdu) -> Result<(), DmError> {
+    /// case while a turn gathers). Tried when called, not when first polled: the future holds
+    /// no PDU, so the futures awaiting it stay small (each is copied whole when made).
+    pub(super) fn send_control(&self, pdu: ControlPdu) -> Sent<'_, Result<(), DmError>> {
         match self.dm.try_send_control(pdu) {
-            Attempt::Done(r) => r,
-            Attempt::WouldWait(pdu) => self.dm.send_control(pdu).await,
+            Attempt::Done(r) => Either::Left(std::future::ready(r)),
+            Attempt::WouldWait(pdu) => Either::Right(self.dm.send_control(pdu)),
         }
     }
 
-    /// Put_Data, without a future when the datamover takes the data at once.
-    pub(super) async fn put_data(&self, desc: DataInDesc, data: Bytes) -> Result<PutDataDone, DmError> {
+    /// Put_Data, without a future when the datamover takes the data at once (tried when
+    /// called, as [`send_control`](Self::send_control)).
+    pub(super) fn put_data(&self, desc: DataInDesc, data: Bytes) -> Sent<'_, Result<PutDataDone, DmError>> {
         match self.dm.try_put_data(desc, data) {
-            Attempt::Done(r) => r,
-            Attempt::WouldWait((desc, data)) => self.dm.put_data(desc, data).await,
+            Attempt::Done(r) => Either::Left(std::future::ready(r)),
+            Attempt::WouldWait((desc, data)) => Either::Right(self.dm.put_data(desc, data)),
         }
     }
 
@@ -487,7 +506,13 @@ impl Session {
             self.dm.hold_sends();
             let mut handled = 0;
             let go_on = loop {
-                if !self.handle(target, &mut view, event).await {
+                // Fed, then driven here: a future per level would be copied whole per PDU.
+                let go_on = match self.feed(target, &mut view, event) {
+                    Fed::Ended => false,
+                    Fed::Handled => true,
+                    Fed::Drive(now) => self.drive(target, &mut view, now).await,
+                };
+                if !go_on {
                     break false;
                 }
                 handled += 1;
@@ -513,9 +538,9 @@ impl Session {
         self.nexus_lost(&view);
     }
 
-    /// One event (`None`: the timer): fed to the machine, and what the machine asks done;
-    /// `false` once the connection ends.
-    async fn handle(self: &Arc<Self>, target: &Arc<Target>, view: &mut View, event: Option<DmEvent>) -> bool {
+    /// One event (`None`: the timer) fed to the machine; what it asks done is left to
+    /// [`drive`](Self::drive).
+    fn feed(&self, target: &Arc<Target>, view: &mut View, event: Option<DmEvent>) -> Fed {
         // The one clock reading per PDU.
         let now = self.now();
         // A change of the target's configuration shows at the next PDU.
@@ -531,11 +556,11 @@ impl Session {
             }
             Some(DmEvent::Terminated(why)) => {
                 debug!(nexus = %self.nexus, ?why, "connection ended");
-                return false;
+                return Fed::Ended;
             }
-            Some(_) => return true,
+            Some(_) => return Fed::Handled,
         }
-        self.drive(target, view, now).await
+        Fed::Drive(now)
     }
 
     /// Let what the turn gathered leave. A transport that takes nothing for `send_timeout`
@@ -556,7 +581,11 @@ impl Session {
             let event = lock(&self.core).poll_event();
             let Some(event) = event else { break };
             match event {
-                TargetEvent::Command { task, cmd, ahs, split } => self.start_command(target, view, task, cmd, ahs, split, now).await,
+                TargetEvent::Command { task, cmd, ahs, split } => {
+                    if let Some((run, slot)) = self.start_command(target, view, task, cmd, ahs, split, now) {
+                        self.command(run, &slot).await;
+                    }
+                }
                 TargetEvent::Discard { itt } => self.dm.deallocate_task_resources(itt),
                 TargetEvent::TaskManagement { itt, aborted, reset } => {
                     // Nothing gathered waits on what follows (it may take a while).
@@ -603,10 +632,10 @@ impl Session {
         true
     }
 
-    /// Run a command: in this task when it ends at memory speed without waiting for the
-    /// initiator (see [`runs_inline`]), else as a task of its own.
+    /// Start a command: returned, to be run in this task, when it ends at memory speed without
+    /// waiting for the initiator (see [`runs_inline`]), else spawned as a task of its own.
     #[allow(clippy::too_many_arguments)]
-    async fn start_command(
+    fn start_command(
         self: &Arc<Self>,
         target: &Target,
         view: &mut View,
@@ -615,7 +644,7 @@ impl Session {
         ahs: Bytes,
         split: riser_iscsi::session::WriteSplit,
         now: Duration,
-    ) {
+    ) -> Option<(Command, Slot)> {
         // Without an AHS (nearly every command) the CDB is the BHS's 16 bytes: no allocation.
         let full_cdb: smallvec::SmallVec<[u8; 16]> = if ahs.is_empty() { cmd.cdb.into() } else { cmd.full_cdb(&ahs).into() };
         let opcode = full_cdb.first().copied().unwrap_or(0);
@@ -627,7 +656,7 @@ impl Session {
         if inline {
             // Nothing to abort meanwhile (task management is handled after it, in this task):
             // no I/O gate.
-            return self.command(run, &slot).await;
+            return Some((run, slot));
         }
         let me = self.clone();
         let gate = Arc::new(IoGate::default());
@@ -649,6 +678,7 @@ impl Session {
             self.sweep_at.store((2 * running.len()).max(SWEEP_MIN), Ordering::Relaxed);
         }
         running.insert(task, (handle.abort_handle(), gate));
+        None
     }
 
     /// Abort the running commands the machine ended; returns their I/O gates.
