@@ -112,6 +112,12 @@ impl ReadIn {
         self.received
     }
 
+    /// Whether Data-In must arrive in order: then the bytes received are the read's first
+    /// [`received`](Self::received), without a gap.
+    pub const fn in_order(&self) -> bool {
+        self.in_order
+    }
+
     /// The command's status arrived: a GOOD status vouches for the expected length less an
     /// underflow residual, all of which must have arrived. Any other status vouches for no data.
     pub fn settle(&self, status: Status, residual: Residual) -> Result<(), DataInError> {

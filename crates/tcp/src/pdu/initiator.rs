@@ -96,14 +96,25 @@ impl PduDatamover {
 
     pub(super) fn take_read_buffer(&self, itt: u32) -> Option<BytesMut> {
         lock(&self.shared.out_writes).remove(&itt);
-        lock(&self.shared.reads).remove(&itt).map(|r| r.buf)
+        let mut r = lock(&self.shared.reads).remove(&itt)?;
+        if r.read.in_order() {
+            // Taken as it was: what no Data-In wrote (a short or failed read) is zeroed now,
+            // never earlier data of the pool's.
+            let received = (r.read.received() as usize).min(r.buf.len());
+            r.buf[received..].fill(0);
+        }
+        Some(r.buf)
     }
 
-    /// A read's buffer (zeroed: a buffer handed out after a failed status may be partly
-    /// unwritten) and its Data-In checks.
+    /// A read's buffer and its Data-In checks. With Data-In in order, what arrived is the
+    /// buffer's front: it is taken as it was, and the rest zeroed when it is handed out (see
+    /// `take_read_buffer`; a memset of every read's whole buffer spared). Else zeroed here: a
+    /// buffer handed out after a failed status may be partly unwritten.
     fn read_task(&self, read_len: u32, bidi: bool) -> ReadTask {
         let in_order = self.shared.data_in_order.load(Ordering::Relaxed);
-        ReadTask { buf: self.shared.pool.take(read_len as usize), read: ReadIn::new(read_len, in_order), bidi }
+        let len = read_len as usize;
+        let buf = if in_order { self.shared.pool.take_dirty(len) } else { self.shared.pool.take(len) };
+        ReadTask { buf, read: ReadIn::new(read_len, in_order), bidi }
     }
 
     /// An R2T arrived: it must be the write's next, ask for data, and stay within the write

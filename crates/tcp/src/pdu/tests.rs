@@ -491,3 +491,40 @@ async fn a_read_forgotten_while_its_data_arrives_stays_forgotten() {
     assert!(lock(&dm.shared.reads).get(&1).is_none(), "the forgotten read came back");
     assert!(dm.take_read_data(1).is_none());
 }
+
+/// A read's buffer comes from the pool as it was (no memset per read): what no Data-In wrote
+/// is zeroed when the buffer is handed out, so a short read never shows an earlier read's data.
+#[tokio::test]
+async fn a_short_read_shows_zeros_never_an_earlier_reads_data() {
+    use std::io::Write;
+    let (dm, mut target) = initiator_on_socket().await;
+    target.set_nonblocking(false).unwrap();
+    let nop = |itt| wire_pdu(Header::NopIn(NopIn { itt, ttt: RESERVED_TAG, ..NopIn::default() }), &[]);
+    let until_nop = async |dm: &PduDatamover| loop {
+        match next_event_soon(dm).await {
+            DmEvent::Control(c) if matches!(c.header, Header::NopIn(_)) => return,
+            DmEvent::Control(_) => {}
+            other => panic!("unexpected event {other:?}"),
+        }
+    };
+    // A whole read of 0xAA, its buffer given back to the pool.
+    let cmd = |itt| ScsiCommand { itt, read: true, expected_data_len: 8192, ..ScsiCommand::default() };
+    dm.send_command(cmd(1), Bytes::new(), 8192, None).await.unwrap();
+    target.write_all(&wire_pdu(Header::DataIn(good(data_in(1, 0, 0))), &[0xAA; 8192])).unwrap();
+    target.write_all(&nop(9)).unwrap();
+    until_nop(&dm).await;
+    let first = dm.take_read_data(1).unwrap();
+    assert!(first.iter().all(|&b| b == 0xAA));
+    let at = first.as_ptr();
+    dm.shared.pool.give(first);
+    // A read of half as much (underflow said): the same buffer, its other half zeros.
+    dm.send_command(cmd(2), Bytes::new(), 8192, None).await.unwrap();
+    let short = DataIn { underflow: true, residual: 4096, ..good(data_in(2, 0, 0)) };
+    target.write_all(&wire_pdu(Header::DataIn(short), &[0x55; 4096])).unwrap();
+    target.write_all(&nop(10)).unwrap();
+    until_nop(&dm).await;
+    let second = dm.take_read_data(2).unwrap();
+    assert_eq!(second.as_ptr(), at, "the pool's buffer was reused");
+    assert!(second[..4096].iter().all(|&b| b == 0x55));
+    assert!(second[4096..].iter().all(|&b| b == 0), "an earlier read's data showed");
+}
