@@ -70,11 +70,11 @@ async fn read_data_arrives_before_its_response_and_its_buffer_comes_back() {
 }
 
 /// Sends held for a turn leave once the turn ends — or as soon as what was gathered exceeds
-/// what the software RNIC writes on the poster's thread at once (256 KiB), so a turn of large
+/// what the software RNIC writes on the poster's thread at once (320 KiB), so a turn of large
 /// reads never becomes one list for the RNIC's transmitter task: here the first reads' data
 /// and responses arrive before the turn ends, the rest at its end, all in order and whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_turn_of_large_reads_leaves_in_parts_of_at_most_256_kib() {
+async fn a_turn_of_large_reads_leaves_in_parts_of_at_most_320_kib() {
     let rnic = SoftRnic::default();
     let (target, initiator) = pair(&rnic).await;
     let len = 100_000usize;
@@ -96,12 +96,13 @@ async fn a_turn_of_large_reads_leaves_in_parts_of_at_most_256_kib() {
             Err(_) => None,
         }
     };
-    // Two reads and their responses (200 KB) were gathered when the third would have passed
-    // 256 KiB: they left then, the turn still open.
+    // Three reads and their responses (300 KB) were gathered when the fourth would have passed
+    // 320 KiB: they left then, the turn still open.
     assert_eq!(response().await, Some(itts[0]), "nothing left before the turn's end");
     assert_eq!(response().await, Some(itts[1]));
+    assert_eq!(response().await, Some(itts[2]));
     target.release_sends().await.unwrap();
-    for &itt in &itts[2..] {
+    for &itt in &itts[3..] {
         assert_eq!(response().await, Some(itt), "in order, at the turn's end");
     }
     for &itt in &itts {

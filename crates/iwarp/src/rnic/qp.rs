@@ -52,8 +52,9 @@ const TERMINATE_LINGER: Duration = Duration::from_secs(2);
 /// iSCSI command with 64 KiB of immediate data is one Send of a little more).
 const INLINE_MAX: u64 = (64 << 10) + 1024;
 
-/// Largest payload of the requests a poster transmits inline together.
-const INLINE_LIST_MAX: u64 = 256 << 10;
+/// Largest payload of the requests a poster transmits inline together (what riser-iser gathers
+/// at most: 256 KiB and the request that crosses it).
+const INLINE_LIST_MAX: u64 = 320 << 10;
 
 /// The transmitter's queue, counting what it holds (queued or being sent): a poster may only
 /// transmit inline while it holds nothing, or it would overtake.
