@@ -109,7 +109,7 @@ fn messages_of_a_header_and_shared_data_arrive_whole_across_segments() {
 #[test]
 fn rdma_write_then_read_back_large_and_small() {
     let (c, s) = pair();
-    for n in [1usize, 4096, 1 << 20, (4 << 20) + 3] {
+    for n in [1usize, 4096, 200_000, 1 << 20, (4 << 20) + 3] {
         let target = s.mr(vec![0u8; n], ALL);
         let src = c.mr(pattern(7, n), Access::empty());
         c.send(1, SendOp::RdmaWrite { remote_addr: target.addr(), rkey: target.rkey() }, vec![sge(&src, 0, n)]);
