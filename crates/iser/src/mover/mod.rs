@@ -47,7 +47,7 @@ pub struct IserConfig {
     /// Largest data segment this side receives: what it declares as
     /// InitiatorRecvDataSegmentLength / TargetRecvDataSegmentLength (login PDUs need 8192).
     /// Every posted receive is this large. On a target it also bounds a write's immediate data:
-    /// riser's target service uses 64 KiB on the software RNIC, where receive memory is plain
+    /// riser's target service uses 256 KiB on the software RNIC, where receive memory is plain
     /// memory (writes up to FirstBurstLength then need no RDMA Read), and the default 8 KiB on
     /// rdma-core, as LIO, where it is pinned.
     pub recv_dsl: u32,

@@ -402,7 +402,7 @@ fn the_example_two_gateway_configuration_resolves() {
 fn iser_portals_on_the_software_rnic_receive_large_segments_unless_told_otherwise() {
     let settings = |text: &str| parse(text, "target.toml").unwrap().resolve(Path::new("")).unwrap().settings;
     let s = settings("lun = [\"ram:1MiB\"]\n");
-    assert_eq!(s.iser_soft.recv_dsl, SOFT_RNIC_RECV_DSL, "software RNIC: writes up to 64 KiB travel as immediate data");
+    assert_eq!(s.iser_soft.recv_dsl, SOFT_RNIC_RECV_DSL, "software RNIC: writes up to 256 KiB travel as immediate data");
     assert_eq!(s.iser.recv_dsl, riser_iser::IserConfig::default().recv_dsl, "rdma-core: 8 KiB, as LIO");
     let s = settings("lun = [\"ram:1MiB\"]\niser_param = [\"recv_dsl=16384\", \"signal_every=4\"]\n");
     assert_eq!((s.iser_soft.recv_dsl, s.iser.recv_dsl), (16 << 10, 16 << 10), "iser_param sets both");
