@@ -115,6 +115,14 @@ pub(crate) fn bench_iser(reps: usize, sessions: usize) -> Result<(), String> {
         }
     }
     println!("(the software RNIC runs over loopback TCP: iSER here shows the protocol's costs, not RDMA offload)");
+    // The host's TCP congestion control shapes both transports' loopback runs: BBR paces sends
+    // with timers, and a connection's runs alternate between two rates (README, "iSER on the
+    // software RNIC").
+    if let Ok(cc) = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control") {
+        let cc = cc.trim();
+        let note = if cc == "bbr" { ": BBR paces loopback sends, so runs alternate between two rates" } else { "" };
+        println!("(loopback TCP congestion control: {cc}{note})");
+    }
     Ok(())
 }
 

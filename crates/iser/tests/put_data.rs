@@ -109,3 +109,35 @@ async fn a_turn_of_large_reads_leaves_in_parts_of_at_most_320_kib() {
         assert!(initiator.take_read_data(itt).expect("the read's data")[..] == pattern(itt, len)[..], "itt {itt}");
     }
 }
+
+/// A read buffer comes from the initiator's pool as it is (no memset per read), yet a target
+/// that writes only part of a read never shows the caller an earlier read's bytes: what its
+/// writes did not reach reads as zeros.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partly_written_read_shows_zeros_never_an_earlier_reads_data() {
+    let rnic = SoftRnic::default();
+    let (target, initiator) = pair(&rnic).await;
+    let len = 100_000usize;
+    let (mut reused, mut last) = (false, None);
+    for (itt, written) in [(40u32, len), (41, len / 2), (42, len), (43, 0)] {
+        read_command(&initiator, &target, itt, len).await;
+        if written > 0 {
+            let desc = DataInDesc { itt, lun: Default::default(), offset: 0, data_sn: 0, collapse_status: None };
+            target.put_data(desc, Bytes::from(pattern(itt, written))).await.unwrap();
+        }
+        let r = ScsiResponse { itt, stat_sn: itt, ..ScsiResponse::default() };
+        target.send_control(ControlPdu::new(Header::ScsiResponse(r), Bytes::new())).await.unwrap();
+        let ev = tokio::time::timeout(Duration::from_secs(5), initiator.next_event()).await.unwrap();
+        assert!(matches!(ev, DmEvent::Control(ControlPdu { header: Header::ScsiResponse(r), .. }) if r.itt == itt), "{ev:?}");
+        let got = initiator.take_read_data(itt).expect("the read's data");
+        assert_eq!(got.len(), len);
+        assert!(got[..written] == pattern(itt, written)[..], "itt {itt}: the target's data");
+        assert!(got[written..].iter().all(|&b| b == 0), "itt {itt}: zeros where the target wrote nothing");
+        initiator.deallocate_task_resources(itt);
+        target.deallocate_task_resources(itt);
+        // Back to the initiator's pool, for the next read (of the same length) to find.
+        reused |= last.replace(got.as_ptr() as usize) == Some(got.as_ptr() as usize);
+        initiator.release_task_buffer(riser_datamover::TaskBuffer { data: got });
+    }
+    assert!(reused, "the pool never handed a read buffer back: the test shows nothing");
+}

@@ -478,3 +478,40 @@ fn fpdus_arriving_together_or_a_byte_at_a_time_are_received_alike() {
         wait_until("the RDMA Write placed", || contents(&region)[at..at + write.len()] == write[..]);
     }
 }
+
+/// A region registered for peer writes as it was (a pooled buffer still holding an earlier
+/// read's bytes): what the peer's writes placed reads back, every other byte as zero — the gap
+/// between two writes, the gap before a write that came out of order, and the tail no write
+/// reached — never the bytes the buffer held.
+#[test]
+fn unwritten_bytes_of_a_region_for_peer_writes_read_as_zeros() {
+    let (c, s) = pair();
+    let n = 200_000usize;
+    let sink = s.pd.register_for_peer_writes(vec![0xaa; n], ALL).unwrap();
+    let src = c.mr(pattern(3, n), Access::empty());
+    // [150_000, 160_000) first, then [10_000, 90_000): out of order, with gaps.
+    for (id, (at, len)) in [(1u64, (150_000usize, 10_000usize)), (2, (10_000, 80_000))] {
+        c.send(id, SendOp::RdmaWrite { remote_addr: sink.addr() + at as u64, rkey: sink.rkey() }, vec![sge(&src, at, len)]);
+        let wc = next(&c.cq);
+        assert_eq!((wc.wr_id, wc.status), (id, WcStatus::Success));
+    }
+    // A write's completion says it left; a read behind it on the stream, that it was placed.
+    let back = c.mr(vec![0u8; 1], Access::LOCAL_WRITE);
+    c.send(3, SendOp::RdmaRead { remote_addr: sink.addr(), rkey: sink.rkey() }, vec![sge(&back, 0, 1)]);
+    assert_eq!(next(&c.cq).status, WcStatus::Success);
+    assert_eq!(contents(&back), [0], "the first byte: no write reached it");
+    let got = contents(&sink);
+    let want = pattern(3, n);
+    for (range, placed) in
+        [(0..10_000, false), (10_000..90_000, true), (90_000..150_000, false), (150_000..160_000, true), (160_000..n, false)]
+    {
+        if placed {
+            assert!(got[range.clone()] == want[range.clone()], "{range:?}: the peer's data");
+        } else {
+            assert!(got[range.clone()].iter().all(|&b| b == 0), "{range:?}: zeros, not the buffer's earlier bytes");
+        }
+    }
+    // Into the caller's hands the same.
+    let buf = sink.into_buffer().expect("the last handle");
+    assert!(buf == got, "the buffer handed back is what was read");
+}

@@ -375,6 +375,16 @@ pub trait ProtectionDomain: Send + Sync + fmt::Debug {
     /// [`Access::REMOTE_READ`], peer reads; write rights are refused. The region keeps the
     /// bytes alive until it is dropped.
     fn register_shared(&self, buf: bytes::Bytes, access: Access) -> Result<Arc<Self::Mr>>;
+    /// Register `buf` for a peer to write into (a read's data), whatever it holds: every byte
+    /// no peer's write placed reads as zero locally ([`MemoryRegion::read`],
+    /// [`MemoryRegion::into_buffer`], a Send from the region), never as what the buffer held
+    /// before. The default clears the buffer and registers it; the software RNIC clears only
+    /// what the writes did not reach, when the region is first read locally (a pooled buffer
+    /// then costs no memset per read).
+    fn register_for_peer_writes(&self, mut buf: Vec<u8>, access: Access) -> Result<Arc<Self::Mr>> {
+        buf.fill(0);
+        self.register(buf, access)
+    }
     /// Whether a region is the caller's buffer itself: `register` keeps the vector as the
     /// region's memory and [`MemoryRegion::into_buffer`] gives the same vector back, each at
     /// the cost of a table entry (the software RNIC). A consumer may then hand a received

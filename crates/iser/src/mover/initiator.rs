@@ -49,9 +49,12 @@ impl<P: Provider + 'static> IserDatamover<P> {
         let mut ih = IserHeader::CONTROL;
         let mut task = InitTask::<P> { read: None, write: None };
         if read_len > 0 {
-            // A fresh registration (and key) per command and direction.
+            // A fresh registration (and key) per command and direction. The buffer as the pool
+            // has it: what the target's writes do not reach reads as zeros, never as an
+            // earlier command's bytes (cleared by the provider, on the software RNIC only
+            // what the writes left).
             let mr =
-                s.pd.register(s.pool.take_vec(read_len as usize), Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                s.pd.register_for_peer_writes(s.pool.take_dirty_vec(read_len as usize), Access::LOCAL_WRITE | Access::REMOTE_WRITE)
                     .map_err(rdma("register a read buffer"))?;
             ih.read = Some(RemoteBuf { stag: mr.rkey(), va: mr.addr() });
             task.read = Some(mr);

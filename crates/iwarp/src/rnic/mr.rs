@@ -65,30 +65,76 @@ impl Regions {
     }
 }
 
-/// A region's memory: owned (any access), or shared read-only bytes (no write access at all,
-/// so nothing can place into them).
+/// A region's memory: owned (any access), owned with bytes nobody has written yet
+/// (`register_for_peer_writes`), or shared read-only bytes (no write access at all, so nothing
+/// can place into them).
 #[derive(Debug)]
 pub(super) enum Storage {
     Owned(Vec<u8>),
+    /// Registered as it was: `buf[high..]` holds whatever it held, and is cleared before anyone
+    /// local sees it ([`SoftMr::locked`]); a placement starting beyond `high` clears the gap
+    /// first ([`Storage::placing`]), so every byte is either placed data or zero.
+    Unwritten {
+        buf: Vec<u8>,
+        high: usize,
+    },
     Shared(bytes::Bytes),
 }
 
 impl std::ops::Deref for Storage {
     type Target = [u8];
+    /// The bytes; of an `Unwritten` region only once settled (see [`SoftMr::locked`]).
     fn deref(&self) -> &[u8] {
         match self {
-            Self::Owned(v) => v,
+            Self::Owned(v) | Self::Unwritten { buf: v, .. } => v,
             Self::Shared(b) => b,
         }
     }
 }
 
 impl Storage {
+    /// For a local write: everything counts as written from now on.
     pub(super) fn writable(&mut self) -> &mut [u8] {
+        self.settle();
         match self {
-            Self::Owned(v) => v,
+            Self::Owned(v) | Self::Unwritten { buf: v, .. } => v,
             // Registered without write rights: the access checks never get here.
             Self::Shared(_) => &mut [],
+        }
+    }
+
+    /// For a peer's write of `range`: the bytes between what was written so far and its start
+    /// cleared first; `None` when the range is outside the region or the region is read-only.
+    /// The caller reports what it placed with [`Storage::placed`].
+    pub(super) fn placing(&mut self, range: std::ops::Range<usize>) -> Option<&mut [u8]> {
+        match self {
+            Self::Owned(v) => v.get_mut(range),
+            Self::Unwritten { buf, high } => {
+                if range.end > buf.len() || range.start > range.end {
+                    return None;
+                }
+                if range.start > *high {
+                    buf[*high..range.start].fill(0);
+                    *high = range.start;
+                }
+                buf.get_mut(range)
+            }
+            Self::Shared(_) => None,
+        }
+    }
+
+    /// A peer's write placed bytes up to `end`.
+    pub(super) fn placed(&mut self, end: usize) {
+        if let Self::Unwritten { high, .. } = self {
+            *high = (*high).max(end);
+        }
+    }
+
+    /// Clear what no write reached: an `Unwritten` region becomes an owned one.
+    fn settle(&mut self) {
+        if let Self::Unwritten { buf, high } = self {
+            buf[*high..].fill(0);
+            *self = Self::Owned(std::mem::take(buf));
         }
     }
 }
@@ -103,11 +149,20 @@ impl SoftMr {
         matches!(*lock(&self.mem), Storage::Shared(_))
     }
 
+    /// The memory, locked for a local access: bytes no peer's write reached read as zeros.
+    pub(super) fn locked(&self) -> std::sync::MutexGuard<'_, Storage> {
+        let mut m = lock(&self.mem);
+        m.settle();
+        m
+    }
+
     /// The buffer back (deregistering).
     pub fn into_inner(self: Arc<Self>) -> std::result::Result<Vec<u8>, Arc<Self>> {
         let mut m = Arc::try_unwrap(self)?;
-        Ok(match std::mem::replace(m.mem.get_mut().unwrap_or_else(|e| e.into_inner()), Storage::Owned(Vec::new())) {
-            Storage::Owned(v) => v,
+        let mem = m.mem.get_mut().unwrap_or_else(|e| e.into_inner());
+        mem.settle();
+        Ok(match std::mem::replace(mem, Storage::Owned(Vec::new())) {
+            Storage::Owned(v) | Storage::Unwritten { buf: v, .. } => v,
             Storage::Shared(b) => b.to_vec(),
         })
     }
@@ -189,7 +244,7 @@ impl MemoryRegion for SoftMr {
         self.access
     }
     fn read(&self, f: &mut dyn FnMut(&[u8])) {
-        f(&lock(&self.mem))
+        f(&self.locked())
     }
     fn write(&self, f: &mut dyn FnMut(&mut [u8])) {
         f(lock(&self.mem).writable())
@@ -228,6 +283,14 @@ impl ProtectionDomain for SoftPd {
         // checked for local write), so a read sink needs no remote rights here.
         let access = if access.contains(Access::READ_SINK) { (access - Access::READ_SINK) | Access::LOCAL_WRITE } else { access };
         self.insert(Storage::Owned(buf), addr, access)
+    }
+
+    /// Registered as it is: the bytes no write places are cleared when the region is first
+    /// read locally (`Storage::Unwritten`), not before.
+    fn register_for_peer_writes(&self, buf: Vec<u8>, access: Access) -> Result<Arc<SoftMr>> {
+        let addr = buf.as_ptr() as u64;
+        let access = if access.contains(Access::READ_SINK) { (access - Access::READ_SINK) | Access::LOCAL_WRITE } else { access };
+        self.insert(Storage::Unwritten { buf, high: 0 }, addr, access)
     }
 
     fn register_shared(&self, buf: bytes::Bytes, access: Access) -> Result<Arc<SoftMr>> {

@@ -560,13 +560,14 @@ async fn place(r: &mut RxStream<'_>, mr: &SoftMr, off: usize, len: usize, crc: &
     while done < len {
         let got = {
             let mut mem = lock(&mr.mem);
-            let Some(dst) = mem.writable().get_mut(off + done..off + len) else {
+            let Some(dst) = mem.placing(off + done..off + len) else {
                 return Err(RxError::Term(Term::DDP_CATASTROPHIC, "placement into read-only memory"));
             };
             match r.try_read(dst) {
                 Ok(0) => return Err(RxError::Closed),
                 Ok(n) => {
                     crc.add(&dst[..n]);
+                    mem.placed(off + done + n);
                     Some(n)
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,

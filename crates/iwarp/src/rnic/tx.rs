@@ -129,7 +129,7 @@ impl Gathered {
 
     /// Add `pieces` (`Piece::Mem` ranges of `mem`).
     fn add(&mut self, mem: Option<&SoftMr>, pieces: &[Piece<'_>]) {
-        let guard = mem.map(|m| lock(&m.mem));
+        let guard = mem.map(|m| m.locked());
         for p in pieces {
             match (*p, guard.as_deref()) {
                 (Piece::Bytes(b), _) => {
@@ -162,7 +162,7 @@ impl Out<'_> {
                 Some(Ok(()))
             }
             Out::NoWait { sock, rest } => {
-                let guard = mem.map(|m| lock(&m.mem));
+                let guard = mem.map(|m| m.locked());
                 let bufs: SmallVec<[IoSlice<'_>; 4]> = pieces
                     .iter()
                     .map(|p| match *p {
@@ -210,7 +210,7 @@ impl Out<'_> {
         let mut done = 0;
         while done < total {
             let r = {
-                let guard = mem.map(|m| lock(&m.mem));
+                let guard = mem.map(|m| m.locked());
                 let mut skip = done;
                 let mut bufs: SmallVec<[IoSlice<'_>; 4]> = SmallVec::with_capacity(pieces.len());
                 for p in pieces {
@@ -279,7 +279,7 @@ impl Framing {
         f.tail_len = pad + 4;
         if crc {
             let sum = {
-                let guard = mem.map(|m| lock(&m.mem));
+                let guard = mem.map(|m| m.locked());
                 let body: &[u8] = match payload {
                     Piece::Bytes(b) => b,
                     Piece::Mem(off, n) => guard.as_deref().map_or(&[][..], |m| &m[off..off + n]),
@@ -776,7 +776,7 @@ impl Tx {
                 let (mr, off, len) = &sources[i];
                 let take = (len - within).min(need);
                 if let Some(c) = crc.as_mut() {
-                    *c = crc32c::crc32c_append(*c, &lock(&mr.mem)[off + within..off + within + take]);
+                    *c = crc32c::crc32c_append(*c, &mr.locked()[off + within..off + within + take]);
                 }
                 g.add(Some(mr), &[Piece::Mem(off + within, take)]);
                 need -= take;
@@ -829,7 +829,7 @@ impl Tx {
             let mut at = sent;
             {
                 // The region is read here only for the CRC.
-                let mem = self.crc.then(|| lock(&mr.mem));
+                let mem = self.crc.then(|| mr.locked());
                 while n < room && at < total {
                     let seg = (total - at).min(self.max_segment);
                     let last = at + seg == total;
