@@ -391,9 +391,14 @@ impl<P: Provider + 'static> Shared<P> {
         let u = &mut *guard;
         let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
         u.since_signal += 1;
-        let signaled = done.is_some() || u.since_signal >= signal_interval(&self.cfg);
+        u.bytes_since_signal += match op {
+            SendOp::RdmaRead { .. } => 0,
+            _ => sg.iter().map(|e| u64::from(e.length)).sum(),
+        };
+        let signaled = done.is_some() || u.since_signal >= signal_interval(&self.cfg) || u.bytes_since_signal >= super::SIGNAL_BYTES;
         if signaled {
             u.since_signal = 0;
+            u.bytes_since_signal = 0;
             let done = done.unwrap_or_else(|| oneshot::channel().0);
             lock(&self.waiting).insert(wr_id, Waiter { done, keep });
         } else if let Some(mr) = keep {

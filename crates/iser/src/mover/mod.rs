@@ -69,7 +69,7 @@ pub struct IserConfig {
     /// posted receive plus 16: smaller values are raised to that.
     pub send_depth: Option<u32>,
     /// At most this many routine requests (commands, responses, Data-Out, RDMA Writes) in a
-    /// row go unsignaled; 1 signals every request. Fewer completions mean fewer wake-ups of
+    /// row go unsignaled, and at most 1 MiB of their payload; 1 signals every request. Fewer completions mean fewer wake-ups of
     /// the completion driver, but unsignaled requests hold their send queue entries and memory
     /// until a later one completes: it is lowered to a quarter of the send queue if larger.
     pub signal_every: u32,
@@ -185,6 +185,8 @@ struct InitTask<P: Provider> {
 struct Unsignaled<P: Provider> {
     held: std::collections::VecDeque<(u64, Keep<P>)>,
     since_signal: u32,
+    /// Payload of the requests posted since the last signaled one (see [`SIGNAL_BYTES`]).
+    bytes_since_signal: u64,
     gathering: Option<Vec<riser_verbs::SendWr>>,
     /// Payload bytes in `gathering`.
     gathered_bytes: u64,
@@ -230,6 +232,13 @@ const GATHER_BYTES_MAX: u64 = 320 << 10;
 /// executor are posted together, after it (the software RNIC writes them in one system call);
 /// from this many on they leave at once, so the target starts on them while the next are made.
 const COMMANDS_GATHERED_MAX: usize = 8;
+
+/// Payload posted unsignaled at most before a request is signaled, whatever
+/// [`IserConfig::signal_every`] says: an unsignaled request's memory (a read's data, registered
+/// where it lies) goes back to the pool only when a later request completes, and the pool keeps
+/// 8 MiB (`riser_datamover::POOL_MAX_BYTES`). Sixteen 1 MiB reads held that way left the pool
+/// empty: each read then took fresh memory (page faults, the kernel's zeroing) and dropped it.
+const SIGNAL_BYTES: u64 = 1 << 20;
 
 /// The default of [`IserConfig::signal_every`].
 pub const DEFAULT_SIGNAL_EVERY: u32 = 16;
@@ -358,6 +367,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             unsignaled: Mutex::new(Unsignaled {
                 held: Default::default(),
                 since_signal: 0,
+                bytes_since_signal: 0,
                 gathering: None,
                 gathered_bytes: 0,
                 spare: Vec::new(),
