@@ -161,7 +161,8 @@ async fn a_large_reads_buffer_comes_back_without_waiting_for_later_requests() {
     let mut back = false;
     for _ in 0..200 {
         // Only what came back is in the pool; anything else is fresh (and dropped).
-        if target.take_buffer(len).as_ptr() as usize == at {
+        let taken = target.take_buffer(len);
+        if taken.as_ptr() as usize == at {
             back = true;
             break;
         }
