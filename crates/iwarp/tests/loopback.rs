@@ -511,7 +511,15 @@ fn unwritten_bytes_of_a_region_for_peer_writes_read_as_zeros() {
             assert!(got[range.clone()].iter().all(|&b| b == 0), "{range:?}: zeros, not the buffer's earlier bytes");
         }
     }
-    // Into the caller's hands the same.
-    let buf = sink.into_buffer().expect("the last handle");
+    // Into the caller's hands the same (once the responder's receiver has let go of its handle
+    // from the read above).
+    let mut sink = sink;
+    let buf = loop {
+        match sink.into_buffer() {
+            Ok(buf) => break buf,
+            Err(back) => sink = back,
+        }
+        wait_until("the responder to let go of the region", || Arc::strong_count(&sink) == 1);
+    };
     assert!(buf == got, "the buffer handed back is what was read");
 }

@@ -316,7 +316,9 @@ impl<P: Provider + 'static> Shared<P> {
     /// Post a request nobody waits for. Unless `signal`, most go unsignaled (no completion, no
     /// wake-up of the driver): their memory is released when a later request completes, since
     /// a send queue completes in order. Every [`IserConfig::signal_every`]th is signaled so that always
-    /// happens; a signaled one is in `waiting` until it completes (see `terminate`).
+    /// happens, and one that brings what went unsignaled to 1 MiB of payload (`SIGNAL_BYTES`), so
+    /// that large buffers come back soon; a signaled one is in `waiting` until it completes (see
+    /// `terminate`).
     pub(super) fn post_unawaited(&self, op: SendOp, sg: SgList, keep: Option<Keep<P>>, signal: bool) -> Result<(), DmError> {
         self.post_wr(op, sg, keep, signal.then(|| oneshot::channel().0), false)
     }

@@ -221,8 +221,9 @@ impl<P: Provider> Unsignaled<P> {
 
 /// Payload gathered between `hold_sends` and `release_sends` at most before it is posted: the
 /// software RNIC writes a list of up to this much on the poster's thread, a larger one through
-/// its transmitter task (a hand-off per list). riser-tcp's gathering: 256 KiB and the PDU that
-/// crosses it, so four 64 KiB reads with their responses (256 KiB and 304 bytes) leave in one
+/// its transmitter task (a hand-off per list). 320 KiB: room for 256 KiB, riser-tcp's gathering
+/// limit, and one 64 KiB request more (riser-tcp writes the PDU that crosses its limit with what
+/// it gathered), so four 64 KiB reads with their responses (256 KiB and 304 bytes) leave in one
 /// write, as four Data-In PDUs with status do over TCP (at 256 KiB only three did: a third more
 /// writes, each waking the initiator's receiver).
 const GATHER_BYTES_MAX: u64 = 320 << 10;

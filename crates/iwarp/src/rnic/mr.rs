@@ -68,7 +68,6 @@ impl Regions {
 /// A region's memory: owned (any access), owned with bytes nobody has written yet
 /// (`register_for_peer_writes`), or shared read-only bytes (no write access at all, so nothing
 /// can place into them).
-#[derive(Debug)]
 pub(super) enum Storage {
     Owned(Vec<u8>),
     /// Registered as it was: `buf[high..]` holds whatever it held, and is cleared before anyone
@@ -79,6 +78,17 @@ pub(super) enum Storage {
         high: usize,
     },
     Shared(bytes::Bytes),
+}
+
+/// Lengths only: the bytes may be a pooled buffer's earlier contents (`Unwritten`) or anyone's data.
+impl std::fmt::Debug for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Owned(v) => write!(f, "Owned({} bytes)", v.len()),
+            Self::Unwritten { buf, high } => write!(f, "Unwritten({} bytes, {high} written)", buf.len()),
+            Self::Shared(b) => write!(f, "Shared({} bytes)", b.len()),
+        }
+    }
 }
 
 impl std::ops::Deref for Storage {

@@ -59,7 +59,7 @@ const INLINE_MAX: u64 = (64 << 10) + 1024;
 const READ_RESPONSE_INLINE_MAX: u64 = 256 << 10;
 
 /// Largest payload of the requests a poster transmits inline together (what riser-iser gathers
-/// at most: 256 KiB and the request that crosses it).
+/// at most: 320 KiB, room for 256 KiB and one 64 KiB request more).
 const INLINE_LIST_MAX: u64 = 320 << 10;
 
 /// The transmitter's queue, counting what it holds (queued or being sent): a poster may only
