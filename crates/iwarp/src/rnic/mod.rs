@@ -345,7 +345,14 @@ pub fn fuzz_receive(bytes: &[u8], crc: bool) {
     let cq = rnic.create_cq(64).expect("cq");
     let qp = SoftQp::new(&rnic.shared, &pd, &cq, &cq, QpCaps::default()).expect("qp");
     let all = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
-    let regions: Vec<_> = (0..3).map(|i| pd.register(vec![0u8; 256 << i], all).expect("mr")).collect();
+    // The second region as a read buffer taken from a pool: registered as it is, its unwritten
+    // bytes cleared by placement and at the end (`Storage::Unwritten`).
+    let regions: Vec<_> = (0..3)
+        .map(|i| match i {
+            1 => pd.register_for_peer_writes(vec![0xaa; 256 << i], all).expect("mr"),
+            _ => pd.register(vec![0u8; 256 << i], all).expect("mr"),
+        })
+        .collect();
     for (i, mr) in regions.iter().enumerate() {
         let _ = qp.post_recv(RecvWr {
             wr_id: i as u64,
@@ -371,4 +378,5 @@ pub fn fuzz_receive(bytes: &[u8], crc: bool) {
             let _ = now(tx.read_response(&mut Out::Sink, &req, src.as_ref(), &mut || {}, &|| false));
         }
     }
+    regions[1].read(&mut |_| {});
 }
