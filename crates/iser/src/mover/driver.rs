@@ -392,11 +392,13 @@ impl<P: Provider + 'static> Shared<P> {
         let mut guard = lock(&self.unsignaled);
         let u = &mut *guard;
         let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
-        u.since_signal += 1;
-        u.bytes_since_signal += match op {
+        // Payload this request sends (a Read Request sends none, whatever it reads).
+        let bytes = match op {
             SendOp::RdmaRead { .. } => 0,
             _ => sg.iter().map(|e| u64::from(e.length)).sum(),
         };
+        u.since_signal += 1;
+        u.bytes_since_signal += bytes;
         let signaled = done.is_some() || u.since_signal >= signal_interval(&self.cfg) || u.bytes_since_signal >= super::SIGNAL_BYTES;
         if signaled {
             u.since_signal = 0;
@@ -411,10 +413,6 @@ impl<P: Provider + 'static> Shared<P> {
         // What leaves now: this request alone, or a list (what was gathered, with or before it).
         let (one, list) = match u.gathering.as_mut() {
             Some(list) if !awaited => {
-                let bytes = match wr.op {
-                    SendOp::RdmaRead { .. } => 0,
-                    _ => wr.sg_list.iter().map(|e| u64::from(e.length)).sum(),
-                };
                 // Past the cap, what was gathered leaves now, while the poster may still write
                 // it itself; this request starts the next list.
                 let full = !list.is_empty() && u.gathered_bytes + bytes > GATHER_BYTES_MAX;

@@ -276,6 +276,13 @@ impl MemoryRegion for SoftMr {
     }
 }
 
+/// The rights an owned region is registered with: Read Responses are placed by this RNIC's own
+/// read bookkeeping (the sink's STag is checked for local write), so a read sink needs no remote
+/// rights here.
+fn owned_access(access: Access) -> Access {
+    if access.contains(Access::READ_SINK) { (access - Access::READ_SINK) | Access::LOCAL_WRITE } else { access }
+}
+
 /// A protection domain.
 #[derive(Debug)]
 pub struct SoftPd {
@@ -289,18 +296,14 @@ impl ProtectionDomain for SoftPd {
 
     fn register(&self, buf: Vec<u8>, access: Access) -> Result<Arc<SoftMr>> {
         let addr = buf.as_ptr() as u64;
-        // Read Responses are placed by this RNIC's own read bookkeeping (the sink's STag is
-        // checked for local write), so a read sink needs no remote rights here.
-        let access = if access.contains(Access::READ_SINK) { (access - Access::READ_SINK) | Access::LOCAL_WRITE } else { access };
-        self.insert(Storage::Owned(buf), addr, access)
+        self.insert(Storage::Owned(buf), addr, owned_access(access))
     }
 
     /// Registered as it is: the bytes no write places are cleared when the region is first
     /// read locally (`Storage::Unwritten`), not before.
     fn register_for_peer_writes(&self, buf: Vec<u8>, access: Access) -> Result<Arc<SoftMr>> {
         let addr = buf.as_ptr() as u64;
-        let access = if access.contains(Access::READ_SINK) { (access - Access::READ_SINK) | Access::LOCAL_WRITE } else { access };
-        self.insert(Storage::Unwritten { buf, high: 0 }, addr, access)
+        self.insert(Storage::Unwritten { buf, high: 0 }, addr, owned_access(access))
     }
 
     fn register_shared(&self, buf: bytes::Bytes, access: Access) -> Result<Arc<SoftMr>> {
