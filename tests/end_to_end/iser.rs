@@ -181,3 +181,83 @@ async fn writes_travel_as_immediate_data_up_to_the_targets_receive_segment() {
     }
     s.logout().await.unwrap();
 }
+
+/// A RAM disk that tells on which thread each read ran, and how long it was.
+#[derive(Debug)]
+struct ReadThreads {
+    ram: riser::target::backend::RamBackend,
+    seen: std::sync::Mutex<Vec<(usize, String)>>,
+}
+
+impl ReadThreads {
+    fn saw(&self, len: usize) {
+        let name = std::thread::current().name().unwrap_or_default().to_string();
+        self.seen.lock().unwrap().push((len, name));
+    }
+}
+
+impl riser::target::backend::BlockBackend for ReadThreads {
+    fn block_size(&self) -> u32 {
+        512
+    }
+    fn num_blocks(&self) -> u64 {
+        self.ram.num_blocks()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.saw(buf.len());
+        self.ram.read(offset, buf)
+    }
+    fn read_into(&self, offset: u64, len: usize, out: &mut Vec<u8>) -> std::io::Result<()> {
+        self.saw(len);
+        self.ram.read_into(offset, len, out)
+    }
+    fn write(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+        self.ram.write(offset, buf)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn unmap(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.ram.unmap(offset, len)
+    }
+    fn is_mapped(&self, offset: u64) -> bool {
+        self.ram.is_mapped(offset)
+    }
+    fn thin(&self) -> bool {
+        false
+    }
+    fn in_memory(&self) -> bool {
+        true
+    }
+}
+
+/// On a connection thread (`iser_threads`), a small read runs on the connection's thread, in
+/// its receiving task; a large one runs on the portal's runtime, so that its copy and its RDMA
+/// Writes proceed on another core while the connection's thread serves the other commands (one
+/// session's 1 MiB reads were bound to one core).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_threads_large_reads_run_on_the_portals_runtime() {
+    use riser::target::lu::{LogicalUnit, LuIdentity};
+    use riser::target::server::{Node, Target};
+    use riser::verbs::{Listener, Provider};
+    let rnic = SoftRnic::default();
+    let l = rnic.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = l.local_addr().unwrap();
+    let disk = Arc::new(ReadThreads { ram: riser::target::backend::RamBackend::new(16 << 20, 512), seen: Default::default() });
+    let lu = Arc::new(LogicalUnit::new(disk.clone(), LuIdentity::random()));
+    let target = Target::new(T.config().iser_threads(1).node(Node::new(TARGET).lun(lu)));
+    tokio::spawn(target.clone().serve_iser(rnic, l, IserConfig::default()));
+    let s = T.session(addr).await;
+    let data = pattern(7, 1 << 20);
+    s.write(Lun::ZERO, 0, data.clone(), 512).await.unwrap();
+    assert_eq!(s.read(Lun::ZERO, 0, 8, 512).await.unwrap(), data[..4096]);
+    assert_eq!(s.read(Lun::ZERO, 0, 2048, 512).await.unwrap(), data);
+    s.logout().await.unwrap();
+    let seen = disk.seen.lock().unwrap().clone();
+    let on =
+        |len: usize| seen.iter().find(|(n, _)| *n == len).map(|(_, t)| t.clone()).unwrap_or_else(|| panic!("no {len}-byte read: {seen:?}"));
+    assert_eq!(on(4096), "riser-iser-0", "a small read runs on the connection's thread");
+    let large = on(1 << 20);
+    assert_ne!(large, "riser-iser-0", "a large read leaves the connection's thread");
+    assert!(!large.is_empty(), "on a named thread of the portal's runtime");
+}

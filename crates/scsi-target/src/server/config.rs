@@ -228,16 +228,20 @@ pub struct TargetConfig {
     pub iser_unsolicited_data: bool,
     /// iSER: threads that run the connections, each a single-threaded runtime of its own; a
     /// new connection goes to the one with the fewest, and all of its tasks (the software
-    /// RNIC's engines, the datamover's driver, the session, its commands) stay there. `0` (the
-    /// default): connections run on the runtime [`super::Target::serve_iser`] runs on.
+    /// RNIC's engines, the datamover's driver, the session, its commands) stay there, but
+    /// for the commands that get a task of their own (transfers beyond 64 KiB, writes that
+    /// fetch their data, stores not in memory): those run on the runtime
+    /// [`super::Target::serve_iser`] runs on, so a large read's copy and writes proceed on
+    /// another core while the connection's thread goes on. `0` (the default): connections run
+    /// on the runtime `serve_iser` runs on.
     ///
     /// Spread over a work-stealing runtime's workers, a connection's tasks hand every message
     /// across threads. On the development VM (2 cores, software RNIC, QD 8) two threads took
     /// four sessions' 256 KiB writes from 2,013 to 2,429 MiB/s (medians of 3 interleaved runs)
-    /// and iSER from 0.76–0.79× TCP's throughput to 0.88–0.92× there; but one connection then
-    /// uses one core at most, and a single session's 256 KiB reads fell from 1,871 to
-    /// 1,693 MiB/s (medians of 7), its thread busy all the time. The threads start with the
-    /// first iSER portal and stop when the [`super::Target`] is dropped.
+    /// and iSER from 0.76–0.79× TCP's throughput to 0.88–0.92× there. With every task of a
+    /// connection on its thread, one session's large reads were bound to one core (1 MiB reads
+    /// 2,808 MiB/s; their commands on the portal's runtime: 3,273 MiB/s). The threads start
+    /// with the first iSER portal and stop when the [`super::Target`] is dropped.
     #[cfg(feature = "iser")]
     #[cfg_attr(docsrs, doc(cfg(feature = "iser")))]
     pub iser_threads: usize,

@@ -87,6 +87,8 @@ impl Target {
                 continue;
             };
             let (p, me) = (provider.clone(), self.clone());
+            // On a connection thread, its large commands run on this runtime (see `Session::bulk`).
+            let bulk = self.iser_threads().and_then(ConnectionThreads::home);
             // Everything of the connection runs where this future does: the accept (on that
             // runtime's blocking pool) starts the software RNIC's engines on its runtime, and
             // the driver, the session and its commands are spawned on it.
@@ -94,7 +96,7 @@ impl Target {
                 match tokio::task::spawn_blocking(move || riser_iser::accept(&p, req, cfg)).await {
                     Ok(Ok((dm, peer))) => {
                         tokio::spawn(dm.driver());
-                        me.connection(Arc::new(dm), Transport::Iser, peer, portal).await;
+                        me.connection_on(Arc::new(dm), Transport::Iser, peer, portal, bulk).await;
                         drop(permit);
                     }
                     Ok(Err(e)) => warn!("iSER accept failed: {e}"),

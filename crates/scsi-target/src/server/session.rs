@@ -263,6 +263,10 @@ pub(super) struct Session {
     pub(super) io: Arc<IoCount>,
     pub(super) send_timeout: Duration,
     pub(super) data_timeout: Duration,
+    /// Where the commands that get a task of their own run (`None`: the session's runtime):
+    /// an iSER connection's thread runs one connection's every task, so its large transfers
+    /// go to the portal's runtime, their copies and writes in parallel with the connection.
+    bulk: Option<tokio::runtime::Handle>,
     /// A send timed out: the connection is being dropped.
     dead: AtomicBool,
 }
@@ -283,6 +287,7 @@ impl Session {
         at: Endpoint,
         c: &TargetConfig,
         target_budget: Arc<tokio::sync::Semaphore>,
+        bulk: Option<tokio::runtime::Handle>,
     ) -> Self {
         let (tpgt, relative_port, port_group) = port.unwrap_or((0, 0, 0));
         let nexus =
@@ -317,6 +322,7 @@ impl Session {
             io: Arc::new(IoCount::default()),
             send_timeout: c.send_timeout,
             data_timeout: c.data_timeout,
+            bulk,
             dead: AtomicBool::new(false),
         }
     }
@@ -669,9 +675,13 @@ impl Session {
         // The command's future is large (its every await point's state): boxed, it is written
         // once into its allocation; spawned by value, the runtime moved it about ten times
         // (~1 700 instructions of memcpy per command).
-        let handle = tokio::spawn(Box::pin(async move {
+        let command = Box::pin(async move {
             me.command(run, &slot).await;
-        }));
+        });
+        let handle = match &self.bulk {
+            Some(rt) => rt.spawn(command),
+            None => tokio::spawn(command),
+        };
         let mut running = lock(&self.running);
         if running.len() >= self.sweep_at.load(Ordering::Relaxed) {
             running.retain(|_, (h, _)| !h.is_finished());
