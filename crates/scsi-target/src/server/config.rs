@@ -229,18 +229,18 @@ pub struct TargetConfig {
     /// iSER: threads that run the connections, each a single-threaded runtime of its own; a
     /// new connection goes to the one with the fewest, and all of its tasks (the software
     /// RNIC's engines, the datamover's driver, the session, its commands) stay there, but
-    /// for the commands that get a task of their own (transfers beyond 64 KiB, writes that
-    /// fetch their data, stores not in memory): those run on the runtime
-    /// [`super::Target::serve_iser`] runs on, so a large read's copy and writes proceed on
-    /// another core while the connection's thread goes on. `0` (the default): connections run
-    /// on the runtime `serve_iser` runs on.
+    /// for the reads that get a task of their own (beyond 64 KiB, or from a store not in
+    /// memory): those run on the runtime [`super::Target::serve_iser`] runs on, so a large
+    /// read's copy proceeds on another core while the connection's thread sends. `0` (the
+    /// default): connections run on the runtime `serve_iser` runs on.
     ///
     /// Spread over a work-stealing runtime's workers, a connection's tasks hand every message
     /// across threads. On the development VM (2 cores, software RNIC, QD 8) two threads took
     /// four sessions' 256 KiB writes from 2,013 to 2,429 MiB/s (medians of 3 interleaved runs)
     /// and iSER from 0.76–0.79× TCP's throughput to 0.88–0.92× there. With every task of a
     /// connection on its thread, one session's large reads were bound to one core (1 MiB reads
-    /// 2,808 MiB/s; their commands on the portal's runtime: 3,273 MiB/s). The threads start
+    /// 2,808 MiB/s; their commands on the portal's runtime: 3,273 MiB/s); large writes moved
+    /// there cost the target CPU and four sessions' 256 KiB writes 8 %, so they stay. The threads start
     /// with the first iSER portal and stop when the [`super::Target`] is dropped.
     #[cfg(feature = "iser")]
     #[cfg_attr(docsrs, doc(cfg(feature = "iser")))]

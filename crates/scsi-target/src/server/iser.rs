@@ -87,7 +87,7 @@ impl Target {
                 continue;
             };
             let (p, me) = (provider.clone(), self.clone());
-            // On a connection thread, its large commands run on this runtime (see `Session::bulk`).
+            // On a connection thread, its large reads run on this runtime (see `Session::bulk`).
             let bulk = self.iser_threads().and_then(ConnectionThreads::home);
             // Everything of the connection runs where this future does: the accept (on that
             // runtime's blocking pool) starts the software RNIC's engines on its runtime, and

@@ -280,7 +280,7 @@ impl Target {
         self.connection_on(dm, transport, peer, local, None).await;
     }
 
-    /// [`Target::connection`], its commands that get a task of their own spawned on `bulk`
+    /// [`Target::connection`], its reads that get a task of their own spawned on `bulk`
     /// (`None`: the caller's runtime; see `Session::start_command`).
     pub(crate) async fn connection_on(
         self: Arc<Self>,
