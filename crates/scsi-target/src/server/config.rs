@@ -240,8 +240,8 @@ pub struct TargetConfig {
     /// and iSER from 0.76–0.79× TCP's throughput to 0.88–0.92× there. With every task of a
     /// connection on its thread, one session's large reads were bound to one core (1 MiB reads
     /// 2,808 MiB/s; their commands on the portal's runtime: 3,273 MiB/s); large writes moved
-    /// there cost the target CPU and four sessions' 256 KiB writes 8 %, so they stay. The threads start
-    /// with the first iSER portal and stop when the [`super::Target`] is dropped.
+    /// there cost the target CPU and four sessions' 256 KiB writes 8 %, so they stay. The
+    /// threads start with the first iSER portal and stop when the [`super::Target`] is dropped.
     #[cfg(feature = "iser")]
     #[cfg_attr(docsrs, doc(cfg(feature = "iser")))]
     pub iser_threads: usize,

@@ -63,8 +63,8 @@ impl ConnectionThreads {
     }
 
     /// The runtime the threads were started from (`None`: started outside one): where a
-    /// connection's large reads run, so that their copies proceed on another core
-    /// while the connection's thread serves its other commands.
+    /// connection's large reads run, so that their copies proceed on another core while the
+    /// connection's thread serves its other commands.
     pub(crate) fn home(&self) -> Option<tokio::runtime::Handle> {
         self.home.clone()
     }
