@@ -77,8 +77,61 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
 
+/// The arguments each subcommand takes: its switches, its flags with a value, and whether it
+/// takes bare words (the lab's cells). `None`: not a subcommand.
+fn accepted(sub: &str) -> Option<(&'static [&'static str], &'static [&'static str], bool)> {
+    Some(match sub {
+        "demo" | "interop" | "rbd" | "fuzz-seeds" | "fuzz-list" => (&[], &[], false),
+        "fuzz-smoke" => (&[], &["--seconds"], false),
+        "lab" => (&["--quick"], &[], true),
+        "soak" => (&[], &["--minutes", "--seconds", "--sessions", "--queue-depth"], false),
+        "faults" => (&[], &["--cuts", "--kills"], false),
+        "evaluate" => (&["--quick", "--lab", "--publish"], &["--reps", "--out", "--only", "--plot-only"], false),
+        "bench" => (
+            &["--full", "--rdma-only", "--iser-only", "--rbd", "--live"],
+            &["--reps", "--runtime", "--sessions", "--pin", "--against", "--seconds", "--interval-ms"],
+            false,
+        ),
+        "public-api" => (&["--bless"], &[], false),
+        _ => return None,
+    })
+}
+
+/// Refuse what `sub` does not take (a misspelt or unknown flag used to be ignored, and the
+/// subcommand ran with its defaults: `bench --help` ran the whole bench).
+fn check_args(sub: &str, args: &[String]) -> Result<(), String> {
+    let Some((switches, valued, words)) = accepted(sub) else { return Ok(()) };
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].as_str();
+        if valued.contains(&a) {
+            if args.get(i + 1).is_none_or(|v| v.starts_with("--")) {
+                return Err(format!("{a} needs a value"));
+            }
+            i += 2;
+        } else if switches.contains(&a) || (words && !a.starts_with('-')) {
+            i += 1;
+        } else {
+            return Err(format!("{sub} does not take {a}"));
+        }
+    }
+    Ok(())
+}
+
+const USAGE: &str = "usage: cargo xtask <demo | interop | rbd | lab [--quick] [CELL...] | soak [--minutes N | --seconds N] [--sessions N] [--queue-depth N] | faults [--cuts N] [--kills N] | evaluate [--quick] [--lab] [--reps N] [--out DIR] [--only SECTIONS] [--publish] | evaluate --plot-only DIR [--publish] | bench [--full] [--reps N] [--runtime S] [--rdma-only | --iser-only [--sessions N] | --rbd [--pin split|none] | --against DIR | --live [--seconds S] [--interval-ms MS]] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list | public-api [--bless]>";
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
+    if let Some(sub) = args.first()
+        && let Err(e) = check_args(sub, &args[1..])
+    {
+        eprintln!("xtask: {e}\n{USAGE}");
+        return ExitCode::from(2);
+    }
     let result = match args.first().map(String::as_str) {
         Some("demo") => demo(),
         Some("fuzz-seeds") => fuzz_seeds(),
@@ -99,9 +152,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         _ => {
-            eprintln!(
-                "usage: cargo xtask <demo | interop | rbd | lab [--quick] [CELL...] | soak [--minutes N | --seconds N] [--sessions N] [--queue-depth N] | faults [--cuts N] [--kills N] | evaluate [--quick] [--lab] [--reps N] [--out DIR] [--only SECTIONS] [--publish] | evaluate --plot-only DIR [--publish] | bench [--full] [--reps N] [--runtime S] [--rdma-only | --iser-only [--sessions N] | --rbd [--pin split|none] | --against DIR | --live [--seconds S]] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list | public-api [--bless]>"
-            );
+            eprintln!("{USAGE}");
             return ExitCode::from(2);
         }
     };
@@ -288,4 +339,28 @@ fn faults(args: &[String]) -> Result<(), String> {
 
 fn arg_value<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(String::as_str)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_args;
+
+    fn check(sub: &str, args: &[&str]) -> Result<(), String> {
+        check_args(sub, &args.iter().map(|a| a.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn subcommands_refuse_what_they_do_not_take() {
+        assert_eq!(check("bench", &["--iser-only", "--reps", "3", "--sessions", "4"]), Ok(()));
+        assert_eq!(check("bench", &["--against", "/tmp/base", "--reps", "4"]), Ok(()));
+        assert_eq!(check("lab", &["--quick"]), Ok(()));
+        assert_eq!(check("lab", &["7", "fault-tcp"]), Ok(()));
+        assert_eq!(check("evaluate", &["--publish", "--lab"]), Ok(()));
+        assert_eq!(check("soak", &["--seconds", "60"]), Ok(()));
+        assert_eq!(check("bench", &["--iser-olny"]), Err("bench does not take --iser-olny".into()));
+        assert_eq!(check("soak", &["5"]), Err("soak does not take 5".into()));
+        assert_eq!(check("evaluate", &["--reps"]), Err("--reps needs a value".into()));
+        assert_eq!(check("bench", &["--against", "--reps", "3"]), Err("--against needs a value".into()));
+        assert_eq!(check("demo", &["--quick"]), Err("demo does not take --quick".into()));
+    }
 }
