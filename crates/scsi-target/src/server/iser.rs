@@ -56,7 +56,10 @@ impl Target {
         // The connection threads start with the portal, not with its first connection: a fixed
         // part of a serving portal (a runtime's epoll and waker descriptors each), not something
         // a connection leaves behind.
-        let _ = self.iser_threads();
+        // On a connection thread, a connection's large reads run on this portal's runtime (see
+        // `Session::bulk`): their copies proceed on another core while the connection's thread
+        // sends.
+        let bulk = self.iser_threads().map(|_| tokio::runtime::Handle::current());
         // The provider's listener blocks: it runs on a thread of its own (not the blocking pool,
         // which a runtime waits for at shutdown) and hands requests over. When this future is
         // dropped the listener is closed: the thread's wait ends, and the address is free once
@@ -86,9 +89,7 @@ impl Target {
                 req.reject(&[]);
                 continue;
             };
-            let (p, me) = (provider.clone(), self.clone());
-            // On a connection thread, its large reads run on this runtime (see `Session::bulk`).
-            let bulk = self.iser_threads().and_then(ConnectionThreads::home);
+            let (p, me, bulk) = (provider.clone(), self.clone(), bulk.clone());
             // Everything of the connection runs where this future does: the accept (on that
             // runtime's blocking pool) starts the software RNIC's engines on its runtime, and
             // the driver, the session and its commands are spawned on it.

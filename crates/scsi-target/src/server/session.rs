@@ -264,9 +264,9 @@ pub(super) struct Session {
     pub(super) send_timeout: Duration,
     pub(super) data_timeout: Duration,
     /// Where the reads that get a task of their own run (`None`: the session's runtime): an
-    /// iSER connection's thread runs one connection's every task, so its large reads go to the
-    /// portal's runtime, their copies in parallel with the connection's sends. Writes stay
-    /// (moved, they cost the target CPU and four sessions' 256 KiB writes 8 %).
+    /// iSER connection's thread runs one connection's every task, so its large reads go to its
+    /// portal's runtime, their copies in parallel with the connection's sends. Everything else
+    /// stays (writes moved too cost the target CPU and four sessions' 256 KiB writes 8 %).
     bulk: Option<tokio::runtime::Handle>,
     /// A send timed out: the connection is being dropped.
     dead: AtomicBool,
@@ -676,12 +676,14 @@ impl Session {
         // The command's future is large (its every await point's state): boxed, it is written
         // once into its allocation; spawned by value, the runtime moved it about ten times
         // (~1 700 instructions of memcpy per command).
-        let write = run.cmd.write;
+        // Only a read moves (a command with no data, WRITE SAME with NDOB say, changes the
+        // medium like a write does and stays with the connection).
+        let read = run.cmd.read && !run.cmd.write;
         let command = Box::pin(async move {
             me.command(run, &slot).await;
         });
         let handle = match &self.bulk {
-            Some(rt) if !write => rt.spawn(command),
+            Some(rt) if read => rt.spawn(command),
             _ => tokio::spawn(command),
         };
         let mut running = lock(&self.running);

@@ -30,8 +30,6 @@ struct Worker {
 #[derive(Debug)]
 pub(crate) struct ConnectionThreads {
     workers: Vec<Worker>,
-    /// The runtime that started them (see [`ConnectionThreads::home`]).
-    home: Option<tokio::runtime::Handle>,
 }
 
 /// Counts a connection on its thread until its future ends or is dropped.
@@ -59,14 +57,7 @@ impl ConnectionThreads {
                 Ok(Worker { handle, load: Arc::new(AtomicUsize::new(0)), _stop: stop })
             })
             .collect::<std::io::Result<Vec<_>>>()?;
-        Ok(Self { workers, home: tokio::runtime::Handle::try_current().ok() })
-    }
-
-    /// The runtime the threads were started from (`None`: started outside one): where a
-    /// connection's large reads run, so that their copies proceed on another core while the
-    /// connection's thread serves its other commands.
-    pub(crate) fn home(&self) -> Option<tokio::runtime::Handle> {
-        self.home.clone()
+        Ok(Self { workers })
     }
 
     /// Run `connection` on the thread with the fewest connections (the first of them).
