@@ -19,6 +19,7 @@ on_every_transport!(
     acl_and_unknown_target_and_lun,
     nop_in_keepalive_answered_keeps_the_session_unanswered_drops_it,
     reinstatement_waits_for_the_old_sessions_write,
+    reinstatement_waits_for_a_write_running_in_its_task,
 );
 
 async fn chap_one_way_mutual_and_wrong_secret(t: Transport) {
@@ -118,5 +119,39 @@ async fn reinstatement_waits_for_the_old_sessions_write(t: Transport) {
     let _ = new.response(0x801, |_| {}).await;
     assert!(released.load(Ordering::SeqCst), "the new session answered while the old session's write was still held");
     release.await.unwrap();
+    assert_eq!(gated.done(), 1);
+}
+
+/// The same with a store in memory, whose calls a command makes in its own task (on a runtime
+/// worker, not the blocking pool): a WRITE SAME (a task of its own) still writing when the
+/// session ends must be over before the reinstating session runs anything.
+async fn reinstatement_waits_for_a_write_running_in_its_task(t: Transport) {
+    let gated = Gated::in_memory();
+    let addr = t.start_on(gated.clone(), |_| {}, |_| {}).await;
+    let op = OperationalConfig::default().initial_r2t(false).immediate_data(true);
+    let isid = 12;
+    let mut old = t.raw(addr, op.clone(), isid).await;
+    gated.hold(true);
+    // WRITE SAME(10) of 8 blocks at LBA 0, its one block of data immediate.
+    let h = old.command(0x800, &[0x41, 0, 0, 0, 0, 0, 0, 0, 8, 0], 512, true, true, false);
+    old.send(h, &[5; 512]).await;
+    crate::support::until("the write reached the disk", || gated.waiting() > 0).await;
+    // Let go from a thread of its own: the held write blocks a runtime worker, and a task queued
+    // behind it there would wait for it (a store in memory never blocks for long).
+    let released = Arc::new(AtomicBool::new(false));
+    let release = {
+        let (g, released) = (gated.clone(), released.clone());
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(600));
+            released.store(true, Ordering::SeqCst);
+            g.hold(false);
+        })
+    };
+    let mut new = t.raw(addr, op, isid).await;
+    let h = new.command(0x801, &[0; 6], 0, false, true, false);
+    new.send(h, &[]).await;
+    let _ = new.response(0x801, |_| {}).await;
+    assert!(released.load(Ordering::SeqCst), "the new session answered while the old session's write was still running");
+    release.join().unwrap();
     assert_eq!(gated.done(), 1);
 }

@@ -19,6 +19,8 @@ pub(crate) struct Gated {
     reads_now: AtomicUsize,
     pub(crate) reads_max: AtomicUsize,
     read_pause: Duration,
+    /// Says it is in memory: its commands then run in their tasks, not on the blocking pool.
+    memory: bool,
 }
 
 impl Gated {
@@ -32,7 +34,16 @@ impl Gated {
             reads_now: AtomicUsize::new(0),
             reads_max: AtomicUsize::new(0),
             read_pause: Duration::from_millis(150),
+            memory: false,
         })
+    }
+
+    /// The same, saying it is in memory (commands run its calls in their own tasks, as they do
+    /// a RAM disk's): a held write stands for a long one, a WRITE SAME over many blocks.
+    pub(crate) fn in_memory() -> Arc<Self> {
+        let mut g = Arc::into_inner(Self::new()).expect("just made");
+        g.memory = true;
+        Arc::new(g)
     }
 
     /// Hold writes at the gate (`true`) or let them through.
@@ -87,6 +98,9 @@ impl BlockBackend for Gated {
     }
     fn thin(&self) -> bool {
         false
+    }
+    fn in_memory(&self) -> bool {
+        self.memory
     }
 }
 

@@ -277,6 +277,12 @@ impl Session {
             (ToTheEnd { running: Some(running), in_flight: Some(in_flight) }.await, data_out)
         } else if !lu.may_block(&plan) {
             // Memory-speed backends run inline; a thread hand-off would cost more than the I/O.
+            // In a task of its own (a gate) it may be in the middle of it when task management
+            // or the session's end aborts the task on another thread: the abort takes effect
+            // only once this poll returns, so the gate and the session's count say when it is
+            // over (a reinstating session must not write before it). In the receiving task
+            // nothing ends the session meanwhile.
+            let _in_flight = gate.map(|g| InFlight::new(Some(g), &self.io, path.enter(), true));
             (lu.execute_into(&plan, &data_out[..usable], &self.nexus, read_buf), data_out)
         } else {
             // The blocking pool runs the I/O to its end even if this task is aborted meanwhile:
