@@ -93,51 +93,30 @@ async fn nop_in_keepalive_answered_keeps_the_session_unanswered_drops_it(t: Tran
 
 /// Session reinstatement: the new session runs nothing before the old one's backend I/O is over.
 async fn reinstatement_waits_for_the_old_sessions_write(t: Transport) {
-    let gated = Gated::new();
-    let addr = t.start_on(gated.clone(), |_| {}, |_| {}).await;
-    let op = OperationalConfig::default().initial_r2t(false).immediate_data(true);
-    let isid = 11;
-    let mut old = t.raw(addr, op.clone(), isid).await;
-    gated.hold(true);
-    let h = old.command(0x800, &write10(0, 1), 512, true, true, false);
-    old.send(h, &[4; 512]).await;
-    crate::support::until("the write reached the disk", || gated.waiting() > 0).await;
-    // Same initiator, same ISID: the old session is reinstated. The held write is let go after
-    // 600 ms; the new session's first answer must come after that.
-    let released = Arc::new(AtomicBool::new(false));
-    let release = {
-        let (g, released) = (gated.clone(), released.clone());
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(600)).await;
-            released.store(true, Ordering::SeqCst);
-            g.hold(false);
-        })
-    };
-    let mut new = t.raw(addr, op, isid).await;
-    let h = new.command(0x801, &[0; 6], 0, false, true, false);
-    new.send(h, &[]).await;
-    let _ = new.response(0x801, |_| {}).await;
-    assert!(released.load(Ordering::SeqCst), "the new session answered while the old session's write was still held");
-    release.await.unwrap();
-    assert_eq!(gated.done(), 1);
+    reinstatement_while_a_write_is_held(t, Gated::new(), 11, &write10(0, 1)).await;
 }
 
 /// The same with a store in memory, whose calls a command makes in its own task (on a runtime
 /// worker, not the blocking pool): a WRITE SAME (a task of its own) still writing when the
 /// session ends must be over before the reinstating session runs anything.
 async fn reinstatement_waits_for_a_write_running_in_its_task(t: Transport) {
-    let gated = Gated::in_memory();
+    // WRITE SAME(10) of 8 blocks at LBA 0.
+    reinstatement_while_a_write_is_held(t, Gated::in_memory(), 12, &[0x41, 0, 0, 0, 0, 0, 0, 0, 8, 0]).await;
+}
+
+/// The old session's `cdb` (one block of data, immediate) is held in `gated`'s write when the
+/// same initiator logs in again with the same ISID; the write is let go 600 ms later, and the
+/// new session's first answer must come after that.
+async fn reinstatement_while_a_write_is_held(t: Transport, gated: Arc<Gated>, isid: u8, cdb: &[u8]) {
     let addr = t.start_on(gated.clone(), |_| {}, |_| {}).await;
     let op = OperationalConfig::default().initial_r2t(false).immediate_data(true);
-    let isid = 12;
     let mut old = t.raw(addr, op.clone(), isid).await;
     gated.hold(true);
-    // WRITE SAME(10) of 8 blocks at LBA 0, its one block of data immediate.
-    let h = old.command(0x800, &[0x41, 0, 0, 0, 0, 0, 0, 0, 8, 0], 512, true, true, false);
-    old.send(h, &[5; 512]).await;
+    let h = old.command(0x800, cdb, 512, true, true, false);
+    old.send(h, &[4; 512]).await;
     crate::support::until("the write reached the disk", || gated.waiting() > 0).await;
-    // Let go from a thread of its own: the held write blocks a runtime worker, and a task queued
-    // behind it there would wait for it (a store in memory never blocks for long).
+    // Let go from a thread of its own: a held write in memory blocks a runtime worker, and a
+    // task queued behind it there would wait for it (a store in memory never blocks for long).
     let released = Arc::new(AtomicBool::new(false));
     let release = {
         let (g, released) = (gated.clone(), released.clone());
@@ -151,7 +130,7 @@ async fn reinstatement_waits_for_a_write_running_in_its_task(t: Transport) {
     let h = new.command(0x801, &[0; 6], 0, false, true, false);
     new.send(h, &[]).await;
     let _ = new.response(0x801, |_| {}).await;
-    assert!(released.load(Ordering::SeqCst), "the new session answered while the old session's write was still running");
+    assert!(released.load(Ordering::SeqCst), "the new session answered while the old session's write was still held");
     release.join().unwrap();
     assert_eq!(gated.done(), 1);
 }
