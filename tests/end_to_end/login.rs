@@ -115,8 +115,7 @@ async fn reinstatement_while_a_write_is_held(t: Transport, gated: Arc<Gated>, is
     let h = old.command(0x800, cdb, 512, true, true, false);
     old.send(h, &[4; 512]).await;
     crate::support::until("the write reached the disk", || gated.waiting() > 0).await;
-    // Let go from a thread of its own: a held write in memory blocks a runtime worker, and a
-    // task queued behind it there would wait for it (a store in memory never blocks for long).
+    // Let go from a thread of its own: a held write in memory keeps the thread it runs on.
     let released = Arc::new(AtomicBool::new(false));
     let release = {
         let (g, released) = (gated.clone(), released.clone());

@@ -77,11 +77,24 @@ impl BlockBackend for Gated {
     }
     fn write(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
         self.writes_waiting.fetch_add(1, Ordering::SeqCst);
-        let mut held = self.hold.lock().unwrap();
-        while *held {
-            held = self.moved.wait(held).unwrap();
+        let wait = || {
+            let mut held = self.hold.lock().unwrap();
+            while *held {
+                held = self.moved.wait(held).unwrap();
+            }
+        };
+        // A store in memory is called on a runtime worker, and never blocks for long; held, this
+        // one would keep its worker, and the runtime's I/O and timer driver with it if that
+        // worker had it last: the test's own timers and sockets would wait for the write they
+        // are to release. Blocking in place hands the worker's other work to another thread,
+        // while the command's task stays inside its poll, as it does in a long write.
+        let multi_thread =
+            tokio::runtime::Handle::try_current().is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if self.memory && multi_thread {
+            tokio::task::block_in_place(wait);
+        } else {
+            wait();
         }
-        drop(held);
         self.writes_waiting.fetch_sub(1, Ordering::SeqCst);
         let r = self.ram.write(offset, buf);
         self.writes_done.fetch_add(1, Ordering::SeqCst);

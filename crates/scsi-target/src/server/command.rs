@@ -282,7 +282,7 @@ impl Session {
             // only once this poll returns, so the gate and the session's count say when it is
             // over (a reinstating session must not write before it). In the receiving task
             // nothing ends the session meanwhile.
-            let _in_flight = gate.map(|g| InFlight::new(Some(g), &self.io, path.enter(), true));
+            let _in_flight = gate.map(|g| InFlight::new(Some(g), &self.io, path.enter(), !lu.outlives_its_task(&plan)));
             (lu.execute_into(&plan, &data_out[..usable], &self.nexus, read_buf), data_out)
         } else {
             // The blocking pool runs the I/O to its end even if this task is aborted meanwhile:
