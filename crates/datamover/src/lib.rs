@@ -10,7 +10,7 @@
 //! |---|---|
 //! | Send_Control | [`Datamover::send_control`] |
 //! | Put_Data | [`Datamover::put_data`] (target) |
-//! | Get_Data | [`Datamover::get_data`] (target) |
+//! | Get_Data | [`Datamover::get_data`] (target; [`Datamover::try_get_data`] when the data is all here) |
 //! | Allocate_Connection_Resources | [`Datamover::allocate_connection_resources`] |
 //! | Deallocate_Connection_Resources | [`Datamover::deallocate_connection_resources`] |
 //! | Deallocate_Task_Resources | [`Datamover::deallocate_task_resources`] |
@@ -459,6 +459,17 @@ pub trait Datamover: Send + Sync + core::fmt::Debug {
     /// arguments come back. Default: never.
     fn try_put_data(&self, desc: DataInDesc, data: Bytes) -> Attempt<Result<PutDataDone, DmError>, (DataInDesc, Bytes)> {
         Attempt::WouldWait((desc, data))
+    }
+
+    /// [`get_data`](Self::get_data) if the task's data is all here already (it came with the
+    /// command, say): the data, exactly `plan.end` bytes. They may lie in the datamover's own
+    /// memory, which goes back to it when the last of them is dropped (such bytes cannot become
+    /// a `BytesMut`, and are not given back through
+    /// [`release_task_buffer`](Self::release_task_buffer)); iSER hands a write's immediate data
+    /// on in the receive buffer it arrived in, to be posted again whole. Else nothing is taken
+    /// and the plan comes back for `get_data`, which reports any error. Default: never.
+    fn try_get_data(&self, plan: R2tPlan) -> Attempt<Result<Bytes, DmError>, R2tPlan> {
+        Attempt::WouldWait(plan)
     }
 
     /// [`release_sends`](Self::release_sends) if everything gathered leaves without waiting.

@@ -312,6 +312,9 @@ struct Shared<P: Provider> {
     /// Task buffers (target: write data; initiator: read data), reused: see
     /// [`Datamover::release_task_buffer`].
     pool: riser_datamover::BufferPool,
+    /// Target, split receives: data buffers that were handed on with their data, back whole
+    /// (see `driver::Lent`); posted again before anything is allocated.
+    recv_spares: Arc<Mutex<Vec<Vec<u8>>>>,
     writes_changed: Notify,
     tasks: Mutex<HashMap<u32, InitTask<P>>>,
     limits: Mutex<TransferLimits>,
@@ -380,6 +383,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             duplicates: Default::default(),
             writes: Mutex::new(HashMap::new()),
             pool: riser_datamover::BufferPool::default(),
+            recv_spares: Arc::default(),
             writes_changed: Notify::new(),
             tasks: Mutex::new(HashMap::new()),
             limits: Mutex::new(TransferLimits::default()),
@@ -468,6 +472,10 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
 
     fn get_data(&self, plan: R2tPlan) -> BoxFuture<'_, Result<TaskBuffer, DmError>> {
         Box::pin(self.get_data_by_read(plan))
+    }
+
+    fn try_get_data(&self, plan: R2tPlan) -> Attempt<Result<Bytes, DmError>, R2tPlan> {
+        self.lent_write_data(plan)
     }
 
     fn notice_key_values(&self, p: &NegotiatedParams) {

@@ -6,7 +6,7 @@ use super::driver::completion;
 use super::{IserDatamover, Keep, Shared, WriteTask, copy_out, lock, rdma};
 use bytes::{Bytes, BytesMut};
 use hashbrown::hash_map::Entry;
-use riser_datamover::{ControlPdu, DataInDesc, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer, Violation};
+use riser_datamover::{Attempt, ControlPdu, DataInDesc, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer, Violation};
 use riser_iscsi::session::{DataOutTo, WriteIn};
 use riser_iscsi::wire::{DataOut, Header, ScsiCommand};
 use riser_verbs::{Access, MemoryRegion, ProtectionDomain, Provider, SendOp, SgList, Sge};
@@ -136,6 +136,26 @@ impl<P: Provider + 'static> IserDatamover<P> {
         Ok(PutDataDone { pdus: 0, status_sent: false })
     }
 
+    /// `try_get_data`: a write whose data all came with its command in a receive buffer of its
+    /// own (see `WriteTask::whole`) gets that buffer's bytes, which go back to the receive ring
+    /// when dropped (`driver::Lent`). Anything else, or anything amiss, is left to Get_Data.
+    pub(super) fn lent_write_data(&self, plan: R2tPlan) -> Attempt<Result<Bytes, DmError>, R2tPlan> {
+        let (itt, total_len, unsolicited_len) = (plan.itt, plan.end, plan.start);
+        let mut writes = lock(&self.s.writes);
+        let ready = writes.get_mut(&itt).is_some_and(|t| {
+            t.whole.as_ref().is_some_and(|b| b.len() >= total_len as usize)
+                && unsolicited_len <= total_len
+                && matches!(t.write.settle(unsolicited_len, total_len), Ok(true))
+        });
+        if !ready {
+            return Attempt::WouldWait(plan);
+        }
+        match writes.remove(&itt).and_then(|t| t.whole) {
+            Some(b) => Attempt::Done(Ok(b.slice(..total_len as usize))),
+            None => Attempt::WouldWait(plan),
+        }
+    }
+
     /// Get_Data: wait for the unsolicited part, then RDMA Read the rest from the write STag
     /// and VA the initiator gave with the command.
     pub(super) async fn get_data_by_read(&self, plan: R2tPlan) -> Result<TaskBuffer, DmError> {
@@ -172,7 +192,8 @@ impl<P: Provider + 'static> IserDatamover<P> {
         let (mut buf, whole) = task.map_or_else(|| (s.pool.take_vec(total_len as usize), None), |t| (t.buf, t.whole));
         if let Some(b) = whole {
             // All the data came with the command (nothing to fetch: `total_len` is at most the
-            // immediate data, checked above), in the receive buffer the task kept.
+            // immediate data, checked above), in the receive buffer the task kept: its bytes
+            // as a buffer of their own (`try_get_data` takes them without this copy).
             let mut data = b.try_into_mut().unwrap_or_else(|b| BytesMut::from(&b[..]));
             data.truncate(total_len as usize);
             return Ok(TaskBuffer { data });

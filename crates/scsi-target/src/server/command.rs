@@ -390,9 +390,13 @@ impl Session {
     async fn fetch_write_data(&self, c: &ScsiCommand, split: WriteSplit, out_len: u32) -> Result<Bytes, riser_datamover::DmError> {
         let plan = lock(&self.core).plan_write(c, split, out_len.min(c.expected_data_len));
         let end = plan.end;
-        match self.dm.get_data(plan).await {
-            Ok(b) if b.data.len() == end as usize => Ok(b.data.freeze()),
-            Ok(b) => Err(SequenceError::WrongLength { got: b.data.len() as u32, due: end }.into()),
+        let got = match self.dm.try_get_data(plan) {
+            riser_datamover::Attempt::Done(got) => got,
+            riser_datamover::Attempt::WouldWait(plan) => self.dm.get_data(plan).await.map(|b| b.data.freeze()),
+        };
+        match got {
+            Ok(b) if b.len() == end as usize => Ok(b),
+            Ok(b) => Err(SequenceError::WrongLength { got: b.len() as u32, due: end }.into()),
             Err(e) => {
                 warn!(itt = c.itt, %e, "write data not received");
                 Err(e)
