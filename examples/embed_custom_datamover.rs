@@ -106,6 +106,13 @@ impl Datamover for Counting {
         }
         done
     }
+    fn try_get_data(&self, plan: R2tPlan) -> Attempt<Result<Bytes, DmError>, R2tPlan> {
+        let done = self.inner.try_get_data(plan);
+        if let Attempt::Done(Ok(data)) = &done {
+            self.counts.write_bytes.fetch_add(data.len() as u64, Relaxed);
+        }
+        done
+    }
     fn try_release_sends(&self) -> Attempt<Result<(), DmError>, ()> {
         self.inner.try_release_sends()
     }

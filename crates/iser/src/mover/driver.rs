@@ -35,15 +35,12 @@ impl Tail<'_> {
     }
 }
 
-/// A received data segment from this length on is handed on with its receive buffer (see
-/// [`Lent`]) even when it fills less than half of it: copying it costs more than that. Four
-/// sessions writing 64 KiB at QD 8 into 256 KiB receives, before: the copy took a fifth of the
-/// target's CPU time.
+/// A received data segment that fills a quarter of its receive buffer, and is at least this
+/// long, is handed on with it (see [`Lent`]), as one filling half of it is whatever its length:
+/// copying it costs more than that. Four sessions writing 64 KiB at QD 8 into 256 KiB receives,
+/// before: the copy, and the zeroing of buffers that came back short, took a fifth of the
+/// target's CPU time. The quarter bounds what a write holds: at most four times its data.
 const HAND_ON_MIN: usize = 32 << 10;
-
-/// Receive buffers back from tasks kept to be posted again (see [`Lent`]), at most: as many as
-/// the buffer pool keeps; more are freed.
-const RECV_SPARES_MAX: usize = 32;
 
 /// A receive buffer handed on with the data segment at its start: a write's immediate data
 /// becomes its task's data (`Datamover::try_get_data`), nothing copied. When the last `Bytes` of
@@ -64,8 +61,9 @@ impl AsRef<[u8]> for Lent {
 
 impl Drop for Lent {
     fn drop(&mut self) {
+        // Kept up to as many bytes as the connection's buffer pool keeps; beyond that, freed.
         let mut spares = lock(&self.home);
-        if spares.len() < RECV_SPARES_MAX {
+        if (spares.len() + 1) * self.buf.len() <= riser_datamover::POOL_MAX_BYTES {
             spares.push(std::mem::take(&mut self.buf));
         }
     }
@@ -220,10 +218,10 @@ impl<P: Provider + 'static> Shared<P> {
 
     /// A message in two receive elements (see [`Recv`]): its headers in `head`, the `n` bytes
     /// after them in `data`. A PDU whose data segment is all of them (no AHS) is handled in
-    /// place, and one whose data segment fills at least half the buffer, or is at least
-    /// [`HAND_ON_MIN`], is handed on with it (a command's immediate data becomes its task's
-    /// buffer, nothing copied; see [`Lent`]); anything else is put together first. The data
-    /// buffer to post again, if it stays.
+    /// place, and one whose data segment fills at least half the buffer, or a quarter of it
+    /// from [`HAND_ON_MIN`], is handed on with it (a command's immediate data becomes its
+    /// task's buffer, nothing copied; see [`Lent`]); anything else is put together first. The
+    /// data buffer to post again, if it stays.
     fn on_split_message(
         &self,
         head: &Mr<P>,
@@ -244,7 +242,8 @@ impl<P: Provider + 'static> Shared<P> {
             *handled = self.on_message(&msg, None, inv);
             return Some(data);
         }
-        let data = if 2 * n < data.len() && n < HAND_ON_MIN {
+        let hand_on = 2 * n >= data.len() || (4 * n >= data.len() && n >= HAND_ON_MIN);
+        let data = if !hand_on {
             data
         } else {
             match data.into_buffer() {
@@ -767,7 +766,7 @@ mod tests {
     /// immediate data, a quarter of its receive buffer, is handed on in it too (from
     /// `HAND_ON_MIN`), and `try_get_data` gives those very bytes; once they are dropped (the
     /// write done) the buffer is back whole and the next receive posted takes it, nothing
-    /// zeroed. Below `HAND_ON_MIN` the data is copied and the buffer stays with its receive.
+    /// zeroed. Less than a quarter is copied and the buffer stays with its receive.
     #[test]
     fn immediate_data_from_32_kib_is_handed_on_and_its_buffer_comes_back_whole() {
         use riser_datamover::{Attempt, Datamover, R2tPlan};
@@ -805,14 +804,14 @@ mod tests {
         dm.s.post_recv(None).expect("a receive");
         assert!(lock(&dm.s.recvs).values().any(|r| r.data.as_ref().is_some_and(|d| d.addr() == addr)), "posted again");
         assert!(lock(&dm.s.recv_spares).is_empty());
-        // 24 KiB: copied into a task buffer of its own; the receive keeps its buffer.
-        let (kept, addr) = split_receive(&dm, &command(2, &data[..24 << 10]));
+        // 60 KiB, short of a quarter: copied into a task buffer of its own; the receive keeps its buffer.
+        let (kept, addr) = split_receive(&dm, &command(2, &data[..60 << 10]));
         assert_eq!(kept, Some(addr));
         let plan = R2tPlan {
             itt: 2,
             lun: Default::default(),
-            start: 24 << 10,
-            end: 24 << 10,
+            start: 60 << 10,
+            end: 60 << 10,
             max_burst: 1 << 20,
             first_ttt: 0,
             stat_sn: 0,
@@ -820,7 +819,7 @@ mod tests {
             max_cmd_sn: 0,
         };
         assert!(matches!(dm.try_get_data(plan), Attempt::WouldWait(_)), "not lent: Get_Data's buffer");
-        assert_eq!(&lock(&dm.s.writes)[&2].buf[..], &data[..24 << 10]);
+        assert_eq!(&lock(&dm.s.writes)[&2].buf[..], &data[..60 << 10]);
     }
 
     #[test]
