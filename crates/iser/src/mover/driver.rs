@@ -780,21 +780,25 @@ mod tests {
             Pdu::new(Header::ScsiCommand(c), &[][..], data).encode(&mut v);
             v
         };
+        // Get_Data's plan for a write whose `len` bytes all came with the command.
+        let plan = |itt: u32, len: usize| {
+            let len = len as u32;
+            R2tPlan {
+                itt,
+                lun: Default::default(),
+                start: len,
+                end: len,
+                max_burst: 1 << 20,
+                first_ttt: 0,
+                stat_sn: 0,
+                exp_cmd_sn: 0,
+                max_cmd_sn: 0,
+            }
+        };
         let data: Vec<u8> = (0..64 << 10).map(|i: usize| (i * 13 + i / 509) as u8).collect();
         let (kept, addr) = split_receive(&dm, &command(1, &data));
         assert_eq!(kept, None, "the data buffer went with the command");
-        let plan = R2tPlan {
-            itt: 1,
-            lun: Default::default(),
-            start: data.len() as u32,
-            end: data.len() as u32,
-            max_burst: 1 << 20,
-            first_ttt: 0,
-            stat_sn: 0,
-            exp_cmd_sn: 0,
-            max_cmd_sn: 0,
-        };
-        let Attempt::Done(Ok(got)) = dm.try_get_data(plan) else { panic!("the write's data is all here") };
+        let Attempt::Done(Ok(got)) = dm.try_get_data(plan(1, data.len())) else { panic!("the write's data is all here") };
         assert_eq!((got.as_ptr() as u64, &got[..]), (addr, &data[..]), "the receive buffer's own bytes");
         assert!(lock(&dm.s.writes).is_empty(), "the task's data was taken");
         assert!(lock(&dm.s.recv_spares).is_empty(), "the buffer is the write's while it runs");
@@ -807,18 +811,7 @@ mod tests {
         // 60 KiB, short of a quarter: copied into a task buffer of its own; the receive keeps its buffer.
         let (kept, addr) = split_receive(&dm, &command(2, &data[..60 << 10]));
         assert_eq!(kept, Some(addr));
-        let plan = R2tPlan {
-            itt: 2,
-            lun: Default::default(),
-            start: 60 << 10,
-            end: 60 << 10,
-            max_burst: 1 << 20,
-            first_ttt: 0,
-            stat_sn: 0,
-            exp_cmd_sn: 0,
-            max_cmd_sn: 0,
-        };
-        assert!(matches!(dm.try_get_data(plan), Attempt::WouldWait(_)), "not lent: Get_Data's buffer");
+        assert!(matches!(dm.try_get_data(plan(2, 60 << 10)), Attempt::WouldWait(_)), "not lent: Get_Data's buffer");
         assert_eq!(&lock(&dm.s.writes)[&2].buf[..], &data[..60 << 10]);
     }
 
