@@ -89,9 +89,11 @@
 //! ```
 #![warn(missing_docs)]
 
+mod backlog;
 mod duplicates;
 mod pool;
 
+pub use backlog::{BACKLOG_DEFAULT, BACKLOG_SLACK, Backlog};
 pub use duplicates::{DUPLICATE_TAGS_MAX, DuplicateCommands};
 pub use pool::{BufferPool, POOL_MAX_BYTES, into_bytes_mut};
 /// Largest write buffer a datamover allocates for one command (EDTL above this is refused by
@@ -285,6 +287,14 @@ pub enum Violation {
     /// (a datamover bug, reported rather than trusted).
     #[error("data segment read with the wrong length")]
     SegmentLengthMismatch,
+    /// iSER: the peer sent more PDUs than the iSCSI layer has taken, beyond its command window
+    /// and a few immediate ones (see [`Backlog`]): over a byte stream the datamover stops
+    /// reading instead, but a Send cannot be made to wait.
+    #[error("more than {limit} PDUs received that the iSCSI layer has not taken (beyond the command window)")]
+    Backlog {
+        /// The bound ([`Backlog::limit`]).
+        limit: u32,
+    },
     /// Target on iSER: more unexpected PDUs (NOP-In pings or Async Messages) than an iSER
     /// initiator has receive buffers for (RFC 7145 §6.2).
     #[error("more than {limit} unexpected PDUs of one kind outstanding on an iSER connection")]
@@ -402,7 +412,9 @@ pub struct CommandArgs {
 /// Sizes the iSCSI layer asks the datamover to provision (Allocate_Connection_Resources).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct ConnectionResources {
-    /// Commands that may be outstanding (the CmdSN window).
+    /// Commands that may be outstanding (the CmdSN window); with a few immediate PDUs, also
+    /// what the datamover queues at most for the iSCSI layer to take (see [`Backlog`]). 0: not
+    /// named ([`BACKLOG_DEFAULT`] applies).
     pub commands: u32,
 }
 

@@ -127,10 +127,32 @@ impl<P: Provider + 'static> Shared<P> {
         Ok(())
     }
 
+    /// Queue an event for the iSCSI layer ([`Datamover::next_event`]), counted in the backlog.
+    pub(super) fn queue_event(&self, e: DmEvent) {
+        // Counted before it can be taken.
+        self.backlog.add();
+        if self.events_tx.send(e).is_err() {
+            self.backlog.take();
+        }
+    }
+
+    /// Target: whether the iSCSI layer has room for another received PDU. A Send cannot be
+    /// made to wait, so an initiator that sends beyond the command window and a few immediate
+    /// PDUs while the session is busy (see [`riser_datamover::Backlog`]) breaks the rules, and
+    /// its connection ends before anything more is taken for it. (An initiator receives
+    /// answers to its own commands, as many as the target's window lets it send, which it does
+    /// not name here: not bounded by this.)
+    fn room_for_received(&self) -> Result<(), DmError> {
+        if self.role == Role::Initiator || self.backlog.has_room() {
+            return Ok(());
+        }
+        Err(Violation::Backlog { limit: u32::try_from(self.backlog.limit()).unwrap_or(u32::MAX) }.into())
+    }
+
     pub(super) fn fail(&self, why: DmError) {
         if !self.closed.swap(true, Ordering::AcqRel) {
             warn!("iSER connection ended: {why}");
-            let _ = self.events_tx.send(DmEvent::Terminated(Terminated::Error(why)));
+            self.queue_event(DmEvent::Terminated(Terminated::Error(why)));
         }
         self.qp.disconnect();
         self.writes_changed.notify_waiters();
@@ -182,7 +204,7 @@ impl<P: Provider + 'static> Shared<P> {
         lock(&self.unsignaled).held.clear();
         lock(&self.recvs).clear();
         if !self.closed.swap(true, Ordering::AcqRel) {
-            let _ = self.events_tx.send(DmEvent::Terminated(Terminated::PeerClosed));
+            self.queue_event(DmEvent::Terminated(Terminated::PeerClosed));
         }
         self.writes_changed.notify_waiters();
     }
@@ -307,7 +329,8 @@ impl<P: Provider + 'static> Shared<P> {
                 if let (Reaction::Reject(_), Some(raw)) = (e.reaction(), msg.get(ISER_HDR_LEN..ISER_HDR_LEN + BHS_LEN)) {
                     let mut bhs = [0u8; BHS_LEN];
                     bhs.copy_from_slice(raw);
-                    let _ = self.events_tx.send(DmEvent::Malformed { bhs, error: e });
+                    self.room_for_received()?;
+                    self.queue_event(DmEvent::Malformed { bhs, error: e });
                     return Ok(());
                 }
                 return Err(e.into());
@@ -318,6 +341,10 @@ impl<P: Provider + 'static> Shared<P> {
         let ahs = Bytes::copy_from_slice(pdu.ahs);
         if self.role == Role::Target {
             lock(&self.unexpected).received(&header);
+        }
+        // Every PDU but a target's Data-Out goes up to the iSCSI layer.
+        if !(self.role == Role::Target && matches!(header, Header::DataOut(_))) {
+            self.room_for_received()?;
         }
         match (self.role, &header) {
             (Role::Target, Header::ScsiCommand(c)) => {
@@ -346,7 +373,7 @@ impl<P: Provider + 'static> Shared<P> {
             _ => {}
         }
         let data = Bytes::copy_from_slice(pdu.data);
-        let _ = self.events_tx.send(DmEvent::Control(ControlPdu { header, ahs, data, immediate: 0 }));
+        self.queue_event(DmEvent::Control(ControlPdu { header, ahs, data, immediate: 0 }));
         Ok(())
     }
 
@@ -813,6 +840,40 @@ mod tests {
         assert_eq!(kept, Some(addr));
         assert!(matches!(dm.try_get_data(plan(2, 60 << 10)), Attempt::WouldWait(_)), "not lent: Get_Data's buffer");
         assert_eq!(&lock(&dm.s.writes)[&2].buf[..], &data[..60 << 10]);
+    }
+
+    /// A Send cannot be made to wait: a peer whose PDUs the session has not taken reach the
+    /// command window and `BACKLOG_SLACK` more loses its connection at the next one, before
+    /// anything is kept for it (a write's data included). A target's Data-Out goes into its
+    /// task, not up, and is not counted; once the session takes an event there is room again.
+    #[test]
+    fn a_peer_sending_beyond_its_window_while_the_session_waits_loses_the_connection() {
+        use riser_datamover::{BACKLOG_SLACK, ConnectionResources, Datamover};
+        use riser_iscsi::wire::{DataOut, ScsiCommand};
+        let (_rnic, dm) = target();
+        dm.allocate_connection_resources(ConnectionResources { commands: 4 }).unwrap();
+        let limit = 4 + BACKLOG_SLACK;
+        let message = |h: Header, data: &[u8]| {
+            let mut v = IserHeader::CONTROL.emit().to_vec();
+            v.extend(pdu_bytes(h, data));
+            v
+        };
+        let read = |itt: u32| {
+            let c = ScsiCommand { final_: true, read: true, itt, expected_data_len: 512, cmd_sn: itt, ..ScsiCommand::default() };
+            message(Header::ScsiCommand(c), &[])
+        };
+        for itt in 0..limit as u32 {
+            assert_eq!(dm.s.on_message(&read(itt), None, None), Ok(()));
+        }
+        let data_out = DataOut { final_: true, itt: 1, ttt: RESERVED_TAG, ..DataOut::default() };
+        assert_eq!(dm.s.on_message(&message(Header::DataOut(data_out), &[0; 512]), None, None), Ok(()), "a Data-Out is not counted");
+        let write = ScsiCommand { final_: true, write: true, itt: 1000, expected_data_len: 512, cmd_sn: 1000, ..ScsiCommand::default() };
+        let over = Err(Violation::Backlog { limit: limit as u32 }.into());
+        assert_eq!(dm.s.on_message(&message(Header::ScsiCommand(write), &[7; 512]), None, None), over);
+        assert!(!lock(&dm.s.writes).contains_key(&1000), "nothing kept for it");
+        assert!(matches!(dm.try_next_event(), Some(DmEvent::Control(p)) if p.header.itt() == 0));
+        assert_eq!(dm.s.on_message(&message(Header::ScsiCommand(write), &[7; 512]), None, None), Ok(()), "room again");
+        assert!(lock(&dm.s.writes).contains_key(&1000));
     }
 
     #[test]

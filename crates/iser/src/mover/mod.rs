@@ -305,6 +305,8 @@ struct Shared<P: Provider> {
     posting: Mutex<()>,
     events_tx: mpsc::UnboundedSender<DmEvent>,
     events_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<DmEvent>>,
+    /// Events queued and not yet taken: a peer that sends beyond its bound loses the connection.
+    backlog: riser_datamover::Backlog,
     remote: Mutex<HashMap<u32, Remote>>,
     /// Target: commands that reused a live task's tag (see `receive_duplicate_command`).
     duplicates: riser_datamover::DuplicateCommands,
@@ -379,6 +381,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             posting: Mutex::new(()),
             events_tx,
             events_rx: tokio::sync::Mutex::new(events_rx),
+            backlog: Default::default(),
             remote: Mutex::new(HashMap::new()),
             duplicates: Default::default(),
             writes: Mutex::new(HashMap::new()),
@@ -482,7 +485,8 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
         *lock(&self.s.limits) = p.transfer_limits(self.s.role);
     }
 
-    fn allocate_connection_resources(&self, _res: ConnectionResources) -> Result<(), DmError> {
+    fn allocate_connection_resources(&self, res: ConnectionResources) -> Result<(), DmError> {
+        self.s.backlog.set_window(res.commands);
         self.s.post_ff_recvs()
     }
 
@@ -526,7 +530,7 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
         // The user of this datamover learns of the end as of any other (the event is what
         // ends an initiator's receiver and so fails its commands in flight).
         if !self.s.closed.swap(true, Ordering::AcqRel) {
-            let _ = self.s.events_tx.send(DmEvent::Terminated(Terminated::Local));
+            self.s.queue_event(DmEvent::Terminated(Terminated::Local));
         }
         self.s.writes_changed.notify_waiters();
         // Whatever was gathered leaves before the end.
@@ -562,13 +566,18 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
     }
 
     fn try_next_event(&self) -> Option<DmEvent> {
-        self.s.events_rx.try_lock().ok()?.try_recv().ok()
+        let e = self.s.events_rx.try_lock().ok()?.try_recv().ok()?;
+        self.s.backlog.take();
+        Some(e)
     }
 
     fn next_event(&self) -> BoxFuture<'_, DmEvent> {
         Box::pin(async move {
             match self.s.events_rx.lock().await.recv().await {
-                Some(e) => e,
+                Some(e) => {
+                    self.s.backlog.take();
+                    e
+                }
                 None => DmEvent::Terminated(Terminated::Local),
             }
         })

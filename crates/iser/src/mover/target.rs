@@ -37,7 +37,7 @@ impl<P: Provider + 'static> Shared<P> {
             // No task: the core answers CHECK CONDITION (as over TCP), seeing the
             // immediate data beyond the command's length or a length beyond
             // MAX_TASK_BUFFER; the connection goes on.
-            let _ = self.events_tx.send(DmEvent::Control(ControlPdu { header, ahs, data: Bytes::new(), immediate: imm as u32 }));
+            self.queue_event(DmEvent::Control(ControlPdu { header, ahs, data: Bytes::new(), immediate: imm as u32 }));
             return Ok(());
         }
         let l = *lock(&self.limits);
@@ -60,7 +60,7 @@ impl<P: Provider + 'static> Shared<P> {
             Entry::Occupied(_) => return Err(Violation::TaskTagReused { itt: c.itt }.into()),
             Entry::Vacant(v) => v.insert(task),
         };
-        let _ = self.events_tx.send(DmEvent::Control(ControlPdu { header, ahs, data: Bytes::new(), immediate: imm as u32 }));
+        self.queue_event(DmEvent::Control(ControlPdu { header, ahs, data: Bytes::new(), immediate: imm as u32 }));
         Ok(())
     }
 
@@ -74,7 +74,7 @@ impl<P: Provider + 'static> Shared<P> {
             return Err(Violation::TaskTagReused { itt: c.itt }.into());
         }
         self.duplicates.note(c.itt);
-        let _ = self.events_tx.send(DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), ahs, data: Bytes::new(), immediate: 0 }));
+        self.queue_event(DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), ahs, data: Bytes::new(), immediate: 0 }));
         Ok(())
     }
 

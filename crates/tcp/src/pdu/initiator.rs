@@ -170,7 +170,7 @@ impl PduDatamover {
             }
         }
         if d.status_present {
-            let _ = shared.events_tx.send(DmEvent::Control(ControlPdu::new(Header::DataIn(d), Bytes::new())));
+            shared.queue_event(DmEvent::Control(ControlPdu::new(Header::DataIn(d), Bytes::new())));
         }
         Ok(())
     }

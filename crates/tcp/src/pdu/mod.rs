@@ -91,6 +91,8 @@ struct Shared {
     /// Polled under a plain lock, never held across an await (one reader at a time in
     /// practice: the session's receive loop).
     events_rx: StdMutex<mpsc::UnboundedReceiver<DmEvent>>,
+    /// Events queued and not yet taken: the receive loop reads no PDU beyond its bound.
+    backlog: riser_datamover::Backlog,
     /// Login (PDUs read one at a time by [`Datamover::next_event`]), enabled (the receive
     /// driver reads), or closed.
     phase: watch::Sender<Phase>,
@@ -106,6 +108,17 @@ struct Shared {
     flush_due: Notify,
     /// Initiator: PDUs gathered since the last write (counted under the `tx` lock).
     gathered: AtomicUsize,
+}
+
+impl Shared {
+    /// Queue an event for the iSCSI layer ([`Datamover::next_event`]), counted in the backlog.
+    fn queue_event(&self, e: DmEvent) {
+        // Counted before it can be taken.
+        self.backlog.add();
+        if self.events_tx.send(e).is_err() {
+            self.backlog.take();
+        }
+    }
 }
 
 /// Initiator: PDUs gathered that are written out at once, without waiting for the flusher. The
@@ -169,6 +182,7 @@ impl PduDatamover {
             write_read_done: Notify::new(),
             events_tx,
             events_rx: StdMutex::new(events_rx),
+            backlog: Default::default(),
             phase: watch::Sender::new(Phase::Login),
             login_rx: Mutex::new(Some(rx)),
             segment_timeout_ms: AtomicU64::new(DEFAULT_SEGMENT_TIMEOUT.as_millis() as u64),
@@ -232,7 +246,7 @@ impl PduDatamover {
         // Nothing is read ahead during login (the iSCSI layer reads each login PDU through
         // `next_event`): Enable_Datamover starts this loop, with the negotiated framing.
         if phase.wait_for(|p| *p != Phase::Login).await.map_or(true, |p| *p == Phase::Closed) {
-            let _ = shared.events_tx.send(DmEvent::Terminated(Terminated::Local));
+            shared.queue_event(DmEvent::Terminated(Terminated::Local));
             // Ended in login (a failed login's last response may still be on its way), or
             // before this loop first ran.
             if let Some(mut rx) = shared.login_rx.lock().await.take() {
@@ -256,6 +270,15 @@ impl PduDatamover {
             // New framing (digests, limits) applies from the next PDU.
             if let Some(p) = lock(&shared.pending_rx_params).take() {
                 rx.set_params(p);
+            }
+            // Nothing more is read while the iSCSI layer has a backlog's worth of events to take
+            // (the peer waits, as TCP makes it): not what a peer sends while the session waits.
+            if !shared.backlog.has_room() {
+                tokio::select! {
+                    biased;
+                    () = std::future::poll_fn(|cx| shared.backlog.poll_room(cx)) => {}
+                    () = &mut closed => break Terminated::Local,
+                }
             }
             // A header read ahead is parsed at once; else wait for it (or the local close).
             let next = match rx.try_read_header() {
@@ -297,7 +320,7 @@ impl PduDatamover {
         lock(&shared.writes).clear();
         shared.write_read_done.notify_waiters();
         let ours = !matches!(why, Terminated::PeerClosed);
-        let _ = shared.events_tx.send(DmEvent::Terminated(why));
+        shared.queue_event(DmEvent::Terminated(why));
         if ours {
             Self::close_gracefully(&shared, rx.as_mut()).await;
         }
@@ -322,7 +345,7 @@ impl PduDatamover {
             // nowhere and the session rejects the header.
             let mut scratch = vec![0u8; h.data_len];
             rx.read_data(&mut scratch).await?;
-            let _ = shared.events_tx.send(DmEvent::Malformed { bhs, error });
+            shared.queue_event(DmEvent::Malformed { bhs, error });
             return Ok(());
         }
         match h.header {
@@ -346,7 +369,7 @@ impl PduDatamover {
                 if h.data_len > 0 {
                     rx.read_data(&mut data).await?;
                 }
-                let _ = shared.events_tx.send(DmEvent::Control(ControlPdu { header, ahs: h.ahs, data: data.freeze(), immediate: 0 }));
+                shared.queue_event(DmEvent::Control(ControlPdu { header, ahs: h.ahs, data: data.freeze(), immediate: 0 }));
                 Ok(())
             }
         }
@@ -500,8 +523,10 @@ impl Datamover for PduDatamover {
         *lock(&self.shared.pending_tx_params) = Some(lp);
     }
 
-    fn allocate_connection_resources(&self, _res: ConnectionResources) -> Result<(), DmError> {
-        // Receive buffers are allocated per PDU on a byte stream.
+    fn allocate_connection_resources(&self, res: ConnectionResources) -> Result<(), DmError> {
+        // Receive buffers are allocated per PDU on a byte stream; what may be read ahead of the
+        // iSCSI layer follows the command window.
+        self.shared.backlog.set_window(res.commands);
         Ok(())
     }
 
@@ -546,7 +571,9 @@ impl Datamover for PduDatamover {
         if *self.shared.phase.borrow() == Phase::Login {
             return None;
         }
-        lock(&self.shared.events_rx).try_recv().ok()
+        let e = lock(&self.shared.events_rx).try_recv().ok()?;
+        self.shared.backlog.take();
+        Some(e)
     }
 
     fn hold_sends(&self) {
@@ -593,7 +620,10 @@ impl Datamover for PduDatamover {
                 return ev;
             }
             match std::future::poll_fn(|cx| lock(&self.shared.events_rx).poll_recv(cx)).await {
-                Some(e) => e,
+                Some(e) => {
+                    self.shared.backlog.take();
+                    e
+                }
                 None => DmEvent::Terminated(Terminated::Local),
             }
         })

@@ -40,7 +40,7 @@ impl PduDatamover {
             shared.note_if_duplicate(cmd.itt);
             let mut scratch = vec![0u8; data_len];
             rx.read_data(&mut scratch).await?;
-            let _ = shared.events_tx.send(DmEvent::Control(ControlPdu {
+            shared.queue_event(DmEvent::Control(ControlPdu {
                 header: Header::ScsiCommand(cmd),
                 ahs,
                 data: Bytes::new(),
@@ -67,7 +67,7 @@ impl PduDatamover {
         if lock(&shared.writes).insert(cmd.itt, task).is_some() {
             return Err(Violation::TaskTagReused { itt: cmd.itt }.into());
         }
-        let _ = shared.events_tx.send(DmEvent::Control(ControlPdu {
+        shared.queue_event(DmEvent::Control(ControlPdu {
             header: Header::ScsiCommand(cmd),
             ahs,
             data: Bytes::new(),

@@ -55,6 +55,37 @@ async fn the_login_limit_holds_until_new_values_are_noticed() {
     }
 }
 
+/// The receive loop reads no further ahead of the iSCSI layer than the command window and
+/// `BACKLOG_SLACK` PDUs: a peer that keeps sending while the session waits (a task management
+/// function waiting for a backend write, say) waits in turn, as TCP makes it, instead of
+/// having everything it sends queued. Once events are taken the rest is read, in order.
+#[tokio::test(flavor = "current_thread")]
+async fn a_target_reads_no_further_ahead_than_its_window_and_a_few_immediate_pdus() {
+    use riser_datamover::BACKLOG_SLACK;
+    let (dm, peer) = target();
+    peer.send(final_login(), Bytes::new()).unwrap();
+    assert!(matches!(dm.next_event().await, DmEvent::Control(_)));
+    dm.allocate_connection_resources(ConnectionResources { commands: 16 }).unwrap();
+    dm.enable();
+    let sent = 500u32;
+    for itt in 0..sent {
+        let ping = NopOut { immediate: true, itt, ttt: RESERVED_TAG, ..NopOut::default() };
+        peer.send(Header::NopOut(ping), Bytes::new()).unwrap();
+    }
+    // The receive loop runs while this task sleeps (one thread: nothing runs while it takes).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut got = Vec::new();
+    while let Some(e) = dm.try_next_event() {
+        got.push(e);
+    }
+    assert_eq!(got.len(), 16 + BACKLOG_SLACK, "read ahead at most the window and the slack");
+    while got.len() < sent as usize {
+        got.push(tokio::time::timeout(Duration::from_secs(5), dm.next_event()).await.expect("the rest is read"));
+    }
+    let itts: Vec<u32> = got.iter().map(|e| if let DmEvent::Control(p) = e { p.header.itt() } else { panic!("{e:?}") }).collect();
+    assert_eq!(itts, (0..sent).collect::<Vec<_>>());
+}
+
 /// A sending half that records the framing each PDU went out with.
 struct RecordingTx(Arc<StdMutex<Vec<(u8, LinkParams)>>>, LinkParams);
 
