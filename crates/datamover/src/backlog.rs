@@ -22,10 +22,12 @@ pub const BACKLOG_DEFAULT: usize = 1024;
 /// receiving side that read on meanwhile would queue whatever the peer sends, and every write
 /// command's data with it, without limit.
 ///
-/// The bound is the command window plus [`BACKLOG_SLACK`] ([`set_window`](Self::set_window);
+/// The bound is the commands the connection may hold (its CmdSN window and, on a target, the
+/// immediate commands it allows) plus [`BACKLOG_SLACK`] ([`set_window`](Self::set_window);
 /// [`BACKLOG_DEFAULT`] until then). The target's window counts every command it holds until
 /// that command ends, so an initiator that keeps to it never has more commands waiting than the
-/// window. A datamover [`add`](Self::add)s each event it queues and [`take`](Self::take)s each one
+/// window. The bound counts PDUs, not bytes: what each holds is bounded by the negotiated
+/// segment lengths. A datamover [`add`](Self::add)s each event it queues and [`take`](Self::take)s each one
 /// handed out; at the bound a byte-stream datamover stops reading
 /// ([`poll_room`](Self::poll_room): the peer waits, as TCP makes it), and a target whose peer
 /// cannot be made to wait (iSER: every Send needs a posted receive) ends the connection. (An
@@ -78,6 +80,7 @@ impl Backlog {
     /// An event was taken by the iSCSI layer: a receiving side waiting at the bound goes on.
     pub fn take(&self) {
         let before = self.queued.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(before > 0, "an event taken that was never added");
         if before >= self.limit() {
             self.wake();
         }

@@ -412,9 +412,10 @@ pub struct CommandArgs {
 /// Sizes the iSCSI layer asks the datamover to provision (Allocate_Connection_Resources).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct ConnectionResources {
-    /// Commands that may be outstanding (the CmdSN window); with a few immediate PDUs, also
-    /// what the datamover queues at most for the iSCSI layer to take (see [`Backlog`]). 0: not
-    /// named ([`BACKLOG_DEFAULT`] applies).
+    /// Commands that may be outstanding: the CmdSN window, and on a target the immediate
+    /// commands it allows beside it. With a few other immediate PDUs, also what the datamover
+    /// queues at most for the iSCSI layer to take (see [`Backlog`]). 0: not named (the bound
+    /// stays as it was, [`BACKLOG_DEFAULT`] at first).
     pub commands: u32,
 }
 

@@ -52,6 +52,39 @@ fn send_receive_every_size_with_gather_and_scatter() {
 
 static RECEIVES: std::sync::Mutex<Vec<Arc<SoftMr>>> = std::sync::Mutex::new(Vec::new());
 
+/// Sends take posted receives in the order posted (verbs' rule); once the consumer says its
+/// receives are interchangeable, the one posted last (its buffer the warmest), and a receive
+/// posted between Sends is taken next.
+#[test]
+fn receives_are_taken_oldest_first_or_once_interchangeable_newest_first() {
+    let (c, s) = pair();
+    let mrs: Vec<_> = (0..6).map(|_| s.mr(vec![0u8; 64], Access::LOCAL_WRITE)).collect();
+    let data = c.mr(pattern(1, 16), Access::empty());
+    let exchange = |posted: &[u64]| {
+        for &id in posted {
+            s.recv(id, &mrs[id as usize]);
+        }
+        let mut took = Vec::new();
+        for _ in posted {
+            c.send(0, SendOp::Send, vec![sge(&data, 0, 16)]);
+            assert_eq!(next(&c.cq).status, WcStatus::Success);
+            took.push(next(&s.rcq).wr_id);
+        }
+        took
+    };
+    assert_eq!(exchange(&[0, 1, 2]), vec![0, 1, 2]);
+    s.qp.receives_interchangeable();
+    assert_eq!(exchange(&[3, 4, 5]), vec![5, 4, 3]);
+    s.recv(0, &mrs[0]);
+    s.recv(1, &mrs[1]);
+    c.send(0, SendOp::Send, vec![sge(&data, 0, 16)]);
+    assert_eq!(next(&s.rcq).wr_id, 1);
+    s.recv(2, &mrs[2]);
+    c.send(0, SendOp::Send, vec![sge(&data, 0, 16)]);
+    assert_eq!(next(&s.rcq).wr_id, 2, "the receive posted last, though 0 waited longer");
+    assert_eq!(contents(&mrs[2])[..16], pattern(1, 16)[..]);
+}
+
 /// A Send of a private header and a shared payload (as iSER sends a command with its immediate
 /// data), and an RDMA Write of two such pieces, across FPDU boundaries: their FPDUs are gathered,
 /// the payload referred to where it lies, and arrive whole and in order, CRC on and off, posted

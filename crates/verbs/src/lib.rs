@@ -410,6 +410,13 @@ pub trait QueuePair: Send + Sync + fmt::Debug {
     }
     /// Post a receive.
     fn post_recv(&self, wr: RecvWr) -> Result<()>;
+    /// The consumer's receives are interchangeable (told apart by their `wr_id` alone, each
+    /// large enough for any Send): an incoming Send may take any posted receive, not the oldest.
+    /// A software provider then takes the one posted last, whose buffers were written and read
+    /// last and are still in the CPU's caches; with many receives posted, taking the oldest
+    /// walks through all of their memory. Default: nothing changes (receives are taken in the
+    /// order posted, as verbs define it and hardware does).
+    fn receives_interchangeable(&self) {}
     /// Close the connection: outstanding work is flushed ([`WcStatus::WrFlushErr`]).
     fn disconnect(&self);
     /// Whether the connection is up.

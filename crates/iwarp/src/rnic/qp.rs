@@ -92,6 +92,8 @@ pub(super) struct QpShared {
     pub(super) send_cq: Arc<SoftCq>,
     pub(super) recv_cq: Arc<SoftCq>,
     pub(super) rq: Mutex<VecDeque<RecvWr>>,
+    /// A Send takes the receive posted last ([`QueuePair::receives_interchangeable`]).
+    pub(super) rq_last_first: AtomicBool,
     pub(super) orq: Mutex<VecDeque<PendingRead>>,
     /// Signals every change that can make room under the ORD (a response, the stream's end).
     pub(super) orq_room: tokio::sync::Notify,
@@ -177,6 +179,7 @@ impl SoftQp {
                 send_cq: send_cq.clone(),
                 recv_cq: recv_cq.clone(),
                 rq: Mutex::new(VecDeque::new()),
+                rq_last_first: AtomicBool::new(false),
                 orq: Mutex::new(VecDeque::new()),
                 orq_room: tokio::sync::Notify::new(),
                 state: Mutex::new(QpState::Idle),
@@ -667,6 +670,10 @@ impl QueuePair for SoftQp {
             _ => rq.push_back(wr),
         }
         Ok(())
+    }
+
+    fn receives_interchangeable(&self) {
+        self.s.rq_last_first.store(true, Ordering::Release);
     }
 
     fn disconnect(&self) {

@@ -396,7 +396,10 @@ impl Rx {
                     return Err(RxError::Term(Term::DDP_UNTAGGED_INVALID_QN, "Send on a queue other than 0"));
                 }
                 if self.send.is_none() {
-                    let wr = lock(&s.rq).pop_front().ok_or(RxError::Term(Term::DDP_UNTAGGED_NO_BUFFER, "Send with no receive posted"))?;
+                    let mut rq = lock(&s.rq);
+                    let wr = if s.rq_last_first.load(Ordering::Relaxed) { rq.pop_back() } else { rq.pop_front() };
+                    drop(rq);
+                    let wr = wr.ok_or(RxError::Term(Term::DDP_UNTAGGED_NO_BUFFER, "Send with no receive posted"))?;
                     let capacity = wr.sg_list.iter().map(|e| u64::from(e.length)).sum();
                     self.send = Some(InboundSend { wr, msn, received: 0, capacity });
                 }

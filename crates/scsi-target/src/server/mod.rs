@@ -421,7 +421,10 @@ impl Target {
             // once it has.
             let event = login.poll_event();
             if let Some(TargetLoginEvent::Complete(o)) = &event {
-                if let Err(e) = dm.allocate_connection_resources(ConnectionResources { commands: self.config.queue_depth }) {
+                // The commands it may hold: its CmdSN window and the immediate commands allowed
+                // beside it (which the window does not count).
+                let commands = self.config.queue_depth.saturating_add(self.config.max_immediate_commands);
+                if let Err(e) = dm.allocate_connection_resources(ConnectionResources { commands }) {
                     warn!(%peer, %e, "login refused: no resources for the connection");
                     self.counters.login_failed(LoginFailure::Resources);
                     return None;

@@ -14,6 +14,7 @@ impl PduDatamover {
     /// Initiator: send the Data-Out PDUs each R2T asks for, from the command's write buffer.
     pub(super) async fn serve_r2ts(self, mut q: mpsc::UnboundedReceiver<R2t>) {
         while let Some(r) = q.recv().await {
+            self.shared.r2t_backlog.take();
             // Checked on arrival (`check_r2t`): within the write.
             let data = lock(&self.shared.out_writes).get(&r.itt).map(|w| (w.lun, w.data.clone()));
             let Some((lun, data)) = data else { continue };
@@ -118,18 +119,19 @@ impl PduDatamover {
     }
 
     /// An R2T arrived: it must be the write's next, ask for data, and stay within the write
-    /// (riser-iscsi's `R2tIn`); a bidirectional command's R2Ts share its Data-In numbering. An
-    /// R2T for a task with no solicited data left is passed on (and ignored there).
-    pub(super) fn check_r2t(shared: &Shared, r: &R2t) -> Result<(), DmError> {
+    /// (riser-iscsi's `R2tIn`); a bidirectional command's R2Ts share its Data-In numbering.
+    /// `false`: an R2T for no write held here (one with no solicited data, or ended), which
+    /// has nothing to answer.
+    pub(super) fn check_r2t(shared: &Shared, r: &R2t) -> Result<bool, DmError> {
         let mut writes = lock(&shared.out_writes);
-        let Some(w) = writes.get_mut(&r.itt) else { return Ok(()) };
+        let Some(w) = writes.get_mut(&r.itt) else { return Ok(false) };
         let mut reads = lock(&shared.reads);
         let read = reads.get_mut(&r.itt).map(|t| &mut t.read);
         let served = w.r2ts.serve(r, read.as_ref().map(|t| t.next_sn()));
         if let (Ok(_), Some(read)) = (&served, read) {
             read.r2t_numbered();
         }
-        served.map(|_| ()).map_err(|error| Violation::TaskData { itt: r.itt, error }.into())
+        served.map(|_| true).map_err(|error| Violation::TaskData { itt: r.itt, error }.into())
     }
 
     /// Data-In: checked (riser-iscsi's `ReadIn`), its data placed in the command's read buffer

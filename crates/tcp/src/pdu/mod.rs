@@ -74,6 +74,12 @@ struct Shared {
     pool: Arc<riser_datamover::BufferPool>,
     out_writes: StdMutex<HashMap<u32, OutWrite>>,
     r2t_queue: mpsc::UnboundedSender<R2t>,
+    /// Initiator: R2Ts queued and not yet answered, counted like the events ([`BACKLOG_DEFAULT`]
+    /// at most: a target has MaxOutstandingR2T per write outstanding, 1 unless the initiator
+    /// offers more): the receive loop reads no PDU beyond it.
+    ///
+    /// [`BACKLOG_DEFAULT`]: riser_datamover::BACKLOG_DEFAULT
+    r2t_backlog: riser_datamover::Backlog,
     tx: Mutex<Box<dyn LinkTx>>,
     limits: StdMutex<TransferLimits>,
     /// DataPDUInOrder and DataSequenceInOrder both Yes (what Data-In must keep to).
@@ -172,6 +178,7 @@ impl PduDatamover {
             pool: pool.clone(),
             out_writes: StdMutex::new(HashMap::new()),
             r2t_queue: r2t_tx,
+            r2t_backlog: Default::default(),
             tx: Mutex::new(tx),
             limits: StdMutex::new(TransferLimits::default()),
             data_in_order: AtomicBool::new(true),
@@ -263,7 +270,7 @@ impl PduDatamover {
             let _ = phase.wait_for(|p| *p == Phase::Closed).await;
         };
         tokio::pin!(closed);
-        let why = loop {
+        let why = 'receive: loop {
             if *shared.phase.borrow() == Phase::Closed {
                 break Terminated::Local;
             }
@@ -273,11 +280,13 @@ impl PduDatamover {
             }
             // Nothing more is read while the iSCSI layer has a backlog's worth of events to take
             // (the peer waits, as TCP makes it): not what a peer sends while the session waits.
-            if !shared.backlog.has_room() {
-                tokio::select! {
-                    biased;
-                    () = std::future::poll_fn(|cx| shared.backlog.poll_room(cx)) => {}
-                    () = &mut closed => break Terminated::Local,
+            for backlog in [&shared.backlog, &shared.r2t_backlog] {
+                if !backlog.has_room() {
+                    tokio::select! {
+                        biased;
+                        () = std::future::poll_fn(|cx| backlog.poll_room(cx)) => {}
+                        () = &mut closed => break 'receive Terminated::Local,
+                    }
                 }
             }
             // A header read ahead is parsed at once; else wait for it (or the local close).
@@ -351,8 +360,13 @@ impl PduDatamover {
         match h.header {
             Header::DataIn(d) if shared.role == Role::Initiator => Self::receive_data_in(shared, rx, d, h.data_len).await,
             Header::R2t(r) if shared.role == Role::Initiator => {
-                Self::check_r2t(shared, &r)?;
-                let _ = shared.r2t_queue.send(r);
+                // One for no write of ours (aborted, ended) has nothing to answer.
+                if Self::check_r2t(shared, &r)? {
+                    shared.r2t_backlog.add();
+                    if shared.r2t_queue.send(r).is_err() {
+                        shared.r2t_backlog.take();
+                    }
+                }
                 Ok(())
             }
             Header::ScsiCommand(cmd) if shared.role == Role::Target && cmd.write && cmd.expected_data_len > 0 => {

@@ -460,6 +460,62 @@ async fn initiator_meets(answers: &[(Header, usize)]) -> Option<DmError> {
     }
 }
 
+/// A target that keeps sending R2Ts while it reads none of the Data-Out they ask for: the
+/// initiator answers them in order, and once `BACKLOG_DEFAULT` wait to be answered it reads
+/// nothing more (the target waits, as TCP makes it) instead of queueing every R2T. When the
+/// target reads again, the rest is read and answered and what followed arrives.
+#[tokio::test]
+async fn an_initiator_queues_no_more_r2ts_than_its_backlog_while_the_target_reads_nothing() {
+    use riser_datamover::BACKLOG_DEFAULT;
+    use std::io::{Read, Write};
+    let (dm, mut target) = initiator_on_socket().await;
+    let write = ScsiCommand { itt: 2, write: true, expected_data_len: 65536, ..ScsiCommand::default() };
+    dm.send_command(write, Bytes::new(), 0, Some(Bytes::from(vec![2u8; 65536]))).await.unwrap();
+    target.set_nonblocking(false).unwrap();
+    // Each R2T asks for the 56 KiB not sent immediately: a few hundred fill both sockets' buffers.
+    let sent = 4000u32;
+    let r2ts: Vec<u8> = (0..sent)
+        .flat_map(|sn| {
+            wire_pdu(Header::R2t(R2t { itt: 2, ttt: 0x10, r2t_sn: sn, buffer_offset: 8192, desired_len: 57344, ..R2t::default() }), &[])
+        })
+        .chain(wire_pdu(Header::NopIn(NopIn { itt: 9, ttt: RESERVED_TAG, ..NopIn::default() }), &[]))
+        .collect();
+    let mut writer = target.try_clone().unwrap();
+    let writing = std::thread::spawn(move || writer.write_all(&r2ts).unwrap());
+    // The first event the initiator's layer gets is the NOP-In (the R2Ts are answered below it).
+    let mut nop = Box::pin(async {
+        let e = dm.next_event().await;
+        assert!(matches!(&e, DmEvent::Control(c) if matches!(c.header, Header::NopIn(_))), "unexpected event {e:?}");
+    });
+    assert!(tokio::time::timeout(Duration::from_millis(500), nop.as_mut()).await.is_err(), "the NOP-In behind the R2Ts is not read");
+    assert_eq!(dm.shared.r2t_backlog.queued(), BACKLOG_DEFAULT, "R2Ts waiting to be answered");
+    // The target reads again: everything is answered, and the NOP-In arrives.
+    let reading = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 1 << 20];
+        let mut n = 0u64;
+        while let Ok(k) = target.read(&mut buf) {
+            if k == 0 {
+                break;
+            }
+            n += k as u64;
+        }
+        n
+    });
+    tokio::time::timeout(Duration::from_secs(20), nop).await.expect("the NOP-In once the target reads");
+    tokio::task::spawn_blocking(move || writing.join().unwrap()).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while dm.shared.r2t_backlog.queued() > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("every R2T taken");
+    // Closed: the target reads to the end of the stream.
+    dm.terminate();
+    let read = tokio::task::spawn_blocking(move || reading.join().unwrap()).await.unwrap();
+    assert!(read >= u64::from(sent) * 57344, "every R2T answered");
+}
+
 #[tokio::test]
 async fn an_initiator_takes_only_data_in_and_r2ts_that_keep_the_rules() {
     let task = |itt, error| Some(DmError::Protocol(Violation::TaskData { itt, error }));
