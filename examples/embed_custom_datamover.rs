@@ -150,6 +150,9 @@ impl Datamover for Counting {
     fn deallocate_task_resources(&self, itt: u32) {
         self.inner.deallocate_task_resources(itt)
     }
+    fn discard_command(&self, itt: u32) {
+        self.inner.discard_command(itt)
+    }
     fn release_task_buffer(&self, buf: TaskBuffer) {
         self.inner.release_task_buffer(buf)
     }

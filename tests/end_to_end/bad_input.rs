@@ -4,7 +4,7 @@
 use crate::support::{Gated, Raw, Transport, read10, sense, write10};
 use bytes::Bytes;
 use riser::iscsi::keys::OperationalConfig;
-use riser::iscsi::wire::{DataOut, Header, LoginRequest, NopOut, Pdu, RejectReason, Snack};
+use riser::iscsi::wire::{DataOut, Header, LoginRequest, NopOut, Pdu, RejectReason, Snack, TextRequest};
 use riser::scsi::lun::Lun;
 use riser::scsi::sense::{AscAscq, SenseKey, Status};
 use riser::target::server::TargetConfig;
@@ -21,6 +21,7 @@ on_every_transport!(
     a_header_with_an_impossible_field_is_rejected_and_the_session_goes_on,
     a_write_tag_reused_while_its_write_is_outstanding_ends_the_connection,
     a_command_reusing_a_live_tasks_tag_is_rejected_and_that_task_goes_on,
+    a_text_request_repeating_send_targets_gets_one_listing,
 );
 
 /// A target that takes unsolicited data (InitialR2T=No, ImmediateData=Yes, FirstBurstLength
@@ -312,4 +313,20 @@ async fn a_command_reusing_a_live_tasks_tag_is_rejected_and_that_task_goes_on(t:
     let mut want = vec![5u8; 8192];
     want.extend_from_slice(&[6; 24_576]);
     assert_eq!(s.read(Lun::ZERO, 600, 64, 512).await.unwrap(), want);
+}
+
+/// A text request repeating `SendTargets=All` is answered with one listing: the answer does not
+/// grow with the repeats (a 256 KiB request of them was answered with 16,384 listings).
+async fn a_text_request_repeating_send_targets_gets_one_listing(t: Transport) {
+    let addr = t.start(|_| {}, |_| {}).await;
+    let mut r = t.raw(addr, OperationalConfig::default(), 1).await;
+    let o = r.o.clone();
+    let keys = "SendTargets=All\0".repeat(50);
+    let req = TextRequest { final_: true, itt: 9, ttt: u32::MAX, cmd_sn: o.exp_cmd_sn, exp_stat_sn: o.stat_sn, ..TextRequest::default() };
+    r.send(Header::TextRequest(req), keys.as_bytes()).await;
+    let (h, data) = r.next().await;
+    let Header::TextResponse(resp) = h else { panic!("{h:?}") };
+    let text = String::from_utf8_lossy(&data);
+    assert!(resp.final_, "one answer");
+    assert_eq!(text.matches("TargetName=").count(), 1, "{text}");
 }

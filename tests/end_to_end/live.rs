@@ -27,6 +27,7 @@ on_every_transport!(
     a_riser_initiator_asked_to_log_out_does_and_comes_back,
     send_targets_lists_every_portal_of_the_target,
     statistics_count_what_the_sessions_did,
+    a_target_name_spelled_otherwise_is_the_same_target_in_statistics_and_sessions,
 );
 
 fn lun(n: u16) -> Lun {
@@ -329,4 +330,22 @@ async fn statistics_count_what_the_sessions_did(t: Transport) {
     assert_eq!(after.sessions.get(TARGET), None);
     assert_eq!(after.login_failures.iter().sum::<u64>(), 1);
     assert_eq!(after.data_bytes, 0);
+}
+
+/// iSCSI names compare without case (RFC 3722): an initiator that spells the target's name in
+/// capitals reaches the same target, and its session and statistics name the target as
+/// configured — each spelling used to be an entry of its own, kept for good once its session
+/// ended, and an I_T nexus of its own.
+async fn a_target_name_spelled_otherwise_is_the_same_target_in_statistics_and_sessions(t: Transport) {
+    let (addr, target) = t.serve(t.config().node(Node::new(TARGET).lun(unit(1 << 20)))).await;
+    let shouted = TARGET.to_uppercase();
+    let s = t.connect(addr, SessionConfig::new(ME, &shouted)).await.unwrap();
+    s.write(Lun::ZERO, 0, pattern(1, 4096), 512).await.unwrap();
+    let listed = target.sessions();
+    assert_eq!(listed.iter().map(|l| l.target.as_deref()).collect::<Vec<_>>(), vec![Some(TARGET)]);
+    until("the write counted", || target.stats().luns.get(&(TARGET.to_string(), 0)).is_some_and(|l| l.write_bytes == 4096)).await;
+    s.logout().await.unwrap();
+    until("the session is gone", || target.sessions().is_empty()).await;
+    let st = target.stats();
+    assert_eq!(st.luns.keys().map(|(name, _)| name.as_str()).collect::<Vec<_>>(), vec![TARGET]);
 }

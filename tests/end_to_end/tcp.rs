@@ -9,7 +9,8 @@ use riser::initiator::{Session, SessionConfig, discover};
 use riser::iscsi::keys::{Digest, NegotiatedParams, Role};
 use riser::iscsi::login::{InitiatorAuth, TargetLogin, TargetLoginConfig, TargetLoginEvent, TargetLoginParams, TargetNode};
 use riser::iscsi::wire::{
-    DataOut, Header, LoginRequest, LogoutResponse, NopIn, NopOut, Pdu, ScsiCommand, ScsiResponse, Stage, TextResponse,
+    AsyncEvent, AsyncMessage, DataOut, Header, LoginRequest, LogoutResponse, NopIn, NopOut, Pdu, ScsiCommand, ScsiResponse, Stage,
+    TextResponse,
 };
 use riser::scsi::lun::Lun;
 use std::sync::Arc;
@@ -263,4 +264,61 @@ async fn an_r2t_sequence_ended_early_fails_its_task_at_once() {
     assert_eq!((resp.status, sense(&data).asc), (Status::CHECK_CONDITION, AscAscq::DATA_PHASE_ERROR));
     assert!(started.elapsed() < Duration::from_secs(5), "answered after {:?}", started.elapsed());
     r.ping(0x21).await;
+}
+
+/// A target repeating its request to log out (Async Message, REQUEST_LOGOUT) while a command is
+/// in flight: the riser initiator acts on it once per connection — it started a task for every
+/// repeat, each waiting for the first to end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_request_to_log_out_is_acted_on_once() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (asked_tx, asked_rx) = tokio::sync::oneshot::channel();
+    let (sent_tx, sent_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut sock, _) = l.accept().await.unwrap();
+        let cfg = TargetLoginConfig::default().target(TargetNode::open(TARGET));
+        let mut login = TargetLogin::new(cfg, TargetLoginParams { new_tsih: 7, initial_stat_sn: 1, cmd_window: 32, entropy: [9; 32] });
+        let stat_sn = loop {
+            let (h, d) = read_pdu(&mut sock).await.unwrap();
+            login.handle_pdu(Duration::ZERO, &h, &d);
+            while let Some(p) = login.poll_transmit() {
+                write_pdu(&mut sock, Header::LoginResponse(p.header), &p.data).await;
+            }
+            if let Some(TargetLoginEvent::Complete(o)) = login.poll_event() {
+                break o.stat_sn;
+            }
+        };
+        // The command is left unanswered: the logout waits for it.
+        let (h, _) = read_pdu(&mut sock).await.unwrap();
+        let Header::ScsiCommand(c) = h else { panic!("expected the command, got {h:?}") };
+        let _ = asked_tx.send(());
+        let a = AsyncMessage {
+            itt: u32::MAX,
+            stat_sn,
+            exp_cmd_sn: c.cmd_sn + 1,
+            max_cmd_sn: c.cmd_sn + 32,
+            event: AsyncEvent::REQUEST_LOGOUT,
+            param3: 60,
+            ..AsyncMessage::default()
+        };
+        for _ in 0..500 {
+            write_pdu(&mut sock, Header::AsyncMessage(a), &[]).await;
+        }
+        let _ = sent_tx.send(());
+        // Hold the connection until the test ends.
+        while read_pdu(&mut sock).await.is_some() {}
+    });
+    let s = Session::connect(addr, SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(60))).await.unwrap();
+    let pending = s.clone();
+    let command = tokio::spawn(async move { pending.test_unit_ready(Lun::ZERO).await });
+    asked_rx.await.unwrap();
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let before = metrics.num_alive_tasks();
+    sent_rx.await.unwrap();
+    // Every repeat has been read once the last one's effect shows; give the receiver a moment.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = metrics.num_alive_tasks().saturating_sub(before);
+    assert!(started <= 2, "{started} tasks started for 500 requests to log out");
+    command.abort();
 }

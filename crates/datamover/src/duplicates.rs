@@ -11,11 +11,13 @@ pub const DUPLICATE_TAGS_MAX: usize = 64;
 ///
 /// Such a command is a duplicate: the session machine rejects it (Task in progress, RFC 7143
 /// §11.17.1) and discards it, and the target then calls
-/// [`Datamover::deallocate_task_resources`](crate::Datamover::deallocate_task_resources) with
-/// the same tag — which must free nothing, since what the datamover holds under that tag is the
-/// first task's. A datamover that takes no state for a duplicate [`note`](Self::note)s it
-/// instead, and a deallocation that finds it counted [`take`](Self::take)s the count and leaves
-/// the task alone.
+/// [`Datamover::discard_command`](crate::Datamover::discard_command) with the same tag — which
+/// must free nothing, since what the datamover holds under that tag is the first task's. A
+/// datamover that takes no state for a duplicate [`note`](Self::note)s it instead, and a
+/// discard that finds it counted [`take`](Self::take)s the count and leaves the task alone. The
+/// task's own end ([`Datamover::deallocate_task_resources`](crate::Datamover::deallocate_task_resources))
+/// frees it and [`forget`](Self::forget)s the counts: a duplicate still queued behind it (the
+/// abort handled first) then names no task.
 ///
 /// Bounded: at most [`DUPLICATE_TAGS_MAX`] tags are counted at once. Beyond that a duplicate is
 /// not counted and its discard frees the first task's state: that task fails, in the session of
@@ -36,7 +38,14 @@ impl DuplicateCommands {
         }
     }
 
-    /// A deallocation of `itt`: `true` if it is a counted duplicate's (the count goes down by
+    /// The task under `itt` ended (aborted, finished): commands counted as its duplicates now
+    /// name no task the datamover holds; their discards (if the session discards them) free
+    /// what is held under `itt` then, if anything.
+    pub fn forget(&self, itt: u32) {
+        self.counts.lock().unwrap_or_else(|e| e.into_inner()).remove(&itt);
+    }
+
+    /// A discard of `itt`: `true` if it is a counted duplicate's (the count goes down by
     /// one, and the caller frees nothing).
     pub fn take(&self, itt: u32) -> bool {
         let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());

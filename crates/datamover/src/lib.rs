@@ -493,12 +493,24 @@ pub trait Datamover: Send + Sync + core::fmt::Debug {
     }
 
     /// Deallocate_Task_Resources: forget task `itt` (aborted or finished): drop its buffer,
-    /// fail a pending Get_Data, ignore its further Data-Out.
-    ///
-    /// Also called for a command the session discarded (`TargetEvent::Discard`), which may be
-    /// one that reused the tag of a task still running: then what is held under `itt` is that
-    /// task's, and must stay ([`DuplicateCommands`] tells the two apart).
+    /// fail a pending Get_Data, ignore its further Data-Out — whatever commands reusing its
+    /// tag were counted as duplicates meanwhile ([`DuplicateCommands::forget`]).
     fn deallocate_task_resources(&self, itt: u32);
+
+    /// A command the session did not take (`TargetEvent::Discard`): free what the datamover took
+    /// for *it*. One that reused the tag of a task the datamover still holds took nothing, and
+    /// what is held under `itt` is that task's and must stay ([`DuplicateCommands`] tells the
+    /// two apart). Default: [`deallocate_task_resources`](Self::deallocate_task_resources), right
+    /// for a datamover that keeps no state per command before the session takes it.
+    ///
+    /// Kept apart from Deallocate_Task_Resources because the two may meet: a task aborted while
+    /// a command reusing its tag waits behind the abort (a peer that did not wait for the
+    /// abort's answer) must lose its buffer at the abort, and the count taken for that command
+    /// must not be spent there (it was, and the aborted write's buffer stayed until the
+    /// connection ended).
+    fn discard_command(&self, itt: u32) {
+        self.deallocate_task_resources(itt);
+    }
 
     /// Give a task buffer back once its data has been consumed, so the datamover can reuse the
     /// memory (registered memory on iSER; on TCP it spares the allocator and the kernel a fresh

@@ -41,6 +41,9 @@ pub async fn discover_via(
     let answer = exchange(&mut m, &dm, ANSWER_TIMEOUT, |e| match e {
         InitiatorEvent::TextDone { itt, text } if itt == asked => Some(Ok(text)),
         InitiatorEvent::Rejected { itt, reason } if itt == asked => Some(Err(Error::Rejected(reason))),
+        InitiatorEvent::TextTooLong { itt, limit } if itt == asked => {
+            Some(Err(Error::Protocol(format!("the SendTargets answer goes on beyond {limit} bytes"))))
+        }
         _ => None,
     })
     .await;

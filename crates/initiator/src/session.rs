@@ -350,6 +350,9 @@ impl Session {
     /// Feed the connection's PDUs to the machine until the connection ends; then fail the
     /// callers still waiting (unless a newer connection has replaced this one).
     async fn receiver(inner: Arc<Inner>, link: Link) {
+        // The target's request to log out is acted on once per connection: a target repeating
+        // it (while the logout waits for the commands in flight) started a task each time.
+        let mut logout_asked = false;
         loop {
             // What has arrived is taken without a future; only waiting for more takes one.
             let event = match link.dm.try_next_event() {
@@ -367,6 +370,7 @@ impl Session {
                     }
                     if let Header::AsyncMessage(a) = p.header
                         && a.event == AsyncEvent::REQUEST_LOGOUT
+                        && !std::mem::replace(&mut logout_asked, true)
                     {
                         let within = Duration::from_secs(u64::from(a.param3));
                         tracing::info!(?within, "the target asks for a logout: logging out, and in again at the next command");

@@ -40,6 +40,11 @@ enum Kind {
     Logout,
 }
 
+/// The most text one exchange gathers across its continuations: 16 MiB, room for a SendTargets
+/// answer listing well over 100,000 targets (each name and address about 100 bytes); a target
+/// that keeps continuing beyond it ends the exchange ([`InitiatorEvent::TextTooLong`]).
+pub const MAX_TEXT_ANSWER: usize = 16 << 20;
+
 /// What happened to a task.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -81,6 +86,14 @@ pub enum InitiatorEvent {
         /// The whole answer.
         text: Vec<u8>,
     },
+    /// A text answer grew beyond [`MAX_TEXT_ANSWER`] across its continuations: the exchange
+    /// ended without it.
+    TextTooLong {
+        /// Its task.
+        itt: u32,
+        /// The limit it crossed.
+        limit: usize,
+    },
     /// The target answered the logout: the connection ends.
     LoggedOut {
         /// Its task.
@@ -109,6 +122,7 @@ impl InitiatorEvent {
             | Self::Pong { itt, .. }
             | Self::TaskManagementDone { itt, .. }
             | Self::TextDone { itt, .. }
+            | Self::TextTooLong { itt, .. }
             | Self::LoggedOut { itt }
             | Self::Rejected { itt, .. } => Some(itt),
             Self::Unexpected(_) | Self::WindowOpen => None,
@@ -328,6 +342,12 @@ impl InitiatorSession {
                 other => self.unexpected(r.itt, other, header),
             },
             Header::TextResponse(r) => match self.tasks.get_mut(&r.itt) {
+                Some(Kind::Text { gathered }) if gathered.len().saturating_add(data.len()) > MAX_TEXT_ANSWER => {
+                    // A target that keeps continuing: the exchange ends here (its further
+                    // pieces are unexpected), and nothing more is kept.
+                    self.tasks.remove(&r.itt);
+                    self.events.push_back(InitiatorEvent::TextTooLong { itt: r.itt, limit: MAX_TEXT_ANSWER });
+                }
                 Some(Kind::Text { gathered }) => {
                     gathered.extend_from_slice(&data);
                     if r.cont || !r.final_ {

@@ -207,3 +207,26 @@ fn stat_sn_is_consumed_by_rejects_too() {
     p.finish(itt);
     assert_eq!(p.stat_sns(), vec![100, 101]);
 }
+
+/// A target that keeps continuing its text answer: the initiator gathers at most
+/// `MAX_TEXT_ANSWER`, then the exchange ends (`TextTooLong`) and further pieces are unexpected
+/// (nothing more is kept; it used to gather without end).
+#[test]
+fn a_text_answer_continued_beyond_the_limit_ends_the_exchange() {
+    use riser_iscsi::session::MAX_TEXT_ANSWER;
+    use riser_iscsi::wire::TextResponse;
+    let mut p = Pair::new(4);
+    let itt = p.i.text(Vec::new());
+    while p.i.poll_transmit().is_some() {}
+    let piece = Bytes::from(vec![b'k'; 1 << 20]);
+    let events = |p: &mut Pair| core::iter::from_fn(|| p.i.poll_event()).filter(|e| *e != InitiatorEvent::WindowOpen).collect::<Vec<_>>();
+    let more = Header::TextResponse(TextResponse { cont: true, itt, ttt: 5, ..TextResponse::default() });
+    for _ in 0..MAX_TEXT_ANSWER >> 20 {
+        p.i.handle_pdu(&more, piece.clone());
+        assert!(events(&mut p).is_empty(), "within the limit: gathered, the next piece asked for");
+    }
+    p.i.handle_pdu(&more, piece.clone());
+    assert_eq!(events(&mut p), vec![InitiatorEvent::TextTooLong { itt, limit: MAX_TEXT_ANSWER }]);
+    p.i.handle_pdu(&more, piece);
+    assert!(matches!(&events(&mut p)[..], [InitiatorEvent::Unexpected(_)]));
+}

@@ -519,11 +519,16 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
         self.s.pool.take_room(len)
     }
 
-    fn deallocate_task_resources(&self, itt: u32) {
+    fn discard_command(&self, itt: u32) {
         if self.s.duplicates.take(itt) {
             // A discarded command that reused a running task's tag: what is held is not its.
             return;
         }
+        self.deallocate_task_resources(itt);
+    }
+
+    fn deallocate_task_resources(&self, itt: u32) {
+        self.s.duplicates.forget(itt);
         lock(&self.s.writes).remove(&itt);
         lock(&self.s.remote).remove(&itt);
         if let Some(t) = lock(&self.s.tasks).remove(&itt) {

@@ -295,6 +295,7 @@ impl Target {
             dm.terminate();
             return;
         };
+        let mut outcome = outcome;
         let p = outcome.params.clone();
         dm.enable();
         info!(%peer, initiator = %p.initiator_name, target = %p.target_name, session = ?p.session_type, "login complete");
@@ -306,8 +307,15 @@ impl Target {
         let port = if normal {
             let (_, nodes) = self.registry.snapshot();
             let node = nodes.iter().find(|n| n.target.name.eq_ignore_ascii_case(&p.target_name));
-            match node.and_then(|n| self.port_of(n, local, transport)) {
-                Some(port) => Some(port),
+            match node.and_then(|n| self.port_of(n, local, transport).map(|port| (n, port))) {
+                Some((n, port)) => {
+                    // The session, its I_T nexus and its statistics name the target as configured,
+                    // not as the initiator spelled it (names compare without case, RFC 3722): one
+                    // initiator logging in with each spelling was that many I_T nexuses, and each
+                    // spelling a statistics entry kept for good.
+                    outcome.params.target_name.clone_from(&n.target.name);
+                    Some(port)
+                }
                 None => {
                     // Removed (or moved off this portal) while the login ran.
                     info!(%peer, target = %p.target_name, "the target went away during login");

@@ -593,7 +593,7 @@ impl Session {
                         self.command(run, &slot).await;
                     }
                 }
-                TargetEvent::Discard { itt } => self.dm.deallocate_task_resources(itt),
+                TargetEvent::Discard { itt } => self.dm.discard_command(itt),
                 TargetEvent::TaskManagement { itt, aborted, reset } => {
                     // Nothing gathered waits on what follows (it may take a while).
                     self.release_sends().await;
@@ -742,9 +742,16 @@ impl Session {
         let pairs = parse_pairs(data).unwrap_or_default();
         let mut out = TextBuilder::new();
         let (_, nodes) = target.registry.snapshot();
+        let mut listed_once = false;
         for (k, v) in pairs {
             if k != "SendTargets" {
                 out.push(k, "NotUnderstood");
+                continue;
+            }
+            // One listing per request: a request repeating the key would otherwise have it
+            // answered as often (a 256 KiB request of `SendTargets=All` made a listing of every
+            // target and portal 16,384 times over, held until the initiator fetched it).
+            if std::mem::replace(&mut listed_once, true) {
                 continue;
             }
             for n in nodes.iter() {

@@ -560,13 +560,18 @@ impl Datamover for PduDatamover {
     }
 
     fn deallocate_task_resources(&self, itt: u32) {
+        self.shared.duplicates.forget(itt);
+        lock(&self.shared.writes).remove(&itt);
+        // A Get_Data waiting for a Data-Out's read to end finds the task gone.
+        self.shared.write_read_done.notify_waiters();
+    }
+
+    fn discard_command(&self, itt: u32) {
         if self.shared.duplicates.take(itt) {
             // A discarded command that reused a running write's tag: the write is not its.
             return;
         }
-        lock(&self.shared.writes).remove(&itt);
-        // A Get_Data waiting for a Data-Out's read to end finds the task gone.
-        self.shared.write_read_done.notify_waiters();
+        self.deallocate_task_resources(itt);
     }
 
     fn release_task_buffer(&self, buf: TaskBuffer) {

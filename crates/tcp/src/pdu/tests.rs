@@ -86,6 +86,35 @@ async fn a_target_reads_no_further_ahead_than_its_window_and_a_few_immediate_pdu
     assert_eq!(itts, (0..sent).collect::<Vec<_>>());
 }
 
+/// A command reusing the tag of a write the datamover holds takes nothing, and its discard
+/// (Task in progress) leaves the write alone; but the write's own end (here an abort handled
+/// before the reusing command, which waited behind it) frees it whatever was counted — it
+/// stayed until the connection ended, and a peer could repeat it for 64 MiB a time.
+#[tokio::test(flavor = "current_thread")]
+async fn an_aborted_write_is_freed_though_a_command_reusing_its_tag_waits_behind_the_abort() {
+    let (dm, peer) = target();
+    peer.send(final_login(), Bytes::new()).unwrap();
+    assert!(matches!(dm.next_event().await, DmEvent::Control(_)));
+    dm.enable();
+    let write =
+        |itt| Header::ScsiCommand(ScsiCommand { itt, write: true, final_: true, expected_data_len: 65536, ..ScsiCommand::default() });
+    let read = |itt| Header::ScsiCommand(ScsiCommand { itt, read: true, final_: true, expected_data_len: 512, ..ScsiCommand::default() });
+    for h in [write(7), read(7), write(8), read(8)] {
+        peer.send(h, Bytes::new()).unwrap();
+        assert!(matches!(next_event_soon(&dm).await, DmEvent::Control(_)));
+    }
+    let held = |itt| lock(&dm.shared.writes).contains_key(&itt);
+    assert!(held(7) && held(8));
+    // 7: aborted before its duplicate is seen (which the session then takes as a new task).
+    dm.deallocate_task_resources(7);
+    assert!(!held(7), "the aborted write's buffer is freed");
+    // 8: the duplicate is discarded first (Task in progress): the write stays, until its end.
+    dm.discard_command(8);
+    assert!(held(8), "the running write keeps its buffer");
+    dm.deallocate_task_resources(8);
+    assert!(!held(8));
+}
+
 /// A sending half that records the framing each PDU went out with.
 struct RecordingTx(Arc<StdMutex<Vec<(u8, LinkParams)>>>, LinkParams);
 
