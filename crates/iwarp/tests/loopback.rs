@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{ALL, End, contents, next, pair, pair_with, pattern, raw_fpdu, raw_peer, send_hdr, sge, wait_until};
+use common::{ALL, End, contents, next, pair, pair_with, pattern, raw_fpdu, raw_peer, raw_peer_with, send_hdr, sge, wait_until};
 use riser_iwarp::wire::{self, Header, Opcode};
 use riser_iwarp::{RnicConfig, SoftMr, Term};
 use riser_verbs::{
@@ -259,13 +259,14 @@ fn shared_regions_are_read_only_and_readable_remotely() {
 /// A raw peer connected to a riser server queue pair that may send: the responder speaks only
 /// after the initiator's first FPDU, which the peer has sent (a Send into the receive posted for
 /// it, kept for the connection's life — not in RAW_RECV: another test clears that).
-fn speaking_raw_peer() -> (std::net::TcpStream, End) {
+/// A raw peer past its first Send, the server's send queue `depth` deep.
+fn speaking_raw_peer(depth: u32) -> (std::net::TcpStream, End) {
     let keep = |s: &End| {
         let r = s.mr(vec![0u8; 64], Access::LOCAL_WRITE);
         s.recv(1, &r);
         std::mem::forget(r);
     };
-    let (mut sock, server) = raw_peer(false, keep);
+    let (mut sock, server) = raw_peer_with(false, QpCaps { max_send_wr: depth, ..QpCaps::default() }, keep);
     let s = server.join().unwrap();
     sock.write_all(&raw_fpdu(send_hdr(1, 0, true), &[], b"", false)).unwrap();
     assert_eq!(next(&s.rcq).status, WcStatus::Success);
@@ -294,8 +295,9 @@ fn read_sends(sock: &mut std::net::TcpStream, count: u32) -> Vec<u8> {
 #[test]
 fn a_peer_that_stops_reading_stalls_only_the_transmitter_and_order_holds() {
     // Small Sends go out on the poster's thread when the transmitter is idle; when the socket
-    // is full they must neither block the poster nor overtake what is queued.
-    let (mut sock, s) = speaking_raw_peer();
+    // is full they must neither block the poster nor overtake what is queued (the send queue
+    // deep enough for all of them).
+    let (mut sock, s) = speaking_raw_peer(8192);
     // Far more than the socket buffers hold, in 3000-byte Sends, while the peer reads nothing:
     // every post returns.
     let (count, size) = (6000usize, 3000usize);
@@ -322,12 +324,48 @@ fn a_peer_that_stops_reading_stalls_only_the_transmitter_and_order_holds() {
     assert_eq!(reader.join().unwrap(), contents(&src));
 }
 
+/// A peer that reads nothing: what the transmitter cannot send waits in the send queue, up to
+/// its depth; a post beyond it fails (`SendQueueFull`) rather than being kept too (everything
+/// posted was kept, without end). Once the peer reads, what was posted arrives in order and the
+/// queue takes requests again.
+#[test]
+fn a_peer_that_reads_nothing_fills_the_send_queue_and_then_posts_fail() {
+    let depth = 64;
+    let (mut sock, s) = speaking_raw_peer(depth);
+    let size = 3000usize;
+    let src = s.mr(pattern(5, 100_000 * size), Access::empty());
+    let post = |i: usize| {
+        s.qp.post_send(SendWr { wr_id: i as u64, op: SendOp::Send, sg_list: vec![sge(&src, i * size, size)].into(), signaled: true })
+    };
+    let mut posted = 0;
+    let refused = loop {
+        match post(posted) {
+            Ok(()) => posted += 1,
+            Err(e) => break e,
+        }
+        assert!(posted < 100_000, "the send queue never filled");
+    };
+    assert!(matches!(refused, Error::Invalid(Invalid::SendQueueFull { depth: d }) if d == depth), "{refused:?}");
+    let count = posted as u32;
+    let reader = std::thread::spawn(move || {
+        let got = read_sends(&mut sock, count);
+        (got, sock)
+    });
+    for i in 0..posted {
+        let wc = next(&s.cq);
+        assert_eq!((wc.wr_id, wc.status), (i as u64, WcStatus::Success), "completions in order");
+    }
+    let (got, _sock) = reader.join().unwrap();
+    assert_eq!(got, contents(&src)[..posted * size]);
+    post(posted).expect("room again once the peer has read");
+}
+
 /// Sends from shared regions (registered bytes, gathered by reference rather than copied),
 /// queued on a runtime while the peer reads nothing: what the socket refuses of a gathered
 /// write is written later, from where it stopped, and every message arrives whole and in order.
 #[test]
 fn gathered_shared_payloads_survive_a_full_socket_in_order() {
-    let (mut sock, s) = speaking_raw_peer();
+    let (mut sock, s) = speaking_raw_peer(1024);
     // Small (copied), mid-sized and large (referenced) payloads, alternating; about 12 MB.
     let sizes: Vec<usize> = (0..900).map(|i| [100, 3000, 40_000][i % 3]).collect();
     let total: usize = sizes.iter().sum();

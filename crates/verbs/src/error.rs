@@ -335,6 +335,13 @@ pub enum Invalid {
         /// The device.
         device: String,
     },
+    /// The send queue holds as many requests as it has room for (the transmitter has not yet
+    /// sent them: the peer reads slowly or not at all).
+    #[error("send queue full ({depth} requests outstanding)")]
+    SendQueueFull {
+        /// The send queue's depth.
+        depth: u32,
+    },
     /// Every receive the queue pair holds is posted.
     #[error("receive queue full ({depth} receives posted)")]
     ReceiveQueueFull {

@@ -522,14 +522,18 @@ impl<P: Provider + 'static> Shared<P> {
             lock(&self.unsignaled).give_back(list);
         }
         let Err(e) = posted else { return Ok(()) };
-        if alone {
+        // A full send queue: the peer takes nothing of what is sent (the transmitter cannot
+        // write), as a TCP peer that stops reading — its connection ends, as over TCP once
+        // `send_timeout` passes, rather than every command after failing unanswered.
+        let full = matches!(e, riser_verbs::Error::Invalid(riser_verbs::Invalid::SendQueueFull { .. }));
+        if alone && !full {
             // The request fails and the connection goes on; its memory, if held, goes with a
             // later completion or the connection's end.
             lock(&self.waiting).remove(&wr_id);
             return Err(rdma("post a work request")(e));
         }
         // The gathered requests' bookkeeping cannot be told apart: the connection ends.
-        let e = rdma("post gathered work requests")(e);
+        let e = rdma(if full { "post: the send queue is full (the peer takes nothing)" } else { "post gathered work requests" })(e);
         self.fail(e);
         Err(e)
     }

@@ -316,7 +316,15 @@ impl SoftQp {
     }
 
     /// Queue requests for the transmitter (flushed if the stream is ending).
-    fn queue(&self, wrs: impl IntoIterator<Item = SendWr>) {
+    /// Queue requests for the transmitter, as many as the send queue has room for: its depth
+    /// (`max_send_wr`) counts what the transmitter holds, queued or being sent (and the Read
+    /// Responses it owes, IRD at most, beside it). A peer that reads nothing makes the
+    /// transmitter stall; without the bound, everything posted meanwhile was kept.
+    fn queue(&self, wrs: impl ExactSizeIterator<Item = SendWr>) -> Result<()> {
+        let room = self.s.caps.max_send_wr as usize + self.s.ird.load(Ordering::Acquire) as usize;
+        if self.s.queued.load(Ordering::Acquire).saturating_add(wrs.len()) > room {
+            return Err(Error::Invalid(Invalid::SendQueueFull { depth: self.s.caps.max_send_wr }));
+        }
         let tx = lock(&self.s.tx).clone();
         for wr in wrs {
             let refused = match tx.as_ref() {
@@ -327,6 +335,7 @@ impl SoftQp {
                 self.s.complete_send(&wr, WcStatus::WrFlushErr, 0);
             }
         }
+        Ok(())
     }
 
     /// Start the engines on an established stream: a receiver task and a transmitter task on
@@ -616,8 +625,7 @@ impl QueuePair for SoftQp {
                 if tokio::runtime::Handle::try_current().is_err() && self.post_inline(std::slice::from_ref(&wr)) == 1 {
                     return Ok(());
                 }
-                self.queue([wr]);
-                Ok(())
+                self.queue([wr].into_iter())
             }
             QpState::Terminating | QpState::Error => {
                 self.s.complete_send(&wr, WcStatus::WrFlushErr, 0);
@@ -642,8 +650,7 @@ impl QueuePair for SoftQp {
             QpState::Connected => {
                 let taken = self.post_inline(wrs);
                 wrs.drain(..taken);
-                self.queue(wrs.drain(..));
-                Ok(())
+                self.queue(wrs.drain(..))
             }
             QpState::Terminating | QpState::Error => {
                 for wr in wrs.drain(..) {

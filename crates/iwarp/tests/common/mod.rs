@@ -109,12 +109,21 @@ pub(crate) fn pair() -> (End, End) {
 
 /// Connect a raw TCP peer to a riser server queue pair (IRD 1) and complete MPA.
 pub(crate) fn raw_peer(crc: bool, setup: impl FnOnce(&End) + Send + 'static) -> (TcpStream, std::thread::JoinHandle<End>) {
+    raw_peer_with(crc, QpCaps::default(), setup)
+}
+
+/// [`raw_peer`], the server's queue pair created with `caps`.
+pub(crate) fn raw_peer_with(
+    crc: bool,
+    caps: QpCaps,
+    setup: impl FnOnce(&End) + Send + 'static,
+) -> (TcpStream, std::thread::JoinHandle<End>) {
     let (srnic, spd, scq, srcq) = end(SoftRnic::new(RnicConfig::default().crc(false)));
     let listener = srnic.listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr: SocketAddr = listener.local_addr().unwrap();
     let server = std::thread::spawn(move || {
         let mut req = listener.get_request().unwrap();
-        let qp = req.create_qp(&spd, &scq, &srcq, QpCaps::default()).unwrap();
+        let qp = req.create_qp(&spd, &scq, &srcq, caps).unwrap();
         let e = End { rnic: srnic, pd: spd, cq: scq, rcq: srcq, qp };
         setup(&e);
         req.accept(&ConnParam { private_data: vec![], responder_resources: 1, initiator_depth: 1 }).unwrap();
