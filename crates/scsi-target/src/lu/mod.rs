@@ -52,6 +52,7 @@ pub use copy::{
     COPY_CHUNK, MAX_CONCURRENT_COPIES, MAX_CSCDS, MAX_DESCRIPTOR_LIST_LEN, MAX_HELD_RESULTS, MAX_SEGMENT_BYTES, MAX_SEGMENTS, UnitDirectory,
 };
 pub use identity::{LuIdentity, Nexus};
+pub use pr::MAX_REGISTRATIONS;
 pub use report::report_luns;
 
 /// Most blocks one WRITE ATOMIC may write.

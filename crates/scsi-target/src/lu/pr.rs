@@ -319,6 +319,13 @@ impl LogicalUnit {
     }
 }
 
+/// Registrations a unit keeps at most (I_T nexuses with a reservation key): a REGISTER of one
+/// more is answered ILLEGAL REQUEST, INSUFFICIENT REGISTRATION RESOURCES (SPC-5 §6.17.1).
+/// 1024: every initiator of a large cluster through a few paths each; each one is written to
+/// the reservation file (APTPL) or the shared state with every change and listed by READ FULL
+/// STATUS.
+pub const MAX_REGISTRATIONS: usize = 1024;
+
 impl Pr {
     /// Carry out one PERSISTENT RESERVE OUT service action on this state (APTPL aside). On
     /// RESERVATION CONFLICT or an error the state may be half changed: callers work on a copy.
@@ -351,6 +358,11 @@ impl Pr {
                         h.1 = p.sa_key;
                     }
                 } else {
+                    // Registrations outlive their sessions (and go to the reservation file or
+                    // the cluster with every change): a unit keeps a bounded number.
+                    if self.registrations.len() >= MAX_REGISTRATIONS {
+                        return Err(illegal(AscAscq::INSUFFICIENT_REGISTRATION_RESOURCES));
+                    }
                     self.registrations.push((nexus.clone(), p.sa_key));
                 }
                 self.generation = self.generation.wrapping_add(1);

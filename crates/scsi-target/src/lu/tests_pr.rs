@@ -268,3 +268,25 @@ fn a_failed_service_action_changes_nothing() {
         }
     }
 }
+
+/// A unit keeps `MAX_REGISTRATIONS` registrations: one more (another I_T nexus) is refused with
+/// INSUFFICIENT REGISTRATION RESOURCES and nothing changes; a registered nexus still changes its
+/// key, and once one unregisters another may register.
+#[test]
+fn registrations_beyond_the_units_bound_are_refused() {
+    let lu = unit(None);
+    let nexus = |i: usize| Nexus::new(&format!("iqn.2026-11.io.riser:i{i},i,0x80000000{i:04x}"), "iqn.2026-11.io.riser:t,t,0x0001", 1);
+    for i in 0..MAX_REGISTRATIONS {
+        assert_eq!(pr_out(&lu, &nexus(i), out_sa::REGISTER, 0, 0, 1 + i as u64, false).status, Status::GOOD);
+    }
+    let over = MAX_REGISTRATIONS;
+    let generation = keys(&lu).0;
+    let s = sense_of(&pr_out(&lu, &nexus(over), out_sa::REGISTER_AND_IGNORE_EXISTING_KEY, 0, 0, 7, false));
+    assert_eq!((s.key, s.asc), (SenseKey::ILLEGAL_REQUEST, AscAscq::INSUFFICIENT_REGISTRATION_RESOURCES));
+    assert_eq!(keys(&lu).0, generation, "nothing changed");
+    assert_eq!(lu.st().pr.registrations.len(), over);
+    assert_eq!(pr_out(&lu, &nexus(0), out_sa::REGISTER, 0, 1, 99, false).status, Status::GOOD, "a new key for a registered nexus");
+    assert_eq!(keys(&lu).0, generation.wrapping_add(1));
+    assert_eq!(pr_out(&lu, &nexus(1), out_sa::REGISTER, 0, 2, 0, false).status, Status::GOOD, "unregistered");
+    assert_eq!(pr_out(&lu, &nexus(over), out_sa::REGISTER, 0, 0, 7, false).status, Status::GOOD, "room again");
+}
