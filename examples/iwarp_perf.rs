@@ -113,8 +113,11 @@ fn rdma(op: &str, size: usize, count: u64, depth: usize, crc: bool) -> f64 {
     });
     let client = SoftRnic::new(cfg);
     let pd = client.alloc_pd().unwrap();
-    let cq = client.create_cq(1024).unwrap();
-    let qp = client.create_qp(addr, &pd, &cq, &cq, QpCaps { max_send_wr: 1024, max_recv_wr: 16, max_sge: 1 }).unwrap();
+    // The send queue and its completion queue hold `depth` requests in flight (posts beyond the
+    // send queue's depth fail).
+    let room = (depth as u32).max(1024);
+    let cq = client.create_cq(room).unwrap();
+    let qp = client.create_qp(addr, &pd, &cq, &cq, QpCaps { max_send_wr: room, max_recv_wr: 16, max_sge: 1 }).unwrap();
     client.connect(&qp, &ConnParam { private_data: vec![], responder_resources: 16, initiator_depth: 16 }).unwrap();
     let local = pd.register(vec![9u8; size], all).unwrap();
     let sge = Sge { addr: local.addr(), length: size as u32, lkey: local.lkey() };

@@ -58,7 +58,10 @@ pub struct IserConfig {
     pub send_invalidate: bool,
     /// Initiator: with InitialR2T=No, send the unsolicited part of a write (up to
     /// FirstBurstLength) as Data-Out Sends after the immediate data, as the Linux initiator
-    /// does; otherwise only immediate data is sent and the target RDMA Reads the rest.
+    /// does; otherwise only immediate data is sent and the target RDMA Reads the rest. Each
+    /// write then posts up to 1 + FirstBurstLength / the target's receive segment Sends (32
+    /// with 256 KiB and 8 KiB): `send_depth` must hold what is in flight, or a post beyond the
+    /// send queue ends the connection (the software RNIC refuses it as hardware does).
     pub unsolicited_data_out: bool,
     /// Inbound RDMA Reads this side accepts outstanding (responder resources).
     pub ird: u8,

@@ -560,6 +560,10 @@ pub(super) async fn transmit(s: &Arc<QpShared>, items: &mut UnboundedReceiver<Tx
             let Out::Gather(gathered) = out else { unreachable!("gathering into memory") };
             let written = gathered.is_empty() || Out::Wait(&engine.w).write(None, &gathered.pieces()).await.is_ok();
             spare = gathered.recycle();
+            // Counted down before their completions: a request the consumer has seen complete
+            // no longer holds a place in the send queue (a post right after polling it found
+            // the queue full). The engine is still out, so no poster writes inline meanwhile.
+            s.queued.fetch_sub(count, Ordering::AcqRel);
             let status = if written { WcStatus::Success } else { WcStatus::WrFlushErr };
             for (wr, n) in owed {
                 s.complete_send(&wr, status, if written { n } else { 0 });
@@ -578,13 +582,12 @@ pub(super) async fn transmit(s: &Arc<QpShared>, items: &mut UnboundedReceiver<Tx
                 None => {}
             }
         } else {
+            // As above: counted down before it completes, the engine still out.
+            s.queued.fetch_sub(count, Ordering::AcqRel);
             transmit_item(s, &mut engine, item).await;
         }
-        let mut slot = lock(&s.engine);
-        *slot = Some(engine);
-        // Counted down under the engine lock: a poster seeing zero may write inline.
-        s.queued.fetch_sub(count, Ordering::AcqRel);
-        drop(slot);
+        // Back: a poster seeing nothing queued may write inline now.
+        *lock(&s.engine) = Some(engine);
         if stop {
             break;
         }
