@@ -130,6 +130,23 @@ async fn commands_reach_a_target_whose_login_responses_overstate_expcmdsn() {
     s.logout().await.unwrap();
 }
 
+/// Answer an initiator's login on `sock` as an open target named `TARGET` would; the StatSN
+/// the full feature phase starts with.
+async fn log_in_as_target(sock: &mut TcpStream, params: TargetLoginParams) -> u32 {
+    let cfg = TargetLoginConfig::default().target(TargetNode::open(TARGET));
+    let mut login = TargetLogin::new(cfg, params);
+    loop {
+        let (h, d) = read_pdu(sock).await.unwrap();
+        login.handle_pdu(Duration::ZERO, &h, &d);
+        while let Some(p) = login.poll_transmit() {
+            write_pdu(sock, Header::LoginResponse(p.header), &p.data).await;
+        }
+        if let Some(TargetLoginEvent::Complete(o)) = login.poll_event() {
+            return o.stat_sn;
+        }
+    }
+}
+
 /// A discovery session ends with a Logout acknowledging every status it got (ExpStatSN = the
 /// last StatSN + 1, RFC 7143 §11.14), and waits for the Logout Response before it closes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -139,18 +156,8 @@ async fn discovery_logout_acknowledges_the_last_status() {
     let (tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let (mut sock, _) = l.accept().await.unwrap();
-        let cfg = TargetLoginConfig::default().target(TargetNode::open(TARGET));
-        let mut login = TargetLogin::new(cfg, TargetLoginParams { new_tsih: 3, initial_stat_sn: 100, cmd_window: 8, entropy: [1; 32] });
-        let stat_sn = loop {
-            let (h, d) = read_pdu(&mut sock).await.unwrap();
-            login.handle_pdu(Duration::ZERO, &h, &d);
-            while let Some(p) = login.poll_transmit() {
-                write_pdu(&mut sock, Header::LoginResponse(p.header), &p.data).await;
-            }
-            if let Some(TargetLoginEvent::Complete(o)) = login.poll_event() {
-                break o.stat_sn;
-            }
-        };
+        let stat_sn =
+            log_in_as_target(&mut sock, TargetLoginParams { new_tsih: 3, initial_stat_sn: 100, cmd_window: 8, entropy: [1; 32] }).await;
         let (h, _) = read_pdu(&mut sock).await.unwrap();
         let Header::TextRequest(t) = h else { panic!("expected SendTargets, got {h:?}") };
         let text = format!("TargetName={TARGET}\0TargetAddress=127.0.0.1:3260,1\0");
@@ -277,18 +284,8 @@ async fn a_repeated_request_to_log_out_is_acted_on_once() {
     let (sent_tx, sent_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let (mut sock, _) = l.accept().await.unwrap();
-        let cfg = TargetLoginConfig::default().target(TargetNode::open(TARGET));
-        let mut login = TargetLogin::new(cfg, TargetLoginParams { new_tsih: 7, initial_stat_sn: 1, cmd_window: 32, entropy: [9; 32] });
-        let stat_sn = loop {
-            let (h, d) = read_pdu(&mut sock).await.unwrap();
-            login.handle_pdu(Duration::ZERO, &h, &d);
-            while let Some(p) = login.poll_transmit() {
-                write_pdu(&mut sock, Header::LoginResponse(p.header), &p.data).await;
-            }
-            if let Some(TargetLoginEvent::Complete(o)) = login.poll_event() {
-                break o.stat_sn;
-            }
-        };
+        let stat_sn =
+            log_in_as_target(&mut sock, TargetLoginParams { new_tsih: 7, initial_stat_sn: 1, cmd_window: 32, entropy: [9; 32] }).await;
         // The command is left unanswered: the logout waits for it.
         let (h, _) = read_pdu(&mut sock).await.unwrap();
         let Header::ScsiCommand(c) = h else { panic!("expected the command, got {h:?}") };
