@@ -77,6 +77,15 @@ impl Backlog {
         self.queued.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// Queue an event by `send` (`false`: the receiving end is gone), counted before it can be
+    /// taken (counted after, a fast taker would count it down first).
+    pub fn queue(&self, send: impl FnOnce() -> bool) {
+        self.add();
+        if !send() {
+            self.take();
+        }
+    }
+
     /// An event was taken by the iSCSI layer: a receiving side waiting at the bound goes on.
     pub fn take(&self) {
         let before = self.queued.fetch_sub(1, Ordering::AcqRel);
@@ -147,5 +156,9 @@ mod tests {
         assert!(flag.0.load(Ordering::SeqCst));
         assert!(b.has_room());
         assert_eq!(b.queued(), 2 + BACKLOG_SLACK);
+        // Queued through a send: counted while it waits, not at all if the send failed.
+        b.queue(|| true);
+        b.queue(|| false);
+        assert_eq!(b.queued(), 3 + BACKLOG_SLACK);
     }
 }

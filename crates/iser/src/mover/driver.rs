@@ -129,11 +129,7 @@ impl<P: Provider + 'static> Shared<P> {
 
     /// Queue an event for the iSCSI layer ([`Datamover::next_event`]), counted in the backlog.
     pub(super) fn queue_event(&self, e: DmEvent) {
-        // Counted before it can be taken.
-        self.backlog.add();
-        if self.events_tx.send(e).is_err() {
-            self.backlog.take();
-        }
+        self.backlog.queue(|| self.events_tx.send(e).is_ok());
     }
 
     /// Target: whether the iSCSI layer has room for another received PDU. A Send cannot be

@@ -119,11 +119,7 @@ struct Shared {
 impl Shared {
     /// Queue an event for the iSCSI layer ([`Datamover::next_event`]), counted in the backlog.
     fn queue_event(&self, e: DmEvent) {
-        // Counted before it can be taken.
-        self.backlog.add();
-        if self.events_tx.send(e).is_err() {
-            self.backlog.take();
-        }
+        self.backlog.queue(|| self.events_tx.send(e).is_ok());
     }
 }
 
@@ -362,10 +358,7 @@ impl PduDatamover {
             Header::R2t(r) if shared.role == Role::Initiator => {
                 // One for no write of ours (aborted, ended) has nothing to answer.
                 if Self::check_r2t(shared, &r)? {
-                    shared.r2t_backlog.add();
-                    if shared.r2t_queue.send(r).is_err() {
-                        shared.r2t_backlog.take();
-                    }
+                    shared.r2t_backlog.queue(|| shared.r2t_queue.send(r).is_ok());
                 }
                 Ok(())
             }
