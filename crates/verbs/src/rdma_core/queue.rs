@@ -59,6 +59,8 @@ pub struct RcQp {
     num: u32,
     max_send_sge: u32,
     max_recv_sge: u32,
+    /// The send queue's depth, as the device made it.
+    max_send_wr: u32,
     /// Send-queue entries in posting order (error completions carry no valid opcode, so the kind
     /// is remembered here). Not strictly completed in order: siw completes an RDMA Read when its
     /// response arrives, after Sends posted later have completed.
@@ -157,6 +159,7 @@ impl RcQp {
             num,
             max_send_sge: attr.cap.max_send_sge,
             max_recv_sge: attr.cap.max_recv_sge,
+            max_send_wr: attr.cap.max_send_wr,
             sq: Mutex::new(VecDeque::new()),
             rq: Mutex::new(VecDeque::new()),
             bound: Mutex::new(HashMap::new()),
@@ -292,6 +295,11 @@ impl RcQp {
         // the call (the device copies them); the memory they name is registered and kept
         // alive by the consumer until the completion.
         let rc = unsafe { sys::ibv_post_send(self.qp.0, wr, &mut bad) };
+        if rc.abs() == libc::ENOMEM {
+            // What the providers (mlx5, rxe, siw) answer for a full send queue: named as such,
+            // so a consumer can tell a peer that takes nothing from a failed request.
+            return Err(Error::Invalid(Invalid::SendQueueFull { depth: self.max_send_wr }));
+        }
         if rc != 0 {
             return Err(ret_err("ibv_post_send", rc));
         }
