@@ -152,6 +152,7 @@ impl<P: Provider + 'static> Shared<P> {
         }
         self.qp.disconnect();
         self.writes_changed.notify_waiters();
+        self.writes_in_flight.room.notify_waiters();
     }
 
     pub(super) async fn drive(self: Arc<Self>) {
@@ -874,6 +875,91 @@ mod tests {
         assert!(matches!(dm.try_next_event(), Some(DmEvent::Control(p)) if p.header.itt() == 0));
         assert_eq!(dm.s.on_message(&message(Header::ScsiCommand(write), &[7; 512]), None, None), Ok(()), "room again");
         assert!(lock(&dm.s.writes).contains_key(&1000));
+    }
+
+    /// An initiator that reads nothing while it sends READs: the target posts RDMA Writes of
+    /// read data up to `read_data_in_flight` (what the sockets took aside), then Put_Data waits
+    /// (riser's target ends the connection after `send_timeout`); once the initiator reads, the
+    /// writes complete and the waiting one goes. Before, every write was posted (and kept by
+    /// the software RNIC) up to the send queue's depth: hundreds of reads of up to 64 MiB.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn read_data_posted_to_a_peer_that_reads_nothing_is_bounded() {
+        use riser_datamover::{Attempt, ConnectionResources, DataInDesc, Datamover};
+        use riser_verbs::Listener;
+        const MIB: u32 = 1 << 20;
+        let cap = 4 * u64::from(MIB);
+        let rnic = riser_iwarp::SoftRnic::default();
+        let listener = rnic.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let r = rnic.clone();
+        let cfg = IserConfig::default().read_data_in_flight(cap);
+        let target = tokio::task::spawn_blocking(move || super::super::accept(&r, listener.get_request().unwrap(), cfg));
+        // The initiator's engines run on a runtime of their own, driven only while `drive` runs:
+        // otherwise the initiator reads nothing.
+        let r = rnic.clone();
+        let (irt, initiator) = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let dm = {
+                let _in = rt.enter();
+                super::super::connect(&r, addr, IserConfig::default()).unwrap()
+            };
+            (Arc::new(rt), dm)
+        })
+        .join()
+        .unwrap();
+        let drive = |rt: &Arc<tokio::runtime::Runtime>| {
+            let (stop, stopped) = oneshot::channel::<()>();
+            let rt = rt.clone();
+            let running = std::thread::spawn(move || rt.block_on(async { stopped.await.ok() }));
+            move || {
+                stop.send(()).unwrap();
+                running.join().unwrap();
+            }
+        };
+        let (target, _) = target.await.unwrap().unwrap();
+        tokio::spawn(target.driver());
+        for dm in [&target, &initiator] {
+            dm.allocate_connection_resources(ConnectionResources { commands: 128 }).unwrap();
+            dm.enable();
+        }
+        let data = Bytes::from(vec![0x5a; MIB as usize]);
+        let desc = |itt: u32| DataInDesc { itt, lun: Default::default(), offset: 0, data_sn: 0, collapse_status: None };
+        // Driven for the first command (its ready-to-receive message leaves first).
+        let mut first = Some(drive(&irt));
+        let mut itt = 0u32;
+        let mut put = loop {
+            // The sockets take some megabytes before nothing moves (more as their buffers grow).
+            assert!(itt < 64, "64 MiB of read data posted to a peer that reads nothing");
+            let cmd = ScsiCommand { final_: true, read: true, itt, expected_data_len: MIB, cmd_sn: itt, ..ScsiCommand::default() };
+            initiator.send_command(cmd, Bytes::new(), MIB, None).await.unwrap();
+            initiator.s.release_sends().unwrap();
+            let ev = tokio::time::timeout(Duration::from_secs(5), target.next_event()).await.unwrap_or_else(|_| panic!("command {itt}"));
+            assert!(matches!(ev, DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), .. }) if c.itt == itt), "{ev:?}");
+            if let Some(stop) = first.take() {
+                stop();
+            }
+            match target.try_put_data(desc(itt), data.clone()) {
+                Attempt::Done(r) => {
+                    r.unwrap();
+                }
+                Attempt::WouldWait((d, b)) => {
+                    let mut put = Box::pin(target.put_data(d, b));
+                    if tokio::time::timeout(Duration::from_millis(300), put.as_mut()).await.is_err() {
+                        break put;
+                    }
+                }
+            }
+            let held = target.s.writes_in_flight.bytes.load(Ordering::SeqCst);
+            assert!(held <= cap.max(super::super::SIGNAL_BYTES + u64::from(MIB)), "{held} bytes of read data held");
+            itt += 1;
+        };
+        assert!(tokio::time::timeout(Duration::from_millis(300), put.as_mut()).await.is_err(), "no room while the peer reads nothing");
+        // The initiator reads: the writes complete, and the waiting one goes.
+        let stop = drive(&irt);
+        tokio::time::timeout(Duration::from_secs(10), put).await.expect("room once the peer reads").unwrap();
+        stop();
+        drop(initiator);
+        std::thread::spawn(move || drop(irt)).join().unwrap();
     }
 
     #[test]

@@ -29,7 +29,7 @@ use riser_verbs::{ConnParam, ConnectionRequest, MemoryRegion, ProtectionDomain, 
 use hashbrown::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -76,7 +76,16 @@ pub struct IserConfig {
     /// the completion driver, but unsignaled requests hold their send queue entries and memory
     /// until a later one completes: it is lowered to a quarter of the send queue if larger.
     pub signal_every: u32,
+    /// Target: read data posted in RDMA Writes that have not completed, at most (default
+    /// [`DEFAULT_READ_DATA_IN_FLIGHT`], 64 MiB). Beyond it, Put_Data waits for earlier writes
+    /// to complete (riser's target gives up on the connection after its `send_timeout`): an
+    /// initiator that reads nothing while it keeps sending READs cannot make the target hold
+    /// more. One write larger than this still goes once the earlier ones have completed.
+    pub read_data_in_flight: u64,
 }
+
+/// The default of [`IserConfig::read_data_in_flight`].
+pub const DEFAULT_READ_DATA_IN_FLIGHT: u64 = 64 << 20;
 
 impl Default for IserConfig {
     fn default() -> Self {
@@ -89,6 +98,7 @@ impl Default for IserConfig {
             ord: 16,
             send_depth: None,
             signal_every: DEFAULT_SIGNAL_EVERY,
+            read_data_in_flight: DEFAULT_READ_DATA_IN_FLIGHT,
         }
     }
 }
@@ -125,6 +135,13 @@ impl IserConfig {
     #[must_use]
     pub fn unsolicited_data_out(mut self, yes: bool) -> Self {
         self.unsolicited_data_out = yes;
+        self
+    }
+
+    /// Target: read data posted in RDMA Writes and not yet completed, at most.
+    #[must_use]
+    pub fn read_data_in_flight(mut self, bytes: u64) -> Self {
+        self.read_data_in_flight = bytes;
         self
     }
 
@@ -262,11 +279,13 @@ struct Keep<P: Provider> {
     /// A second region the request reads (a command's immediate data sent from where it lies,
     /// behind its headers).
     also: Option<Arc<Mr<P>>>,
+    /// Read data an RDMA Write carries, counted in [`WritesInFlight`] until it is let go.
+    counted: Option<Counted>,
 }
 
 impl<P: Provider> Keep<P> {
     fn region(mr: Arc<Mr<P>>) -> Self {
-        Self { mr, recycle: None, also: None }
+        Self { mr, recycle: None, also: None, counted: None }
     }
 
     /// The request has completed: the regions go, then its bytes back to `pool` if they are
@@ -276,6 +295,51 @@ impl<P: Provider> Keep<P> {
         drop(self.also);
         if let Some(Ok(buf)) = self.recycle.map(Bytes::try_into_mut) {
             pool.give(buf);
+        }
+        // Room for more read data once its buffer is back.
+        drop(self.counted);
+    }
+}
+
+/// Target: read data in RDMA Writes posted and not yet completed (see
+/// [`IserConfig::read_data_in_flight`]). Counted per connection.
+#[derive(Default)]
+struct WritesInFlight {
+    bytes: AtomicU64,
+    /// Put_Data calls waiting for room: only then is a release worth a wake-up.
+    waiters: AtomicU32,
+    room: Notify,
+}
+
+impl WritesInFlight {
+    /// Whether `len` more bytes may be posted under `cap`. Below [`SIGNAL_BYTES`] there is
+    /// always room: that much may be held by unsignaled requests with no signaled one behind
+    /// them, whose completion would never come to make room (a single large write is then held
+    /// alone, `cap` or not).
+    fn has_room(&self, len: u64, cap: u64) -> bool {
+        let held = self.bytes.load(Ordering::SeqCst);
+        held <= SIGNAL_BYTES || held + len <= cap
+    }
+
+    /// Count `len` bytes until the returned guard is dropped.
+    fn count(self: &Arc<Self>, len: u64) -> Counted {
+        self.bytes.fetch_add(len, Ordering::SeqCst);
+        Counted { of: self.clone(), len }
+    }
+}
+
+/// Bytes counted in [`WritesInFlight`], released when dropped (the request completed, was
+/// flushed, or its post failed).
+struct Counted {
+    of: Arc<WritesInFlight>,
+    len: u64,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.of.bytes.fetch_sub(self.len, Ordering::SeqCst);
+        if self.of.waiters.load(Ordering::SeqCst) > 0 {
+            self.of.room.notify_waiters();
         }
     }
 }
@@ -321,6 +385,8 @@ struct Shared<P: Provider> {
     /// (see `driver::Lent`); posted again before anything is allocated.
     recv_spares: Arc<Mutex<Vec<Vec<u8>>>>,
     writes_changed: Notify,
+    /// Target: read data in RDMA Writes not yet completed.
+    writes_in_flight: Arc<WritesInFlight>,
     tasks: Mutex<HashMap<u32, InitTask<P>>>,
     limits: Mutex<TransferLimits>,
     unexpected: Mutex<Unexpected>,
@@ -391,6 +457,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             pool: riser_datamover::BufferPool::default(),
             recv_spares: Arc::default(),
             writes_changed: Notify::new(),
+            writes_in_flight: Arc::default(),
             tasks: Mutex::new(HashMap::new()),
             limits: Mutex::new(TransferLimits::default()),
             unexpected: Mutex::new(Unexpected::default()),
@@ -471,6 +538,9 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
     }
 
     fn try_put_data(&self, desc: DataInDesc, data: Bytes) -> Attempt<Result<PutDataDone, DmError>, (DataInDesc, Bytes)> {
+        if !self.s.writes_in_flight.has_room(data.len() as u64, self.s.cfg.read_data_in_flight) {
+            return Attempt::WouldWait((desc, data));
+        }
         Attempt::Done(self.put_data_by_write(desc, data))
     }
 
@@ -479,7 +549,10 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
     }
 
     fn put_data(&self, desc: DataInDesc, data: Bytes) -> BoxFuture<'_, Result<PutDataDone, DmError>> {
-        Box::pin(async move { self.put_data_by_write(desc, data) })
+        Box::pin(async move {
+            self.room_for_read_data(data.len() as u64).await?;
+            self.put_data_by_write(desc, data)
+        })
     }
 
     fn get_data(&self, plan: R2tPlan) -> BoxFuture<'_, Result<TaskBuffer, DmError>> {

@@ -3,7 +3,7 @@
 //! RDMA Reads from its write buffer.
 
 use super::driver::completion;
-use super::{IserDatamover, Keep, Shared, WriteTask, copy_out, lock, rdma};
+use super::{IserDatamover, Keep, Shared, WriteTask, WritesInFlight, copy_out, lock, rdma};
 use bytes::{Bytes, BytesMut};
 use hashbrown::hash_map::Entry;
 use riser_datamover::{Attempt, ControlPdu, DataInDesc, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer, Violation};
@@ -123,7 +123,8 @@ impl<P: Provider + 'static> IserDatamover<P> {
             // once the write has completed and the caller has let go of it.
             let mr = s.pd.register_shared(data.clone(), Access::empty()).map_err(rdma("register read data"))?;
             let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
-            let keep = Keep { mr, recycle: Some(data), also: None };
+            let counted = Some(s.writes_in_flight.count(data.len() as u64));
+            let keep = Keep { mr, recycle: Some(data), also: None, counted };
             // Posted under the lock task management takes to end the task: once a task is
             // aborted (and its TMF response may be on its way) nothing more is posted for
             // it, so the initiator never sees a write to a key it has revoked.
@@ -134,6 +135,38 @@ impl<P: Provider + 'static> IserDatamover<P> {
         }
         // No Data-In PDUs (DataSN not consumed) and never a collapsed status.
         Ok(PutDataDone { pdus: 0, status_sent: false })
+    }
+
+    /// Wait until `len` bytes of read data may be posted (see
+    /// [`IserConfig::read_data_in_flight`](super::IserConfig::read_data_in_flight)). What this
+    /// side gathered is posted first: its completions may be what makes room.
+    pub(super) async fn room_for_read_data(&self, len: u64) -> Result<(), DmError> {
+        let s = &self.s;
+        let w = &s.writes_in_flight;
+        if w.has_room(len, s.cfg.read_data_in_flight) {
+            return Ok(());
+        }
+        s.release_sends()?;
+        // Counted while waiting, even if the caller gives up (a release wakes only waiters).
+        struct Waiting<'a>(&'a WritesInFlight);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.waiters.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        w.waiters.fetch_add(1, Ordering::SeqCst);
+        let _waiting = Waiting(w);
+        loop {
+            let mut n = std::pin::pin!(w.room.notified());
+            n.as_mut().enable();
+            if s.closed.load(Ordering::Acquire) {
+                return Err(DmError::Closed);
+            }
+            if w.has_room(len, s.cfg.read_data_in_flight) {
+                return Ok(());
+            }
+            n.await;
+        }
     }
 
     /// `try_get_data`: a write whose data all came with its command in a receive buffer of its
