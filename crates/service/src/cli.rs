@@ -161,7 +161,9 @@ pub fn set_operational(cfg: &mut riser_iscsi::keys::OperationalConfig, kv: &str)
 /// `signal_every` (1 to 1024: at most that many routine requests in a row unsignaled; the
 /// datamover lowers it to a quarter of the send queue), `send_depth` (send queue entries,
 /// from two per posted receive plus 16 (272 by default) to 65536) and `recv_dsl` (the data
-/// segment this side receives, 8 KiB to 1 MiB: every posted receive is this large).
+/// segment this side receives, 8 KiB to 1 MiB: every posted receive is this large) and
+/// `read_data_in_flight` (a target's read data in RDMA Writes not yet completed, a size from
+/// 1 MiB to 64 GiB: beyond it a read waits for room).
 pub fn set_iser(cfg: &mut riser_iser::IserConfig, kv: &str) -> Result<(), String> {
     let (key, value) = kv.split_once('=').ok_or_else(|| format!("--iser-param {kv:?}: expected KEY=VALUE"))?;
     let (key, value) = (key.trim(), value.trim());
@@ -177,7 +179,13 @@ pub fn set_iser(cfg: &mut riser_iser::IserConfig, kv: &str) -> Result<(), String
         // Two per posted receive plus 16 at least: the datamover raises anything smaller.
         "send_depth" => cfg.send_depth = Some(number(cfg.recv_depth * 2 + 16, 65536)?),
         "recv_dsl" => cfg.recv_dsl = number(riser_iscsi::keys::DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH, 1 << 20)?,
-        _ => return Err(format!("--iser-param {key}: not a setting (signal_every, send_depth, recv_dsl)")),
+        "read_data_in_flight" => {
+            cfg.read_data_in_flight = parse_size(value)
+                .ok()
+                .filter(|n| ((1 << 20)..=(64 << 30)).contains(n))
+                .ok_or_else(|| format!("--iser-param {key}={value}: a size from 1MiB to 64GiB"))?;
+        }
+        _ => return Err(format!("--iser-param {key}: not a setting (signal_every, send_depth, recv_dsl, read_data_in_flight)")),
     }
     Ok(())
 }
@@ -296,12 +304,27 @@ mod tests {
         assert_eq!((c.signal_every, c.send_depth), (1, Some(512)));
         super::set_iser(&mut c, "recv_dsl=131072").unwrap();
         assert_eq!(c.recv_dsl, 128 << 10);
-        for bad in
-            ["signal_every=0", "send_depth=271", "send_depth=lots", "recv_depth=4", "signal_every", "recv_dsl=4096", "recv_dsl=2097152"]
-        {
+        assert_eq!(c.read_data_in_flight, riser_iser::DEFAULT_READ_DATA_IN_FLIGHT);
+        super::set_iser(&mut c, "read_data_in_flight=16MiB").unwrap();
+        assert_eq!(c.read_data_in_flight, 16 << 20);
+        for bad in [
+            "signal_every=0",
+            "send_depth=271",
+            "send_depth=lots",
+            "recv_depth=4",
+            "signal_every",
+            "recv_dsl=4096",
+            "recv_dsl=2097152",
+            "read_data_in_flight=4KiB",
+            "read_data_in_flight=many",
+        ] {
             assert!(super::set_iser(&mut c, bad).is_err(), "{bad}");
         }
-        assert_eq!((c.signal_every, c.send_depth, c.recv_dsl), (1, Some(512), 128 << 10), "a refused value changes nothing");
+        assert_eq!(
+            (c.signal_every, c.send_depth, c.recv_dsl, c.read_data_in_flight),
+            (1, Some(512), 128 << 10, 16 << 20),
+            "a refused value changes nothing"
+        );
     }
 
     #[cfg(unix)]
