@@ -171,6 +171,9 @@ impl Datamover for Counting {
     fn collapses_status(&self) -> bool {
         self.inner.collapses_status()
     }
+    fn max_outstanding_commands(&self) -> Option<u32> {
+        self.inner.max_outstanding_commands()
+    }
     fn can_put_data(&self, itt: u32) -> bool {
         self.inner.can_put_data(itt)
     }

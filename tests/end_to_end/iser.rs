@@ -99,6 +99,30 @@ async fn a_window_of_writes_from_a_linux_like_initiator_never_outruns_the_target
     s.logout().await.unwrap();
 }
 
+/// A target granting a window far wider than the initiator's receives (1024 commands; riser's
+/// initiator posts 128 by default): the initiator keeps no more commands outstanding than its
+/// receives hold answers for (`max_outstanding_commands`, 112), the rest wait their turn, and
+/// every one is answered on the one connection. It used to send the whole window: answers
+/// beyond its receives ended the connection (Terminate: Send with no receive posted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_initiator_keeps_no_more_commands_outstanding_than_its_receives_hold_answers_for() {
+    let addr = T.start(|_| {}, |c| c.queue_depth = 1024).await;
+    let mut cfg = SessionConfig::new(ME, TARGET);
+    cfg.connector = Arc::new(IserConnector::new(SoftRnic::default(), IserConfig::default()));
+    let s = Session::connect(addr, cfg).await.unwrap();
+    for round in 0..3u64 {
+        let mut tasks = Vec::new();
+        for i in 0..1000u64 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move { s.read(Lun::ZERO, round * 1000 + i, 1, 512).await.map(|b| b.len()) }));
+        }
+        for t in tasks {
+            assert_eq!(t.await.unwrap().expect("every read answered"), 512);
+        }
+    }
+    s.logout().await.unwrap();
+}
+
 /// A read that advertised no read buffer (STag) gets CHECK CONDITION before the medium is read
 /// (it was left unanswered: its read data had nowhere to go), with the whole length as
 /// residual; the connection goes on. (The other contradictions of flags and CDB, on every

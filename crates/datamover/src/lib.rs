@@ -578,6 +578,15 @@ pub trait Datamover: Send + Sync + core::fmt::Debug {
     /// (the initiator half of Deallocate_Task_Resources).
     fn take_read_data(&self, itt: u32) -> Option<BytesMut>;
 
+    /// Initiator: the SCSI commands its connection may have outstanding at once, when the
+    /// transport bounds them below the target's CmdSN window. iSER does: every answer lands in a
+    /// receive posted beforehand, and one arriving with none posted ends the connection (RFC
+    /// 7145 §5.1 leaves that flow control to the initiator, as Linux's ib_iser limits its
+    /// commands to its receives). `None` (the default, TCP): the window is the only bound.
+    fn max_outstanding_commands(&self) -> Option<u32> {
+        None
+    }
+
     /// Whether Put_Data may carry the status in its last PDU (phase collapse: TCP yes, iSER
     /// never). When it cannot, the target sends a separate SCSI Response.
     fn collapses_status(&self) -> bool {

@@ -90,7 +90,11 @@ struct State {
 impl State {
     /// The state a completed login on `link` leaves us with.
     fn after_login(o: &LoginOutcome, link: Link, gate: Gate) -> Self {
-        Self { session: InitiatorSession::new(o), link, pending: HashMap::new(), tick: 0, gate, dead: false, closed: false }
+        let mut session = InitiatorSession::new(o);
+        // The transport's bound on commands outstanding (iSER: its posted receives), below
+        // the window: beyond it an answer would find no receive and end the connection.
+        session.set_task_limit(link.dm.max_outstanding_commands());
+        Self { session, link, pending: HashMap::new(), tick: 0, gate, dead: false, closed: false }
     }
 
     /// Register the caller of task `itt`.
@@ -430,7 +434,7 @@ impl Session {
                                 s.gate.shared += 1;
                                 return Ok((cmd, s.link.clone(), rx, SharedGate(&self.inner)));
                             }
-                            Err(Busy::WindowClosed) => {}
+                            Err(Busy::WindowClosed | Busy::TaskLimit) => {}
                         }
                     }
                     (s.dead, false)

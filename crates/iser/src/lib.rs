@@ -76,7 +76,7 @@
 pub mod header;
 mod mover;
 
-pub use mover::{DEFAULT_READ_DATA_IN_FLIGHT, DEFAULT_SIGNAL_EVERY, IserConfig, IserDatamover, accept, connect};
+pub use mover::{ANSWERS_RESERVED, DEFAULT_READ_DATA_IN_FLIGHT, DEFAULT_SIGNAL_EVERY, IserConfig, IserDatamover, accept, connect};
 
 #[doc(hidden)]
 pub mod fuzzing {

@@ -398,6 +398,10 @@ async fn run() -> Result<(), String> {
         None => {}
     }
     let mut iser = IserConfig::default();
+    // Receives for the queue depth asked for and what else the target sends (at most 4096):
+    // an iSER initiator keeps no more commands outstanding than its receives hold answers for.
+    let wanted = u32::try_from(a.queue_depth).unwrap_or(u32::MAX).saturating_add(riser::iser::ANSWERS_RESERVED);
+    iser.recv_depth = iser.recv_depth.max(wanted.min(4096));
     for kv in &a.iser_param {
         riser::cli::set_iser(&mut iser, kv)?;
     }

@@ -109,7 +109,8 @@ pub enum InitiatorEvent {
     /// A PDU the session cannot match to anything, or that breaks the protocol (the driver
     /// logs it; at ERL 0 it may drop the connection).
     Unexpected(Header),
-    /// The CmdSN window opened: non-immediate requests waiting may go.
+    /// The CmdSN window opened, or a task ended below the task limit: non-immediate requests
+    /// waiting may go.
     WindowOpen,
 }
 
@@ -135,6 +136,10 @@ impl InitiatorEvent {
 pub enum Busy {
     /// The target's window is closed: wait for [`InitiatorEvent::WindowOpen`].
     WindowClosed,
+    /// As many tasks are outstanding as the transport takes answers for (see
+    /// [`InitiatorSession::set_task_limit`]): wait for [`InitiatorEvent::WindowOpen`], which
+    /// also comes when a task ends below the limit.
+    TaskLimit,
 }
 
 /// The initiator's full-feature session machine.
@@ -145,6 +150,8 @@ pub struct InitiatorSession {
     tasks: HashMap<u32, Kind>,
     transmit: VecDeque<Transmit>,
     events: VecDeque<InitiatorEvent>,
+    /// Tasks outstanding at most before a SCSI command waits (`None`: the window alone).
+    task_limit: Option<usize>,
 }
 
 impl InitiatorSession {
@@ -161,7 +168,22 @@ impl InitiatorSession {
             tasks: HashMap::new(),
             transmit: VecDeque::new(),
             events: VecDeque::new(),
+            task_limit: None,
         }
+    }
+
+    /// Bound the tasks outstanding when a SCSI command starts: at `limit` (of every kind), a
+    /// command gets [`Busy::TaskLimit`] whatever the window says. For a transport whose answers
+    /// need a place made ready beforehand (iSER's posted receives:
+    /// `Datamover::max_outstanding_commands` in riser-datamover). Immediate requests are not
+    /// held back; `None` (the default) lifts the bound.
+    pub fn set_task_limit(&mut self, limit: Option<u32>) {
+        self.task_limit = limit.map(|n| n.max(1) as usize);
+    }
+
+    /// Whether the task limit is reached.
+    fn at_task_limit(&self) -> bool {
+        self.task_limit.is_some_and(|n| self.tasks.len() >= n)
     }
 
     /// The numbering: next CmdSN, MaxCmdSN, ExpStatSN.
@@ -206,6 +228,9 @@ impl InitiatorSession {
 
     /// Number and register a request; `(itt, cmd_sn, exp_stat_sn)`.
     fn start(&mut self, kind: Kind, immediate: bool) -> Result<(u32, u32, u32), Busy> {
+        if !immediate && self.at_task_limit() {
+            return Err(Busy::TaskLimit);
+        }
         let cmd_sn = self.window.take(immediate).ok_or(Busy::WindowClosed)?;
         let itt = self.take_itt();
         self.tasks.insert(itt, kind);
@@ -238,7 +263,11 @@ impl InitiatorSession {
 
     /// The command `itt` could not be sent (or its caller gave up): forget it.
     pub fn forget(&mut self, itt: u32) {
+        let full = self.at_task_limit();
         self.tasks.remove(&itt);
+        if full && !self.at_task_limit() {
+            self.events.push_back(InitiatorEvent::WindowOpen);
+        }
     }
 
     /// A NOP-Out ping (immediate) carrying `data`; returns its task tag.
@@ -299,9 +328,19 @@ impl InitiatorSession {
     /// A PDU from the target (Data-In without status and R2Ts are the datamover's; give them
     /// here too, for their window fields).
     pub fn handle_pdu(&mut self, header: &Header, data: Bytes) {
-        if self.window.note(header) {
+        let full = self.at_task_limit();
+        let opened = self.window.note(header);
+        if opened {
             self.events.push_back(InitiatorEvent::WindowOpen);
         }
+        self.answer(header, data);
+        if full && !opened && !self.at_task_limit() {
+            // Room below the task limit again (after the task's own event).
+            self.events.push_back(InitiatorEvent::WindowOpen);
+        }
+    }
+
+    fn answer(&mut self, header: &Header, data: Bytes) {
         match *header {
             Header::ScsiResponse(r) => {
                 let sense = (data.len() > 2).then(|| {

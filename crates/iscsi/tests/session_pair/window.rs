@@ -156,3 +156,39 @@ fn dropping_a_task_frees_its_slot_without_a_response() {
     assert!(p.t_sent.is_empty());
     assert_eq!(p.t.window(), (2, 2));
 }
+
+/// A transport that takes a bounded number of answers (iSER: the initiator's posted receives)
+/// sets a task limit below the window: at it a command waits (`Busy::TaskLimit`) though the
+/// window is open, immediate requests are not held, and a task that ends — answered or
+/// forgotten — below the limit again says so (`WindowOpen`), once.
+#[test]
+fn the_task_limit_holds_commands_that_the_window_would_admit() {
+    use riser_iscsi::session::Busy;
+    let mut p = Pair::new(8);
+    p.i.set_task_limit(Some(2));
+    let a = p.command(LUN0, 512);
+    let b = p.command(LUN0, 512);
+    assert_eq!(p.i.start_command(LUN0, &[0], 0, 0), Err(Busy::TaskLimit));
+    assert!(p.i.window().is_open(), "the window alone would admit it");
+    let ping = p.i.ping(Bytes::new());
+    assert_eq!(p.i.tasks(), 3, "an immediate request is not held back");
+    p.i_events.clear();
+    p.finish(a);
+    // The ping went across and was answered too: one task left.
+    assert_eq!(p.i.tasks(), 1);
+    assert!(p.i_events.contains(&InitiatorEvent::Pong { itt: ping, data: Bytes::new() }));
+    assert_eq!(p.i_events.iter().filter(|e| **e == InitiatorEvent::WindowOpen).count(), 1, "{:?}", p.i_events);
+    let c = p.command(LUN0, 512);
+    assert_eq!(p.i.start_command(LUN0, &[0], 0, 0), Err(Busy::TaskLimit));
+    p.i_events.clear();
+    p.i.forget(c);
+    assert_eq!(p.i.poll_event(), Some(InitiatorEvent::WindowOpen), "a forgotten task makes room as well");
+    p.i.forget(b);
+    assert_eq!(p.i.poll_event(), None, "below the limit already: nothing to say");
+    p.i.set_task_limit(None);
+    // b and c still hold their CmdSNs at the target: six more fill the window of eight.
+    for _ in 0..6 {
+        p.command(LUN0, 512);
+    }
+    assert_eq!(p.i.start_command(LUN0, &[0], 0, 0), Err(Busy::WindowClosed), "no limit: the window alone");
+}

@@ -52,7 +52,9 @@ pub struct IserConfig {
     /// rdma-core, as LIO, where it is pinned.
     pub recv_dsl: u32,
     /// Receives kept posted in full-feature phase: at least the CmdSN window plus room for
-    /// unsolicited Data-Out, NOP-Out and task management.
+    /// unsolicited Data-Out, NOP-Out and task management. An initiator keeps its SCSI commands
+    /// outstanding to this less [`ANSWERS_RESERVED`] (112 at the default 128), whatever window
+    /// the target grants: every answer needs a receive.
     pub recv_depth: u32,
     /// Allow Send with Invalidate (the CM private data says so unless this is off).
     pub send_invalidate: bool,
@@ -169,6 +171,16 @@ impl IserConfig {
 
 /// Receives posted while logging in.
 const LOGIN_RECVS: u32 = 4;
+
+/// Initiator: receives of the `recv_depth` posted kept for what comes besides the answers to
+/// SCSI commands (the target's NOP-In pings and asynchronous messages, answers to immediate
+/// requests): the commands outstanding at once are the rest (at least half of them).
+pub const ANSWERS_RESERVED: u32 = 16;
+
+/// The SCSI commands an initiator posting `recv_depth` receives may have outstanding.
+fn commands_for(recv_depth: u32) -> u32 {
+    recv_depth.saturating_sub(ANSWERS_RESERVED).max(recv_depth / 2).max(1)
+}
 
 type Mr<P> = <<P as Provider>::Pd as ProtectionDomain>::Mr;
 
@@ -686,6 +698,13 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
 
     fn max_recv_data_segment_length(&self) -> Option<u32> {
         Some(self.s.cfg.recv_segment())
+    }
+
+    /// Initiator: `recv_depth` less [`ANSWERS_RESERVED`] — each command's answer takes one of
+    /// the receives posted, which must also hold the target's own PDUs and the answers to
+    /// immediate requests.
+    fn max_outstanding_commands(&self) -> Option<u32> {
+        (self.s.role == Role::Initiator).then(|| commands_for(self.s.cfg.recv_depth))
     }
 
     fn can_put_data(&self, itt: u32) -> bool {
