@@ -101,23 +101,32 @@ async fn a_window_of_writes_from_a_linux_like_initiator_never_outruns_the_target
 
 /// A target granting a window far wider than the initiator's receives (1024 commands; riser's
 /// initiator posts 128 by default): the initiator keeps no more commands outstanding than its
-/// receives hold answers for (`max_outstanding_commands`, 112), the rest wait their turn, and
-/// every one is answered on the one connection. It used to send the whole window: answers
-/// beyond its receives ended the connection (Terminate: Send with no receive posted).
+/// receives hold answers for (`max_outstanding_commands`, 112), nor more immediate requests
+/// than the few kept beside them; the rest wait their turn, and every one is answered on the
+/// one connection. It used to send the whole window (and every ping asked for): answers beyond
+/// its receives ended the connection (Terminate: Send with no receive posted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_initiator_keeps_no_more_commands_outstanding_than_its_receives_hold_answers_for() {
+async fn an_initiator_keeps_no_more_requests_outstanding_than_its_receives_hold_answers_for() {
     let addr = T.start(|_| {}, |c| c.queue_depth = 1024).await;
     let mut cfg = SessionConfig::new(ME, TARGET);
     cfg.connector = Arc::new(IserConnector::new(SoftRnic::default(), IserConfig::default()));
     let s = Session::connect(addr, cfg).await.unwrap();
     for round in 0..3u64 {
-        let mut tasks = Vec::new();
+        let mut reads = Vec::new();
+        let mut pings = Vec::new();
         for i in 0..1000u64 {
-            let s = s.clone();
-            tasks.push(tokio::spawn(async move { s.read(Lun::ZERO, round * 1000 + i, 1, 512).await.map(|b| b.len()) }));
+            let r = s.clone();
+            reads.push(tokio::spawn(async move { r.read(Lun::ZERO, round * 1000 + i, 1, 512).await.map(|b| b.len()) }));
+            if i % 4 == 0 {
+                let p = s.clone();
+                pings.push(tokio::spawn(async move { p.ping().await }));
+            }
         }
-        for t in tasks {
+        for t in reads {
             assert_eq!(t.await.unwrap().expect("every read answered"), 512);
+        }
+        for t in pings {
+            t.await.unwrap().expect("every ping answered");
         }
     }
     s.logout().await.unwrap();

@@ -463,12 +463,13 @@ impl Session {
         closing: bool,
     ) -> Result<(u32, Link, oneshot::Receiver<Reply>), Error> {
         loop {
-            {
+            let notified = self.inner.window.notified();
+            let full = {
                 let mut s = lock(&self.inner.state);
                 if s.closed {
                     return Err(Error::ConnectionLost);
                 }
-                if !s.dead {
+                if !s.dead && s.session.immediate_room() {
                     let itt = start(&mut s.session);
                     // A session logging out sends no new command after its Logout Request (as
                     // Linux's initiator in its LOGGING_OUT state): they fail at once instead.
@@ -476,6 +477,13 @@ impl Session {
                     let rx = s.wait_for(itt);
                     return Ok((itt, s.link.clone(), rx));
                 }
+                !s.dead
+            };
+            if full {
+                // As many requests outstanding as the transport takes answers for (iSER's
+                // receives): wait for one to end.
+                tokio::time::timeout(self.inner.timeout, notified).await.map_err(|_| Error::Timeout)?;
+                continue;
             }
             self.reconnect().await?;
         }

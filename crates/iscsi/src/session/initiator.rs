@@ -109,8 +109,8 @@ pub enum InitiatorEvent {
     /// A PDU the session cannot match to anything, or that breaks the protocol (the driver
     /// logs it; at ERL 0 it may drop the connection).
     Unexpected(Header),
-    /// The CmdSN window opened, or a task ended below the task limit: non-immediate requests
-    /// waiting may go.
+    /// The CmdSN window opened, or a task ended while the task limit was reached: requests
+    /// waiting may try again.
     WindowOpen,
 }
 
@@ -130,6 +130,10 @@ impl InitiatorEvent {
         }
     }
 }
+
+/// Immediate requests an initiator may have outstanding beyond its task limit (see
+/// [`InitiatorSession::immediate_room`]).
+pub const IMMEDIATE_BEYOND_LIMIT: usize = 8;
 
 /// Why a request cannot start now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -175,15 +179,33 @@ impl InitiatorSession {
     /// Bound the tasks outstanding when a SCSI command starts: at `limit` (of every kind), a
     /// command gets [`Busy::TaskLimit`] whatever the window says. For a transport whose answers
     /// need a place made ready beforehand (iSER's posted receives:
-    /// `Datamover::max_outstanding_commands` in riser-datamover). Immediate requests are not
-    /// held back; `None` (the default) lifts the bound.
+    /// `Datamover::max_outstanding_commands` in riser-datamover). Immediate requests may go
+    /// [`IMMEDIATE_BEYOND_LIMIT`] further (see [`immediate_room`](Self::immediate_room)); while
+    /// the limit is reached, every task that ends says so ([`InitiatorEvent::WindowOpen`]).
+    /// `None` (the default) lifts the bound.
     pub fn set_task_limit(&mut self, limit: Option<u32>) {
         self.task_limit = limit.map(|n| n.max(1) as usize);
+    }
+
+    /// Whether an immediate request (ping, task management, text, logout) may start under the
+    /// task limit: fewer tasks than the limit plus [`IMMEDIATE_BEYOND_LIMIT`]. The machine
+    /// starts one regardless (they never wait for the window); a driver that wants its answers
+    /// to fit asks first, and waits for [`InitiatorEvent::WindowOpen`] when there is no room.
+    pub fn immediate_room(&self) -> bool {
+        self.task_limit.is_none_or(|n| self.tasks.len() < n + IMMEDIATE_BEYOND_LIMIT)
     }
 
     /// Whether the task limit is reached.
     fn at_task_limit(&self) -> bool {
         self.task_limit.is_some_and(|n| self.tasks.len() >= n)
+    }
+
+    /// After tasks ended: if the limit was reached before (`full`, `before` tasks), say there
+    /// is room again, unless the window opening said it already.
+    fn note_room(&mut self, full: bool, before: usize, said: bool) {
+        if full && !said && self.tasks.len() < before {
+            self.events.push_back(InitiatorEvent::WindowOpen);
+        }
     }
 
     /// The numbering: next CmdSN, MaxCmdSN, ExpStatSN.
@@ -263,11 +285,9 @@ impl InitiatorSession {
 
     /// The command `itt` could not be sent (or its caller gave up): forget it.
     pub fn forget(&mut self, itt: u32) {
-        let full = self.at_task_limit();
+        let (full, before) = (self.at_task_limit(), self.tasks.len());
         self.tasks.remove(&itt);
-        if full && !self.at_task_limit() {
-            self.events.push_back(InitiatorEvent::WindowOpen);
-        }
+        self.note_room(full, before, false);
     }
 
     /// A NOP-Out ping (immediate) carrying `data`; returns its task tag.
@@ -328,16 +348,14 @@ impl InitiatorSession {
     /// A PDU from the target (Data-In without status and R2Ts are the datamover's; give them
     /// here too, for their window fields).
     pub fn handle_pdu(&mut self, header: &Header, data: Bytes) {
-        let full = self.at_task_limit();
+        let (full, before) = (self.at_task_limit(), self.tasks.len());
         let opened = self.window.note(header);
         if opened {
             self.events.push_back(InitiatorEvent::WindowOpen);
         }
         self.answer(header, data);
-        if full && !opened && !self.at_task_limit() {
-            // Room below the task limit again (after the task's own event).
-            self.events.push_back(InitiatorEvent::WindowOpen);
-        }
+        // Room under the task limit again (after the task's own event).
+        self.note_room(full, before, opened);
     }
 
     fn answer(&mut self, header: &Header, data: Bytes) {

@@ -23,7 +23,7 @@ pub mod target_session;
 pub mod transfer;
 pub mod window;
 
-pub use initiator::{Busy, InitiatorEvent, InitiatorSession, MAX_TEXT_ANSWER};
+pub use initiator::{Busy, IMMEDIATE_BEYOND_LIMIT, InitiatorEvent, InitiatorSession, MAX_TEXT_ANSWER};
 pub use read_in::{DataInError, R2tIn, ReadIn};
 pub use residual::Residual;
 pub use target_session::{CloseReason, Reset, Stamp, TargetEvent, TargetSession, TargetSessionConfig, TaskId, Transmit};

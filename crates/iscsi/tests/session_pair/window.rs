@@ -159,25 +159,31 @@ fn dropping_a_task_frees_its_slot_without_a_response() {
 
 /// A transport that takes a bounded number of answers (iSER: the initiator's posted receives)
 /// sets a task limit below the window: at it a command waits (`Busy::TaskLimit`) though the
-/// window is open, immediate requests are not held, and a task that ends — answered or
-/// forgotten — below the limit again says so (`WindowOpen`), once.
+/// window is open; immediate requests have `IMMEDIATE_BEYOND_LIMIT` more (the machine starts
+/// them regardless: the driver asks `immediate_room`); every task that ends while the limit
+/// was reached — answered or forgotten — says so (`WindowOpen`).
 #[test]
 fn the_task_limit_holds_commands_that_the_window_would_admit() {
-    use riser_iscsi::session::Busy;
+    use riser_iscsi::session::{Busy, IMMEDIATE_BEYOND_LIMIT};
     let mut p = Pair::new(8);
     p.i.set_task_limit(Some(2));
     let a = p.command(LUN0, 512);
     let b = p.command(LUN0, 512);
     assert_eq!(p.i.start_command(LUN0, &[0], 0, 0), Err(Busy::TaskLimit));
     assert!(p.i.window().is_open(), "the window alone would admit it");
-    let ping = p.i.ping(Bytes::new());
-    assert_eq!(p.i.tasks(), 3, "an immediate request is not held back");
+    assert!(p.i.immediate_room());
+    let pings: Vec<u32> = (0..IMMEDIATE_BEYOND_LIMIT).map(|_| p.i.ping(Bytes::new())).collect();
+    assert_eq!(p.i.tasks(), 2 + IMMEDIATE_BEYOND_LIMIT);
+    assert!(!p.i.immediate_room(), "immediate requests have their own few beyond the limit");
     p.i_events.clear();
     p.finish(a);
-    // The ping went across and was answered too: one task left.
+    // The pings went across and were answered too: one task left, and each that ended at or
+    // beyond the limit said so.
     assert_eq!(p.i.tasks(), 1);
-    assert!(p.i_events.contains(&InitiatorEvent::Pong { itt: ping, data: Bytes::new() }));
-    assert_eq!(p.i_events.iter().filter(|e| **e == InitiatorEvent::WindowOpen).count(), 1, "{:?}", p.i_events);
+    for itt in pings {
+        assert!(p.i_events.contains(&InitiatorEvent::Pong { itt, data: Bytes::new() }));
+    }
+    assert_eq!(p.i_events.iter().filter(|e| **e == InitiatorEvent::WindowOpen).count(), 1 + IMMEDIATE_BEYOND_LIMIT, "{:?}", p.i_events);
     let c = p.command(LUN0, 512);
     assert_eq!(p.i.start_command(LUN0, &[0], 0, 0), Err(Busy::TaskLimit));
     p.i_events.clear();

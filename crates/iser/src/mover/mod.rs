@@ -173,8 +173,9 @@ impl IserConfig {
 const LOGIN_RECVS: u32 = 4;
 
 /// Initiator: receives of the `recv_depth` posted kept for what comes besides the answers to
-/// SCSI commands (the target's NOP-In pings and asynchronous messages, answers to immediate
-/// requests): the commands outstanding at once are the rest (at least half of them).
+/// SCSI commands — the answers to immediate requests (riser-iscsi's `IMMEDIATE_BEYOND_LIMIT`,
+/// 8) and the target's own NOP-In pings and asynchronous messages: the commands outstanding
+/// at once are the rest (at least half of them).
 pub const ANSWERS_RESERVED: u32 = 16;
 
 /// The SCSI commands an initiator posting `recv_depth` receives may have outstanding.
