@@ -132,14 +132,14 @@ impl<P: Provider + 'static> Shared<P> {
         self.backlog.queue(|| self.events_tx.send(e).is_ok());
     }
 
-    /// Target: whether the iSCSI layer has room for another received PDU. A Send cannot be
-    /// made to wait, so an initiator that sends beyond the command window and a few immediate
-    /// PDUs while the session is busy (see [`riser_datamover::Backlog`]) breaks the rules, and
-    /// its connection ends before anything more is taken for it. (An initiator receives
-    /// answers to its own commands, as many as the target's window lets it send, which it does
-    /// not name here: not bounded by this.)
+    /// Whether the iSCSI layer has room for another received PDU. A Send cannot be made to
+    /// wait, so a peer that sends beyond the bound (see [`riser_datamover::Backlog`]) breaks
+    /// the rules, and its connection ends before anything more is taken for it: an initiator
+    /// beyond the command window and a few immediate PDUs while the session is busy; a target
+    /// beyond the answers to what its initiator has outstanding — no more than its receives
+    /// (`recv_depth`, see `allocate_connection_resources`) — and a few PDUs of its own.
     fn room_for_received(&self) -> Result<(), DmError> {
-        if self.role == Role::Initiator || self.backlog.has_room() {
+        if self.backlog.has_room() {
             return Ok(());
         }
         Err(Violation::Backlog { limit: u32::try_from(self.backlog.limit()).unwrap_or(u32::MAX) }.into())
@@ -875,6 +875,35 @@ mod tests {
         assert!(matches!(dm.try_next_event(), Some(DmEvent::Control(p)) if p.header.itt() == 0));
         assert_eq!(dm.s.on_message(&message(Header::ScsiCommand(write), &[7; 512]), None, None), Ok(()), "room again");
         assert!(lock(&dm.s.writes).contains_key(&1000));
+    }
+
+    /// An initiator's answers are bounded by what it has outstanding — no more than its
+    /// receives (`max_outstanding_commands`) — so a target that sends beyond `recv_depth` and
+    /// `BACKLOG_SLACK` more PDUs while the session takes none (here NOP-In pings) loses the
+    /// connection before anything more is kept; once the session takes one, there is room.
+    /// (Every one was queued before, without end.)
+    #[test]
+    fn a_target_sending_beyond_what_the_initiator_can_have_asked_for_loses_the_connection() {
+        use riser_datamover::{BACKLOG_SLACK, ConnectionResources, Datamover};
+        use riser_iscsi::wire::NopIn;
+        let (_rnic, pd, cq, qp) = riser_iwarp::fuzzing::detached_qp();
+        let cfg = IserConfig::default();
+        let dm = IserDatamover::<riser_iwarp::SoftRnic>::new(Role::Initiator, cfg, pd, cq, qp).expect("datamover");
+        dm.allocate_connection_resources(ConnectionResources::default()).unwrap();
+        let limit = cfg.recv_depth as usize + BACKLOG_SLACK;
+        let ping = |n: u32| {
+            let h = Header::NopIn(NopIn { itt: RESERVED_TAG, ttt: n, stat_sn: 1, exp_cmd_sn: 1, max_cmd_sn: 1, ..NopIn::default() });
+            let mut v = IserHeader::CONTROL.emit().to_vec();
+            v.extend(pdu_bytes(h, &[]));
+            v
+        };
+        for n in 0..limit as u32 {
+            assert_eq!(dm.s.on_message(&ping(n), None, None), Ok(()), "ping {n}");
+        }
+        let over = Err(Violation::Backlog { limit: limit as u32 }.into());
+        assert_eq!(dm.s.on_message(&ping(9999), None, None), over);
+        assert!(dm.try_next_event().is_some());
+        assert_eq!(dm.s.on_message(&ping(10_000), None, None), Ok(()), "room again");
     }
 
     /// An initiator that reads nothing while it sends READs: the target posts RDMA Writes of

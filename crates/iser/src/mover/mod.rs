@@ -581,7 +581,11 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
     }
 
     fn allocate_connection_resources(&self, res: ConnectionResources) -> Result<(), DmError> {
-        self.s.backlog.set_window(res.commands);
+        // An initiator has no more requests outstanding than its receives hold answers for
+        // (`max_outstanding_commands`): what a target sends beyond them and a few PDUs of its
+        // own, while the session is busy, is more than an honest target sends.
+        let window = if self.s.role == Role::Initiator && res.commands == 0 { self.s.cfg.recv_depth } else { res.commands };
+        self.s.backlog.set_window(window);
         self.s.post_ff_recvs()
     }
 
