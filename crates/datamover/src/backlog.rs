@@ -29,10 +29,10 @@ pub const BACKLOG_DEFAULT: usize = 1024;
 /// window. The bound counts PDUs, not bytes: what each holds is bounded by the negotiated
 /// segment lengths. A datamover [`add`](Self::add)s each event it queues and [`take`](Self::take)s each one
 /// handed out; at the bound a byte-stream datamover stops reading
-/// ([`poll_room`](Self::poll_room): the peer waits, as TCP makes it), and a target whose peer
+/// ([`poll_room`](Self::poll_room): the peer waits, as TCP makes it), and one whose peer
 /// cannot be made to wait (iSER: every Send needs a posted receive) ends the connection. (An
-/// initiator's events answer its own commands; riser-iser's initiator counts them without a
-/// bound, since the target's window, which it does not name, bounds them.)
+/// initiator's events answer its own requests: riser-iser's initiator names its receives as
+/// its window, since it keeps no more requests outstanding than they hold answers for.)
 #[derive(Debug)]
 pub struct Backlog {
     queued: AtomicUsize,

@@ -510,6 +510,8 @@ impl Session {
                 s.session.forget(itt);
             }
         }
+        // Room under the task limit, if it was reached (see the reaper).
+        self.inner.window.notify_waiters();
         let _ = link.dm.take_read_data(itt);
     }
 
@@ -546,6 +548,11 @@ impl Session {
                 }
                 s.link.dm.clone()
             };
+            if !expired.is_empty() {
+                // Forgotten tasks make room under the task limit: requests waiting for it may
+                // go (the machine's WindowOpen would wait for the next PDU to be delivered).
+                inner.window.notify_waiters();
+            }
             for (itt, w) in expired.drain(..) {
                 let _ = dm.take_read_data(itt);
                 let _ = w.tx.send(Reply::TimedOut);

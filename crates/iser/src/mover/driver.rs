@@ -152,7 +152,7 @@ impl<P: Provider + 'static> Shared<P> {
         }
         self.qp.disconnect();
         self.writes_changed.notify_waiters();
-        self.writes_in_flight.room.notify_waiters();
+        self.writes_in_flight.room.close();
     }
 
     pub(super) async fn drive(self: Arc<Self>) {
@@ -204,6 +204,7 @@ impl<P: Provider + 'static> Shared<P> {
             self.queue_event(DmEvent::Terminated(Terminated::PeerClosed));
         }
         self.writes_changed.notify_waiters();
+        self.writes_in_flight.room.close();
     }
 
     /// A receive completed: the message is handled in place (immediate and Data-Out payload go
@@ -525,8 +526,11 @@ impl<P: Provider + 'static> Shared<P> {
         let full = matches!(e, riser_verbs::Error::Invalid(riser_verbs::Invalid::SendQueueFull { .. }));
         if alone && !full {
             // The request fails and the connection goes on; its memory, if held, goes with a
-            // later completion or the connection's end.
+            // later completion or the connection's end. Had it been the signaled one, what was
+            // posted unsignaled before it waits for the next: signaled, whatever it carries
+            // (else more than `SIGNAL_BYTES` could wait for a completion that never comes).
             lock(&self.waiting).remove(&wr_id);
+            lock(&self.unsignaled).bytes_since_signal = super::SIGNAL_BYTES;
             return Err(rdma("post a work request")(e));
         }
         // The gathered requests' bookkeeping cannot be told apart: the connection ends.
@@ -907,9 +911,9 @@ mod tests {
     }
 
     /// An initiator that reads nothing while it sends READs: the target posts RDMA Writes of
-    /// read data up to `read_data_in_flight` (what the sockets took aside), then Put_Data waits
-    /// (riser's target ends the connection after `send_timeout`); once the initiator reads, the
-    /// writes complete and the waiting one goes. Before, every write was posted (and kept by
+    /// read data up to `read_data_in_flight` (what the sockets took aside), then Put_Data waits,
+    /// in turn (riser's target ends the connection after `send_timeout`); once the initiator
+    /// reads, the writes complete and the waiting one goes. Before, every write was posted (and kept by
     /// the software RNIC) up to the send queue's depth: hundreds of reads of up to 64 MiB.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn read_data_posted_to_a_peer_that_reads_nothing_is_bounded() {
@@ -978,11 +982,13 @@ mod tests {
                     }
                 }
             }
-            let held = target.s.writes_in_flight.bytes.load(Ordering::SeqCst);
-            assert!(held <= cap.max(super::super::SIGNAL_BYTES + u64::from(MIB)), "{held} bytes of read data held");
+            let held = target.s.writes_in_flight.held();
+            assert!(held <= cap, "{held} bytes of read data held");
             itt += 1;
         };
         assert!(tokio::time::timeout(Duration::from_millis(300), put.as_mut()).await.is_err(), "no room while the peer reads nothing");
+        // Writes wait in turn: a small one does not overtake the one waiting.
+        assert!(matches!(target.try_put_data(desc(0), Bytes::from(vec![0; 4096])), Attempt::WouldWait(_)), "in turn");
         // The initiator reads: the writes complete, and the waiting one goes.
         let stop = drive(&irt);
         tokio::time::timeout(Duration::from_secs(10), put).await.expect("room once the peer reads").unwrap();

@@ -29,7 +29,7 @@ use riser_verbs::{ConnParam, ConnectionRequest, MemoryRegion, ProtectionDomain, 
 use hashbrown::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -79,10 +79,11 @@ pub struct IserConfig {
     /// until a later one completes: it is lowered to a quarter of the send queue if larger.
     pub signal_every: u32,
     /// Target: read data posted in RDMA Writes that have not completed, at most (default
-    /// [`DEFAULT_READ_DATA_IN_FLIGHT`], 64 MiB). Beyond it, Put_Data waits for earlier writes
-    /// to complete (riser's target gives up on the connection after its `send_timeout`): an
-    /// initiator that reads nothing while it keeps sending READs cannot make the target hold
-    /// more. One write larger than this still goes once the earlier ones have completed.
+    /// [`DEFAULT_READ_DATA_IN_FLIGHT`], 64 MiB; at least 2 MiB). Beyond it, Put_Data waits, in
+    /// turn, for earlier writes to complete (riser's target gives up on the connection after
+    /// its `send_timeout`): an initiator that reads nothing while it keeps sending READs cannot
+    /// make the target hold more. A write within 1 MiB of this or larger goes once at most
+    /// 1 MiB is held (what unsignaled requests may hold with no signaled one behind them).
     pub read_data_in_flight: u64,
 }
 
@@ -175,7 +176,8 @@ const LOGIN_RECVS: u32 = 4;
 /// Initiator: receives of the `recv_depth` posted kept for what comes besides the answers to
 /// SCSI commands — the answers to immediate requests (riser-iscsi's `IMMEDIATE_BEYOND_LIMIT`,
 /// 8) and the target's own NOP-In pings and asynchronous messages: the commands outstanding
-/// at once are the rest (at least half of them).
+/// at once are the rest. Below 32 receives the commands still get half of them, and the
+/// reserve shrinks with the other half: so few receives leave little room for pings.
 pub const ANSWERS_RESERVED: u32 = 16;
 
 /// The SCSI commands an initiator posting `recv_depth` receives may have outstanding.
@@ -292,8 +294,8 @@ struct Keep<P: Provider> {
     /// A second region the request reads (a command's immediate data sent from where it lies,
     /// behind its headers).
     also: Option<Arc<Mr<P>>>,
-    /// Read data an RDMA Write carries, counted in [`WritesInFlight`] until it is let go.
-    counted: Option<Counted>,
+    /// Room an RDMA Write's read data takes in [`WritesInFlight`], given back with it.
+    counted: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl<P: Provider> Keep<P> {
@@ -315,45 +317,38 @@ impl<P: Provider> Keep<P> {
 }
 
 /// Target: read data in RDMA Writes posted and not yet completed (see
-/// [`IserConfig::read_data_in_flight`]). Counted per connection.
-#[derive(Default)]
+/// [`IserConfig::read_data_in_flight`]), per connection: a fair semaphore of [`WRITE_UNIT`]s.
+/// A write takes its permits before it is registered and keeps them in its [`Keep`] until its
+/// memory is let go (completed, flushed, or its post failed); waiting writes go in order, so
+/// small ones do not starve a large one.
 struct WritesInFlight {
-    bytes: AtomicU64,
-    /// Put_Data calls waiting for room: only then is a release worth a wake-up.
-    waiters: AtomicU32,
-    room: Notify,
+    room: Arc<tokio::sync::Semaphore>,
+    units: u32,
 }
+
+/// The unit [`WritesInFlight`] counts in.
+const WRITE_UNIT: u64 = 4096;
 
 impl WritesInFlight {
-    /// Whether `len` more bytes may be posted under `cap`. Below [`SIGNAL_BYTES`] there is
-    /// always room: that much may be held by unsignaled requests with no signaled one behind
-    /// them, whose completion would never come to make room (a single large write is then held
-    /// alone, `cap` or not).
-    fn has_room(&self, len: u64, cap: u64) -> bool {
-        let held = self.bytes.load(Ordering::SeqCst);
-        held <= SIGNAL_BYTES || held + len <= cap
+    /// Room for `cap` bytes, at least twice [`SIGNAL_BYTES`].
+    fn new(cap: u64) -> Self {
+        let cap = cap.max(2 * SIGNAL_BYTES);
+        let units = (cap / WRITE_UNIT).min(tokio::sync::Semaphore::MAX_PERMITS as u64).min(u64::from(u32::MAX)) as u32;
+        Self { room: Arc::new(tokio::sync::Semaphore::new(units as usize)), units }
     }
 
-    /// Count `len` bytes until the returned guard is dropped.
-    fn count(self: &Arc<Self>, len: u64) -> Counted {
-        self.bytes.fetch_add(len, Ordering::SeqCst);
-        Counted { of: self.clone(), len }
+    /// The permits a write of `len` bytes takes: its size, but never more than the room left
+    /// when [`SIGNAL_BYTES`] are held by unsignaled requests with no signaled one behind them
+    /// (whose completion may never come): a write larger than that goes alone.
+    fn units_for(&self, len: u64) -> u32 {
+        let most = self.units - (SIGNAL_BYTES / WRITE_UNIT) as u32;
+        len.div_ceil(WRITE_UNIT).min(u64::from(most)) as u32
     }
-}
 
-/// Bytes counted in [`WritesInFlight`], released when dropped (the request completed, was
-/// flushed, or its post failed).
-struct Counted {
-    of: Arc<WritesInFlight>,
-    len: u64,
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.of.bytes.fetch_sub(self.len, Ordering::SeqCst);
-        if self.of.waiters.load(Ordering::SeqCst) > 0 {
-            self.of.room.notify_waiters();
-        }
+    /// Bytes held now (tests).
+    #[cfg(test)]
+    fn held(&self) -> u64 {
+        (u64::from(self.units) - self.room.available_permits() as u64) * WRITE_UNIT
     }
 }
 
@@ -399,7 +394,7 @@ struct Shared<P: Provider> {
     recv_spares: Arc<Mutex<Vec<Vec<u8>>>>,
     writes_changed: Notify,
     /// Target: read data in RDMA Writes not yet completed.
-    writes_in_flight: Arc<WritesInFlight>,
+    writes_in_flight: WritesInFlight,
     tasks: Mutex<HashMap<u32, InitTask<P>>>,
     limits: Mutex<TransferLimits>,
     unexpected: Mutex<Unexpected>,
@@ -470,7 +465,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             pool: riser_datamover::BufferPool::default(),
             recv_spares: Arc::default(),
             writes_changed: Notify::new(),
-            writes_in_flight: Arc::default(),
+            writes_in_flight: WritesInFlight::new(cfg.read_data_in_flight),
             tasks: Mutex::new(HashMap::new()),
             limits: Mutex::new(TransferLimits::default()),
             unexpected: Mutex::new(Unexpected::default()),
@@ -551,10 +546,17 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
     }
 
     fn try_put_data(&self, desc: DataInDesc, data: Bytes) -> Attempt<Result<PutDataDone, DmError>, (DataInDesc, Bytes)> {
-        if !self.s.writes_in_flight.has_room(data.len() as u64, self.s.cfg.read_data_in_flight) {
-            return Attempt::WouldWait((desc, data));
-        }
-        Attempt::Done(self.put_data_by_write(desc, data))
+        let w = &self.s.writes_in_flight;
+        let room = if data.is_empty() {
+            None
+        } else {
+            match w.room.clone().try_acquire_many_owned(w.units_for(data.len() as u64)) {
+                Ok(permit) => Some(permit),
+                Err(tokio::sync::TryAcquireError::NoPermits) => return Attempt::WouldWait((desc, data)),
+                Err(tokio::sync::TryAcquireError::Closed) => return Attempt::Done(Err(DmError::Closed)),
+            }
+        };
+        Attempt::Done(self.put_data_by_write(desc, data, room))
     }
 
     fn try_release_sends(&self) -> Attempt<Result<(), DmError>, ()> {
@@ -563,8 +565,8 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
 
     fn put_data(&self, desc: DataInDesc, data: Bytes) -> BoxFuture<'_, Result<PutDataDone, DmError>> {
         Box::pin(async move {
-            self.room_for_read_data(data.len() as u64).await?;
-            self.put_data_by_write(desc, data)
+            let room = self.room_for_read_data(data.len() as u64).await?;
+            self.put_data_by_write(desc, data, room)
         })
     }
 
@@ -639,6 +641,8 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
         self.s.writes_changed.notify_waiters();
         // Whatever was gathered leaves before the end.
         let _ = self.s.release_sends();
+        // Read data waiting for room learns of the end.
+        self.s.writes_in_flight.room.close();
         // Sends return once queued: let the signaled ones (a Logout Response, a Reject, a
         // failed Login Response) and with them all posted before leave, then disconnect.
         let s = self.s.clone();

@@ -3,7 +3,7 @@
 //! RDMA Reads from its write buffer.
 
 use super::driver::completion;
-use super::{IserDatamover, Keep, Shared, WriteTask, WritesInFlight, copy_out, lock, rdma};
+use super::{IserDatamover, Keep, Shared, WriteTask, copy_out, lock, rdma};
 use bytes::{Bytes, BytesMut};
 use hashbrown::hash_map::Entry;
 use riser_datamover::{Attempt, ControlPdu, DataInDesc, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer, Violation};
@@ -110,7 +110,14 @@ impl<P: Provider + 'static> Shared<P> {
 impl<P: Provider + 'static> IserDatamover<P> {
     /// Put_Data: RDMA Write to the read STag and VA the initiator gave with the command. Posting
     /// never waits (the send queue is sized for the window), so this is the waiting call too.
-    pub(super) fn put_data_by_write(&self, desc: DataInDesc, data: Bytes) -> Result<PutDataDone, DmError> {
+    /// `room`: the data's place in `WritesInFlight` (none for no data), kept until the write
+    /// has completed.
+    pub(super) fn put_data_by_write(
+        &self,
+        desc: DataInDesc,
+        data: Bytes,
+        room: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Result<PutDataDone, DmError> {
         let s = &self.s;
         if lock(&s.remote).get(&desc.itt).is_none_or(|r| r.read.is_none()) {
             return Err(Violation::NoReadStag { itt: desc.itt }.into());
@@ -123,8 +130,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             // once the write has completed and the caller has let go of it.
             let mr = s.pd.register_shared(data.clone(), Access::empty()).map_err(rdma("register read data"))?;
             let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
-            let counted = Some(s.writes_in_flight.count(data.len() as u64));
-            let keep = Keep { mr, recycle: Some(data), also: None, counted };
+            let keep = Keep { mr, recycle: Some(data), also: None, counted: room };
             // Posted under the lock task management takes to end the task: once a task is
             // aborted (and its TMF response may be on its way) nothing more is posted for
             // it, so the initiator never sees a write to a key it has revoked.
@@ -137,36 +143,25 @@ impl<P: Provider + 'static> IserDatamover<P> {
         Ok(PutDataDone { pdus: 0, status_sent: false })
     }
 
-    /// Wait until `len` bytes of read data may be posted (see
-    /// [`IserConfig::read_data_in_flight`](super::IserConfig::read_data_in_flight)). What this
-    /// side gathered is posted first: its completions may be what makes room.
-    pub(super) async fn room_for_read_data(&self, len: u64) -> Result<(), DmError> {
+    /// Room for `len` bytes of read data (see
+    /// [`IserConfig::read_data_in_flight`](super::IserConfig::read_data_in_flight)), waiting
+    /// in turn for it. What this side gathered is posted first: its completions may be what
+    /// makes room.
+    pub(super) async fn room_for_read_data(&self, len: u64) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, DmError> {
         let s = &self.s;
+        if len == 0 {
+            return Ok(None);
+        }
         let w = &s.writes_in_flight;
-        if w.has_room(len, s.cfg.read_data_in_flight) {
-            return Ok(());
+        let n = w.units_for(len);
+        match w.room.clone().try_acquire_many_owned(n) {
+            Ok(permit) => return Ok(Some(permit)),
+            Err(tokio::sync::TryAcquireError::Closed) => return Err(DmError::Closed),
+            Err(tokio::sync::TryAcquireError::NoPermits) => {}
         }
         s.release_sends()?;
-        // Counted while waiting, even if the caller gives up (a release wakes only waiters).
-        struct Waiting<'a>(&'a WritesInFlight);
-        impl Drop for Waiting<'_> {
-            fn drop(&mut self) {
-                self.0.waiters.fetch_sub(1, Ordering::SeqCst);
-            }
-        }
-        w.waiters.fetch_add(1, Ordering::SeqCst);
-        let _waiting = Waiting(w);
-        loop {
-            let mut n = std::pin::pin!(w.room.notified());
-            n.as_mut().enable();
-            if s.closed.load(Ordering::Acquire) {
-                return Err(DmError::Closed);
-            }
-            if w.has_room(len, s.cfg.read_data_in_flight) {
-                return Ok(());
-            }
-            n.await;
-        }
+        // Closed when the connection ends (`Shared::fail`).
+        w.room.clone().acquire_many_owned(n).await.map(Some).map_err(|_| DmError::Closed)
     }
 
     /// `try_get_data`: a write whose data all came with its command in a receive buffer of its

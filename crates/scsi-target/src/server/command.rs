@@ -432,13 +432,28 @@ impl Session {
         bytes.truncate(usize::from(alloc).min(c.expected_data_len as usize));
         let n = bytes.len() as u32;
         let desc = riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: None };
-        let pdus = if n > 0 { self.put_data(desc, bytes.into()).await.map(|d| d.pdus).unwrap_or(0) } else { 0 };
+        let pdus = if n > 0 { self.put_answer(desc, bytes.into()).await } else { 0 };
         let o = Outcome { status: Status::GOOD, sense: None, data: Bytes::new() };
         self.scsi_response(&o, Residual::between(c.expected_data_len, n), pdus, slot).await;
     }
 }
 
 impl Session {
+    /// Put_Data of a small answer of the target's own (INQUIRY without a unit, REPORT LUNS):
+    /// its Data-In PDUs, 0 if it failed. A transport that takes nothing for `send_timeout`
+    /// (over iSER, no room for read data: `IserConfig::read_data_in_flight`) ends the
+    /// connection, as for a READ's data.
+    async fn put_answer(&self, desc: riser_datamover::DataInDesc, data: Bytes) -> u32 {
+        let put = std::pin::pin!(self.put_data(desc, data));
+        match within(self.send_timeout, put).await {
+            Ok(r) => r.map(|d| d.pdus).unwrap_or(0),
+            Err(_) => {
+                self.send_failed("Data-In");
+                0
+            }
+        }
+    }
+
     /// REPORT LUNS, from the nexus's LUN inventory; it clears a pending REPORTED LUNS DATA HAS
     /// CHANGED.
     async fn report_luns(&self, c: &ScsiCommand, cdb: &[u8], luns: &[Lun], slot: &Slot) {
@@ -455,7 +470,7 @@ impl Session {
         };
         let n = (data.len() as u32).min(c.expected_data_len);
         let desc = riser_datamover::DataInDesc { itt: c.itt, lun: c.lun, offset: 0, data_sn: 0, collapse_status: None };
-        let pdus = if n > 0 { self.put_data(desc, data.slice(..n as usize)).await.map(|d| d.pdus).unwrap_or(0) } else { 0 };
+        let pdus = if n > 0 { self.put_answer(desc, data.slice(..n as usize)).await } else { 0 };
         self.scsi_response(&o, Residual::between(c.expected_data_len, n), pdus, slot).await;
     }
 }
