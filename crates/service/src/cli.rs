@@ -163,7 +163,7 @@ pub fn set_operational(cfg: &mut riser_iscsi::keys::OperationalConfig, kv: &str)
 /// from two per posted receive plus 16 (272 by default) to 65536) and `recv_dsl` (the data
 /// segment this side receives, 8 KiB to 1 MiB: every posted receive is this large) and
 /// `read_data_in_flight` (a target's read data in RDMA Writes not yet completed, a size from
-/// 1 MiB to 64 GiB: beyond it a read waits for room).
+/// 2 MiB to 64 GiB: beyond it a read waits for room).
 pub fn set_iser(cfg: &mut riser_iser::IserConfig, kv: &str) -> Result<(), String> {
     let (key, value) = kv.split_once('=').ok_or_else(|| format!("--iser-param {kv:?}: expected KEY=VALUE"))?;
     let (key, value) = (key.trim(), value.trim());
@@ -182,8 +182,8 @@ pub fn set_iser(cfg: &mut riser_iser::IserConfig, kv: &str) -> Result<(), String
         "read_data_in_flight" => {
             cfg.read_data_in_flight = parse_size(value)
                 .ok()
-                .filter(|n| ((1 << 20)..=(64 << 30)).contains(n))
-                .ok_or_else(|| format!("--iser-param {key}={value}: a size from 1MiB to 64GiB"))?;
+                .filter(|n| ((2 << 20)..=(64 << 30)).contains(n))
+                .ok_or_else(|| format!("--iser-param {key}={value}: a size from 2MiB to 64GiB"))?;
         }
         _ => return Err(format!("--iser-param {key}: not a setting (signal_every, send_depth, recv_dsl, read_data_in_flight)")),
     }
@@ -316,6 +316,7 @@ mod tests {
             "recv_dsl=4096",
             "recv_dsl=2097152",
             "read_data_in_flight=4KiB",
+            "read_data_in_flight=1MiB",
             "read_data_in_flight=many",
         ] {
             assert!(super::set_iser(&mut c, bad).is_err(), "{bad}");
