@@ -345,6 +345,14 @@ impl WritesInFlight {
         len.div_ceil(WRITE_UNIT).min(u64::from(most)) as u32
     }
 
+    /// Room for a write of `len` bytes now, if there is (none needed for no data).
+    fn try_take(&self, len: u64) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, tokio::sync::TryAcquireError> {
+        if len == 0 {
+            return Ok(None);
+        }
+        self.room.clone().try_acquire_many_owned(self.units_for(len)).map(Some)
+    }
+
     /// Bytes held now (tests).
     #[cfg(test)]
     fn held(&self) -> u64 {
@@ -546,17 +554,11 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
     }
 
     fn try_put_data(&self, desc: DataInDesc, data: Bytes) -> Attempt<Result<PutDataDone, DmError>, (DataInDesc, Bytes)> {
-        let w = &self.s.writes_in_flight;
-        let room = if data.is_empty() {
-            None
-        } else {
-            match w.room.clone().try_acquire_many_owned(w.units_for(data.len() as u64)) {
-                Ok(permit) => Some(permit),
-                Err(tokio::sync::TryAcquireError::NoPermits) => return Attempt::WouldWait((desc, data)),
-                Err(tokio::sync::TryAcquireError::Closed) => return Attempt::Done(Err(DmError::Closed)),
-            }
-        };
-        Attempt::Done(self.put_data_by_write(desc, data, room))
+        match self.s.writes_in_flight.try_take(data.len() as u64) {
+            Ok(room) => Attempt::Done(self.put_data_by_write(desc, data, room)),
+            Err(tokio::sync::TryAcquireError::NoPermits) => Attempt::WouldWait((desc, data)),
+            Err(tokio::sync::TryAcquireError::Closed) => Attempt::Done(Err(DmError::Closed)),
+        }
     }
 
     fn try_release_sends(&self) -> Attempt<Result<(), DmError>, ()> {

@@ -149,19 +149,15 @@ impl<P: Provider + 'static> IserDatamover<P> {
     /// makes room.
     pub(super) async fn room_for_read_data(&self, len: u64) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, DmError> {
         let s = &self.s;
-        if len == 0 {
-            return Ok(None);
-        }
         let w = &s.writes_in_flight;
-        let n = w.units_for(len);
-        match w.room.clone().try_acquire_many_owned(n) {
-            Ok(permit) => return Ok(Some(permit)),
+        match w.try_take(len) {
+            Ok(room) => return Ok(room),
             Err(tokio::sync::TryAcquireError::Closed) => return Err(DmError::Closed),
             Err(tokio::sync::TryAcquireError::NoPermits) => {}
         }
         s.release_sends()?;
         // Closed when the connection ends (`Shared::fail`).
-        w.room.clone().acquire_many_owned(n).await.map(Some).map_err(|_| DmError::Closed)
+        w.room.clone().acquire_many_owned(w.units_for(len)).await.map(Some).map_err(|_| DmError::Closed)
     }
 
     /// `try_get_data`: a write whose data all came with its command in a receive buffer of its
