@@ -27,6 +27,11 @@ async fn every_transfer_size(t: Transport) {
     assert_eq!((blocks, bs), (131_072, 512));
     let inq = s.inquiry(Lun::ZERO).await.unwrap();
     assert_eq!(&inq.vendor, b"RISER   ");
+    // An answer shorter than asked for is as long as the target sent (the underflow's residual
+    // cut off; over iSER the whole buffer was registered for it).
+    let cdb = riser::scsi::cdb::Cdb::Inquiry { evpd: false, page_code: 0, alloc_len: 255, control: 0 };
+    let d = s.run(Lun::ZERO, &cdb, None, 255).await.unwrap();
+    assert!(d.len() < 255 && d.len() == 5 + usize::from(d[4]), "{} bytes, additional length {}", d.len(), d[4]);
     // 512 B to 16 MiB, each written and read back byte for byte.
     let mut lba = 0;
     for (i, len) in [512usize, 4096, 8192, 8704, 65_536, 262_144, 1 << 20, 4 << 20, 16 << 20].into_iter().enumerate() {

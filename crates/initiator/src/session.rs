@@ -14,7 +14,7 @@
 
 use crate::login::{login, resolve};
 use crate::{CommandResult, Connector, Error, SessionConfig};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use hashbrown::HashMap;
 use riser_datamover::{Attempt, ControlPdu, DmEvent, SharedDatamover};
 use riser_iscsi::keys::NegotiatedParams;
@@ -209,8 +209,15 @@ impl Inner {
             };
             let reply = match event {
                 InitiatorEvent::CommandDone { itt, status, sense, residual } => {
-                    let data = dm.take_read_data(itt).map(BytesMut::freeze).unwrap_or_default();
-                    let data = data.slice(..residual.keep(data.len()));
+                    // Cut to what the target sent before freezing: slicing a frozen vector
+                    // would allocate to share it.
+                    let data = dm
+                        .take_read_data(itt)
+                        .map(|mut b| {
+                            b.truncate(residual.keep(b.len()));
+                            b.freeze()
+                        })
+                        .unwrap_or_default();
                     Reply::Scsi(CommandResult { status, sense, data, residual: residual_pair(residual) })
                 }
                 InitiatorEvent::Aborted { itt } => {
