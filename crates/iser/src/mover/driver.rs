@@ -157,10 +157,13 @@ impl<P: Provider + 'static> Shared<P> {
 
     pub(super) async fn drive(self: Arc<Self>) {
         let mut quiet_rounds = 0;
+        // One future for the connection's end, made once (not at every wait).
+        let mut disconnected = self.qp.disconnected();
+        let mut gone = false;
         loop {
             let wcs = self.cq.poll(64);
             if wcs.is_empty() {
-                if !self.qp.is_connected() {
+                if gone || !self.qp.is_connected() {
                     // Flushes may trail the disconnect: look twice before leaving.
                     quiet_rounds += 1;
                     if quiet_rounds > 2 {
@@ -170,12 +173,15 @@ impl<P: Provider + 'static> Shared<P> {
                     continue;
                 }
                 tokio::select! {
+                    biased;
                     _ = self.cq.ready() => {}
-                    _ = self.qp.disconnected() => {}
+                    _ = &mut disconnected, if !gone => gone = true,
                 }
                 continue;
             }
             quiet_rounds = 0;
+            // Room for read data that completed writes leave, given back once for the batch.
+            let mut room: Option<tokio::sync::OwnedSemaphorePermit> = None;
             for wc in wcs {
                 if wc.opcode == WcOpcode::Recv {
                     self.on_receive(wc);
@@ -185,17 +191,18 @@ impl<P: Provider + 'static> Shared<P> {
                     let upto = u.held.iter().take_while(|(id, _)| *id < wc.wr_id).count();
                     let released: Vec<_> = u.held.drain(..upto).collect();
                     drop(u);
-                    released.into_iter().for_each(|(_, k)| k.release(&self.pool));
+                    released.into_iter().for_each(|(_, k)| k.release_into(&self.pool, &mut room));
                     if wc.status != WcStatus::Success && wc.status != WcStatus::WrFlushErr {
                         self.fail(DmError::Completion { op: wc.opcode.name(), status: wc.status.name() });
                     }
                     // Our handle on the memory goes first, so the waiter may take it back whole.
                     if let Some(k) = keep {
-                        k.release(&self.pool);
+                        k.release_into(&self.pool, &mut room);
                     }
                     let _ = done.send(wc.status);
                 }
             }
+            drop(room);
         }
         lock(&self.waiting).clear();
         lock(&self.unsignaled).held.clear();

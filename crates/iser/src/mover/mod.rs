@@ -304,15 +304,21 @@ impl<P: Provider> Keep<P> {
     }
 
     /// The request has completed: the regions go, then its bytes back to `pool` if they are
-    /// now nobody else's.
-    fn release(self, pool: &riser_datamover::BufferPool) {
+    /// now nobody else's; the room its read data took is added to `room`, which the caller
+    /// gives back (once for many requests: the semaphore's lock taken once).
+    fn release_into(self, pool: &riser_datamover::BufferPool, room: &mut Option<tokio::sync::OwnedSemaphorePermit>) {
         drop(self.mr);
         drop(self.also);
         if let Some(Ok(buf)) = self.recycle.map(Bytes::try_into_mut) {
             pool.give(buf);
         }
         // Room for more read data once its buffer is back.
-        drop(self.counted);
+        if let Some(p) = self.counted {
+            match room {
+                Some(r) => r.merge(p),
+                None => *room = Some(p),
+            }
+        }
     }
 }
 
