@@ -25,11 +25,19 @@ impl SoftCq {
         Self { q: Mutex::new(VecDeque::new()), cv: Condvar::new(), sleepers: AtomicUsize::new(0), notify: tokio::sync::Notify::new() }
     }
 
+    /// Add a completion. Only one that finds the queue empty tells the pollers: a poller
+    /// waits only after seeing it empty under the lock (`wait_blocking`, `ready`), so the next
+    /// completion after that finds it empty too (notifying costs a lock even with nobody
+    /// waiting).
     pub(super) fn push(&self, wc: Wc) {
         let mut q = lock(&self.q);
+        let was_empty = q.is_empty();
         q.push_back(wc);
         let sleepers = self.sleepers.load(Ordering::Relaxed);
         drop(q);
+        if !was_empty {
+            return;
+        }
         if sleepers > 0 {
             self.cv.notify_all();
         }
@@ -63,5 +71,51 @@ impl CompletionQueue for SoftCq {
                 n.await;
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use riser_verbs::{WcOpcode, WcStatus};
+    use std::sync::Arc;
+
+    fn wc(wr_id: u64) -> Wc {
+        Wc { wr_id, status: WcStatus::Success, opcode: WcOpcode::Recv, byte_len: 0, invalidated_rkey: None, solicited: false }
+    }
+
+    /// Only a completion that finds the queue empty notifies; a poller that drained it and
+    /// waits, blocking or async, is woken by the next one all the same, and one that left
+    /// completions behind finds them without waiting.
+    #[test]
+    fn a_poller_that_emptied_the_queue_is_woken_by_the_next_completion() {
+        let cq = Arc::new(SoftCq::new());
+        cq.push(wc(1));
+        cq.push(wc(2));
+        assert_eq!(cq.poll(1).len(), 1);
+        assert!(cq.wait_blocking(Duration::ZERO), "a completion left behind is there");
+        assert_eq!(cq.poll(8).len(), 1);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        for round in 0..3u64 {
+            let blocked = {
+                let cq = cq.clone();
+                std::thread::spawn(move || cq.wait_blocking(Duration::from_secs(10)))
+            };
+            while cq.sleepers.load(Ordering::Relaxed) == 0 {
+                std::thread::yield_now();
+            }
+            let pusher = {
+                let cq = cq.clone();
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(20));
+                    cq.push(wc(10 + round));
+                    cq.push(wc(20 + round));
+                })
+            };
+            rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), cq.ready()).await }).expect("the async poller woke");
+            assert!(blocked.join().unwrap(), "the blocked poller woke");
+            pusher.join().unwrap();
+            assert_eq!(cq.poll(8).iter().map(|w| w.wr_id).collect::<Vec<_>>(), [10 + round, 20 + round]);
+        }
     }
 }
