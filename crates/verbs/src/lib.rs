@@ -325,6 +325,14 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub trait CompletionQueue: Send + Sync + fmt::Debug {
     /// Take up to `max` completions.
     fn poll(&self, max: usize) -> Vec<Wc>;
+    /// Take up to `max` completions into `out` (appended; a poller reusing its vector allocates
+    /// nothing per poll); returns how many. The default appends [`poll`](Self::poll)'s.
+    fn poll_into(&self, max: usize, out: &mut Vec<Wc>) -> usize {
+        let got = self.poll(max);
+        let n = got.len();
+        out.extend(got);
+        n
+    }
     /// Wait (blocking the thread) until a completion is available or `timeout` passed; true if
     /// one is.
     fn wait_blocking(&self, timeout: Duration) -> bool;

@@ -160,9 +160,9 @@ impl<P: Provider + 'static> Shared<P> {
         // One future for the connection's end, made once (not at every wait).
         let mut disconnected = self.qp.disconnected();
         let mut gone = false;
+        let mut wcs = Vec::with_capacity(64);
         loop {
-            let wcs = self.cq.poll(64);
-            if wcs.is_empty() {
+            if self.cq.poll_into(64, &mut wcs) == 0 {
                 if gone || !self.qp.is_connected() {
                     // Flushes may trail the disconnect: look twice before leaving.
                     quiet_rounds += 1;
@@ -182,7 +182,7 @@ impl<P: Provider + 'static> Shared<P> {
             quiet_rounds = 0;
             // Room for read data that completed writes leave, given back once for the batch.
             let mut room: Option<tokio::sync::OwnedSemaphorePermit> = None;
-            for wc in wcs {
+            for wc in wcs.drain(..) {
                 if wc.opcode == WcOpcode::Recv {
                     self.on_receive(wc);
                 } else if let Some(Waiter { done, keep }) = self.take_waiter(wc.wr_id) {

@@ -52,6 +52,13 @@ impl CompletionQueue for SoftCq {
         q.drain(..n).collect()
     }
 
+    fn poll_into(&self, max: usize, out: &mut Vec<Wc>) -> usize {
+        let mut q = lock(&self.q);
+        let n = max.min(q.len());
+        out.extend(q.drain(..n));
+        n
+    }
+
     fn wait_blocking(&self, timeout: Duration) -> bool {
         let q = lock(&self.q);
         self.sleepers.fetch_add(1, Ordering::Relaxed);
@@ -117,5 +124,11 @@ mod tests {
             pusher.join().unwrap();
             assert_eq!(cq.poll(8).iter().map(|w| w.wr_id).collect::<Vec<_>>(), [10 + round, 20 + round]);
         }
+        // Polling into a vector the poller keeps: appended, at most `max`, the count returned.
+        cq.push(wc(30));
+        cq.push(wc(31));
+        let mut into = vec![wc(29)];
+        assert_eq!((cq.poll_into(1, &mut into), cq.poll_into(8, &mut into), cq.poll_into(8, &mut into)), (1, 1, 0));
+        assert_eq!(into.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [29, 30, 31]);
     }
 }

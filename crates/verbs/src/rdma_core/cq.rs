@@ -184,6 +184,16 @@ impl CompletionQueue for RcCq {
         st.ready.drain(..n).collect()
     }
 
+    fn poll_into(&self, max: usize, out: &mut Vec<Wc>) -> usize {
+        let mut st = lock(&self.st);
+        if st.ready.len() < max {
+            self.drain(&mut st);
+        }
+        let n = max.min(st.ready.len());
+        out.extend(st.ready.drain(..n));
+        n
+    }
+
     fn wait_blocking(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         loop {
