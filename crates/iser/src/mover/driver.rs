@@ -616,15 +616,21 @@ impl<P: Provider + 'static> Shared<P> {
         if len > SMALL_SEND {
             return None;
         }
-        let mut bufs = lock(&self.send_bufs);
-        if let Some(mr) = bufs.iter().find(|mr| Arc::strong_count(mr) == 1) {
-            return Some(mr.clone());
+        let mut guard = lock(&self.send_bufs);
+        let (bufs, next) = &mut *guard;
+        // From the one after the last taken, round: they are taken and let go in turn, so the
+        // first looked at is mostly the one used longest ago, and free.
+        let n = bufs.len();
+        if let Some(i) = (*next..n).chain(0..*next).find(|&i| Arc::strong_count(&bufs[i]) == 1) {
+            *next = if i + 1 == n { 0 } else { i + 1 };
+            return Some(bufs[i].clone());
         }
-        if bufs.len() >= SMALL_SENDS {
+        if n >= SMALL_SENDS {
             return None;
         }
         let mr = self.pd.register(vec![0u8; SMALL_SEND], Access::empty()).ok()?;
         bufs.push(mr.clone());
+        *next = 0;
         Some(mr)
     }
 }

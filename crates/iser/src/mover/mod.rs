@@ -414,8 +414,9 @@ struct Shared<P: Provider> {
     unexpected: Mutex<Unexpected>,
     ff_posted: AtomicBool,
     closed: AtomicBool,
-    /// Registered buffers for small Sends, reused once free (see `small_send_buffer`).
-    send_bufs: Mutex<Vec<Arc<Mr<P>>>>,
+    /// Registered buffers for small Sends, reused once free (see `small_send_buffer`), and
+    /// where the next look for a free one starts.
+    send_bufs: Mutex<(Vec<Arc<Mr<P>>>, usize)>,
     /// Initiator: commands were gathered; the flusher posts them once the executor's ready
     /// tasks have run (see `flush_when_due`).
     flush_due: Notify,
@@ -485,7 +486,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             unexpected: Mutex::new(Unexpected::default()),
             ff_posted: AtomicBool::new(false),
             closed: AtomicBool::new(false),
-            send_bufs: Mutex::new(Vec::new()),
+            send_bufs: Mutex::new((Vec::new(), 0)),
             flush_due: Notify::new(),
         });
         // Every received message goes through the driver. Handling them on the software
