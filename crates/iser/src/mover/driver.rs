@@ -69,6 +69,12 @@ impl Drop for Lent {
     }
 }
 
+/// Bytes of a receive buffer as bytes of their own (the buffer is posted again); none, mostly
+/// (an AHS, a command's or a response's data segment), without a call.
+fn owned(b: &[u8]) -> Bytes {
+    if b.is_empty() { Bytes::new() } else { Bytes::copy_from_slice(b) }
+}
+
 /// A PDU from its BHS and its data segment apart (no AHS: the caller checked), with the
 /// checks `Pdu::parse_limited` makes.
 fn parts<'a>(bhs: &'a [u8], data: &'a [u8], max_data: u32) -> Result<Pdu<&'a [u8]>, DecodeError> {
@@ -343,7 +349,7 @@ impl<P: Provider + 'static> Shared<P> {
         };
         let header = pdu.header;
         tracing::trace!(role = ?self.role, op = ?header.opcode(), itt = header.itt(), len = msg.len(), ?invalidated, "iSER receive");
-        let ahs = Bytes::copy_from_slice(pdu.ahs);
+        let ahs = owned(pdu.ahs);
         if self.role == Role::Target {
             lock(&self.unexpected).received(&header);
         }
@@ -377,7 +383,7 @@ impl<P: Provider + 'static> Shared<P> {
             }
             _ => {}
         }
-        let data = Bytes::copy_from_slice(pdu.data);
+        let data = owned(pdu.data);
         self.queue_event(DmEvent::Control(ControlPdu { header, ahs, data, immediate: 0 }));
         Ok(())
     }
@@ -570,9 +576,13 @@ impl<P: Provider + 'static> Shared<P> {
             // A registered buffer of the connection's, free again: written in place.
             Some(mr) => {
                 mr.write(&mut |b| {
+                    // The headers as two copies of fixed size (no call), then what follows.
+                    let (head, rest) = b.split_at_mut(ISER_HEADERS_LEN);
+                    head[..ISER_HDR_LEN].copy_from_slice(&ihb);
+                    head[ISER_HDR_LEN..].copy_from_slice(&bhs);
                     let mut at = 0;
-                    for p in parts() {
-                        b[at..at + p.len()].copy_from_slice(p);
+                    for p in std::iter::once(ahs).chain(data.iter().copied()).filter(|p| !p.is_empty()) {
+                        rest[at..at + p.len()].copy_from_slice(p);
                         at += p.len();
                     }
                 });
