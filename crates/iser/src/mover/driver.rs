@@ -611,22 +611,21 @@ impl<P: Provider + 'static> Shared<P> {
     }
 }
 
-/// Largest message sent from the connection's registered send buffers (responses, commands
-/// without immediate data, NOPs…); larger ones get a registration of their own.
-pub(super) const SMALL_SEND: usize = 512;
-
-/// Registered send buffers a connection keeps at most (more Sends in flight register their own).
-const SMALL_SENDS: usize = 64;
+/// The connection's registered send buffers, by size: messages up to 512 bytes (responses,
+/// commands without immediate data, NOPs…), then up to 9 KiB (commands with up to
+/// `IMMEDIATE_COPY_MAX` of immediate data behind their headers); larger ones get a registration
+/// of their own, as do more Sends in flight than a size keeps buffers (its second number).
+pub(super) const SEND_BUFFERS: [(usize, usize); 2] = [(512, 64), (9 << 10, 64)];
 
 impl<P: Provider + 'static> Shared<P> {
     /// A registered send buffer for a message of `len` bytes that nothing else holds (the
     /// request that last used it has completed, or a later one has: see `Unsignaled`), or a new
-    /// one while there are fewer than [`SMALL_SENDS`]; `None`: register one for this message.
+    /// one while its size has fewer than it keeps (see [`SEND_BUFFERS`]); `None`: register one
+    /// for this message.
     fn small_send_buffer(&self, len: usize) -> Option<Arc<Mr<P>>> {
-        if len > SMALL_SEND {
-            return None;
-        }
-        let mut guard = lock(&self.send_bufs);
+        let tier = SEND_BUFFERS.iter().position(|&(size, _)| len <= size)?;
+        let (size, most) = SEND_BUFFERS[tier];
+        let mut guard = lock(&self.send_bufs[tier]);
         let (bufs, next) = &mut *guard;
         // From the one after the last taken, round: they are taken and let go in turn, so the
         // first looked at is mostly the one used longest ago, and free.
@@ -635,10 +634,10 @@ impl<P: Provider + 'static> Shared<P> {
             *next = if i + 1 == n { 0 } else { i + 1 };
             return Some(bufs[i].clone());
         }
-        if n >= SMALL_SENDS {
+        if n >= most {
             return None;
         }
-        let mr = self.pd.register(vec![0u8; SMALL_SEND], Access::empty()).ok()?;
+        let mr = self.pd.register(vec![0u8; size], Access::empty()).ok()?;
         bufs.push(mr.clone());
         *next = 0;
         Some(mr)

@@ -414,13 +414,16 @@ struct Shared<P: Provider> {
     unexpected: Mutex<Unexpected>,
     ff_posted: AtomicBool,
     closed: AtomicBool,
-    /// Registered buffers for small Sends, reused once free (see `small_send_buffer`), and
-    /// where the next look for a free one starts.
-    send_bufs: Mutex<(Vec<Arc<Mr<P>>>, usize)>,
+    /// Registered send buffers of each size of `driver::SEND_BUFFERS`, reused once free (see
+    /// `small_send_buffer`), and where the next look for a free one starts.
+    send_bufs: [Mutex<SendBuffers<P>>; 2],
     /// Initiator: commands were gathered; the flusher posts them once the executor's ready
     /// tasks have run (see `flush_when_due`).
     flush_due: Notify,
 }
+
+/// Registered send buffers of one size, and where the next look for a free one starts.
+type SendBuffers<P> = (Vec<Arc<Mr<P>>>, usize);
 
 /// The iSER datamover of one connection (initiator or target).
 pub struct IserDatamover<P: Provider> {
@@ -486,7 +489,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             unexpected: Mutex::new(Unexpected::default()),
             ff_posted: AtomicBool::new(false),
             closed: AtomicBool::new(false),
-            send_bufs: Mutex::new((Vec::new(), 0)),
+            send_bufs: Default::default(),
             flush_due: Notify::new(),
         });
         // Every received message goes through the driver. Handling them on the software
