@@ -572,7 +572,7 @@ impl<P: Provider + 'static> Shared<P> {
         header.emit(&mut bhs, ahs.len(), dsl as u32);
         let ihb = ih.emit();
         let parts = || [&ihb[..], &bhs[..], ahs].into_iter().chain(data.iter().copied());
-        let mr = match self.small_send_buffer(len) {
+        let mr = match self.registered_send_buffer(len) {
             // A registered buffer of the connection's, free again: written in place.
             Some(mr) => {
                 mr.write(&mut |b| {
@@ -622,7 +622,7 @@ impl<P: Provider + 'static> Shared<P> {
     /// request that last used it has completed, or a later one has: see `Unsignaled`), or a new
     /// one while its size has fewer than it keeps (see [`SEND_BUFFERS`]); `None`: register one
     /// for this message.
-    fn small_send_buffer(&self, len: usize) -> Option<Arc<Mr<P>>> {
+    fn registered_send_buffer(&self, len: usize) -> Option<Arc<Mr<P>>> {
         let tier = SEND_BUFFERS.iter().position(|&(size, _)| len <= size)?;
         let (size, most) = SEND_BUFFERS[tier];
         let mut guard = lock(&self.send_bufs[tier]);

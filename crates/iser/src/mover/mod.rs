@@ -415,7 +415,7 @@ struct Shared<P: Provider> {
     ff_posted: AtomicBool,
     closed: AtomicBool,
     /// Registered send buffers of each size of `driver::SEND_BUFFERS`, reused once free (see
-    /// `small_send_buffer`), and where the next look for a free one starts.
+    /// `registered_send_buffer`), and where the next look for a free one starts.
     send_bufs: [Mutex<SendBuffers<P>>; 2],
     /// Initiator: commands were gathered; the flusher posts them once the executor's ready
     /// tasks have run (see `flush_when_due`).

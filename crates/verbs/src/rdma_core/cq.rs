@@ -176,12 +176,9 @@ impl Drop for RcCq {
 
 impl CompletionQueue for RcCq {
     fn poll(&self, max: usize) -> Vec<Wc> {
-        let mut st = lock(&self.st);
-        if st.ready.len() < max {
-            self.drain(&mut st);
-        }
-        let n = max.min(st.ready.len());
-        st.ready.drain(..n).collect()
+        let mut out = Vec::new();
+        self.poll_into(max, &mut out);
+        out
     }
 
     fn poll_into(&self, max: usize, out: &mut Vec<Wc>) -> usize {
