@@ -1,11 +1,14 @@
 //! Task management on every transport: the RFC's answers, commands ended by an abort or a
 //! reset, and an abort answered only once the aborted I/O is over.
 
-use crate::support::{Gated, ME, TARGET, Transport, WAIT, pattern, until, write10};
+use crate::support::{Gated, ME, TARGET, Transport, WAIT, pattern, read10, until, write10};
 use riser::initiator::{Error, SessionConfig};
 use riser::iscsi::keys::OperationalConfig;
 use riser::iscsi::wire::{Header, TaskMgmtRequest, TmfFunction, TmfResponse};
 use riser::scsi::lun::Lun;
+use riser::target::lu::{LogicalUnit, LuIdentity};
+use riser::target::server::Node;
+use std::sync::Arc;
 use std::time::Duration;
 
 on_every_transport!(
@@ -15,6 +18,8 @@ on_every_transport!(
     abort_task_set_ends_the_commands_before_it_not_those_after,
     task_management_waits_for_the_aborted_writes_backend_io,
     task_management_does_not_wait_for_a_sanitize,
+    a_command_whose_time_is_up_is_aborted_before_its_caller_hears,
+    an_abort_unanswered_in_time_drops_the_connection,
 );
 
 async fn task_management_and_unit_attention(t: Transport) {
@@ -203,4 +208,65 @@ async fn task_management_does_not_wait_for_a_sanitize(t: Transport) {
         Some((Header::TaskMgmtResponse(t), _)) => assert_eq!(t.response, TmfResponse::COMPLETE),
         other => panic!("ABORT TASK SET waited for the sanitize: {other:?}"),
     }
+}
+
+/// A command unanswered within the session's timeout is aborted, and its caller told
+/// `Timeout` only once the target has ended it: until then the command keeps its task and its
+/// memory, so its answer cannot land anywhere else. Here a read is held at the store beyond the
+/// timeout; the ABORT TASK waits at the target for it. (Before, the caller was told at the
+/// timeout and the read's buffer let go — its iSER registration revoked — while the target
+/// still ran the read: its data then came for a task the initiator no longer had, and the
+/// connection ended.)
+async fn a_command_whose_time_is_up_is_aborted_before_its_caller_hears(t: Transport) {
+    let disk = Gated::new();
+    let lu = Arc::new(LogicalUnit::new(disk.clone(), LuIdentity::random()));
+    let (addr, target) = t.serve(t.config().node(Node::new(TARGET).lun(lu))).await;
+    let cfg = SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(2));
+    let s = t.connect(addr, cfg).await.unwrap();
+    s.write(Lun::ZERO, 0, pattern(7, 4096), 512).await.unwrap();
+    disk.hold_reads(true);
+    let read = tokio::spawn({
+        let s = s.clone();
+        async move { s.read(Lun::ZERO, 0, 8, 512).await }
+    });
+    until("the read never reached the store", || disk.reads_waiting() > 0).await;
+    // Given up between 2 and 2.5 s; the abort then waits for the read at the target (its own
+    // time would be up between 4 and 5 s).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let early = read.is_finished();
+    // Let go before any assertion: a read left held would keep the runtime from shutting down.
+    disk.hold_reads(false);
+    assert!(!early, "the caller heard before the target ended the command: {:?}", read.await);
+    match read.await.unwrap() {
+        Err(Error::Timeout) => {}
+        other => panic!("the read whose time was up: {other:?}"),
+    }
+    // The connection went on: the command is answered on it, with what was written.
+    assert_eq!(s.read(Lun::ZERO, 0, 8, 512).await.unwrap(), pattern(7, 4096));
+    assert_eq!(target.stats().logins, 1, "the connection was dropped");
+    s.logout().await.unwrap();
+}
+
+/// The abort of a command whose time is up goes unanswered in time too (the read stays held at
+/// the store): the connection is dropped, failing the command with `ConnectionLost` — never
+/// `Timeout` while the target may still run it — and the next command logs in again (a session
+/// reinstatement, which ends the old connection's tasks at the target).
+async fn an_abort_unanswered_in_time_drops_the_connection(t: Transport) {
+    let disk = Gated::new();
+    let lu = Arc::new(LogicalUnit::new(disk.clone(), LuIdentity::random()));
+    let (addr, target) = t.serve(t.config().node(Node::new(TARGET).lun(lu))).await;
+    let cfg = SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(1));
+    let s = t.connect(addr, cfg).await.unwrap();
+    s.write(Lun::ZERO, 0, pattern(9, 4096), 512).await.unwrap();
+    disk.hold_reads(true);
+    let t0 = std::time::Instant::now();
+    let r = tokio::time::timeout(WAIT, s.command_once(Lun::ZERO, &read10(0, 8), None, 4096)).await;
+    let took = t0.elapsed();
+    disk.hold_reads(false);
+    assert!(matches!(r, Ok(Err(Error::ConnectionLost))), "{r:?}");
+    // Given up between 1 and 1.25 s, its abort between 2 and 2.5 s.
+    assert!(took >= Duration::from_millis(1900), "the abort had its own time: {took:?}");
+    assert_eq!(s.read(Lun::ZERO, 0, 8, 512).await.unwrap(), pattern(9, 4096));
+    assert_eq!(target.stats().logins, 2);
+    s.logout().await.unwrap();
 }

@@ -103,7 +103,8 @@ pub enum Error {
     /// The connection ended.
     #[error("connection lost")]
     ConnectionLost,
-    /// No answer in time.
+    /// No answer in time. For a SCSI command: the target has ended it since (it answered an
+    /// ABORT TASK for it), so nothing the command carried can land after this is reported.
     #[error("timed out")]
     Timeout,
     /// The target rejected a PDU.
@@ -156,7 +157,11 @@ pub struct SessionConfig {
     /// their defaults.
     pub login: InitiatorLoginConfig,
     /// How long a request (a command, a task management function, a ping, the logout) waits
-    /// for its answer, and a command for room in the target's CmdSN window. The
+    /// for its answer, and a command for room in the target's CmdSN window. A command still
+    /// unanswered then is aborted (ABORT TASK, which waits for the command to be over at the
+    /// target) and fails with [`Error::Timeout`] once that is answered: up to about two
+    /// timeouts in all. Should the abort fail or go unanswered too, the connection is dropped
+    /// (its commands are retried once on the next, as after any connection loss). The
     /// [`SessionConfig::timeout`] setter sets this and `login.login_timeout` together.
     pub timeout: Duration,
     /// How connections are made (default: iSCSI over TCP).

@@ -41,10 +41,16 @@ enum Reply {
     TimedOut,
 }
 
-/// A caller waiting for its task, and the reaper tick its request was registered at.
+/// A caller waiting for its task, and the reaper tick its request was registered at (or its
+/// abort sent at).
 struct Waiter {
     tx: oneshot::Sender<Reply>,
     tick: u32,
+    /// A SCSI command's LUN: one given up on is aborted before its caller hears of it.
+    lun: Option<Lun>,
+    /// Its time is up and an ABORT TASK for it is on its way (see [`Session::abort_reaped`]):
+    /// its caller gets [`Error::Timeout`] once the target has ended it.
+    aborting: bool,
 }
 
 /// Reaper ticks per timeout: a request with no answer is given up between one timeout and
@@ -97,10 +103,10 @@ impl State {
         Self { session, link, pending: HashMap::new(), tick: 0, gate, dead: false, closed: false }
     }
 
-    /// Register the caller of task `itt`.
-    fn wait_for(&mut self, itt: u32) -> oneshot::Receiver<Reply> {
+    /// Register the caller of task `itt` (a SCSI command's on `lun`).
+    fn wait_for(&mut self, itt: u32, lun: Option<Lun>) -> oneshot::Receiver<Reply> {
         let (tx, rx) = oneshot::channel();
-        self.pending.insert(itt, Waiter { tx, tick: self.tick });
+        self.pending.insert(itt, Waiter { tx, tick: self.tick, lun, aborting: false });
         rx
     }
 }
@@ -204,7 +210,7 @@ impl Inner {
                     return;
                 }
                 let Some(e) = s.session.poll_event() else { return };
-                let waiter = e.itt().and_then(|i| s.pending.remove(&i)).map(|w| w.tx);
+                let waiter = e.itt().and_then(|i| s.pending.remove(&i));
                 (e, waiter)
             };
             let reply = match event {
@@ -224,7 +230,8 @@ impl Inner {
                     // No response will come: release the buffers (registrations on iSER) here.
                     let _ = dm.take_read_data(itt);
                     dm.deallocate_task_resources(itt);
-                    Reply::Aborted
+                    // Ended by the abort of a command whose time was up: its caller hears that.
+                    if caller.as_ref().is_some_and(|w| w.aborting) { Reply::TimedOut } else { Reply::Aborted }
                 }
                 InitiatorEvent::Pong { .. } => Reply::Pong,
                 InitiatorEvent::TaskManagementDone { response, .. } => Reply::TaskManagement(response),
@@ -251,8 +258,8 @@ impl Inner {
                     continue;
                 }
             };
-            if let Some(tx) = caller {
-                let _ = tx.send(reply);
+            if let Some(w) = caller {
+                let _ = w.tx.send(reply);
             }
         }
     }
@@ -437,7 +444,7 @@ impl Session {
                     if !s.dead {
                         match s.session.start_command(lun, cdb, read_len, write_len) {
                             Ok(cmd) => {
-                                let rx = s.wait_for(cmd.itt);
+                                let rx = s.wait_for(cmd.itt, Some(lun));
                                 s.gate.shared += 1;
                                 return Ok((cmd, s.link.clone(), rx, SharedGate(&self.inner)));
                             }
@@ -481,7 +488,7 @@ impl Session {
                     // A session logging out sends no new command after its Logout Request (as
                     // Linux's initiator in its LOGGING_OUT state): they fail at once instead.
                     s.closed |= closing;
-                    let rx = s.wait_for(itt);
+                    let rx = s.wait_for(itt, None);
                     return Ok((itt, s.link.clone(), rx));
                 }
                 !s.dead
@@ -531,30 +538,54 @@ impl Session {
         }
     }
 
-    /// Give up on the requests of connection `generation` that have waited a whole timeout:
-    /// the machine forgets them, the datamover gives back their buffers, and their callers
-    /// get [`Error::Timeout`]. One timer per connection instead of one per request. Ends with
-    /// the connection.
+    /// Give up on the requests of connection `generation` that have waited a whole timeout.
+    /// A SCSI command is aborted first ([`abort_reaped`](Self::abort_reaped)): it keeps its
+    /// place in the machine and its buffers (on iSER, the memory the target may still write)
+    /// until the target has ended it, so nothing it carried lands after its caller was told,
+    /// and its answer, should it come meanwhile, still finds it. Any other request is
+    /// forgotten at once, its caller told [`Error::Timeout`]. One timer per connection
+    /// instead of one per request. Ends with the connection.
     async fn reaper(inner: Arc<Inner>, generation: u32) {
         let period = (inner.timeout / REAPER_TICKS).max(Duration::from_millis(1));
         let mut every = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut expired = Vec::new();
+        let (mut expired, mut aborts) = (Vec::new(), Vec::new());
         loop {
             every.tick().await;
-            let dm = {
+            let (dm, unanswered) = {
                 let mut s = lock(&inner.state);
                 if s.link.generation != generation || s.dead {
                     return;
                 }
                 s.tick = s.tick.wrapping_add(1);
                 let now = s.tick;
-                expired.extend(s.pending.extract_if(|_, w| now.wrapping_sub(w.tick) > REAPER_TICKS));
+                let mut unanswered = false;
+                expired.extend(s.pending.extract_if(|itt, w| {
+                    if now.wrapping_sub(w.tick) <= REAPER_TICKS {
+                        return false;
+                    }
+                    match w.lun {
+                        Some(lun) if !w.aborting => {
+                            (w.aborting, w.tick) = (true, now);
+                            aborts.push((*itt, lun));
+                        }
+                        // Aborted a whole timeout ago and still there: the abort went
+                        // unanswered too (its own request, reaped as long, ends the
+                        // connection as well).
+                        Some(_) => unanswered = true,
+                        None => return true,
+                    }
+                    false
+                }));
                 for (itt, _) in &expired {
                     s.session.forget(*itt);
                 }
-                s.link.dm.clone()
+                (s.link.dm.clone(), unanswered)
             };
+            if unanswered {
+                tracing::warn!("an aborted command is still unanswered: dropping the connection");
+                dm.terminate();
+            }
             if !expired.is_empty() {
                 // Forgotten tasks make room under the task limit: requests waiting for it may
                 // go (the machine's WindowOpen would wait for the next PDU to be delivered).
@@ -564,7 +595,71 @@ impl Session {
                 let _ = dm.take_read_data(itt);
                 let _ = w.tx.send(Reply::TimedOut);
             }
+            for (itt, lun) in aborts.drain(..) {
+                let me = Self { inner: inner.clone() };
+                tokio::spawn(async move { me.abort_reaped(itt, lun, generation).await });
+            }
         }
+    }
+
+    /// Abort command `itt` on `lun` of connection `generation`, whose time is up (RFC 7143
+    /// §11.5.1, as an initiator's error handling does before it reports a command failed). The
+    /// target answers only once the task is over. Function complete: the machine ends the
+    /// command (its caller gets [`Error::Timeout`], see [`Inner::deliver`]). Task does not
+    /// exist: the target holds no such task, and its answer, which would have come before
+    /// this one, never will: the command is given up here. Any other outcome (refused,
+    /// unanswered, not sent) leaves the task's fate unknown: the connection is dropped, which
+    /// fails every command on it, and the next login reinstates the session, ending the old
+    /// connection's tasks at the target (§6.3.5).
+    async fn abort_reaped(&self, itt: u32, lun: Lun, generation: u32) {
+        let gate = self.exclusive_gate().await;
+        let started = {
+            let mut s = lock(&self.inner.state);
+            if s.link.generation != generation || s.dead || !s.pending.contains_key(&itt) {
+                // Answered meanwhile, or gone with its connection.
+                return;
+            }
+            s.session.immediate_room().then(|| {
+                let tmf = s.session.task_management(TmfFunction::ABORT_TASK, lun, itt);
+                (tmf, s.wait_for(tmf, None), s.link.clone())
+            })
+        };
+        let answer = match started {
+            Some((tmf, rx, link)) => {
+                let sent = self.send_request(tmf, &link).await;
+                drop(gate);
+                match sent {
+                    Ok(()) => Self::wait(rx).await,
+                    Err(e) => Err(e),
+                }
+            }
+            None => {
+                drop(gate);
+                Err(Error::Protocol("no room for an immediate request".into()))
+            }
+        };
+        let link = {
+            let mut s = lock(&self.inner.state);
+            if s.link.generation != generation || !s.pending.get(&itt).is_some_and(|w| w.aborting) {
+                // Ended by the abort (or answered before it), or gone with its connection.
+                return;
+            }
+            if matches!(answer, Ok(Reply::TaskManagement(TmfResponse::TASK_DOES_NOT_EXIST))) {
+                let w = s.pending.remove(&itt);
+                s.session.forget(itt);
+                let dm = s.link.dm.clone();
+                drop(s);
+                self.inner.window.notify_waiters();
+                let _ = dm.take_read_data(itt);
+                if let Some(w) = w {
+                    let _ = w.tx.send(Reply::TimedOut);
+                }
+                return;
+            }
+            s.link.clone()
+        };
+        tracing::warn!(itt, ?answer, "a command whose time is up could not be aborted: dropping the connection");
+        link.dm.terminate();
     }
 
     /// Take the send gate alone (waiting for the commands being sent to be on their way);
@@ -714,7 +809,7 @@ impl Session {
             let mut s = lock(&self.inner.state);
             (s.link.generation == link.generation && !s.dead).then(|| {
                 let itt = s.session.logout();
-                (itt, s.wait_for(itt))
+                (itt, s.wait_for(itt, None))
             })
         };
         if let Some((itt, rx)) = started

@@ -1,6 +1,7 @@
-//! A target that stops answering: each request gives up after the session's timeout (and not
-//! much later), the session forgets it, and once the target answers again the session goes on
-//! (the late answers to the forgotten tasks are dropped).
+//! A target that stops answering: a request gives up after the session's timeout (and not
+//! much later); a command is aborted then, and when that goes unanswered too the connection is
+//! dropped — the command fails `ConnectionLost`, never `Timeout` while the target may still run
+//! it — and once the target answers again the session logs in again and goes on.
 #![cfg(feature = "tcp")]
 
 mod common;
@@ -34,14 +35,17 @@ async fn unanswered_requests_time_out_on_time_and_the_session_goes_on() {
     s.read(Lun::ZERO, 0, 8, 512).await.unwrap();
 
     frozen.store(true, Ordering::Release);
-    // Requests registered at different moments each get their whole timeout, and little more.
+    // Commands registered at different moments; the first is given up between 1 and 1.25
+    // timeouts after it was registered, its abort as long after that.
     let mut waits = Vec::new();
-    for i in 0..4u64 {
+    for i in 0..4u32 {
         let s = s.clone();
         waits.push(tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(90 * i)).await;
+            tokio::time::sleep(Duration::from_millis(90 * u64::from(i))).await;
             let start = Instant::now();
-            let r = s.read(Lun::ZERO, i * 8, 8, 512).await;
+            let lba = (i * 8).to_be_bytes();
+            let read10 = [0x28, 0, lba[0], lba[1], lba[2], lba[3], 0, 0, 8, 0];
+            let r = s.command_once(Lun::ZERO, &read10, None, 4096).await;
             (r, start.elapsed())
         }));
     }
@@ -50,14 +54,17 @@ async fn unanswered_requests_time_out_on_time_and_the_session_goes_on() {
     let ping_waited = start.elapsed();
     assert!(matches!(ping, Err(Error::Timeout)), "ping: {ping:?}");
     assert!(ping_waited >= timeout && ping_waited < timeout * 2, "ping gave up after {ping_waited:?}");
-    for w in waits {
+    for (i, w) in waits.into_iter().enumerate() {
         let (r, waited) = w.await.unwrap();
-        assert!(matches!(r, Err(Error::Timeout)), "read: {r:?}");
-        assert!(waited >= timeout, "a read gave up early, after {waited:?}");
-        assert!(waited < timeout * 2, "a read gave up late, after {waited:?}");
+        // Every command on the connection fails with it.
+        assert!(matches!(r, Err(Error::ConnectionLost)), "read: {r:?}");
+        if i == 0 {
+            assert!(waited >= timeout * 2, "the connection was dropped early, after {waited:?}");
+            assert!(waited < timeout * 7 / 2, "the connection was dropped late, after {waited:?}");
+        }
     }
 
-    // The target answers again: the forgotten tasks' answers are dropped, and new commands work.
+    // The target answers again: the session logs in again, and commands work.
     frozen.store(false, Ordering::Release);
     for i in 0..8u64 {
         let d = s.read(Lun::ZERO, i, 1, 512).await.unwrap();

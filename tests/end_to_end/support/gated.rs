@@ -19,6 +19,10 @@ pub(crate) struct Gated {
     reads_now: AtomicUsize,
     pub(crate) reads_max: AtomicUsize,
     read_pause: Duration,
+    /// Reads held at a gate of their own (see [`Gated::hold_reads`]), and how many wait there.
+    reads_held: Mutex<bool>,
+    reads_moved: Condvar,
+    reads_waiting: AtomicUsize,
     /// Says it is in memory: its commands then run in their tasks, not on the blocking pool.
     memory: bool,
 }
@@ -34,6 +38,9 @@ impl Gated {
             reads_now: AtomicUsize::new(0),
             reads_max: AtomicUsize::new(0),
             read_pause: Duration::from_millis(150),
+            reads_held: Mutex::new(false),
+            reads_moved: Condvar::new(),
+            reads_waiting: AtomicUsize::new(0),
             memory: false,
         })
     }
@@ -50,6 +57,18 @@ impl Gated {
     pub(crate) fn hold(&self, on: bool) {
         *self.hold.lock().unwrap() = on;
         self.moved.notify_all();
+    }
+
+    /// Hold reads (after their pause) at their gate (`true`) or let them through. Only for a
+    /// store off memory (`new`): a read runs on the blocking pool there.
+    pub(crate) fn hold_reads(&self, on: bool) {
+        *self.reads_held.lock().unwrap() = on;
+        self.reads_moved.notify_all();
+    }
+
+    /// Reads waiting at their gate.
+    pub(crate) fn reads_waiting(&self) -> usize {
+        self.reads_waiting.load(Ordering::SeqCst)
     }
 
     pub(crate) fn waiting(&self) -> usize {
@@ -72,6 +91,14 @@ impl BlockBackend for Gated {
         let now = self.reads_now.fetch_add(1, Ordering::SeqCst) + 1;
         self.reads_max.fetch_max(now, Ordering::SeqCst);
         std::thread::sleep(self.read_pause);
+        {
+            self.reads_waiting.fetch_add(1, Ordering::SeqCst);
+            let mut held = self.reads_held.lock().unwrap();
+            while *held {
+                held = self.reads_moved.wait(held).unwrap();
+            }
+            self.reads_waiting.fetch_sub(1, Ordering::SeqCst);
+        }
         self.reads_now.fetch_sub(1, Ordering::SeqCst);
         self.ram.read(offset, buf)
     }
