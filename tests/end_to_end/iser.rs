@@ -303,3 +303,44 @@ async fn a_connection_threads_large_reads_run_on_the_portals_runtime() {
     let wrote = disk.wrote.lock().unwrap().clone();
     assert_eq!(wrote, [(1 << 20, "riser-iser-0".to_string())], "a large write stays on the connection's thread");
 }
+
+/// More commands given up on at once than an iSER initiator has room for immediate requests
+/// (its receives bound what it may have outstanding: `recv_depth` 32 lets 16 commands and 8
+/// more immediate requests out): the aborts beyond that room wait for it as earlier ones are
+/// answered, instead of dropping the connection. Each command ends with its data or `Timeout`,
+/// on the one connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_commands_given_up_at_once_than_aborts_fit_wait_for_room() {
+    use crate::support::Gated;
+    use riser::target::lu::{LogicalUnit, LuIdentity};
+    use riser::target::server::Node;
+    let disk = Gated::new();
+    let lu = Arc::new(LogicalUnit::new(disk.clone(), LuIdentity::random()));
+    let (addr, target) = T.serve(T.config().node(Node::new(TARGET).lun(lu))).await;
+    let mut cfg = SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(2));
+    cfg.connector = Arc::new(IserConnector::new(SoftRnic::default(), IserConfig::default().recv_depth(32)));
+    let s = Session::connect(addr, cfg).await.unwrap();
+    s.write(Lun::ZERO, 0, pattern(5, 16 * 512), 512).await.unwrap();
+    disk.hold_reads(true);
+    let reads: Vec<_> = (0..16u64)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move { s.read(Lun::ZERO, i, 1, 512).await })
+        })
+        .collect();
+    crate::support::until("the reads never all reached the store", || disk.reads_waiting() == 16).await;
+    // Given up between 2 and 2.5 s: eight aborts go, the rest wait for room (each abort is
+    // answered once its read is over at the target).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    disk.hold_reads(false);
+    let want = pattern(5, 16 * 512);
+    for (i, r) in reads.into_iter().enumerate() {
+        match r.await.unwrap() {
+            Ok(d) => assert_eq!(d, want[i * 512..(i + 1) * 512]),
+            Err(riser::initiator::Error::Timeout) => {}
+            Err(e) => panic!("read {i}: {e}"),
+        }
+    }
+    assert_eq!(s.read(Lun::ZERO, 0, 16, 512).await.unwrap(), want);
+    assert_eq!(target.stats().logins, 1, "the connection was dropped");
+}

@@ -57,6 +57,9 @@ struct Waiter {
 /// `1 + 1/REAPER_TICKS` timeouts after it was registered.
 const REAPER_TICKS: u32 = 4;
 
+/// How often an abort waiting for room for an immediate request looks again.
+const ROOM_RECHECK: Duration = Duration::from_millis(20);
+
 /// Who holds the send gate (see [`Inner::gate_open`]).
 #[derive(Debug, Default)]
 struct Gate {
@@ -519,8 +522,9 @@ impl Session {
     fn forget(&self, itt: u32, link: &Link) {
         {
             let mut s = lock(&self.inner.state);
-            s.pending.remove(&itt);
+            // A newer connection's machine numbers its tags afresh: its waiters are not ours.
             if s.link.generation == link.generation {
+                s.pending.remove(&itt);
                 s.session.forget(itt);
             }
         }
@@ -560,11 +564,15 @@ impl Session {
                 s.tick = s.tick.wrapping_add(1);
                 let now = s.tick;
                 let mut unanswered = false;
-                expired.extend(s.pending.extract_if(|itt, w| {
+                let State { pending, session, .. } = &mut *s;
+                expired.extend(pending.extract_if(|itt, w| {
                     if now.wrapping_sub(w.tick) <= REAPER_TICKS {
                         return false;
                     }
                     match w.lun {
+                        // Answered already (the machine has ended it), its answer not yet
+                        // delivered: it is not ours to give up.
+                        Some(_) if !session.has_task(*itt) => {}
                         Some(lun) if !w.aborting => {
                             (w.aborting, w.tick) = (true, now);
                             aborts.push((*itt, lun));
@@ -612,20 +620,55 @@ impl Session {
     /// fails every command on it, and the next login reinstates the session, ending the old
     /// connection's tasks at the target (§6.3.5).
     async fn abort_reaped(&self, itt: u32, lun: Lun, generation: u32) {
-        let gate = self.exclusive_gate().await;
-        let started = {
-            let mut s = lock(&self.inner.state);
-            if s.link.generation != generation || s.dead || !s.pending.contains_key(&itt) {
-                // Answered meanwhile, or gone with its connection.
-                return;
+        // Whether the command still waits for its abort on its connection (answered meanwhile,
+        // perhaps not yet delivered, or gone with its connection or a logout: nothing to do).
+        let waiting = |s: &State| {
+            s.link.generation == generation
+                && !s.dead
+                && !s.closed
+                && s.session.has_task(itt)
+                && s.pending.get(&itt).is_some_and(|w| w.aborting)
+        };
+        // Room for one more immediate request: as many are outstanding as the transport takes
+        // answers for (several commands given up at once while the target's store stalls, each
+        // abort answered only once its command's I/O is over). Waited for, a timeout at most.
+        let deadline = tokio::time::Instant::now() + self.inner.timeout;
+        let started = loop {
+            let notified = self.inner.window.notified();
+            let room = {
+                let s = lock(&self.inner.state);
+                if !waiting(&s) {
+                    return;
+                }
+                s.session.immediate_room()
+            };
+            if room {
+                let gate = self.exclusive_gate().await;
+                let mut s = lock(&self.inner.state);
+                if !waiting(&s) {
+                    return;
+                }
+                if s.session.immediate_room() {
+                    let tmf = s.session.task_management(TmfFunction::ABORT_TASK, lun, itt);
+                    // The command's second timeout runs from here, as the abort's own does.
+                    let tick = s.tick;
+                    if let Some(w) = s.pending.get_mut(&itt) {
+                        w.tick = tick;
+                    }
+                    break Some((tmf, s.wait_for(tmf, None), s.link.clone(), gate));
+                }
+                continue;
             }
-            s.session.immediate_room().then(|| {
-                let tmf = s.session.task_management(TmfFunction::ABORT_TASK, lun, itt);
-                (tmf, s.wait_for(tmf, None), s.link.clone())
-            })
+            // Woken when a task ends at the task limit; else looked at again shortly (room for
+            // immediate requests may come back without the limit's event).
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                break None;
+            }
+            let _ = tokio::time::timeout_at(deadline.min(now + ROOM_RECHECK), notified).await;
         };
         let answer = match started {
-            Some((tmf, rx, link)) => {
+            Some((tmf, rx, link, gate)) => {
                 let sent = self.send_request(tmf, &link).await;
                 drop(gate);
                 match sent {
@@ -633,14 +676,11 @@ impl Session {
                     Err(e) => Err(e),
                 }
             }
-            None => {
-                drop(gate);
-                Err(Error::Protocol("no room for an immediate request".into()))
-            }
+            None => Err(Error::Protocol("no room for the abort within the timeout".into())),
         };
         let link = {
             let mut s = lock(&self.inner.state);
-            if s.link.generation != generation || !s.pending.get(&itt).is_some_and(|w| w.aborting) {
+            if s.link.generation != generation || !s.session.has_task(itt) || !s.pending.get(&itt).is_some_and(|w| w.aborting) {
                 // Ended by the abort (or answered before it), or gone with its connection.
                 return;
             }

@@ -254,7 +254,9 @@ impl Drop for Shared {
 /// the handle read the states again and retry the command (at most
 /// [`MultipathConfig::max_retries`] times); other unit attentions are retried too.
 ///
-/// A path fails when its connection breaks or a command on it times out: it is marked down and
+/// A path fails when its connection breaks or a command on it times out (the session's timeout,
+/// then as long again for the command's abort: a path whose target stops answering without
+/// closing the connection is noticed after about two timeouts): it is marked down and
 /// brought back in the background (logging in again with the same ISID, pausing between tries
 /// from [`MultipathConfig::reconnect_min`] up to [`MultipathConfig::reconnect_max`]); once back
 /// and checked to lead to the same unit, it takes I/O again per its access state. The commands
