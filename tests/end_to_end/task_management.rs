@@ -2,12 +2,12 @@
 //! reset, and an abort answered only once the aborted I/O is over.
 
 use crate::support::{Gated, ME, TARGET, Transport, WAIT, pattern, read10, until, write10};
-use riser::initiator::{Error, SessionConfig};
+use riser::initiator::{Error, Session, SessionConfig};
 use riser::iscsi::keys::OperationalConfig;
 use riser::iscsi::wire::{Header, TaskMgmtRequest, TmfFunction, TmfResponse};
 use riser::scsi::lun::Lun;
 use riser::target::lu::{LogicalUnit, LuIdentity};
-use riser::target::server::Node;
+use riser::target::server::{Node, Target};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -210,6 +210,18 @@ async fn task_management_does_not_wait_for_a_sanitize(t: Transport) {
     }
 }
 
+/// A target over a [`Gated`] store, a session with `timeout` that wrote `pattern(seed, 4096)` at
+/// LBA 0, and the store's reads held from then on.
+async fn reads_held_after(t: Transport, timeout: Duration, seed: u8) -> (Arc<Gated>, Arc<Target>, Session) {
+    let disk = Gated::new();
+    let lu = Arc::new(LogicalUnit::new(disk.clone(), LuIdentity::random()));
+    let (addr, target) = t.serve(t.config().node(Node::new(TARGET).lun(lu))).await;
+    let s = t.connect(addr, SessionConfig::new(ME, TARGET).timeout(timeout)).await.unwrap();
+    s.write(Lun::ZERO, 0, pattern(seed, 4096), 512).await.unwrap();
+    disk.hold_reads(true);
+    (disk, target, s)
+}
+
 /// A command unanswered within the session's timeout is aborted, and its caller told
 /// `Timeout` only once the target has ended it: until then the command keeps its task and its
 /// memory, so its answer cannot land anywhere else. Here a read is held at the store beyond the
@@ -218,13 +230,7 @@ async fn task_management_does_not_wait_for_a_sanitize(t: Transport) {
 /// still ran the read: its data then came for a task the initiator no longer had, and the
 /// connection ended.)
 async fn a_command_whose_time_is_up_is_aborted_before_its_caller_hears(t: Transport) {
-    let disk = Gated::new();
-    let lu = Arc::new(LogicalUnit::new(disk.clone(), LuIdentity::random()));
-    let (addr, target) = t.serve(t.config().node(Node::new(TARGET).lun(lu))).await;
-    let cfg = SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(2));
-    let s = t.connect(addr, cfg).await.unwrap();
-    s.write(Lun::ZERO, 0, pattern(7, 4096), 512).await.unwrap();
-    disk.hold_reads(true);
+    let (disk, target, s) = reads_held_after(t, Duration::from_secs(2), 7).await;
     let read = tokio::spawn({
         let s = s.clone();
         async move { s.read(Lun::ZERO, 0, 8, 512).await }
@@ -252,13 +258,7 @@ async fn a_command_whose_time_is_up_is_aborted_before_its_caller_hears(t: Transp
 /// `Timeout` while the target may still run it — and the next command logs in again (a session
 /// reinstatement, which ends the old connection's tasks at the target).
 async fn an_abort_unanswered_in_time_drops_the_connection(t: Transport) {
-    let disk = Gated::new();
-    let lu = Arc::new(LogicalUnit::new(disk.clone(), LuIdentity::random()));
-    let (addr, target) = t.serve(t.config().node(Node::new(TARGET).lun(lu))).await;
-    let cfg = SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(1));
-    let s = t.connect(addr, cfg).await.unwrap();
-    s.write(Lun::ZERO, 0, pattern(9, 4096), 512).await.unwrap();
-    disk.hold_reads(true);
+    let (disk, target, s) = reads_held_after(t, Duration::from_secs(1), 9).await;
     let t0 = std::time::Instant::now();
     let r = tokio::time::timeout(WAIT, s.command_once(Lun::ZERO, &read10(0, 8), None, 4096)).await;
     let took = t0.elapsed();
