@@ -678,26 +678,21 @@ impl Session {
             }
             None => Err(Error::Protocol("no room for the abort within the timeout".into())),
         };
-        let link = {
+        let (link, waiter) = {
             let mut s = lock(&self.inner.state);
             if s.link.generation != generation || !s.session.has_task(itt) || !s.pending.get(&itt).is_some_and(|w| w.aborting) {
                 // Ended by the abort (or answered before it), or gone with its connection.
                 return;
             }
-            if matches!(answer, Ok(Reply::TaskManagement(TmfResponse::TASK_DOES_NOT_EXIST))) {
-                let w = s.pending.remove(&itt);
-                s.session.forget(itt);
-                let dm = s.link.dm.clone();
-                drop(s);
-                self.inner.window.notify_waiters();
-                let _ = dm.take_read_data(itt);
-                if let Some(w) = w {
-                    let _ = w.tx.send(Reply::TimedOut);
-                }
-                return;
-            }
-            s.link.clone()
+            let waiter = matches!(answer, Ok(Reply::TaskManagement(TmfResponse::TASK_DOES_NOT_EXIST))).then(|| s.pending.remove(&itt));
+            (s.link.clone(), waiter.flatten())
         };
+        // Task does not exist: the target holds none, and its answer never comes. Given up here.
+        if let Some(w) = waiter {
+            self.forget(itt, &link);
+            let _ = w.tx.send(Reply::TimedOut);
+            return;
+        }
         tracing::warn!(itt, ?answer, "a command whose time is up could not be aborted: dropping the connection");
         link.dm.terminate();
     }
