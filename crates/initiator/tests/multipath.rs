@@ -8,15 +8,15 @@
 mod common;
 
 use bytes::Bytes;
-use common::relay;
+use common::relay_refusing;
 use riser_initiator::{Lun, Multipath, MultipathConfig, MultipathError, PathSpec, SessionConfig};
-use riser_target::backend::RamBackend;
+use riser_target::backend::{BlockBackend, RamBackend};
 use riser_target::lu::{AccessState, LogicalUnit, LuIdentity, TargetPortGroup};
 use riser_target::server::{Node, Portal, PortalGroup, Target, TargetConfig};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 const TARGET: &str = "iqn.2026-11.io.riser:mpath";
@@ -41,16 +41,23 @@ struct Gateway {
     addr: SocketAddr,
     relay: tokio::task::JoinHandle<()>,
     frozen: Arc<AtomicBool>,
+    /// Set: new connections are closed at once (logins fail), those up go on.
+    refusing: Arc<AtomicBool>,
 }
 
 impl Gateway {
     /// Serve the shared `backend` as LUN 0 of [`TARGET`] in portal group `group` (also its relative
     /// port and target port group), publicly on `addr` (a fresh port if `None`).
     async fn start(backend: &Arc<RamBackend>, identity: &LuIdentity, group: u16, addr: Option<SocketAddr>) -> Self {
+        Self::start_on(backend.clone(), identity, group, addr).await
+    }
+
+    /// [`start`](Self::start) over any store.
+    async fn start_on(backend: Arc<dyn BlockBackend>, identity: &LuIdentity, group: u16, addr: Option<SocketAddr>) -> Self {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let inner = listener.local_addr().unwrap();
-        let lu = Arc::new(LogicalUnit::new(backend.clone(), identity.clone()));
+        let lu = Arc::new(LogicalUnit::new(backend, identity.clone()));
         // Both gateways' groups, both active/optimized until a test says otherwise.
         lu.set_port_groups(vec![
             TargetPortGroup::new(1, [1], AccessState::ActiveOptimized),
@@ -69,9 +76,9 @@ impl Gateway {
         });
         let public = tokio::net::TcpListener::bind(addr.unwrap_or_else(|| "127.0.0.1:0".parse().unwrap())).await.unwrap();
         let addr = public.local_addr().unwrap();
-        let frozen = Arc::new(AtomicBool::new(false));
-        let relay = tokio::spawn(relay(public, inner, frozen.clone()));
-        Self { rt: Some(rt), target, lu, addr, relay, frozen }
+        let (frozen, refusing) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let relay = tokio::spawn(relay_refusing(public, inner, frozen.clone(), refusing.clone()));
+        Self { rt: Some(rt), target, lu, addr, relay, frozen, refusing }
     }
 
     /// Hang: nothing more goes either way, so commands sent stay unanswered.
@@ -406,4 +413,111 @@ fn set_state(a: &Gateway, b: &Gateway, group1: AccessState, group2: AccessState)
 /// and the initiator's are riser-scsi's one type).
 fn set_state_on(g: &Gateway, group1: AccessState, group2: AccessState) {
     g.lu.set_port_groups(vec![TargetPortGroup::new(1, [1], group1), TargetPortGroup::new(2, [2], group2)]).unwrap();
+}
+
+/// A store whose writes can be held: each waits in the store until let go (on the target's
+/// blocking pool), then lands in the shared store.
+#[derive(Debug)]
+struct Holding {
+    inner: Arc<RamBackend>,
+    /// (holding, writes waiting)
+    state: Mutex<(bool, usize)>,
+    let_go: Condvar,
+}
+
+impl Holding {
+    fn new(inner: Arc<RamBackend>) -> Self {
+        Self { inner, state: Mutex::new((false, 0)), let_go: Condvar::new() }
+    }
+
+    fn hold(&self, on: bool) {
+        self.state.lock().unwrap().0 = on;
+        self.let_go.notify_all();
+    }
+
+    fn waiting(&self) -> usize {
+        self.state.lock().unwrap().1
+    }
+}
+
+impl BlockBackend for Holding {
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
+    }
+    fn num_blocks(&self) -> u64 {
+        self.inner.num_blocks()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read(offset, buf)
+    }
+    fn write(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+        let mut s = self.state.lock().unwrap();
+        s.1 += 1;
+        while s.0 {
+            s = self.let_go.wait(s).unwrap();
+        }
+        s.1 -= 1;
+        drop(s);
+        self.inner.write(offset, buf)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+    fn unmap(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.inner.unmap(offset, len)
+    }
+    fn is_mapped(&self, offset: u64) -> bool {
+        self.inner.is_mapped(offset)
+    }
+    fn thin(&self) -> bool {
+        self.inner.thin()
+    }
+}
+
+/// A write whose time runs out on a path that still answers is aborted by its session, which
+/// reports the timeout only once the target has ended the command: it is sent again through
+/// the other path at once, although nothing else proves the failed path's tasks over (that path
+/// cannot log in again, and its group stays active/optimized). Before, it waited for such a
+/// proof and failed as a write in doubt after the failover timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_aborted_after_its_timeout_is_sent_again_at_once() {
+    let backend = Arc::new(RamBackend::new(BLOCKS * u64::from(BLOCK), BLOCK));
+    let identity = LuIdentity::random();
+    let held = Arc::new(Holding::new(backend.clone()));
+    let a = Gateway::start_on(held.clone(), &identity, 1, None).await;
+    let b = Gateway::start(&backend, &identity, 2, None).await;
+    // A's group owns the unit: I/O goes through A.
+    set_state(&a, &b, AccessState::ActiveOptimized, AccessState::ActiveNonOptimized);
+    let timeout = Duration::from_secs(2);
+    let failover = Duration::from_secs(30);
+    let cfg = MultipathConfig::new(SessionConfig::new(INITIATOR, TARGET).timeout(timeout))
+        .failover_timeout(failover)
+        .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200));
+    let mp = Multipath::connect(paths(&a, &b), cfg).await.unwrap();
+    assert_eq!(mp.paths()[0].state, Some(AccessState::ActiveOptimized));
+
+    // A's path, once down, cannot come back (new connections refused); its session stays.
+    a.refusing.store(true, Ordering::Release);
+    held.hold(true);
+    let data = Bytes::from(vec![0x5a; BLOCK as usize]);
+    let write = tokio::spawn({
+        let (mp, data) = (mp.clone(), data.clone());
+        async move { mp.write(7, data, BLOCK).await }
+    });
+    until(Duration::from_secs(5), "the write held in A's store", || held.waiting() == 1).await;
+    // Past the timeout (a reaper's tick at most later) the session aborts the write; A answers
+    // the abort once the write is let go, which must be within the abort's own timeout.
+    tokio::time::sleep(timeout * 8 / 5).await;
+    assert!(!write.is_finished(), "the write ended while A still held it");
+    held.hold(false);
+    let let_go = Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(10), write).await.expect("the aborted write was not sent again in time").unwrap();
+    r.unwrap();
+    assert!(let_go.elapsed() < failover / 3, "{:?}", let_go.elapsed());
+    let s = mp.stats();
+    assert_eq!((s.reissued_writes, s.writes_in_doubt), (1, 0), "{s:?}");
+    assert!(!mp.paths()[0].up, "A's path is down (and cannot log in again)");
+    assert!(b.commands() >= 1);
+    assert_eq!(mp.read(7, 1, BLOCK).await.unwrap(), data);
+    mp.close().await;
 }

@@ -185,7 +185,8 @@ pub struct MultipathStats {
     pub path_failures: u64,
     /// Read-only commands sent again on another path after a path failure.
     pub reissued_reads: u64,
-    /// Writes sent again after a path failure, once that was safe.
+    /// Writes sent again after a path failure, once that was safe (at once when the session
+    /// had aborted them).
     pub reissued_writes: u64,
     /// Writes that failed with [`MultipathError::WriteInDoubt`].
     pub writes_in_doubt: u64,
@@ -261,8 +262,12 @@ impl Drop for Shared {
 /// from [`MultipathConfig::reconnect_min`] up to [`MultipathConfig::reconnect_max`]); once back
 /// and checked to lead to the same unit, it takes I/O again per its access state. The commands
 /// that were in flight on it are sent again on another path — at once if they only read (READ,
-/// VERIFY, INQUIRY, READ CAPACITY, MODE SENSE, REPORT LUNS, …); anything else (writes and every
-/// command not known to be read-only) only once it is safe, that is once
+/// VERIFY, INQUIRY, READ CAPACITY, MODE SENSE, REPORT LUNS, …), and at once too if the path
+/// failed by its time running out: the session reports [`Error::Timeout`] for a command only
+/// once the target has ended it (answered its ABORT TASK *Function complete*, which a target
+/// gives only when nothing of the task can still reach the medium, or *Task does not exist*).
+/// Anything else (writes and every command not known to be read-only, caught in flight by a
+/// lost connection) is sent again only once it is safe, that is once
 ///
 /// (a) the failed path has logged in again with the same ISID: the target reinstated the
 ///     session, which ends the old session's tasks (riser's target waits for their backend I/O
@@ -861,6 +866,11 @@ impl Shared {
                         None => {}
                         Some(_) if read_only => {
                             self.counters.reissued_reads.fetch_add(1, Ordering::Relaxed);
+                        }
+                        // Aborted by its session, which says so only once the target has ended
+                        // it: nothing of the first attempt can land after the second.
+                        Some(_) if matches!(e, Error::Timeout) => {
+                            self.counters.reissued_writes.fetch_add(1, Ordering::Relaxed);
                         }
                         Some(f) => {
                             self.wait_until_safe(&f).await?;

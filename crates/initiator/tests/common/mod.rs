@@ -8,10 +8,20 @@ use std::time::Duration;
 
 /// Relay connections from `public` to `inner` until aborted (which drops them all), passing
 /// nothing while `frozen`.
+#[allow(dead_code)] // not every test crate uses both
 pub(crate) async fn relay(public: tokio::net::TcpListener, inner: SocketAddr, frozen: Arc<AtomicBool>) {
+    relay_refusing(public, inner, frozen, Arc::default()).await
+}
+
+/// [`relay`], closing every new connection at once while `refusing` (those relayed already
+/// go on).
+pub(crate) async fn relay_refusing(public: tokio::net::TcpListener, inner: SocketAddr, frozen: Arc<AtomicBool>, refusing: Arc<AtomicBool>) {
     let mut conns = tokio::task::JoinSet::new();
     loop {
         let Ok((client, _)) = public.accept().await else { continue };
+        if refusing.load(Ordering::Acquire) {
+            continue;
+        }
         let Ok(server) = tokio::net::TcpStream::connect(inner).await else { continue };
         let (cr, cw) = client.into_split();
         let (sr, sw) = server.into_split();
