@@ -20,6 +20,7 @@ on_every_transport!(
     task_management_does_not_wait_for_a_sanitize,
     a_command_whose_time_is_up_is_aborted_before_its_caller_hears,
     an_abort_unanswered_in_time_drops_the_connection,
+    a_reset_through_another_session_ends_the_units_commands_silently,
 );
 
 async fn task_management_and_unit_attention(t: Transport) {
@@ -210,16 +211,16 @@ async fn task_management_does_not_wait_for_a_sanitize(t: Transport) {
     }
 }
 
-/// A target over a [`Gated`] store, a session with `timeout` that wrote `pattern(seed, 4096)` at
-/// LBA 0, and the store's reads held from then on.
-async fn reads_held_after(t: Transport, timeout: Duration, seed: u8) -> (Arc<Gated>, Arc<Target>, Session) {
+/// A target over a [`Gated`] store (and its address), a session with `timeout` that wrote
+/// `pattern(seed, 4096)` at LBA 0, and the store's reads held from then on.
+async fn reads_held_after(t: Transport, timeout: Duration, seed: u8) -> (Arc<Gated>, Arc<Target>, Session, std::net::SocketAddr) {
     let disk = Gated::new();
     let lu = Arc::new(LogicalUnit::new(disk.clone(), LuIdentity::random()));
     let (addr, target) = t.serve(t.config().node(Node::new(TARGET).lun(lu))).await;
     let s = t.connect(addr, SessionConfig::new(ME, TARGET).timeout(timeout)).await.unwrap();
     s.write(Lun::ZERO, 0, pattern(seed, 4096), 512).await.unwrap();
     disk.hold_reads(true);
-    (disk, target, s)
+    (disk, target, s, addr)
 }
 
 /// A command unanswered within the session's timeout is aborted, and its caller told
@@ -230,7 +231,7 @@ async fn reads_held_after(t: Transport, timeout: Duration, seed: u8) -> (Arc<Gat
 /// still ran the read: its data then came for a task the initiator no longer had, and the
 /// connection ended.)
 async fn a_command_whose_time_is_up_is_aborted_before_its_caller_hears(t: Transport) {
-    let (disk, target, s) = reads_held_after(t, Duration::from_secs(2), 7).await;
+    let (disk, target, s, _) = reads_held_after(t, Duration::from_secs(2), 7).await;
     let read = tokio::spawn({
         let s = s.clone();
         async move { s.read(Lun::ZERO, 0, 8, 512).await }
@@ -258,7 +259,7 @@ async fn a_command_whose_time_is_up_is_aborted_before_its_caller_hears(t: Transp
 /// `Timeout` while the target may still run it — and the next command logs in again (a session
 /// reinstatement, which ends the old connection's tasks at the target).
 async fn an_abort_unanswered_in_time_drops_the_connection(t: Transport) {
-    let (disk, target, s) = reads_held_after(t, Duration::from_secs(1), 9).await;
+    let (disk, target, s, _) = reads_held_after(t, Duration::from_secs(1), 9).await;
     let t0 = std::time::Instant::now();
     let r = tokio::time::timeout(WAIT, s.command_once(Lun::ZERO, &read10(0, 8), None, 4096)).await;
     let took = t0.elapsed();
@@ -268,5 +269,45 @@ async fn an_abort_unanswered_in_time_drops_the_connection(t: Transport) {
     assert!(took >= Duration::from_millis(1900), "the abort had its own time: {took:?}");
     assert_eq!(s.read(Lun::ZERO, 0, 8, 512).await.unwrap(), pattern(9, 4096));
     assert_eq!(target.stats().logins, 2);
+    s.logout().await.unwrap();
+}
+
+/// A LOGICAL UNIT RESET through one session ends the unit's commands of every session (SAM-5
+/// §6.3.3), those of the others without a response (TAS is 0), and is answered once their
+/// backend I/O is over. The other session's command, unanswered, is aborted at its timeout;
+/// its ABORT TASK finds no task (*Task does not exist*), so its answer will never come: it is
+/// given up then — its caller told `Timeout` after one timeout, not the connection dropped
+/// after two — and the next command finds the reset's unit attention (retried past) and goes
+/// on, on the same connection. (Before, the reset ended only its own session's commands: the
+/// other session's read ran on and was answered.)
+async fn a_reset_through_another_session_ends_the_units_commands_silently(t: Transport) {
+    let (disk, target, s, addr) = reads_held_after(t, Duration::from_secs(2), 5).await;
+    let other = t.connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
+    let t0 = std::time::Instant::now();
+    let read = tokio::spawn({
+        let s = s.clone();
+        async move { s.command_once(Lun::ZERO, &read10(0, 8), None, 4096).await }
+    });
+    until("the read never reached the store", || disk.reads_waiting() > 0).await;
+    let reset = tokio::spawn(async move { other.task_management(Lun::ZERO, TmfFunction::LOGICAL_UNIT_RESET, 0).await.map(|()| other) });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let early = reset.is_finished();
+    // Let go before any assertion: a read left held would keep the runtime from shutting down.
+    disk.hold_reads(false);
+    assert!(!early, "the reset was answered while the other session's read still ran");
+    let other = reset.await.unwrap().unwrap();
+    let r = tokio::time::timeout(WAIT, read).await.unwrap().unwrap();
+    let took = t0.elapsed();
+    match r {
+        Err(Error::Timeout) => {}
+        Ok(r) => panic!("the read was answered: {:?}", r.status),
+        Err(e) => panic!("the read: {e}"),
+    }
+    // Given up between 2 and 2.5 s, as soon as its abort was answered (a dropped connection
+    // would have taken another timeout).
+    assert!(took >= Duration::from_millis(1900) && took < Duration::from_millis(3900), "{took:?}");
+    assert_eq!(s.read(Lun::ZERO, 0, 8, 512).await.unwrap(), pattern(5, 4096));
+    assert_eq!(target.stats().logins, 2, "a connection was dropped");
+    other.logout().await.unwrap();
     s.logout().await.unwrap();
 }

@@ -8,7 +8,7 @@ use super::command::Command;
 use super::stats::Op;
 use super::view::{LunPath, PathGuard, View};
 use super::{DiscoveryScope, Quiesce, Target, TargetConfig, lock};
-use crate::lu::Nexus;
+use crate::lu::{LogicalUnit, Nexus};
 use bytes::Bytes;
 use futures_util::future::Either;
 use riser_datamover::{Attempt, ControlPdu, DataInDesc, DmError, DmEvent, PutDataDone, SharedDatamover};
@@ -53,6 +53,15 @@ impl IoGate {
 /// How long a reset waits for the unit's other gateways to have it before it is answered
 /// anyway (a gateway that does not answer is taken over and fenced by the others).
 const RESET_TOLD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Another session reset a unit this one sees: its tasks there are to end (SAM-5 §6.3.3), in
+/// its own connection's loop (the only place its machine and its running commands change
+/// together); the gates of their backend I/O go back to the resetting session, which answers
+/// once that I/O is over.
+struct ResetElsewhere {
+    lu: Arc<LogicalUnit>,
+    done: tokio::sync::oneshot::Sender<Vec<Arc<IoGate>>>,
+}
 
 /// Backend I/O operations of a session running on the blocking pool.
 #[derive(Debug, Default)]
@@ -152,7 +161,7 @@ fn runs_inline(
     cmd: &riser_iscsi::wire::ScsiCommand,
     opcode: u8,
     split: riser_iscsi::session::WriteSplit,
-    lu: Option<&crate::lu::LogicalUnit>,
+    lu: Option<&LogicalUnit>,
 ) -> bool {
     // A large transfer gets a task of its own: its copy and its writes would hold up the
     // session's other commands, which other cores may serve meanwhile (a session's 128 KiB reads
@@ -270,6 +279,12 @@ pub(super) struct Session {
     bulk: Option<tokio::runtime::Handle>,
     /// A send timed out: the connection is being dropped.
     dead: AtomicBool,
+    /// Other sessions' resets of units this one sees, for its loop to end its tasks there
+    /// ([`Session::end_tasks_reset_elsewhere`]); `None` once the loop has ended. At most one
+    /// entry per unit and resetting request.
+    reset_elsewhere: Mutex<Option<Vec<ResetElsewhere>>>,
+    /// Wakes the loop for them.
+    reset_elsewhere_added: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for Session {
@@ -325,6 +340,8 @@ impl Session {
             data_timeout: c.data_timeout,
             bulk,
             dead: AtomicBool::new(false),
+            reset_elsewhere: Mutex::new(Some(Vec::new())),
+            reset_elsewhere_added: tokio::sync::Notify::new(),
         }
     }
 
@@ -377,7 +394,7 @@ impl Session {
                 info!(nexus = %self.nexus, luns = ?new.luns().iter().filter_map(|l| l.number()).collect::<Vec<_>>(), "the LUNs seen changed");
                 self.luns_changed.store(true, Ordering::Release);
             }
-            let has = |v: &View, lu: &Arc<crate::lu::LogicalUnit>| v.paths().any(|p| Arc::ptr_eq(&p.lu, lu));
+            let has = |v: &View, lu: &Arc<LogicalUnit>| v.paths().any(|p| Arc::ptr_eq(&p.lu, lu));
             for p in view.paths().filter(|p| !has(&new, &p.lu)) {
                 p.lu.nexus_lost(&self.nexus);
             }
@@ -503,9 +520,20 @@ impl Session {
                         armed = None;
                         None
                     }
+                    () = self.reset_elsewhere_added.notified() => {
+                        self.end_tasks_reset_elsewhere(&view);
+                        continue;
+                    }
                 }
             } else {
-                Some(self.dm.next_event().await)
+                tokio::select! {
+                    biased;
+                    e = self.dm.next_event() => Some(e),
+                    () = self.reset_elsewhere_added.notified() => {
+                        self.end_tasks_reset_elsewhere(&view);
+                        continue;
+                    }
+                }
             };
             // One turn: every PDU that has arrived is handled (memory-speed commands run to
             // their end in it), and what they produced leaves together, every
@@ -537,6 +565,9 @@ impl Session {
                 break;
             }
         }
+        // Resets asked of this session from now on find it gone (those asked and not yet seen
+        // to are dropped: this session's tasks end below).
+        lock(&self.reset_elsewhere).take();
         let tasks: Vec<TaskId> = lock(&self.running).iter().filter(|(_, (h, _))| !h.is_finished()).map(|(t, _)| *t).collect();
         self.abort(&tasks);
         for t in tasks {
@@ -597,8 +628,19 @@ impl Session {
                 TargetEvent::TaskManagement { itt, aborted, reset } => {
                     // Nothing gathered waits on what follows (it may take a while).
                     self.release_sends().await;
+                    let mut gates = self.abort_tags(&aborted);
+                    // A reset ends the unit's tasks of every nexus (SAM-5 §6.3.3), each
+                    // session's in its own loop.
+                    let units: Vec<Arc<LogicalUnit>> = match reset {
+                        Reset::None => Vec::new(),
+                        Reset::Unit(lun) => view.find(lun).map(|p| p.lu.clone()).into_iter().collect(),
+                        Reset::Target => view.paths().map(|p| p.lu.clone()).collect(),
+                    };
+                    if !units.is_empty() {
+                        gates.extend(self.reset_elsewhere(target, view, &units).await);
+                    }
                     // Answered only once no aborted task's backend write can still land.
-                    for g in self.abort_tags(&aborted) {
+                    for g in gates {
                         g.wait_idle().await;
                     }
                     // A reset reaches the unit's other gateways (another process exporting its
@@ -704,6 +746,62 @@ impl Session {
             self.dm.deallocate_task_resources(*itt);
         }
         gates
+    }
+
+    /// Have every other session that sees one of `units` end its tasks there (this session
+    /// reset them); the gates of those tasks' backend I/O. Asks of this session made meanwhile
+    /// (another session resetting at the same time) are seen to while it waits.
+    async fn reset_elsewhere(self: &Arc<Self>, target: &Target, view: &View, units: &[Arc<LogicalUnit>]) -> Vec<Arc<IoGate>> {
+        let others: Vec<Arc<Self>> = lock(&target.live).values().filter(|s| !Arc::ptr_eq(s, self)).cloned().collect();
+        let mut asked = Vec::new();
+        for s in &others {
+            let paths = s.paths();
+            for lu in units.iter().filter(|lu| paths.iter().any(|p| Arc::ptr_eq(&p.lu, lu))) {
+                asked.extend(s.ask_to_end_tasks(lu));
+            }
+        }
+        let mut gates = Vec::new();
+        for mut answer in asked {
+            loop {
+                tokio::select! {
+                    r = &mut answer => {
+                        // Dropped: that session's loop has ended (its tasks with it).
+                        gates.extend(r.unwrap_or_default());
+                        break;
+                    }
+                    () = self.reset_elsewhere_added.notified() => self.end_tasks_reset_elsewhere(view),
+                }
+            }
+        }
+        gates
+    }
+
+    /// Ask this session to end its tasks on `lu` (another session reset it); `None` once it
+    /// has ended.
+    fn ask_to_end_tasks(&self, lu: &Arc<LogicalUnit>) -> Option<tokio::sync::oneshot::Receiver<Vec<Arc<IoGate>>>> {
+        let (done, answer) = tokio::sync::oneshot::channel();
+        lock(&self.reset_elsewhere).as_mut()?.push(ResetElsewhere { lu: lu.clone(), done });
+        self.reset_elsewhere_added.notify_one();
+        Some(answer)
+    }
+
+    /// End this session's tasks on the units other sessions reset (in its loop, between
+    /// turns: no command of it is being started or answered): without a response (TAS is 0),
+    /// their futures stopped, their datamover state released; the gates of their backend I/O
+    /// go back to the resetting sessions.
+    fn end_tasks_reset_elsewhere(&self, view: &View) {
+        let asked = lock(&self.reset_elsewhere).as_mut().map(std::mem::take).unwrap_or_default();
+        for r in asked {
+            let itts: Vec<u32> = {
+                let mut core = lock(&self.core);
+                let luns = view.luns().into_iter().filter(|l| view.find(*l).is_some_and(|p| Arc::ptr_eq(&p.lu, &r.lu)));
+                luns.flat_map(|l| core.end_tasks_reset_elsewhere(l)).collect()
+            };
+            if !itts.is_empty() {
+                info!(nexus = %self.nexus, tasks = itts.len(), "tasks ended by another nexus's reset of their unit");
+            }
+            let _ = r.done.send(self.abort_tags(&itts));
+        }
     }
 
     /// Stop these commands' futures (backend I/O on the blocking pool runs on; the gates

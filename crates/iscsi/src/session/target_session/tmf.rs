@@ -10,7 +10,9 @@
 //!   at most `max_immediate_commands` wait, more are answered Function rejected). Commands
 //!   numbered after the request are not touched.
 //! - LOGICAL UNIT RESET and TARGET WARM/COLD RESET end every task of the LU (of the session),
-//!   whatever its CmdSN, as the RFC allows.
+//!   whatever its CmdSN, as the RFC allows. The other sessions' tasks on the LU end too (SAM-5
+//!   §6.3.3: every task set of the unit), without a response (TAS is 0):
+//!   [`TargetSession::end_tasks_reset_elsewhere`], which their drivers call.
 
 use super::{Reset, TargetEvent, TargetSession, Task};
 use crate::serial::SerialNumber;
@@ -108,6 +110,18 @@ impl TargetSession {
         let cold = t.function == TmfFunction::TARGET_COLD_RESET;
         self.tmfs.answering.insert(t.itt, Answer { response, cold });
         self.events.push_back(TargetEvent::TaskManagement { itt: t.itt, aborted, reset });
+    }
+
+    /// Another session reset the unit this session sees as `lun` (a LOGICAL UNIT RESET, or a
+    /// target reset): this session's tasks there end without a response (the control mode
+    /// page's TAS is 0, SAM-5 §6.3.3), their slots free. Returns their tags, for the driver
+    /// to stop what they were doing; their initiator learns of the reset from the unit
+    /// attention, and an ABORT TASK for one of them finds no task.
+    pub fn end_tasks_reset_elsewhere(&mut self, lun: Lun) -> Vec<u32> {
+        match lun.number() {
+            Some(n) => self.abort_where(|task| task.lun.number() == Some(n)),
+            None => Vec::new(),
+        }
     }
 
     /// Answer at once, having done nothing.
@@ -228,6 +242,28 @@ mod tests {
         tmf(&mut s, TmfFunction::ABORT_TASK_SET, 90, 12, Lun::ZERO, 0, 0);
         assert_eq!(events(&mut s), (vec![1, 2, 3], vec![], vec![(90, vec![1])]));
         assert!(s.has_task(2) && s.has_task(3));
+    }
+
+    /// Another session's reset of a unit ends this session's tasks there (whatever their
+    /// CmdSN), answers nothing, and frees their window slots; an ABORT TASK for one of them
+    /// then finds no task.
+    #[test]
+    fn a_reset_by_another_session_ends_the_units_tasks_silently() {
+        let mut s = session(16);
+        command(&mut s, 1, 10, Lun::ZERO);
+        command(&mut s, 2, 11, LUN1);
+        command(&mut s, 3, 12, Lun::ZERO);
+        let _ = events(&mut s);
+        let max_before = s.window.max_cmd_sn();
+        assert_eq!(s.end_tasks_reset_elsewhere(Lun::ZERO), vec![1, 3]);
+        assert!(!s.has_task(1) && s.has_task(2) && !s.has_task(3));
+        assert_eq!(s.window.max_cmd_sn(), max_before.wrapping_add(2), "the ended tasks' slots are free");
+        assert!(answers(&mut s).is_empty(), "no response for the ended tasks");
+        tmf(&mut s, TmfFunction::ABORT_TASK, 90, 13, Lun::ZERO, 1, 10);
+        assert_eq!(events(&mut s), (vec![], vec![], vec![(90, vec![])]));
+        s.complete_task_management(90);
+        assert_eq!(answers(&mut s), vec![(90, TmfResponse::TASK_DOES_NOT_EXIST)]);
+        assert!(s.end_tasks_reset_elsewhere(Lun::ZERO).is_empty());
     }
 
     #[test]
