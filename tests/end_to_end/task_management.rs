@@ -21,6 +21,7 @@ on_every_transport!(
     a_command_whose_time_is_up_is_aborted_before_its_caller_hears,
     an_abort_unanswered_in_time_drops_the_connection,
     a_reset_through_another_session_ends_the_units_commands_silently,
+    a_reset_waits_for_the_writes_of_a_session_whose_connection_ended,
 );
 
 async fn task_management_and_unit_attention(t: Transport) {
@@ -310,4 +311,34 @@ async fn a_reset_through_another_session_ends_the_units_commands_silently(t: Tra
     assert_eq!(target.stats().logins, 2, "a connection was dropped");
     other.logout().await.unwrap();
     s.logout().await.unwrap();
+}
+
+/// A session whose connection ended has stopped its commands, but a write of it may still run
+/// in the store: a LOGICAL UNIT RESET through another session is answered only once that write
+/// is over (the ended session hands the reset the gates of what it stopped).
+async fn a_reset_waits_for_the_writes_of_a_session_whose_connection_ended(t: Transport) {
+    let disk = Gated::new();
+    let lu = Arc::new(LogicalUnit::new(disk.clone(), LuIdentity::random()));
+    let (addr, _target) = t.serve(t.config().node(Node::new(TARGET).lun(lu))).await;
+    let gone = t.connect(addr, SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(20))).await.unwrap();
+    let other = t.connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
+    disk.hold(true);
+    let write = tokio::spawn({
+        let gone = gone.clone();
+        async move { gone.command_once(Lun::ZERO, &write10(0, 8), Some(pattern(3, 4096)), 0).await }
+    });
+    until("the write never reached the store", || disk.waiting() > 0).await;
+    gone.drop_connection();
+    let lost = tokio::time::timeout(WAIT, write).await.unwrap().unwrap();
+    // The target sees the connection end at once on loopback.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let reset = tokio::spawn(async move { other.task_management(Lun::ZERO, TmfFunction::LOGICAL_UNIT_RESET, 0).await.map(|()| other) });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let early = reset.is_finished();
+    // Let go before any assertion: a write left held would keep the runtime from shutting down.
+    disk.hold(false);
+    assert!(matches!(lost, Err(Error::ConnectionLost)), "{lost:?}");
+    assert!(!early, "the reset was answered while the ended session's write still ran");
+    let other = reset.await.unwrap().unwrap();
+    other.logout().await.unwrap();
 }

@@ -63,6 +63,20 @@ struct ResetElsewhere {
     done: tokio::sync::oneshot::Sender<Vec<Arc<IoGate>>>,
 }
 
+/// Other sessions' asks to end this session's tasks on units they reset.
+#[derive(Default)]
+struct ResetAsks {
+    /// Not yet seen to.
+    waiting: Vec<ResetElsewhere>,
+    /// While this session answers a reset of its own: the gates of the tasks it ended (a
+    /// concurrent reset of the same unit by another session finds them gone from the machine
+    /// and must wait for their I/O all the same). Given with every answer meanwhile.
+    own: Vec<Arc<IoGate>>,
+    /// Once the session's loop has ended: the gates of the tasks it ended then (their I/O may
+    /// run on), given as the answer to every ask.
+    ended: Option<Vec<Arc<IoGate>>>,
+}
+
 /// Backend I/O operations of a session running on the blocking pool.
 #[derive(Debug, Default)]
 pub(super) struct IoCount {
@@ -280,10 +294,12 @@ pub(super) struct Session {
     /// A send timed out: the connection is being dropped.
     dead: AtomicBool,
     /// Other sessions' resets of units this one sees, for its loop to end its tasks there
-    /// ([`Session::end_tasks_reset_elsewhere`]); `None` once the loop has ended. At most one
-    /// entry per unit and resetting request.
-    reset_elsewhere: Mutex<Option<Vec<ResetElsewhere>>>,
-    /// Wakes the loop for them.
+    /// ([`Session::end_tasks_reset_elsewhere`]). At most one ask per unit and resetting request.
+    reset_asks: Mutex<ResetAsks>,
+    /// An ask waits: looked at between turns and every [`TURN_SLICE`] PDUs of a turn (a
+    /// session under steady load may never wait for its next PDU).
+    reset_asked: AtomicBool,
+    /// Wakes the loop for an ask while it waits for its next PDU.
     reset_elsewhere_added: tokio::sync::Notify,
 }
 
@@ -340,7 +356,8 @@ impl Session {
             data_timeout: c.data_timeout,
             bulk,
             dead: AtomicBool::new(false),
-            reset_elsewhere: Mutex::new(Some(Vec::new())),
+            reset_asks: Mutex::new(ResetAsks::default()),
+            reset_asked: AtomicBool::new(false),
             reset_elsewhere_added: tokio::sync::Notify::new(),
         }
     }
@@ -503,6 +520,9 @@ impl Session {
         tokio::pin!(timer);
         let mut armed: Option<Instant> = None;
         loop {
+            if self.reset_asked.load(Ordering::Acquire) {
+                self.end_tasks_reset_elsewhere(&view);
+            }
             let deadline = lock(&self.core).poll_timeout().and_then(|at| self.epoch.checked_add(at));
             match (deadline, armed) {
                 (Some(d), Some(a)) if d >= a => {}
@@ -554,6 +574,9 @@ impl Session {
                 if handled % TURN_SLICE == 0 {
                     self.release_sends().await;
                     self.dm.hold_sends();
+                    if self.reset_asked.load(Ordering::Acquire) {
+                        self.end_tasks_reset_elsewhere(&view);
+                    }
                 }
                 match self.dm.try_next_event() {
                     Some(e) => event = Some(e),
@@ -565,11 +588,17 @@ impl Session {
                 break;
             }
         }
-        // Resets asked of this session from now on find it gone (those asked and not yet seen
-        // to are dropped: this session's tasks end below).
-        lock(&self.reset_elsewhere).take();
         let tasks: Vec<TaskId> = lock(&self.running).iter().filter(|(_, (h, _))| !h.is_finished()).map(|(t, _)| *t).collect();
-        self.abort(&tasks);
+        let gates = self.abort(&tasks);
+        // Another session's reset asks from now on (and those not seen to) are answered with
+        // these tasks' gates: their I/O may run on after the loop.
+        {
+            let mut asks = lock(&self.reset_asks);
+            for r in std::mem::take(&mut asks.waiting) {
+                let _ = r.done.send(gates.clone());
+            }
+            asks.ended = Some(gates);
+        }
         for t in tasks {
             self.dm.deallocate_task_resources(t.itt);
         }
@@ -637,12 +666,14 @@ impl Session {
                         Reset::Target => view.paths().map(|p| p.lu.clone()).collect(),
                     };
                     if !units.is_empty() {
+                        lock(&self.reset_asks).own.clone_from(&gates);
                         gates.extend(self.reset_elsewhere(target, view, &units).await);
                     }
                     // Answered only once no aborted task's backend write can still land.
-                    for g in gates {
+                    for g in &gates {
                         g.wait_idle().await;
                     }
+                    lock(&self.reset_asks).own.clear();
                     // A reset reaches the unit's other gateways (another process exporting its
                     // store) before it is answered, so the host finds its unit attention there.
                     let told: Vec<_> = match reset {
@@ -757,7 +788,7 @@ impl Session {
         for s in &others {
             let paths = s.paths();
             for lu in units.iter().filter(|lu| paths.iter().any(|p| Arc::ptr_eq(&p.lu, lu))) {
-                asked.extend(s.ask_to_end_tasks(lu));
+                asked.push(s.ask_to_end_tasks(lu));
             }
         }
         let mut gates = Vec::new();
@@ -765,7 +796,6 @@ impl Session {
             loop {
                 tokio::select! {
                     r = &mut answer => {
-                        // Dropped: that session's loop has ended (its tasks with it).
                         gates.extend(r.unwrap_or_default());
                         break;
                     }
@@ -776,21 +806,36 @@ impl Session {
         gates
     }
 
-    /// Ask this session to end its tasks on `lu` (another session reset it); `None` once it
-    /// has ended.
-    fn ask_to_end_tasks(&self, lu: &Arc<LogicalUnit>) -> Option<tokio::sync::oneshot::Receiver<Vec<Arc<IoGate>>>> {
+    /// Ask this session to end its tasks on `lu` (another session reset it): the answer is
+    /// the gates of their backend I/O (a session whose loop has ended answers at once with
+    /// those of the tasks it ended then).
+    fn ask_to_end_tasks(&self, lu: &Arc<LogicalUnit>) -> tokio::sync::oneshot::Receiver<Vec<Arc<IoGate>>> {
         let (done, answer) = tokio::sync::oneshot::channel();
-        lock(&self.reset_elsewhere).as_mut()?.push(ResetElsewhere { lu: lu.clone(), done });
-        self.reset_elsewhere_added.notify_one();
-        Some(answer)
+        let mut asks = lock(&self.reset_asks);
+        match &asks.ended {
+            Some(gates) => {
+                let _ = done.send(gates.clone());
+            }
+            None => {
+                asks.waiting.push(ResetElsewhere { lu: lu.clone(), done });
+                self.reset_asked.store(true, Ordering::Release);
+                self.reset_elsewhere_added.notify_one();
+            }
+        }
+        answer
     }
 
     /// End this session's tasks on the units other sessions reset (in its loop, between
-    /// turns: no command of it is being started or answered): without a response (TAS is 0),
-    /// their futures stopped, their datamover state released; the gates of their backend I/O
-    /// go back to the resetting sessions.
+    /// turns or PDUs: no command of it is being started or answered): without a response (TAS
+    /// is 0), their futures stopped, their datamover state released; the gates of their
+    /// backend I/O go back to the resetting sessions, with those of the tasks a reset of this
+    /// session's own, being answered meanwhile, ended ([`ResetAsks::own`]).
     fn end_tasks_reset_elsewhere(&self, view: &View) {
-        let asked = lock(&self.reset_elsewhere).as_mut().map(std::mem::take).unwrap_or_default();
+        self.reset_asked.store(false, Ordering::Release);
+        let (asked, own) = {
+            let mut asks = lock(&self.reset_asks);
+            (std::mem::take(&mut asks.waiting), asks.own.clone())
+        };
         for r in asked {
             let itts: Vec<u32> = {
                 let mut core = lock(&self.core);
@@ -800,7 +845,9 @@ impl Session {
             if !itts.is_empty() {
                 info!(nexus = %self.nexus, tasks = itts.len(), "tasks ended by another nexus's reset of their unit");
             }
-            let _ = r.done.send(self.abort_tags(&itts));
+            let mut gates = self.abort_tags(&itts);
+            gates.extend(own.iter().cloned());
+            let _ = r.done.send(gates);
         }
     }
 
