@@ -22,6 +22,7 @@ on_every_transport!(
     an_abort_unanswered_in_time_drops_the_connection,
     a_reset_through_another_session_ends_the_units_commands_silently,
     a_reset_waits_for_the_writes_of_a_session_whose_connection_ended,
+    an_abort_of_a_write_another_sessions_reset_ended_waits_for_its_io,
 );
 
 async fn task_management_and_unit_attention(t: Transport) {
@@ -291,10 +292,18 @@ async fn a_reset_through_another_session_ends_the_units_commands_silently(t: Tra
     });
     until("the read never reached the store", || disk.reads_waiting() > 0).await;
     let reset = tokio::spawn(async move { other.task_management(Lun::ZERO, TmfFunction::LOGICAL_UNIT_RESET, 0).await.map(|()| other) });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The reset has reached the read's session once that holds no task any more.
+    let ended = tokio::time::timeout(WAIT, async {
+        while target.sessions().iter().map(|s| s.commands).sum::<usize>() > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let early = reset.is_finished();
     // Let go before any assertion: a read left held would keep the runtime from shutting down.
     disk.hold_reads(false);
+    assert!(ended.is_ok(), "the reset did not end the other session's read");
     assert!(!early, "the reset was answered while the other session's read still ran");
     let other = reset.await.unwrap().unwrap();
     let r = tokio::time::timeout(WAIT, read).await.unwrap().unwrap();
@@ -341,4 +350,38 @@ async fn a_reset_waits_for_the_writes_of_a_session_whose_connection_ended(t: Tra
     assert!(!early, "the reset was answered while the ended session's write still ran");
     let other = reset.await.unwrap().unwrap();
     other.logout().await.unwrap();
+}
+
+/// A write another session's reset ended (no task left in its session) may still be running in
+/// the store: when its own initiator, hearing nothing, aborts it, the answer (*Task does not
+/// exist*) waits until the write is over — a `Timeout` means the command can no longer land.
+/// (Before, it came at once, while the write could still land after the caller had been told,
+/// and after a multipath initiator had sent it again elsewhere.)
+async fn an_abort_of_a_write_another_sessions_reset_ended_waits_for_its_io(t: Transport) {
+    let disk = Gated::new();
+    let lu = Arc::new(LogicalUnit::new(disk.clone(), LuIdentity::random()));
+    let (addr, _target) = t.serve(t.config().node(Node::new(TARGET).lun(lu))).await;
+    let s = t.connect(addr, SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(3))).await.unwrap();
+    let other = t.connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
+    disk.hold(true);
+    let t0 = std::time::Instant::now();
+    let write = tokio::spawn({
+        let s = s.clone();
+        async move { s.command_once(Lun::ZERO, &write10(0, 8), Some(pattern(4, 4096)), 0).await }
+    });
+    until("the write never reached the store", || disk.waiting() > 0).await;
+    let reset = tokio::spawn(async move { other.task_management(Lun::ZERO, TmfFunction::LOGICAL_UNIT_RESET, 0).await.map(|()| other) });
+    // The write is given up between 3 and 3.75 s and aborted; its abort's own time would be up
+    // 3 s later.
+    tokio::time::sleep(Duration::from_secs(5).saturating_sub(t0.elapsed())).await;
+    let (heard, reset_early) = (write.is_finished(), reset.is_finished());
+    // Let go before any assertion: a write left held would keep the runtime from shutting down.
+    disk.hold(false);
+    assert!(!heard, "the write's caller heard while it still ran: {:?}", write.await);
+    assert!(!reset_early, "the reset was answered while the write still ran");
+    let r = tokio::time::timeout(WAIT, write).await.unwrap().unwrap();
+    assert!(matches!(r, Err(Error::Timeout)), "{r:?}");
+    let other = reset.await.unwrap().unwrap();
+    other.logout().await.unwrap();
+    s.logout().await.unwrap();
 }

@@ -29,24 +29,25 @@ struct InFlight {
 }
 
 impl InFlight {
-    fn new(gate: Option<&Arc<IoGate>>, io: &Arc<IoCount>, path: PathGuard, gated: bool) -> Self {
-        let gate = gate.filter(|_| gated).map(|g| {
-            g.busy.store(true, Ordering::Release);
-            g.clone()
-        });
+    /// The command's I/O starts; `None` if its task was aborted already (then it must not:
+    /// see [`IoGate`]).
+    fn new(gate: Option<&Arc<IoGate>>, io: &Arc<IoCount>, path: PathGuard, gated: bool) -> Option<Self> {
+        let gate = match gate.filter(|_| gated) {
+            Some(g) if !g.enter() => return None,
+            g => g.cloned(),
+        };
         let io = gated.then(|| {
             io.enter();
             io.clone()
         });
-        Self { gate, io, _path: path }
+        Some(Self { gate, io, _path: path })
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         if let Some(g) = self.gate.take() {
-            g.busy.store(false, Ordering::Release);
-            g.idle.notify_waiters();
+            g.leave();
         }
         if let Some(io) = self.io.take() {
             io.leave();
@@ -270,10 +271,13 @@ impl Session {
             // own (`ToTheEnd`), so its operation is followed to its end: the gate tells task
             // management (and the session's end) when it is over, and the path keeps a LUN being
             // removed waiting for it.
+            // In flight before the store is asked (it may start at once).
+            let Some(in_flight) = InFlight::new(gate, &self.io, path.enter(), true) else {
+                return;
+            };
             let Some(running) = lu.execute_async(&plan, data_out.slice(..usable), &self.nexus, read_buf) else {
                 return;
             };
-            let in_flight = InFlight::new(gate, &self.io, path.enter(), true);
             (ToTheEnd { running: Some(running), in_flight: Some(in_flight) }.await, data_out)
         } else if !lu.may_block(&plan) {
             // Memory-speed backends run inline; a thread hand-off would cost more than the I/O.
@@ -282,7 +286,13 @@ impl Session {
             // only once this poll returns, so the gate and the session's count say when it is
             // over (a reinstating session must not write before it). In the receiving task
             // nothing ends the session meanwhile.
-            let _in_flight = gate.map(|g| InFlight::new(Some(g), &self.io, path.enter(), !lu.outlives_its_task(&plan)));
+            let _in_flight = match gate {
+                Some(g) => match InFlight::new(Some(g), &self.io, path.enter(), !lu.outlives_its_task(&plan)) {
+                    Some(f) => Some(f),
+                    None => return,
+                },
+                None => None,
+            };
             (lu.execute_into(&plan, &data_out[..usable], &self.nexus, read_buf), data_out)
         } else {
             // The blocking pool runs the I/O to its end even if this task is aborted meanwhile:
@@ -293,7 +303,9 @@ impl Session {
             // A SANITIZE is not waited for: it goes on across task management and reinstatement
             // by design, and the LU fences the medium while it runs. The I/O holds the path
             // either way: a LUN being removed waits for it even if this task is aborted meanwhile.
-            let in_flight = InFlight::new(gate, &self.io, path.enter(), !lu.outlives_its_task(&plan));
+            let Some(in_flight) = InFlight::new(gate, &self.io, path.enter(), !lu.outlives_its_task(&plan)) else {
+                return;
+            };
             let Ok(r) = tokio::task::spawn_blocking(move || {
                 let r = (lu2.execute_into(&plan2, &data_out[..usable], &nexus, read_buf), data_out);
                 drop(in_flight);
@@ -500,8 +512,8 @@ mod tests {
         let lu = Arc::new(LogicalUnit::new(Arc::new(RamBackend::new(1 << 20, 512)), LuIdentity::random()));
         let path = Arc::new(LunPath::new(0, lu));
         let (gate, io) = (Arc::new(IoGate::default()), Arc::new(IoCount::default()));
-        let spawned = InFlight::new(Some(&gate), &io, path.enter(), true);
-        let inline = InFlight::new(None, &io, path.enter(), true);
+        let spawned = InFlight::new(Some(&gate), &io, path.enter(), true).unwrap();
+        let inline = InFlight::new(None, &io, path.enter(), true).unwrap();
         assert!(gate.busy.load(Ordering::Acquire));
         assert_eq!(io.running(), 2);
         drop(spawned);
@@ -510,9 +522,29 @@ mod tests {
         assert!(path.busy());
         drop(inline);
         assert_eq!(io.running(), 0);
-        let ungated = InFlight::new(Some(&gate), &io, path.enter(), false);
+        let ungated = InFlight::new(Some(&gate), &io, path.enter(), false).unwrap();
         assert!(!gate.busy.load(Ordering::Acquire) && io.running() == 0 && path.busy());
         drop(ungated);
         assert!(!path.busy());
+    }
+
+    /// A task aborted (on another thread) before its I/O starts does not start it: the aborter
+    /// found its gate idle and waits for nothing. One aborted while its I/O runs is waited for.
+    #[test]
+    fn io_does_not_start_once_its_task_is_aborted() {
+        let lu = Arc::new(LogicalUnit::new(Arc::new(RamBackend::new(1 << 20, 512)), LuIdentity::random()));
+        let path = Arc::new(LunPath::new(0, lu));
+        let io = Arc::new(IoCount::default());
+        let running = Arc::new(IoGate::default());
+        let started = InFlight::new(Some(&running), &io, path.enter(), true).unwrap();
+        running.abort();
+        assert!(running.busy.load(Ordering::SeqCst), "the I/O under way is waited for");
+        drop(started);
+        let late = Arc::new(IoGate::default());
+        late.abort();
+        assert!(InFlight::new(Some(&late), &io, path.enter(), true).is_none());
+        assert!(!late.busy.load(Ordering::SeqCst) && io.running() == 0 && !path.busy());
+        // A store operation that outlives its task (a SANITIZE) is not gated: it goes on.
+        assert!(InFlight::new(Some(&late), &io, path.enter(), false).is_some());
     }
 }

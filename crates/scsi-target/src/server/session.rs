@@ -30,19 +30,48 @@ use tracing::{debug, info, warn};
 
 /// Whether a task's backend I/O runs (on the blocking pool, where aborting the task's future
 /// does not stop it).
+///
+/// Aborting a task on another thread takes effect only at its next yield: a command polled
+/// meanwhile could still start its I/O after the aborter found the gate idle. So the aborter
+/// sets `aborted` and then looks at `busy`, and a command sets `busy` and then looks at
+/// `aborted` (both sequentially consistent): either the aborter sees the I/O and waits for
+/// it, or the command sees the abort and does not start it ([`IoGate::enter`]).
 #[derive(Debug, Default)]
 pub(super) struct IoGate {
     pub(super) busy: AtomicBool,
+    aborted: AtomicBool,
     pub(super) idle: tokio::sync::Notify,
 }
 
 impl IoGate {
+    /// The task's I/O is about to start: `false` (and the gate left idle) if the task was
+    /// aborted already.
+    pub(super) fn enter(&self) -> bool {
+        self.busy.store(true, Ordering::SeqCst);
+        if self.aborted.load(Ordering::SeqCst) {
+            self.leave();
+            return false;
+        }
+        true
+    }
+
+    /// The task's I/O is over.
+    pub(super) fn leave(&self) {
+        self.busy.store(false, Ordering::SeqCst);
+        self.idle.notify_waiters();
+    }
+
+    /// The task is being aborted: no I/O of it starts from now on.
+    pub(super) fn abort(&self) {
+        self.aborted.store(true, Ordering::SeqCst);
+    }
+
     async fn wait_idle(&self) {
         loop {
             let n = self.idle.notified();
             tokio::pin!(n);
             n.as_mut().enable();
-            if !self.busy.load(Ordering::Acquire) {
+            if !self.busy.load(Ordering::SeqCst) {
                 return;
             }
             n.await;
@@ -75,6 +104,19 @@ struct ResetAsks {
     /// Once the session's loop has ended: the gates of the tasks it ended then (their I/O may
     /// run on), given as the answer to every ask.
     ended: Option<Vec<Arc<IoGate>>>,
+    /// The gates of the tasks this session ended for other sessions' resets, while their I/O
+    /// may still run: those tasks are gone from its machine, so every task management request
+    /// of its own waits for them too (an ABORT TASK of one finds no task, and must not be
+    /// answered while its write can still land), and every answer to an ask carries them.
+    handed: Vec<Arc<IoGate>>,
+}
+
+impl ResetAsks {
+    /// The gates handed out whose I/O may still run.
+    fn handed(&mut self) -> Vec<Arc<IoGate>> {
+        self.handed.retain(|g| g.busy.load(Ordering::Acquire));
+        self.handed.clone()
+    }
 }
 
 /// Backend I/O operations of a session running on the blocking pool.
@@ -589,11 +631,12 @@ impl Session {
             }
         }
         let tasks: Vec<TaskId> = lock(&self.running).iter().filter(|(_, (h, _))| !h.is_finished()).map(|(t, _)| *t).collect();
-        let gates = self.abort(&tasks);
+        let mut gates = self.abort(&tasks);
         // Another session's reset asks from now on (and those not seen to) are answered with
-        // these tasks' gates: their I/O may run on after the loop.
+        // these tasks' gates, and those handed out before: their I/O may run on after the loop.
         {
             let mut asks = lock(&self.reset_asks);
+            gates.extend(asks.handed());
             for r in std::mem::take(&mut asks.waiting) {
                 let _ = r.done.send(gates.clone());
             }
@@ -658,6 +701,9 @@ impl Session {
                     // Nothing gathered waits on what follows (it may take a while).
                     self.release_sends().await;
                     let mut gates = self.abort_tags(&aborted);
+                    // The tasks other sessions' resets ended here may still be writing: no
+                    // answer of this session's before they are over.
+                    gates.extend(lock(&self.reset_asks).handed());
                     // A reset ends the unit's tasks of every nexus (SAM-5 §6.3.3), each
                     // session's in its own loop.
                     let units: Vec<Arc<LogicalUnit>> = match reset {
@@ -829,7 +875,8 @@ impl Session {
     /// turns or PDUs: no command of it is being started or answered): without a response (TAS
     /// is 0), their futures stopped, their datamover state released; the gates of their
     /// backend I/O go back to the resetting sessions, with those of the tasks a reset of this
-    /// session's own, being answered meanwhile, ended ([`ResetAsks::own`]).
+    /// session's own, being answered meanwhile, ended ([`ResetAsks::own`]), and those handed
+    /// out before whose I/O still runs ([`ResetAsks::handed`]).
     fn end_tasks_reset_elsewhere(&self, view: &View) {
         self.reset_asked.store(false, Ordering::Release);
         let (asked, own) = {
@@ -845,8 +892,15 @@ impl Session {
             if !itts.is_empty() {
                 info!(nexus = %self.nexus, tasks = itts.len(), "tasks ended by another nexus's reset of their unit");
             }
-            let mut gates = self.abort_tags(&itts);
-            gates.extend(own.iter().cloned());
+            let ended = self.abort_tags(&itts);
+            // Kept: this session answers nothing before their I/O is over either.
+            let handed = {
+                let mut asks = lock(&self.reset_asks);
+                asks.handed.extend(ended);
+                asks.handed()
+            };
+            let mut gates = own.clone();
+            gates.extend(handed);
             let _ = r.done.send(gates);
         }
     }
@@ -859,6 +913,7 @@ impl Session {
             .iter()
             .filter_map(|t| running.remove(t))
             .map(|(h, g)| {
+                g.abort();
                 h.abort();
                 g
             })
