@@ -271,7 +271,7 @@ impl Session {
             // own (`ToTheEnd`), so its operation is followed to its end: the gate tells task
             // management (and the session's end) when it is over, and the path keeps a LUN being
             // removed waiting for it.
-            // In flight before the store is asked (it may start at once).
+            // In flight (or refused, the task aborted) before the store's operation is made.
             let Some(in_flight) = InFlight::new(gate, &self.io, path.enter(), true) else {
                 return;
             };

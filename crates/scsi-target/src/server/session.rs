@@ -114,7 +114,8 @@ struct ResetAsks {
 impl ResetAsks {
     /// The gates handed out whose I/O may still run.
     fn handed(&mut self) -> Vec<Arc<IoGate>> {
-        self.handed.retain(|g| g.busy.load(Ordering::Acquire));
+        // The aborter's half of `IoGate`'s handshake (each gate here was aborted first).
+        self.handed.retain(|g| g.busy.load(Ordering::SeqCst));
         self.handed.clone()
     }
 }
