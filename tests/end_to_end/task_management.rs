@@ -291,7 +291,7 @@ async fn a_reset_through_another_session_ends_the_units_commands_silently(t: Tra
         async move { s.command_once(Lun::ZERO, &read10(0, 8), None, 4096).await }
     });
     until("the read never reached the store", || disk.reads_waiting() > 0).await;
-    let reset = tokio::spawn(async move { other.task_management(Lun::ZERO, TmfFunction::LOGICAL_UNIT_RESET, 0).await.map(|()| other) });
+    let reset = reset_through(other);
     // The reset has reached the read's session once that holds no task any more.
     let ended = tokio::time::timeout(WAIT, async {
         while target.sessions().iter().map(|s| s.commands).sum::<usize>() > 0 {
@@ -326,22 +326,12 @@ async fn a_reset_through_another_session_ends_the_units_commands_silently(t: Tra
 /// in the store: a LOGICAL UNIT RESET through another session is answered only once that write
 /// is over (the ended session hands the reset the gates of what it stopped).
 async fn a_reset_waits_for_the_writes_of_a_session_whose_connection_ended(t: Transport) {
-    let disk = Gated::new();
-    let lu = Arc::new(LogicalUnit::new(disk.clone(), LuIdentity::random()));
-    let (addr, _target) = t.serve(t.config().node(Node::new(TARGET).lun(lu))).await;
-    let gone = t.connect(addr, SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(20))).await.unwrap();
-    let other = t.connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
-    disk.hold(true);
-    let write = tokio::spawn({
-        let gone = gone.clone();
-        async move { gone.command_once(Lun::ZERO, &write10(0, 8), Some(pattern(3, 4096)), 0).await }
-    });
-    until("the write never reached the store", || disk.waiting() > 0).await;
+    let (disk, gone, other, write, _) = write_held_beside_another_session(t, Duration::from_secs(20), 3).await;
     gone.drop_connection();
     let lost = tokio::time::timeout(WAIT, write).await.unwrap().unwrap();
     // The target sees the connection end at once on loopback.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let reset = tokio::spawn(async move { other.task_management(Lun::ZERO, TmfFunction::LOGICAL_UNIT_RESET, 0).await.map(|()| other) });
+    let reset = reset_through(other);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let early = reset.is_finished();
     // Let go before any assertion: a write left held would keep the runtime from shutting down.
@@ -358,19 +348,8 @@ async fn a_reset_waits_for_the_writes_of_a_session_whose_connection_ended(t: Tra
 /// (Before, it came at once, while the write could still land after the caller had been told,
 /// and after a multipath initiator had sent it again elsewhere.)
 async fn an_abort_of_a_write_another_sessions_reset_ended_waits_for_its_io(t: Transport) {
-    let disk = Gated::new();
-    let lu = Arc::new(LogicalUnit::new(disk.clone(), LuIdentity::random()));
-    let (addr, _target) = t.serve(t.config().node(Node::new(TARGET).lun(lu))).await;
-    let s = t.connect(addr, SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(3))).await.unwrap();
-    let other = t.connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
-    disk.hold(true);
-    let t0 = std::time::Instant::now();
-    let write = tokio::spawn({
-        let s = s.clone();
-        async move { s.command_once(Lun::ZERO, &write10(0, 8), Some(pattern(4, 4096)), 0).await }
-    });
-    until("the write never reached the store", || disk.waiting() > 0).await;
-    let reset = tokio::spawn(async move { other.task_management(Lun::ZERO, TmfFunction::LOGICAL_UNIT_RESET, 0).await.map(|()| other) });
+    let (disk, s, other, write, t0) = write_held_beside_another_session(t, Duration::from_secs(3), 4).await;
+    let reset = reset_through(other);
     // The write is given up between 3 and 3.75 s and aborted; its abort's own time would be up
     // 3 s later.
     tokio::time::sleep(Duration::from_secs(5).saturating_sub(t0.elapsed())).await;
@@ -384,4 +363,33 @@ async fn an_abort_of_a_write_another_sessions_reset_ended_waits_for_its_io(t: Tr
     let other = reset.await.unwrap().unwrap();
     other.logout().await.unwrap();
     s.logout().await.unwrap();
+}
+
+/// A target over a [`Gated`] store, a session with `timeout` and another one, and a write of
+/// `pattern(seed, 4096)` through the first, held in the store (the store's writes held from
+/// then on); when the write was sent.
+async fn write_held_beside_another_session(
+    t: Transport,
+    timeout: Duration,
+    seed: u8,
+) -> (Arc<Gated>, Session, Session, tokio::task::JoinHandle<Result<riser::initiator::CommandResult, Error>>, std::time::Instant) {
+    let disk = Gated::new();
+    let lu = Arc::new(LogicalUnit::new(disk.clone(), LuIdentity::random()));
+    let (addr, _target) = t.serve(t.config().node(Node::new(TARGET).lun(lu))).await;
+    let s = t.connect(addr, SessionConfig::new(ME, TARGET).timeout(timeout)).await.unwrap();
+    let other = t.connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
+    disk.hold(true);
+    let sent = std::time::Instant::now();
+    let write = tokio::spawn({
+        let s = s.clone();
+        async move { s.command_once(Lun::ZERO, &write10(0, 8), Some(pattern(seed, 4096)), 0).await }
+    });
+    until("the write never reached the store", || disk.waiting() > 0).await;
+    (disk, s, other, write, sent)
+}
+
+/// A LOGICAL UNIT RESET of LUN 0 through `other`, in a task of its own (which gives the session
+/// back once answered).
+fn reset_through(other: Session) -> tokio::task::JoinHandle<Result<Session, Error>> {
+    tokio::spawn(async move { other.task_management(Lun::ZERO, TmfFunction::LOGICAL_UNIT_RESET, 0).await.map(|()| other) })
 }
