@@ -23,6 +23,7 @@ on_every_transport!(
     a_reset_through_another_session_ends_the_units_commands_silently,
     a_reset_waits_for_the_writes_of_a_session_whose_connection_ended,
     an_abort_of_a_write_another_sessions_reset_ended_waits_for_its_io,
+    a_reset_on_another_gateway_ends_the_units_commands_before_it_is_acknowledged,
 );
 
 async fn task_management_and_unit_attention(t: Transport) {
@@ -362,6 +363,53 @@ async fn an_abort_of_a_write_another_sessions_reset_ended_waits_for_its_io(t: Tr
     assert!(matches!(r, Err(Error::Timeout)), "{r:?}");
     let other = reset.await.unwrap().unwrap();
     other.logout().await.unwrap();
+    s.logout().await.unwrap();
+}
+
+/// Another gateway of the unit's store reset it ([`LogicalUnit::remote_reset`], what the RBD
+/// gateway calls when the cluster tells it): the unit's tasks here end without a response
+/// (SAM-5 §6.3.3: every task set of the unit), and what the call returns — when the other
+/// gateway is acknowledged, and answers its reset — resolves only once their writes are over.
+/// (Before, only a unit attention was queued: the write ran on and was answered GOOD, after
+/// the other gateway could have answered its reset.)
+async fn a_reset_on_another_gateway_ends_the_units_commands_before_it_is_acknowledged(t: Transport) {
+    let disk = Gated::new();
+    let lu = Arc::new(LogicalUnit::new(disk.clone(), LuIdentity::random()));
+    let (addr, target) = t.serve(t.config().node(Node::new(TARGET).lun(lu.clone()))).await;
+    let s = t.connect(addr, SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(3))).await.unwrap();
+    disk.hold(true);
+    let t0 = std::time::Instant::now();
+    let write = tokio::spawn({
+        let s = s.clone();
+        async move { s.command_once(Lun::ZERO, &write10(0, 8), Some(pattern(6, 4096)), 0).await }
+    });
+    until("the write never reached the store", || disk.waiting() > 0).await;
+    let acknowledged = tokio::spawn(lu.remote_reset());
+    let ended = tokio::time::timeout(WAIT, async {
+        while target.sessions().iter().map(|s| s.commands).sum::<usize>() > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let early = acknowledged.is_finished();
+    // Let go before any assertion: a write left held would keep the runtime from shutting down.
+    disk.hold(false);
+    assert!(ended.is_ok(), "the other gateway's reset did not end the write's task here");
+    assert!(!early, "acknowledged while the write still ran");
+    tokio::time::timeout(WAIT, acknowledged).await.expect("not acknowledged once the write was over").unwrap();
+    // No answer: its caller gives up at its timeout, once its abort finds no task.
+    let r = tokio::time::timeout(WAIT, write).await.unwrap().unwrap();
+    match r {
+        Err(Error::Timeout) => {}
+        Ok(r) => panic!("the write was answered: {:?}", r.status),
+        Err(e) => panic!("the write: {e}"),
+    }
+    assert!(t0.elapsed() >= Duration::from_millis(2900), "{:?}", t0.elapsed());
+    // The reset's unit attention comes next (retried past by the initiator), and the session
+    // goes on.
+    s.test_unit_ready(Lun::ZERO).await.unwrap();
+    assert_eq!(target.stats().logins, 1, "the connection was dropped");
     s.logout().await.unwrap();
 }
 

@@ -121,7 +121,7 @@ pub use aio::IoFuture;
 pub use image::{Image, ImageInfo, UpdateWatch, features};
 #[cfg(feature = "rbd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rbd")))]
-pub use rados::{Cluster, Ioctx, Watch};
+pub use rados::{Cluster, Ioctx, PendingAck, Watch};
 
 #[cfg(all(test, feature = "rbd"))]
 mod tests {

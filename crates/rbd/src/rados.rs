@@ -307,8 +307,26 @@ impl Ioctx {
         timeout_secs: u32,
         callback: impl Fn(Notify) -> Vec<u8> + Send + Sync + 'static,
     ) -> Result<Watch, Error> {
+        self.register_watch(oid, timeout_secs, WatchFn::Reply(Box::new(callback)))
+    }
+
+    /// Watches an object as [`Ioctx::watch_with_timeout`] does, for a watcher that answers a
+    /// notification later: `callback` gets it with the [`PendingAck`] to give (from any thread,
+    /// once its work is done; the notifier waits for it until its own timeout). The callback
+    /// itself should return quickly: librados delivers this client's notifications one at a
+    /// time on its thread.
+    pub fn watch_acking_later(
+        &self,
+        oid: &str,
+        timeout_secs: u32,
+        callback: impl Fn(Notify, PendingAck) + Send + Sync + 'static,
+    ) -> Result<Watch, Error> {
+        self.register_watch(oid, timeout_secs, WatchFn::Later(Box::new(callback)))
+    }
+
+    fn register_watch(&self, oid: &str, timeout_secs: u32, callback: WatchFn) -> Result<Watch, Error> {
         let oid_c = cstring(oid, "oid")?;
-        let ctx = Box::new(WatchCtx { callback: Box::new(callback), io: self.inner.handle, oid: oid_c, error: AtomicI32::new(0) });
+        let ctx = Box::new(WatchCtx { callback, ioctx: Arc::clone(&self.inner), oid: oid_c, error: AtomicI32::new(0) });
         let arg = Box::into_raw(ctx);
         let mut cookie = 0u64;
         // SAFETY: valid ioctx; `arg` points to a WatchCtx that stays alive (owned by the
@@ -363,13 +381,59 @@ impl Ioctx {
     }
 }
 
-type WatchFn = dyn Fn(Notify) -> Vec<u8> + Send + Sync;
+/// A watch's callback: one that answers at once, or one that acknowledges later.
+enum WatchFn {
+    Reply(Box<dyn Fn(Notify) -> Vec<u8> + Send + Sync>),
+    Later(Box<dyn Fn(Notify, PendingAck) + Send + Sync>),
+}
 
 struct WatchCtx {
-    callback: Box<WatchFn>,
-    io: ffi::rados_ioctx_t,
+    callback: WatchFn,
+    ioctx: Arc<IoctxInner>,
     oid: CString,
     error: AtomicI32,
+}
+
+/// The acknowledgement of a notification a watcher owes ([`Ioctx::watch_acking_later`]): sent
+/// with [`PendingAck::ack`], from any thread; dropped unsent, it acknowledges with an empty
+/// payload (a notifier never waits on a watcher that forgot).
+pub struct PendingAck {
+    ioctx: Arc<IoctxInner>,
+    oid: CString,
+    notify_id: u64,
+    cookie: u64,
+    sent: bool,
+}
+
+impl std::fmt::Debug for PendingAck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingAck").field("notify_id", &self.notify_id).field("cookie", &self.cookie).finish_non_exhaustive()
+    }
+}
+
+impl PendingAck {
+    /// Acknowledge the notification with `payload` (what the notifier sees in
+    /// [`NotifyReplies::acks`]).
+    pub fn ack(mut self, payload: &[u8]) {
+        self.send(payload);
+    }
+
+    fn send(&mut self, payload: &[u8]) {
+        if std::mem::replace(&mut self.sent, true) {
+            return;
+        }
+        let len = c_int::try_from(payload.len()).unwrap_or(0);
+        // SAFETY: the ioctx is alive (this holds its Arc, whether or not the watch still is);
+        // oid NUL-terminated; the payload valid for len bytes during the call. A lost ack
+        // shows up at the notifier as a timeout, so its result is not reported.
+        unsafe { ffi::rados_notify_ack(self.ioctx.handle, self.oid.as_ptr(), self.notify_id, self.cookie, payload.as_ptr().cast(), len) };
+    }
+}
+
+impl Drop for PendingAck {
+    fn drop(&mut self) {
+        self.send(&[]);
+    }
 }
 
 extern "C" fn watch_cb(arg: *mut c_void, notify_id: u64, cookie: u64, notifier_id: u64, data: *mut c_void, len: usize) {
@@ -383,13 +447,13 @@ extern "C" fn watch_cb(arg: *mut c_void, notify_id: u64, cookie: u64, notifier_i
         unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) }.to_vec()
     };
     let notify = Notify { notify_id, cookie, notifier_id, payload };
-    // A panicking callback must not unwind into C; it acknowledges with an empty payload.
-    let reply = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (ctx.callback)(notify))).unwrap_or_default();
-    let reply_len = c_int::try_from(reply.len()).unwrap_or(0);
-    // SAFETY: the ioctx outlives the watch (Watch holds its Arc); oid NUL-terminated; the
-    // reply is valid for reply_len bytes during the call. Its result cannot be reported
-    // anywhere useful: a lost ack shows up at the notifier as a timeout.
-    unsafe { ffi::rados_notify_ack(ctx.io, ctx.oid.as_ptr(), notify_id, cookie, reply.as_ptr().cast(), reply_len) };
+    let ack = PendingAck { ioctx: Arc::clone(&ctx.ioctx), oid: ctx.oid.clone(), notify_id, cookie, sent: false };
+    // A panicking callback must not unwind into C; it acknowledges with an empty payload
+    // (the `PendingAck` dropped unsent).
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &ctx.callback {
+        WatchFn::Reply(f) => ack.ack(&f(notify)),
+        WatchFn::Later(f) => f(notify, ack),
+    }));
 }
 
 extern "C" fn watch_err_cb(arg: *mut c_void, _cookie: u64, err: c_int) {

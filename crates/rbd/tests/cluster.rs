@@ -390,6 +390,57 @@ fn watch_notify_ack_and_timeout() {
     assert!(io_a.watch(&unique("missing"), |_| Vec::new()).is_err());
 }
 
+/// A watcher that acknowledges later: its callback returns at once (the next notification is
+/// delivered meanwhile), and the notifier waits for the ack given afterwards from another
+/// thread, with its payload; an ack dropped unsent still answers (empty).
+#[test]
+fn a_notification_acknowledged_later_from_another_thread() {
+    let Some(conf) = ceph_conf("a_notification_acknowledged_later_from_another_thread") else { return };
+    let a = connect(&conf);
+    let notifier = connect(&conf);
+    let io_a = a.ioctx(POOL).unwrap();
+    let io_n = notifier.ioctx(POOL).unwrap();
+    let oid = unique("riser-rbd-ack-later");
+    io_n.write_full(&oid, &[]).unwrap();
+    let watch = io_a
+        .watch_acking_later(&oid, 0, |n, ack| {
+            if n.payload == b"drop" {
+                drop(ack);
+                return;
+            }
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(1500));
+                let mut reply = b"later:".to_vec();
+                reply.extend_from_slice(&n.payload);
+                ack.ack(&reply);
+            });
+        })
+        .unwrap();
+    let t = Instant::now();
+    let replies = io_n.notify(&oid, b"reset", 5000).unwrap();
+    let took = t.elapsed();
+    assert_eq!(replies.timeouts, vec![]);
+    assert_eq!(replies.acks.len(), 1);
+    assert_eq!((replies.acks[0].gid, replies.acks[0].cookie), (a.instance_id(), watch.cookie()));
+    assert_eq!(replies.acks[0].payload, b"later:reset");
+    assert!(took >= Duration::from_millis(1400), "the notifier did not wait for the later ack: {took:?}");
+    // Two at once: the callback returned, so the second is delivered while the first's ack is
+    // owed, and both are answered in about one delay.
+    let (io_n2, oid2) = (notifier.ioctx(POOL).unwrap(), oid.clone());
+    let t = Instant::now();
+    let other = std::thread::spawn(move || io_n2.notify(&oid2, b"one", 5000).unwrap());
+    let second = io_n.notify(&oid, b"two", 5000).unwrap();
+    let first = other.join().unwrap();
+    let took = t.elapsed();
+    assert_eq!(first.acks[0].payload, b"later:one");
+    assert_eq!(second.acks[0].payload, b"later:two");
+    assert!(took < Duration::from_millis(2900), "the notifications were answered one after the other: {took:?}");
+    let replies = io_n.notify(&oid, b"drop", 5000).unwrap();
+    assert_eq!((replies.acks.len(), replies.timeouts.len()), (1, 0), "{replies:?}");
+    assert_eq!(replies.acks[0].payload, b"");
+    drop(watch);
+}
+
 #[test]
 fn lock_break_blocklists_the_old_owner() {
     let Some(conf) = ceph_conf("lock_break_blocklists_the_old_owner") else { return };

@@ -188,6 +188,59 @@ pub trait UnitEvents: Send + Sync + std::fmt::Debug {
     fn unit_attention(&self, asc: AscAscq);
 }
 
+/// A server that runs commands on units (a target): what a reset made by another gateway of a
+/// unit's store asks of it ([`LogicalUnit::remote_reset`]).
+pub(crate) trait TaskSets: Send + Sync + std::fmt::Debug {
+    /// End every task on `lu` of every session without a response; the future resolves once
+    /// no backend I/O of theirs can still run.
+    fn end_tasks(&self, lu: &LogicalUnit) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+}
+
+/// What [`LogicalUnit::remote_reset`] returns: resolves once the tasks the reset ended here
+/// can no longer write (their backend I/O is over). Await it, or [`TasksEnded::wait`] on a
+/// thread that may block.
+pub struct TasksEnded(std::pin::Pin<Box<dyn Future<Output = ()> + Send>>);
+
+impl std::fmt::Debug for TasksEnded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TasksEnded")
+    }
+}
+
+impl Future for TasksEnded {
+    type Output = ();
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+impl TasksEnded {
+    /// Block this thread until the tasks have ended, for at most `timeout`: whether they did.
+    /// For threads that may block (a storage cluster's notification thread hands it to one of
+    /// its own); never call it on an asynchronous runtime's thread.
+    pub fn wait(mut self, timeout: std::time::Duration) -> bool {
+        struct Unpark(std::thread::Thread);
+        impl std::task::Wake for Unpark {
+            fn wake(self: Arc<Self>) {
+                self.0.unpark();
+            }
+        }
+        let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut cx = std::task::Context::from_waker(&waker);
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if self.0.as_mut().poll(&mut cx).is_ready() {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            std::thread::park_timeout(left);
+        }
+    }
+}
+
 /// Where the persistent reservations of a unit whose store several gateways export are kept
 /// (the cluster the store lives in): one PERSISTENT RESERVE OUT at a time over every gateway, on
 /// the state read fresh, and the new state known to every gateway before the command's GOOD.
@@ -225,6 +278,9 @@ pub struct LogicalUnit {
     gateways: std::sync::atomic::AtomicBool,
     /// Where persistent reservations are shared with those gateways, if anywhere.
     shared_pr: std::sync::OnceLock<Arc<dyn SharedReservations>>,
+    /// The servers that run commands on the unit ([`TaskSets`]), told to end them when
+    /// another gateway resets it.
+    task_sets: Mutex<Vec<std::sync::Weak<dyn TaskSets>>>,
 }
 
 type R = Result<Outcome, Sense>;
@@ -259,6 +315,7 @@ impl LogicalUnit {
             events: std::sync::OnceLock::new(),
             gateways: std::sync::atomic::AtomicBool::new(false),
             shared_pr: std::sync::OnceLock::new(),
+            task_sets: Mutex::new(Vec::new()),
         }
     }
 
@@ -392,12 +449,43 @@ impl LogicalUnit {
     /// after that, so a host that then asks through another gateway finds it there. `None`
     /// without other gateways.
     pub fn reset_everywhere(&self) -> Option<tokio::sync::oneshot::Receiver<()>> {
-        self.remote_reset();
+        self.reset_state();
         self.events.get().and_then(|e| e.reset())
     }
 
-    /// The reset another gateway of the store made: as [`Self::reset`], not told on again.
-    pub fn remote_reset(&self) {
+    /// The reset another gateway of the store made: as [`Self::reset`] (not told on again),
+    /// and every task on the unit, of every session of every server here that runs commands on
+    /// it, ended without a response (SAM-5 §6.3.3: a logical unit reset ends the tasks of all
+    /// its task sets; TAS is 0). What it returns resolves once no backend I/O of those tasks
+    /// can still run: acknowledge the reset to the other gateway then, so that a write ended
+    /// here can never land after the host has been told its reset is done.
+    pub fn remote_reset(&self) -> TasksEnded {
+        self.reset_state();
+        let sets: Vec<Arc<dyn TaskSets>> = {
+            let mut v = self.task_sets.lock().unwrap_or_else(|e| e.into_inner());
+            v.retain(|w| w.strong_count() > 0);
+            v.iter().filter_map(std::sync::Weak::upgrade).collect()
+        };
+        let ended: Vec<_> = sets.iter().map(|t| t.end_tasks(self)).collect();
+        TasksEnded(Box::pin(async move {
+            for e in ended {
+                e.await;
+            }
+        }))
+    }
+
+    /// A server runs commands on this unit: told to end them when another gateway resets it
+    /// ([`Self::remote_reset`]). Kept weakly, once.
+    pub(crate) fn serve_tasks(&self, sets: std::sync::Weak<dyn TaskSets>) {
+        let mut v = self.task_sets.lock().unwrap_or_else(|e| e.into_inner());
+        v.retain(|w| w.strong_count() > 0);
+        if !v.iter().any(|w| w.ptr_eq(&sets)) {
+            v.push(sets);
+        }
+    }
+
+    /// What a reset does to the unit's state: see [`Self::reset`].
+    fn reset_state(&self) {
         let mut s = self.st();
         s.reserved_by = None;
         // That unit attention tells every initiator that what sat in the write cache may be

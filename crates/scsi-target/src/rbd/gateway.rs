@@ -38,7 +38,7 @@
 
 use super::RbdStore;
 use crate::lu::{AccessState, LogicalUnit, UnitEvents};
-use riser_rbd::{Ioctx, Notify, Watch};
+use riser_rbd::{Ioctx, Notify, PendingAck, Watch};
 use riser_scsi::sense::AscAscq;
 use std::collections::HashMap;
 use std::io;
@@ -47,6 +47,15 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
+
+/// How long a gateway told of another's LUN reset waits for the tasks the reset ended here to
+/// stop writing before it acknowledges anyway (a backend write that hangs longer is the
+/// cluster's to fence).
+const REMOTE_RESET_WAIT: Duration = Duration::from_secs(3);
+
+/// How long a reset's notification waits for the other gateways' acknowledgements: beyond
+/// [`REMOTE_RESET_WAIT`] (the OSD counts whole seconds), within the server's wait for it.
+const RESET_NOTIFY_TIMEOUT_MS: u64 = 4000;
 
 /// How a gateway coordinates with the others.
 #[derive(Debug, Clone)]
@@ -176,8 +185,9 @@ impl Inner {
         format!("riser1 alive group={} addr={} ao={ao}", self.cfg.group, self.my_addr).into_bytes()
     }
 
-    /// A notification from another gateway (or our own, which only gets its answer).
-    fn on_notify(&self, n: Notify) -> Vec<u8> {
+    /// A notification from another gateway (or our own, which only gets its answer):
+    /// acknowledged once applied — a reset once the tasks it ended here can no longer write.
+    fn on_notify(&self, n: Notify, ack: PendingAck) {
         if n.notifier_id != self.me
             && let Some(lu) = self.unit()
         {
@@ -187,7 +197,23 @@ impl Inner {
                 match (words.next(), words.next()) {
                     (Some("reset"), _) => {
                         info!(unit = %lu.identity(), from = n.notifier_id, "a LUN reset on another gateway");
-                        lu.remote_reset();
+                        // The unit's tasks here end (SAM-5 §6.3.3: every task set of the
+                        // unit), and the other gateway answers its reset only once their
+                        // writes are over: waited for on a thread of its own, not librados'
+                        // (which delivers this client's notifications, one at a time).
+                        let ended = lu.remote_reset();
+                        let (unit, payload) = (lu.identity().to_string(), self.alive_payload());
+                        let waiter = std::thread::Builder::new().name("riser-rbd-reset".into()).spawn(move || {
+                            if !ended.wait(REMOTE_RESET_WAIT) {
+                                warn!(%unit, "a LUN reset on another gateway: tasks here still writing after {REMOTE_RESET_WAIT:?}, acknowledged anyway");
+                            }
+                            ack.ack(&payload);
+                        });
+                        if let Err(e) = waiter {
+                            // The ack goes (empty) with the closure that could not run.
+                            warn!(unit = %lu.identity(), "a LUN reset on another gateway, acknowledged at once: {e}");
+                        }
+                        return;
                     }
                     (Some("ua"), Some(code)) => {
                         if let Ok(v) = u16::from_str_radix(code, 16) {
@@ -208,7 +234,7 @@ impl Inner {
                 }
             }
         }
-        self.alive_payload()
+        ack.ack(&self.alive_payload());
     }
 
     /// The object the gateways keep the unit's persistent reservations in.
@@ -366,8 +392,10 @@ impl Inner {
                         Tell::Ua(asc) => (format!("ua {:04x}", asc.0), None),
                     };
                     // The others apply it before they acknowledge: once the notification
-                    // returns, their sessions hold the unit attention.
-                    if let Err(e) = self.notify(&what, 2000) {
+                    // returns, their sessions hold the unit attention, and a reset's tasks
+                    // there have ended.
+                    let timeout = if done.is_some() { RESET_NOTIFY_TIMEOUT_MS } else { 2000 };
+                    if let Err(e) = self.notify(&what, timeout) {
                         warn!(object = %self.oid, "telling the other gateways ({what}): {e}");
                     }
                     if let Some(done) = done {
@@ -474,9 +502,9 @@ impl Gateway {
         });
         let weak = Arc::downgrade(&inner);
         let watch = ioctx
-            .watch(&oid, move |n| match weak.upgrade() {
-                Some(i) => i.on_notify(n),
-                None => Vec::new(),
+            .watch_acking_later(&oid, 0, move |n, ack| match weak.upgrade() {
+                Some(i) => i.on_notify(n, ack),
+                None => ack.ack(&[]),
             })
             .map_err(super::to_io)?;
         inner.probe(true);

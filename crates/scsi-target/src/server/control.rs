@@ -152,7 +152,7 @@ impl Target {
         let (_, nodes) = self.registry.snapshot();
         let mut copy: Vec<Node> = nodes.iter().map(|n| Node::clone(n)).collect();
         let r = f(&mut copy)?;
-        self.registry.publish(copy.into_iter().map(Arc::new).collect());
+        self.registry.publish(copy.into_iter().map(Arc::new).collect(), &self.me);
         Ok(r)
     }
 

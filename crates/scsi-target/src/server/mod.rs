@@ -84,8 +84,13 @@ impl Registry {
         (self.generation.load(Ordering::SeqCst), nodes.clone())
     }
 
-    /// Put `nodes` in place.
-    fn publish(&self, nodes: Vec<Arc<Node>>) {
+    /// Put `nodes` in place; `server` runs commands on their units from now on (told to end
+    /// them when another gateway resets one: [`LogicalUnit::remote_reset`]).
+    fn publish(&self, nodes: Vec<Arc<Node>>, server: &std::sync::Weak<Target>) {
+        let server: std::sync::Weak<dyn crate::lu::TaskSets> = server.clone();
+        for lu in nodes.iter().flat_map(|n| n.luns.values()) {
+            lu.serve_tasks(server.clone());
+        }
         let mut cur = lock(&self.nodes);
         self.copy_directory.replace(nodes.iter().map(|n| {
             let mapped = n.lun_maps.iter().map(|(i, m)| (i.as_str(), m.values().filter_map(|l| n.luns.get(l)).collect())).collect();
@@ -126,6 +131,8 @@ pub struct Target {
     /// first iSER portal; `None`: on the runtime of `serve_iser`.
     #[cfg(feature = "iser")]
     iser_threads: std::sync::OnceLock<Option<threads::ConnectionThreads>>,
+    /// Itself, as its units know it ([`Registry::publish`]).
+    me: std::sync::Weak<Self>,
 }
 
 /// A portal in [`Target`]'s list of the ones it serves, until dropped.
@@ -171,27 +178,51 @@ fn first_tsih() -> u16 {
     }
 }
 
+/// Another gateway of a unit's store reset it: every session here that sees the unit ends its
+/// tasks there in its own loop, as for a reset through another session of this target
+/// (`Session::ask_to_end_tasks`), and the reset is acknowledged once their I/O is over.
+impl crate::lu::TaskSets for Target {
+    fn end_tasks(&self, lu: &crate::lu::LogicalUnit) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
+        let sessions: Vec<Arc<Session>> = lock(&self.live).values().cloned().collect();
+        let asks: Vec<_> = sessions
+            .iter()
+            .filter_map(|s| s.paths().into_iter().find(|p| std::ptr::eq(Arc::as_ptr(&p.lu), lu)).map(|p| s.ask_to_end_tasks(&p.lu)))
+            .collect();
+        Box::pin(async move {
+            for ask in asks {
+                // A dropped ask: the session is gone, and its tasks with it.
+                for gate in ask.await.unwrap_or_default() {
+                    gate.wait_idle().await;
+                }
+            }
+        })
+    }
+}
+
 impl Target {
     /// A target with this configuration (its nodes are the ones it starts with).
     pub fn new(mut config: TargetConfig) -> Arc<Self> {
         let connections = Arc::new(tokio::sync::Semaphore::new(config.max_connections.max(1)));
         let budget = Arc::new(tokio::sync::Semaphore::new(units_of(config.max_target_bytes) as usize));
-        let registry = Registry::default();
-        registry.publish(std::mem::take(&mut config.nodes).into_iter().map(Arc::new).collect());
-        Arc::new(Self {
-            config,
-            registry,
-            changes: tokio::sync::Mutex::new(()),
-            next_tsih: AtomicU16::new(first_tsih()),
-            sessions: Mutex::new(HashMap::new()),
-            live: Mutex::new(HashMap::new()),
-            serving: Mutex::new(Vec::new()),
-            connections,
-            budget,
-            counters: TargetCounters::default(),
-            retired: Mutex::new(Default::default()),
-            #[cfg(feature = "iser")]
-            iser_threads: std::sync::OnceLock::new(),
+        Arc::new_cyclic(|me| {
+            let registry = Registry::default();
+            registry.publish(std::mem::take(&mut config.nodes).into_iter().map(Arc::new).collect(), me);
+            Self {
+                config,
+                registry,
+                changes: tokio::sync::Mutex::new(()),
+                next_tsih: AtomicU16::new(first_tsih()),
+                sessions: Mutex::new(HashMap::new()),
+                live: Mutex::new(HashMap::new()),
+                serving: Mutex::new(Vec::new()),
+                connections,
+                budget,
+                counters: TargetCounters::default(),
+                retired: Mutex::new(Default::default()),
+                #[cfg(feature = "iser")]
+                iser_threads: std::sync::OnceLock::new(),
+                me: me.clone(),
+            }
         })
     }
 

@@ -66,7 +66,7 @@ impl IoGate {
         self.aborted.store(true, Ordering::SeqCst);
     }
 
-    async fn wait_idle(&self) {
+    pub(super) async fn wait_idle(&self) {
         loop {
             let n = self.idle.notified();
             tokio::pin!(n);
@@ -856,7 +856,7 @@ impl Session {
     /// Ask this session to end its tasks on `lu` (another session reset it): the answer is
     /// the gates of their backend I/O (a session whose loop has ended answers at once with
     /// those of the tasks it ended then).
-    fn ask_to_end_tasks(&self, lu: &Arc<LogicalUnit>) -> tokio::sync::oneshot::Receiver<Vec<Arc<IoGate>>> {
+    pub(super) fn ask_to_end_tasks(&self, lu: &Arc<LogicalUnit>) -> tokio::sync::oneshot::Receiver<Vec<Arc<IoGate>>> {
         let (done, answer) = tokio::sync::oneshot::channel();
         let mut asks = lock(&self.reset_asks);
         match &asks.ended {
