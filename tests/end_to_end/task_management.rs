@@ -24,6 +24,7 @@ on_every_transport!(
     a_reset_waits_for_the_writes_of_a_session_whose_connection_ended,
     an_abort_of_a_write_another_sessions_reset_ended_waits_for_its_io,
     a_reset_on_another_gateway_ends_the_units_commands_before_it_is_acknowledged,
+    a_reset_on_another_gateway_is_not_held_up_by_a_sessions_own_reset,
 );
 
 async fn task_management_and_unit_attention(t: Transport) {
@@ -410,6 +411,60 @@ async fn a_reset_on_another_gateway_ends_the_units_commands_before_it_is_acknowl
     // goes on.
     s.test_unit_ready(Lun::ZERO).await.unwrap();
     assert_eq!(target.stats().logins, 1, "the connection was dropped");
+    s.logout().await.unwrap();
+}
+
+/// A session busy answering a reset of its own (waiting for a held write on LUN 0) still ends
+/// its tasks on another unit that another gateway reset meanwhile, so that gateway is
+/// acknowledged once those tasks' writes are over — not after the session's own reset. (Before,
+/// the session saw to the ask only after its own reset: the acknowledgement waited for an
+/// unrelated write, up to the gateway's bound, and then came while the unit's write could still
+/// land.)
+async fn a_reset_on_another_gateway_is_not_held_up_by_a_sessions_own_reset(t: Transport) {
+    let (disk0, disk1) = (Gated::new(), Gated::new());
+    let lu0 = Arc::new(LogicalUnit::new(disk0.clone(), LuIdentity::random()));
+    let lu1 = Arc::new(LogicalUnit::new(disk1.clone(), LuIdentity::random()));
+    let (addr, _target) = t.serve(t.config().node(Node::new(TARGET).lun(lu0).lun(lu1.clone()))).await;
+    let s = t.connect(addr, SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(20))).await.unwrap();
+    disk0.hold(true);
+    disk1.hold(true);
+    let write = |lun: Lun, seed: u8| {
+        let s = s.clone();
+        tokio::spawn(async move { s.command_once(lun, &write10(0, 8), Some(pattern(seed, 4096)), 0).await })
+    };
+    let (w0, w1) = (write(Lun::ZERO, 1), write(Lun::from_number(1).unwrap(), 2));
+    until("the writes never reached the stores", || disk0.waiting() > 0 && disk1.waiting() > 0).await;
+    // The session's own reset of LUN 0 waits for its write there.
+    let own = tokio::spawn({
+        let s = s.clone();
+        async move { s.task_management(Lun::ZERO, TmfFunction::LOGICAL_UNIT_RESET, 0).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let acknowledged = tokio::spawn(lu1.remote_reset());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let early = acknowledged.is_finished();
+    disk1.hold(false);
+    let in_time = tokio::time::timeout(
+        Duration::from_secs(2),
+        &mut Box::pin(async {
+            while !acknowledged.is_finished() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }),
+    )
+    .await;
+    let own_early = own.is_finished();
+    // Let go before any assertion: a write left held would keep the runtime from shutting down.
+    disk0.hold(false);
+    assert!(!early, "acknowledged while LUN 1's write still ran");
+    assert!(in_time.is_ok(), "the acknowledgement waited for the session's own reset of another unit");
+    assert!(!own_early, "the session's reset was answered while its write still ran");
+    tokio::time::timeout(WAIT, own).await.unwrap().unwrap().unwrap();
+    // Both writes were ended by a reset (their callers are not waited for: LUN 1's would sit
+    // out its timeout).
+    for w in [w0, w1] {
+        w.abort();
+    }
     s.logout().await.unwrap();
 }
 

@@ -54,7 +54,9 @@ use tracing::{error, info, warn};
 const REMOTE_RESET_WAIT: Duration = Duration::from_secs(3);
 
 /// How long a reset's notification waits for the other gateways' acknowledgements: beyond
-/// [`REMOTE_RESET_WAIT`] (the OSD counts whole seconds), within the server's wait for it.
+/// [`REMOTE_RESET_WAIT`] (the OSD counts whole seconds). The server waits 7 s for it before it
+/// answers the reset anyway, room for a ping or a unit attention's notification under way
+/// when the reset was queued.
 const RESET_NOTIFY_TIMEOUT_MS: u64 = 4000;
 
 /// How a gateway coordinates with the others.
@@ -386,20 +388,32 @@ impl Inner {
         while !self.stop.load(Ordering::Acquire) {
             let wait = next_probe.saturating_duration_since(Instant::now());
             match rx.recv_timeout(wait) {
-                Ok(t) => {
-                    let (what, done) = match t {
-                        Tell::Reset(done) => ("reset".to_string(), Some(done)),
-                        Tell::Ua(asc) => (format!("ua {:04x}", asc.0), None),
-                    };
+                Ok(first) => {
+                    // Everything queued goes now, resets first and in one notification (each
+                    // reset's server waits a bounded time from when it queued its own).
+                    let (mut resets, mut uas) = (Vec::new(), Vec::new());
+                    for t in std::iter::once(first).chain(rx.try_iter()) {
+                        match t {
+                            Tell::Reset(done) => resets.push(done),
+                            Tell::Ua(asc) if !uas.contains(&asc) => uas.push(asc),
+                            Tell::Ua(_) => {}
+                        }
+                    }
                     // The others apply it before they acknowledge: once the notification
                     // returns, their sessions hold the unit attention, and a reset's tasks
                     // there have ended.
-                    let timeout = if done.is_some() { RESET_NOTIFY_TIMEOUT_MS } else { 2000 };
-                    if let Err(e) = self.notify(&what, timeout) {
-                        warn!(object = %self.oid, "telling the other gateways ({what}): {e}");
+                    if !resets.is_empty() {
+                        if let Err(e) = self.notify("reset", RESET_NOTIFY_TIMEOUT_MS) {
+                            warn!(object = %self.oid, "telling the other gateways of a reset: {e}");
+                        }
+                        for done in resets {
+                            let _ = done.send(());
+                        }
                     }
-                    if let Some(done) = done {
-                        let _ = done.send(());
+                    for asc in uas {
+                        if let Err(e) = self.notify(&format!("ua {:04x}", asc.0), 2000) {
+                            warn!(object = %self.oid, "telling the other gateways of a unit attention: {e}");
+                        }
                     }
                     continue;
                 }

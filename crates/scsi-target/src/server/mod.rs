@@ -204,26 +204,27 @@ impl Target {
     pub fn new(mut config: TargetConfig) -> Arc<Self> {
         let connections = Arc::new(tokio::sync::Semaphore::new(config.max_connections.max(1)));
         let budget = Arc::new(tokio::sync::Semaphore::new(units_of(config.max_target_bytes) as usize));
-        Arc::new_cyclic(|me| {
-            let registry = Registry::default();
-            registry.publish(std::mem::take(&mut config.nodes).into_iter().map(Arc::new).collect(), me);
-            Self {
-                config,
-                registry,
-                changes: tokio::sync::Mutex::new(()),
-                next_tsih: AtomicU16::new(first_tsih()),
-                sessions: Mutex::new(HashMap::new()),
-                live: Mutex::new(HashMap::new()),
-                serving: Mutex::new(Vec::new()),
-                connections,
-                budget,
-                counters: TargetCounters::default(),
-                retired: Mutex::new(Default::default()),
-                #[cfg(feature = "iser")]
-                iser_threads: std::sync::OnceLock::new(),
-                me: me.clone(),
-            }
-        })
+        let nodes = std::mem::take(&mut config.nodes);
+        let target = Arc::new_cyclic(|me| Self {
+            config,
+            registry: Registry::default(),
+            changes: tokio::sync::Mutex::new(()),
+            next_tsih: AtomicU16::new(first_tsih()),
+            sessions: Mutex::new(HashMap::new()),
+            live: Mutex::new(HashMap::new()),
+            serving: Mutex::new(Vec::new()),
+            connections,
+            budget,
+            counters: TargetCounters::default(),
+            retired: Mutex::new(Default::default()),
+            #[cfg(feature = "iser")]
+            iser_threads: std::sync::OnceLock::new(),
+            me: me.clone(),
+        });
+        // Published once the target exists: its units then hold a reference that upgrades
+        // (one made inside `new_cyclic` would look dropped to a unit pruning its list).
+        target.registry.publish(nodes.into_iter().map(Arc::new).collect(), &target.me);
+        target
     }
 
     /// The server's settings (the nodes it started with are not kept here: see

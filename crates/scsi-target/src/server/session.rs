@@ -41,6 +41,19 @@ pub(super) struct IoGate {
     pub(super) busy: AtomicBool,
     aborted: AtomicBool,
     pub(super) idle: tokio::sync::Notify,
+    /// The unit the task's I/O goes to, by address (0: none); an identity only, so a command
+    /// touches no shared reference count for it.
+    unit: usize,
+}
+
+/// A unit's identity as [`IoGate`] keeps it.
+fn unit_id(lu: &LogicalUnit) -> usize {
+    std::ptr::from_ref(lu) as usize
+}
+
+/// The gates of the tasks on `lu` among `gates`.
+fn gates_of(gates: &[Arc<IoGate>], lu: &LogicalUnit) -> Vec<Arc<IoGate>> {
+    gates.iter().filter(|g| g.unit == unit_id(lu)).cloned().collect()
 }
 
 impl IoGate {
@@ -80,8 +93,10 @@ impl IoGate {
 }
 
 /// How long a reset waits for the unit's other gateways to have it before it is answered
-/// anyway (a gateway that does not answer is taken over and fenced by the others).
-const RESET_TOLD_TIMEOUT: Duration = Duration::from_secs(5);
+/// anyway (a gateway that does not answer is taken over and fenced by the others): their
+/// acknowledgements take up to 4 s (the RBD gateway's `RESET_NOTIFY_TIMEOUT_MS`), behind a
+/// notification under way when the reset was queued.
+const RESET_TOLD_TIMEOUT: Duration = Duration::from_secs(7);
 
 /// Another session reset a unit this one sees: its tasks there are to end (SAM-5 §6.3.3), in
 /// its own connection's loop (the only place its machine and its running commands change
@@ -639,7 +654,7 @@ impl Session {
             let mut asks = lock(&self.reset_asks);
             gates.extend(asks.handed());
             for r in std::mem::take(&mut asks.waiting) {
-                let _ = r.done.send(gates.clone());
+                let _ = r.done.send(gates_of(&gates, &r.lu));
             }
             asks.ended = Some(gates);
         }
@@ -717,9 +732,12 @@ impl Session {
                         gates.extend(self.reset_elsewhere(target, view, &units).await);
                     }
                     // Answered only once no aborted task's backend write can still land.
-                    for g in &gates {
-                        g.wait_idle().await;
-                    }
+                    self.serving_resets(view, async {
+                        for g in &gates {
+                            g.wait_idle().await;
+                        }
+                    })
+                    .await;
                     lock(&self.reset_asks).own.clear();
                     // A reset reaches the unit's other gateways (another process exporting its
                     // store) before it is answered, so the host finds its unit attention there.
@@ -729,7 +747,7 @@ impl Session {
                         Reset::Target => view.paths().filter_map(|p| p.lu.reset_everywhere()).collect(),
                     };
                     for t in told {
-                        let _ = tokio::time::timeout(RESET_TOLD_TIMEOUT, t).await;
+                        let _ = self.serving_resets(view, tokio::time::timeout(RESET_TOLD_TIMEOUT, t)).await;
                     }
                     lock(&self.core).complete_task_management(itt);
                 }
@@ -778,6 +796,7 @@ impl Session {
         // REPORT LUNS answers from the nexus's LUN inventory, whichever LUN it is sent to.
         let (path, report) = if opcode == REPORT_LUNS { (None, Some(view.luns())) } else { (self.enter(target, view, cmd.lun), None) };
         let inline = runs_inline(&cmd, opcode, split, path.as_ref().map(|p| &*p.path().lu));
+        let unit = path.as_ref().map_or(0, |p| unit_id(&p.path().lu));
         let slot = Slot { session: self.clone(), task, held: AtomicBool::new(true), path, op: Op::of(opcode), start: now };
         let mut run = Command { cmd, cdb: full_cdb, split, report, gate: None };
         if inline {
@@ -786,7 +805,7 @@ impl Session {
             return Some((run, slot));
         }
         let me = self.clone();
-        let gate = Arc::new(IoGate::default());
+        let gate = Arc::new(IoGate { unit, ..IoGate::default() });
         run.gate = Some(gate.clone());
         // The command is spawned before its registration, and does not unregister itself: a
         // lock held across the spawn, and one more at its end, cost a cross-thread wake-up per
@@ -839,29 +858,35 @@ impl Session {
             }
         }
         let mut gates = Vec::new();
-        for mut answer in asked {
-            loop {
-                tokio::select! {
-                    r = &mut answer => {
-                        gates.extend(r.unwrap_or_default());
-                        break;
-                    }
-                    () = self.reset_elsewhere_added.notified() => self.end_tasks_reset_elsewhere(view),
-                }
-            }
+        for answer in asked {
+            gates.extend(self.serving_resets(view, answer).await.unwrap_or_default());
         }
         gates
     }
 
+    /// Wait for `f`, meanwhile ending this session's tasks on the units other sessions or
+    /// other gateways reset ([`Self::end_tasks_reset_elsewhere`]): their resets wait on this
+    /// session, which must not wait on them in turn (two resets at once, or one here waiting
+    /// for the other gateways while one of theirs waits for this session's tasks).
+    async fn serving_resets<F: Future>(&self, view: &View, f: F) -> F::Output {
+        tokio::pin!(f);
+        loop {
+            tokio::select! {
+                r = &mut f => return r,
+                () = self.reset_elsewhere_added.notified() => self.end_tasks_reset_elsewhere(view),
+            }
+        }
+    }
+
     /// Ask this session to end its tasks on `lu` (another session reset it): the answer is
-    /// the gates of their backend I/O (a session whose loop has ended answers at once with
-    /// those of the tasks it ended then).
+    /// the gates of their backend I/O, those of the unit's tasks only (a session whose loop has
+    /// ended answers at once with those of the tasks on the unit it ended then).
     pub(super) fn ask_to_end_tasks(&self, lu: &Arc<LogicalUnit>) -> tokio::sync::oneshot::Receiver<Vec<Arc<IoGate>>> {
         let (done, answer) = tokio::sync::oneshot::channel();
         let mut asks = lock(&self.reset_asks);
         match &asks.ended {
             Some(gates) => {
-                let _ = done.send(gates.clone());
+                let _ = done.send(gates_of(gates, lu));
             }
             None => {
                 asks.waiting.push(ResetElsewhere { lu: lu.clone(), done });
@@ -875,9 +900,9 @@ impl Session {
     /// End this session's tasks on the units other sessions reset (in its loop, between
     /// turns or PDUs: no command of it is being started or answered): without a response (TAS
     /// is 0), their futures stopped, their datamover state released; the gates of their
-    /// backend I/O go back to the resetting sessions, with those of the tasks a reset of this
-    /// session's own, being answered meanwhile, ended ([`ResetAsks::own`]), and those handed
-    /// out before whose I/O still runs ([`ResetAsks::handed`]).
+    /// backend I/O go back to the resetting sessions, with those of the unit's tasks a reset of
+    /// this session's own, being answered meanwhile, ended ([`ResetAsks::own`]), and those
+    /// handed out before whose I/O still runs ([`ResetAsks::handed`]).
     fn end_tasks_reset_elsewhere(&self, view: &View) {
         self.reset_asked.store(false, Ordering::Release);
         let (asked, own) = {
@@ -900,8 +925,10 @@ impl Session {
                 asks.handed.extend(ended);
                 asks.handed()
             };
-            let mut gates = own.clone();
-            gates.extend(handed);
+            // Only the unit's: a reset of another unit, here or elsewhere, is not this one's
+            // to wait for.
+            let mut gates = gates_of(&own, &r.lu);
+            gates.extend(gates_of(&handed, &r.lu));
             let _ = r.done.send(gates);
         }
     }
