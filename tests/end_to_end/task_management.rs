@@ -25,6 +25,7 @@ on_every_transport!(
     an_abort_of_a_write_another_sessions_reset_ended_waits_for_its_io,
     a_reset_on_another_gateway_ends_the_units_commands_before_it_is_acknowledged,
     a_reset_on_another_gateway_is_not_held_up_by_a_sessions_own_reset,
+    a_reset_on_another_gateway_waits_for_a_write_an_abort_task_ended,
 );
 
 async fn task_management_and_unit_attention(t: Transport) {
@@ -444,8 +445,9 @@ async fn a_reset_on_another_gateway_is_not_held_up_by_a_sessions_own_reset(t: Tr
     tokio::time::sleep(Duration::from_millis(300)).await;
     let early = acknowledged.is_finished();
     disk1.hold(false);
+    // Before, it never came while LUN 0's write was held.
     let in_time = tokio::time::timeout(
-        Duration::from_secs(2),
+        WAIT,
         &mut Box::pin(async {
             while !acknowledged.is_finished() {
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -466,6 +468,49 @@ async fn a_reset_on_another_gateway_is_not_held_up_by_a_sessions_own_reset(t: Tr
         w.abort();
     }
     s.logout().await.unwrap();
+}
+
+/// A write an ABORT TASK ended (gone from the session's machine, its abort answered once it is
+/// over) still holds up a reset of its unit by another gateway meanwhile: the acknowledgement
+/// waits for it. (Before, the session saw to the other gateway's ask while its abort waited,
+/// and answered it with nothing to wait for.)
+async fn a_reset_on_another_gateway_waits_for_a_write_an_abort_task_ended(t: Transport) {
+    let disk = Gated::new();
+    let lu = Arc::new(LogicalUnit::new(disk.clone(), LuIdentity::random()));
+    let (addr, _target) = t.serve(t.config().node(Node::new(TARGET).lun(lu.clone()))).await;
+    let op = OperationalConfig::default().initial_r2t(false).immediate_data(true);
+    let mut r = t.raw(addr, op, 12).await;
+    disk.hold(true);
+    let itt = 0x900;
+    let h = r.command(itt, &write10(0, 1), 512, true, true, false);
+    let ref_cmd_sn = r.cmd_sn.wrapping_sub(1);
+    r.send(h, &[4; 512]).await;
+    until("the write reached the disk", || disk.waiting() > 0).await;
+    let tmf = TaskMgmtRequest {
+        immediate: true,
+        function: TmfFunction::ABORT_TASK,
+        lun: Lun::ZERO,
+        itt: 0x9f0,
+        ref_task_tag: itt,
+        cmd_sn: r.cmd_sn,
+        exp_stat_sn: r.o.stat_sn,
+        ref_cmd_sn,
+        ..TaskMgmtRequest::default()
+    };
+    r.send(Header::TaskMgmtRequest(tmf), &[]).await;
+    let unanswered = r.next_within(Duration::from_millis(300)).await.is_none();
+    let acknowledged = tokio::spawn(lu.remote_reset());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let early = acknowledged.is_finished();
+    // Let go before any assertion: a write left held would keep the runtime from shutting down.
+    disk.hold(false);
+    assert!(unanswered, "the abort was answered while the write still ran");
+    assert!(!early, "the other gateway was acknowledged while the aborted write still ran");
+    tokio::time::timeout(WAIT, acknowledged).await.unwrap().unwrap();
+    match r.next().await {
+        (Header::TaskMgmtResponse(t), _) => assert_eq!(t.response, TmfResponse::COMPLETE),
+        other => panic!("{other:?}"),
+    }
 }
 
 /// A target over a [`Gated`] store, a session with `timeout` and another one, and a write of

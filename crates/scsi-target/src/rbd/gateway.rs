@@ -54,9 +54,8 @@ use tracing::{error, info, warn};
 const REMOTE_RESET_WAIT: Duration = Duration::from_secs(3);
 
 /// How long a reset's notification waits for the other gateways' acknowledgements: beyond
-/// [`REMOTE_RESET_WAIT`] (the OSD counts whole seconds). The server waits 7 s for it before it
-/// answers the reset anyway, room for a ping or a unit attention's notification under way
-/// when the reset was queued.
+/// [`REMOTE_RESET_WAIT`] (the OSD counts whole seconds). The server answers the reset once it
+/// returns (with a bound of its own for a thread stuck in the cluster).
 const RESET_NOTIFY_TIMEOUT_MS: u64 = 4000;
 
 /// How a gateway coordinates with the others.
@@ -389,30 +388,35 @@ impl Inner {
             let wait = next_probe.saturating_duration_since(Instant::now());
             match rx.recv_timeout(wait) {
                 Ok(first) => {
-                    // Everything queued goes now, resets first and in one notification (each
-                    // reset's server waits a bounded time from when it queued its own).
-                    let (mut resets, mut uas) = (Vec::new(), Vec::new());
+                    // Everything queued goes now, in order, the resets in one notification at
+                    // the first one's place (`None` below).
+                    let (mut resets, mut order) = (Vec::new(), Vec::new());
                     for t in std::iter::once(first).chain(rx.try_iter()) {
                         match t {
-                            Tell::Reset(done) => resets.push(done),
-                            Tell::Ua(asc) if !uas.contains(&asc) => uas.push(asc),
-                            Tell::Ua(_) => {}
+                            Tell::Reset(done) => {
+                                if resets.is_empty() {
+                                    order.push(None);
+                                }
+                                resets.push(done);
+                            }
+                            Tell::Ua(asc) => order.push(Some(asc)),
                         }
                     }
-                    // The others apply it before they acknowledge: once the notification
-                    // returns, their sessions hold the unit attention, and a reset's tasks
-                    // there have ended.
-                    if !resets.is_empty() {
-                        if let Err(e) = self.notify("reset", RESET_NOTIFY_TIMEOUT_MS) {
-                            warn!(object = %self.oid, "telling the other gateways of a reset: {e}");
+                    for told in order {
+                        // The others apply it before they acknowledge: once the notification
+                        // returns, their sessions hold the unit attention, and a reset's tasks
+                        // there have ended.
+                        let (what, timeout) = match told {
+                            None => ("reset".to_string(), RESET_NOTIFY_TIMEOUT_MS),
+                            Some(asc) => (format!("ua {:04x}", asc.0), 2000),
+                        };
+                        if let Err(e) = self.notify(&what, timeout) {
+                            warn!(object = %self.oid, "telling the other gateways ({what}): {e}");
                         }
-                        for done in resets {
-                            let _ = done.send(());
-                        }
-                    }
-                    for asc in uas {
-                        if let Err(e) = self.notify(&format!("ua {:04x}", asc.0), 2000) {
-                            warn!(object = %self.oid, "telling the other gateways of a unit attention: {e}");
+                        if told.is_none() {
+                            for done in resets.drain(..) {
+                                let _ = done.send(());
+                            }
                         }
                     }
                     continue;

@@ -93,10 +93,11 @@ impl IoGate {
 }
 
 /// How long a reset waits for the unit's other gateways to have it before it is answered
-/// anyway (a gateway that does not answer is taken over and fenced by the others): their
-/// acknowledgements take up to 4 s (the RBD gateway's `RESET_NOTIFY_TIMEOUT_MS`), behind a
-/// notification under way when the reset was queued.
-const RESET_TOLD_TIMEOUT: Duration = Duration::from_secs(7);
+/// anyway (a gateway that does not answer is taken over and fenced by the others). The RBD
+/// gateway says so once the others acknowledged or its notification timed out (4 s:
+/// `RESET_NOTIFY_TIMEOUT_MS`), after what its thread was doing when the reset was queued;
+/// this bound is for a thread stuck longer in the cluster.
+const RESET_TOLD_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Another session reset a unit this one sees: its tasks there are to end (SAM-5 §6.3.3), in
 /// its own connection's loop (the only place its machine and its running commands change
@@ -727,8 +728,10 @@ impl Session {
                         Reset::Unit(lun) => view.find(lun).map(|p| p.lu.clone()).into_iter().collect(),
                         Reset::Target => view.paths().map(|p| p.lu.clone()).collect(),
                     };
+                    // Asks answered meanwhile (another session's or gateway's reset) wait for
+                    // what this request ended too: those tasks are gone from the machine.
+                    lock(&self.reset_asks).own.clone_from(&gates);
                     if !units.is_empty() {
-                        lock(&self.reset_asks).own.clone_from(&gates);
                         gates.extend(self.reset_elsewhere(target, view, &units).await);
                     }
                     // Answered only once no aborted task's backend write can still land.
