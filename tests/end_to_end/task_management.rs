@@ -296,17 +296,12 @@ async fn a_reset_through_another_session_ends_the_units_commands_silently(t: Tra
     until("the read never reached the store", || disk.reads_waiting() > 0).await;
     let reset = reset_through(other);
     // The reset has reached the read's session once that holds no task any more.
-    let ended = tokio::time::timeout(WAIT, async {
-        while target.sessions().iter().map(|s| s.commands).sum::<usize>() > 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
+    let ended = no_task_left(&target).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let early = reset.is_finished();
     // Let go before any assertion: a read left held would keep the runtime from shutting down.
     disk.hold_reads(false);
-    assert!(ended.is_ok(), "the reset did not end the other session's read");
+    assert!(ended, "the reset did not end the other session's read");
     assert!(!early, "the reset was answered while the other session's read still ran");
     let other = reset.await.unwrap().unwrap();
     let r = tokio::time::timeout(WAIT, read).await.unwrap().unwrap();
@@ -387,17 +382,12 @@ async fn a_reset_on_another_gateway_ends_the_units_commands_before_it_is_acknowl
     });
     until("the write never reached the store", || disk.waiting() > 0).await;
     let acknowledged = tokio::spawn(lu.remote_reset());
-    let ended = tokio::time::timeout(WAIT, async {
-        while target.sessions().iter().map(|s| s.commands).sum::<usize>() > 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
+    let ended = no_task_left(&target).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let early = acknowledged.is_finished();
     // Let go before any assertion: a write left held would keep the runtime from shutting down.
     disk.hold(false);
-    assert!(ended.is_ok(), "the other gateway's reset did not end the write's task here");
+    assert!(ended, "the other gateway's reset did not end the write's task here");
     assert!(!early, "acknowledged while the write still ran");
     tokio::time::timeout(WAIT, acknowledged).await.expect("not acknowledged once the write was over").unwrap();
     // No answer: its caller gives up at its timeout, once its abort finds no task.
@@ -511,6 +501,17 @@ async fn a_reset_on_another_gateway_waits_for_a_write_an_abort_task_ended(t: Tra
         (Header::TaskMgmtResponse(t), _) => assert_eq!(t.response, TmfResponse::COMPLETE),
         other => panic!("{other:?}"),
     }
+}
+
+/// Whether, within `WAIT`, no session of `target` holds a task any more.
+async fn no_task_left(target: &Target) -> bool {
+    tokio::time::timeout(WAIT, async {
+        while target.sessions().iter().map(|s| s.commands).sum::<usize>() > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .is_ok()
 }
 
 /// A target over a [`Gated`] store, a session with `timeout` and another one, and a write of
