@@ -113,9 +113,10 @@ struct ResetElsewhere {
 struct ResetAsks {
     /// Not yet seen to.
     waiting: Vec<ResetElsewhere>,
-    /// While this session answers a reset of its own: the gates of the tasks it ended (a
-    /// concurrent reset of the same unit by another session finds them gone from the machine
-    /// and must wait for their I/O all the same). Given with every answer meanwhile.
+    /// While this session answers task management of its own: the gates of the tasks it
+    /// ended (a concurrent reset of their unit by another session or gateway finds them gone
+    /// from the machine and must wait for their I/O all the same). Given, those of the asked
+    /// unit, with every answer meanwhile.
     own: Vec<Arc<IoGate>>,
     /// Once the session's loop has ended: the gates of the tasks it ended then (their I/O may
     /// run on), given as the answer to every ask.
