@@ -26,6 +26,7 @@ on_every_transport!(
     a_reset_on_another_gateway_ends_the_units_commands_before_it_is_acknowledged,
     a_reset_on_another_gateway_is_not_held_up_by_a_sessions_own_reset,
     a_reset_on_another_gateway_waits_for_a_write_an_abort_task_ended,
+    a_reset_ends_the_units_commands_under_the_nexus_s_other_luns,
 );
 
 async fn task_management_and_unit_attention(t: Transport) {
@@ -501,6 +502,41 @@ async fn a_reset_on_another_gateway_waits_for_a_write_an_abort_task_ended(t: Tra
         (Header::TaskMgmtResponse(t), _) => assert_eq!(t.response, TmfResponse::COMPLETE),
         other => panic!("{other:?}"),
     }
+}
+
+/// One unit under two LUNs of a nexus: a LOGICAL UNIT RESET through LUN 0 ends the unit's
+/// write sent through LUN 1 too (SAM-5 §6.3.3 names the unit), without a response, and is
+/// answered once that write is over. (Before, it ended LUN 0's tasks only: the write ran on and
+/// was answered GOOD after the reset.)
+async fn a_reset_ends_the_units_commands_under_the_nexus_s_other_luns(t: Transport) {
+    let disk = Gated::new();
+    let lu = Arc::new(LogicalUnit::new(disk.clone(), LuIdentity::random()));
+    let (addr, target) = t.serve(t.config().node(Node::new(TARGET).lun(lu.clone()).lun(lu))).await;
+    let s = t.connect(addr, SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(3))).await.unwrap();
+    disk.hold(true);
+    let write = tokio::spawn({
+        let s = s.clone();
+        async move { s.command_once(Lun::from_number(1).unwrap(), &write10(0, 8), Some(pattern(8, 4096)), 0).await }
+    });
+    until("the write never reached the store", || disk.waiting() > 0).await;
+    let reset = tokio::spawn({
+        let s = s.clone();
+        async move { s.task_management(Lun::ZERO, TmfFunction::LOGICAL_UNIT_RESET, 0).await }
+    });
+    let ended = no_task_left(&target).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let early = reset.is_finished();
+    // Let go before any assertion: a write left held would keep the runtime from shutting down.
+    disk.hold(false);
+    assert!(ended, "the reset through LUN 0 did not end the unit's write under LUN 1");
+    assert!(!early, "the reset was answered while the unit's write still ran");
+    tokio::time::timeout(WAIT, reset).await.unwrap().unwrap().unwrap();
+    match tokio::time::timeout(WAIT, write).await.unwrap().unwrap() {
+        Err(Error::Timeout) => {}
+        Ok(r) => panic!("the write was answered: {:?}", r.status),
+        Err(e) => panic!("the write: {e}"),
+    }
+    s.logout().await.unwrap();
 }
 
 /// Whether, within `WAIT`, no session of `target` holds a task any more.

@@ -729,6 +729,20 @@ impl Session {
                         Reset::Unit(lun) => view.find(lun).map(|p| p.lu.clone()).into_iter().collect(),
                         Reset::Target => view.paths().map(|p| p.lu.clone()).collect(),
                     };
+                    // The unit reset under this LUN may be this nexus's under other LUNs too:
+                    // its tasks there end as well (SAM-5 §6.3.3 names the unit, not the
+                    // number), without a response, as another nexus's do.
+                    if let Reset::Unit(lun) = reset
+                        && let Some(lu) = view.find(lun).map(|p| p.lu.clone())
+                    {
+                        let itts: Vec<u32> = {
+                            let mut core = lock(&self.core);
+                            let same =
+                                view.luns().into_iter().filter(|l| *l != lun && view.find(*l).is_some_and(|p| Arc::ptr_eq(&p.lu, &lu)));
+                            same.flat_map(|l| core.end_tasks_reset_elsewhere(l)).collect()
+                        };
+                        gates.extend(self.abort_tags(&itts));
+                    }
                     // Asks answered meanwhile (another session's or gateway's reset) wait for
                     // what this request ended too: those tasks are gone from the machine.
                     lock(&self.reset_asks).own.clone_from(&gates);
