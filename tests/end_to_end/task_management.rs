@@ -307,11 +307,7 @@ async fn a_reset_through_another_session_ends_the_units_commands_silently(t: Tra
     let other = reset.await.unwrap().unwrap();
     let r = tokio::time::timeout(WAIT, read).await.unwrap().unwrap();
     let took = t0.elapsed();
-    match r {
-        Err(Error::Timeout) => {}
-        Ok(r) => panic!("the read was answered: {:?}", r.status),
-        Err(e) => panic!("the read: {e}"),
-    }
+    ended_unanswered(r, "read");
     // Given up between 2 and 2.5 s, as soon as its abort was answered (a dropped connection
     // would have taken another timeout).
     assert!(took >= Duration::from_millis(1900) && took < Duration::from_millis(3900), "{took:?}");
@@ -393,11 +389,7 @@ async fn a_reset_on_another_gateway_ends_the_units_commands_before_it_is_acknowl
     tokio::time::timeout(WAIT, acknowledged).await.expect("not acknowledged once the write was over").unwrap();
     // No answer: its caller gives up at its timeout, once its abort finds no task.
     let r = tokio::time::timeout(WAIT, write).await.unwrap().unwrap();
-    match r {
-        Err(Error::Timeout) => {}
-        Ok(r) => panic!("the write was answered: {:?}", r.status),
-        Err(e) => panic!("the write: {e}"),
-    }
+    ended_unanswered(r, "write");
     assert!(t0.elapsed() >= Duration::from_millis(2900), "{:?}", t0.elapsed());
     // The reset's unit attention comes next (retried past by the initiator), and the session
     // goes on.
@@ -531,12 +523,18 @@ async fn a_reset_ends_the_units_commands_under_the_nexus_s_other_luns(t: Transpo
     assert!(ended, "the reset through LUN 0 did not end the unit's write under LUN 1");
     assert!(!early, "the reset was answered while the unit's write still ran");
     tokio::time::timeout(WAIT, reset).await.unwrap().unwrap().unwrap();
-    match tokio::time::timeout(WAIT, write).await.unwrap().unwrap() {
-        Err(Error::Timeout) => {}
-        Ok(r) => panic!("the write was answered: {:?}", r.status),
-        Err(e) => panic!("the write: {e}"),
-    }
+    ended_unanswered(tokio::time::timeout(WAIT, write).await.unwrap().unwrap(), "write");
     s.logout().await.unwrap();
+}
+
+/// A command a reset ended without a response: its caller gave it up (`Timeout`), never an
+/// answer.
+fn ended_unanswered(r: Result<riser::initiator::CommandResult, Error>, what: &str) {
+    match r {
+        Err(Error::Timeout) => {}
+        Ok(r) => panic!("the {what} was answered: {:?}", r.status),
+        Err(e) => panic!("the {what}: {e}"),
+    }
 }
 
 /// Whether, within `WAIT`, no session of `target` holds a task any more.
