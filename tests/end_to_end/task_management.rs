@@ -6,6 +6,7 @@ use riser::initiator::{Error, Session, SessionConfig};
 use riser::iscsi::keys::OperationalConfig;
 use riser::iscsi::wire::{Header, TaskMgmtRequest, TmfFunction, TmfResponse};
 use riser::scsi::lun::Lun;
+use riser::target::backend::RamBackend;
 use riser::target::lu::{LogicalUnit, LuIdentity};
 use riser::target::server::{Node, Target};
 use std::sync::Arc;
@@ -27,6 +28,8 @@ on_every_transport!(
     a_reset_on_another_gateway_is_not_held_up_by_a_sessions_own_reset,
     a_reset_on_another_gateway_waits_for_a_write_an_abort_task_ended,
     a_reset_ends_the_units_commands_under_the_nexus_s_other_luns,
+    a_reset_of_a_copys_destination_stops_the_copy_and_waits_for_its_write,
+    a_reset_of_a_copys_destination_on_another_gateway_waits_for_its_write,
 );
 
 async fn task_management_and_unit_attention(t: Transport) {
@@ -575,4 +578,84 @@ async fn write_held_beside_another_session(
 /// back once answered).
 fn reset_through(other: Session) -> tokio::task::JoinHandle<Result<Session, Error>> {
     tokio::spawn(async move { other.task_management(Lun::ZERO, TmfFunction::LOGICAL_UNIT_RESET, 0).await.map(|()| other) })
+}
+
+/// A target with a 4 MiB RAM disk under LUN 0 (filled) and a [`Gated`] store under LUN 1, a
+/// session, and an EXTENDED COPY sent to LUN 0 (the copy manager) copying 2 MiB from LUN 0 to LUN
+/// 1 — two writes of [`COPY_CHUNK`](riser::target::lu::COPY_CHUNK) — its first write held
+/// in LUN 1's store.
+async fn copy_held_at_its_destination(
+    t: Transport,
+) -> (Arc<Gated>, Arc<LogicalUnit>, std::net::SocketAddr, Session, tokio::task::JoinHandle<Result<riser::initiator::CommandResult, Error>>)
+{
+    use riser::scsi::copy::{Cscd, ExtendedCopy, Segment};
+    use riser::scsi::inquiry::Designator;
+    let disk = Gated::new();
+    let source = Arc::new(LogicalUnit::new(Arc::new(RamBackend::new(4 << 20, 512)), LuIdentity::random()));
+    source.backend().write(0, &vec![0x5a; 2 << 20]).unwrap();
+    let dest = Arc::new(LogicalUnit::new(disk.clone(), LuIdentity::random()));
+    let (addr, _target) = t.serve(t.config().node(Node::new(TARGET).lun(source.clone()).lun(dest.clone()))).await;
+    let s = t.connect(addr, SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(20))).await.unwrap();
+    let cscd = |lu: &LogicalUnit| Cscd::block(Designator::naa_locally_assigned(lu.identity().naa()), 512);
+    let list = ExtendedCopy {
+        list_id: 1,
+        cscds: vec![cscd(&source), cscd(&dest)],
+        segments: vec![Segment::blocks(0, 1, 4096, 0, 0)],
+        ..ExtendedCopy::default()
+    }
+    .to_bytes();
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0x83;
+    cdb[10..14].copy_from_slice(&(list.len() as u32).to_be_bytes());
+    disk.hold(true);
+    let copy = tokio::spawn({
+        let s = s.clone();
+        async move { s.command_once(Lun::ZERO, &cdb, Some(list.into()), 0).await }
+    });
+    until("the copy's write never reached the store", || disk.waiting() > 0).await;
+    (disk, dest, addr, s, copy)
+}
+
+/// The copy a reset of its destination stopped: COPY ABORTED, its second write never made.
+async fn copy_stopped(disk: &Gated, copy: tokio::task::JoinHandle<Result<riser::initiator::CommandResult, Error>>) {
+    let r = tokio::time::timeout(WAIT, copy).await.unwrap().unwrap().unwrap();
+    assert_eq!(r.status, riser::scsi::sense::Status::CHECK_CONDITION, "the copy went on after its destination's reset");
+    let sense = riser::scsi::sense::Sense::parse(r.sense.as_ref().unwrap()).unwrap();
+    assert_eq!(sense.key, riser::scsi::sense::SenseKey::COPY_ABORTED);
+    assert_eq!(disk.done(), 1, "a write of the copy landed after the reset");
+}
+
+/// A LOGICAL UNIT RESET of a copy's destination (the copy sent to another unit, whose task the
+/// reset does not end) is answered only once the copy's write under way is over, and the copy
+/// writes nothing more: it ends with COPY ABORTED. (Before, the reset was answered at once and
+/// the copy went on writing to the unit afterwards.)
+async fn a_reset_of_a_copys_destination_stops_the_copy_and_waits_for_its_write(t: Transport) {
+    let (disk, _dest, addr, s, copy) = copy_held_at_its_destination(t).await;
+    let other = t.connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
+    let reset = tokio::spawn({
+        let other = other.clone();
+        async move { other.task_management(Lun::from_number(1).unwrap(), TmfFunction::LOGICAL_UNIT_RESET, 0).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let early = reset.is_finished();
+    disk.hold(false);
+    assert!(!early, "the reset was answered while the copy's write to the unit still ran");
+    tokio::time::timeout(WAIT, reset).await.unwrap().unwrap().unwrap();
+    copy_stopped(&disk, copy).await;
+    s.logout().await.unwrap();
+    other.logout().await.unwrap();
+}
+
+/// The same when another gateway of the destination's store reset it: acknowledged once the
+/// copy's write is over, and the copy stops.
+async fn a_reset_of_a_copys_destination_on_another_gateway_waits_for_its_write(t: Transport) {
+    let (disk, dest, _addr, s, copy) = copy_held_at_its_destination(t).await;
+    let acknowledged = tokio::spawn(dest.remote_reset());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let early = acknowledged.is_finished();
+    disk.hold(false);
+    assert!(!early, "acknowledged while the copy's write to the unit still ran");
+    tokio::time::timeout(WAIT, acknowledged).await.unwrap().unwrap();
+    copy_stopped(&disk, copy).await;
+    s.logout().await.unwrap();
 }

@@ -17,6 +17,12 @@
 //! COPY ABORTED, the segment's offset in the parameter list as the sense-key specific segment
 //! pointer and the segment's number in COMMAND-SPECIFIC INFORMATION.
 //!
+//! A copy runs on the blocking pool, apart from the task that sent it. A reset of any unit it
+//! uses (LOGICAL UNIT RESET, a target reset, another gateway's reset of the store) stops it at
+//! its next write with COPY ABORTED, THIRD PARTY DEVICE FAILURE, and the reset is answered only
+//! once the copy's write under way is over ([`ResetFence`]): nothing a copy writes lands after
+//! its destination's reset was answered.
+//!
 //! [`Target`]: crate::server::Target
 
 use super::sanitize::SanitizeState;
@@ -171,6 +177,93 @@ pub(super) struct CopyManager {
     /// Copies run by other units that read or write this one now.
     pub(super) peer_uses: AtomicUsize,
     peer_idle: tokio::sync::Notify,
+    /// Copies' writes to this unit, fenced by its resets.
+    pub(super) fence: Arc<ResetFence>,
+}
+
+/// What keeps a copy from writing to a unit once the unit has been reset. A copy runs on the
+/// blocking pool, apart from the task that sent it — often a task of another unit (the copy
+/// manager), which a reset of this one does not end — so without it a copy would go on writing
+/// to a unit whose reset had been answered. Each reset opens a new epoch: a copy checks, before
+/// each write, that no unit it uses was reset since it started (else it stops with COPY
+/// ABORTED), and a reset waits for the writes that started before it ([`Self::written`]).
+#[derive(Debug, Default)]
+pub(super) struct ResetFence {
+    state: Mutex<FenceState>,
+    idle: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct FenceState {
+    epoch: u64,
+    /// Writes under way that started in this epoch.
+    current: usize,
+    /// Writes under way that started before the last reset.
+    before: usize,
+}
+
+impl ResetFence {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FenceState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The unit's resets so far.
+    pub(super) fn epoch(&self) -> u64 {
+        self.lock().epoch
+    }
+
+    /// The unit was reset: no copy that started before writes to it from now on.
+    pub(super) fn reset(&self) {
+        let mut s = self.lock();
+        s.before += std::mem::take(&mut s.current);
+        s.epoch += 1;
+    }
+
+    /// A write of a copy that saw epoch `seen` is about to start: `None` if the unit has been
+    /// reset since. Under way until the guard drops.
+    pub(super) fn enter(self: &Arc<Self>, seen: u64) -> Option<FencedWrite> {
+        let mut s = self.lock();
+        if s.epoch != seen {
+            return None;
+        }
+        s.current += 1;
+        Some(FencedWrite { fence: self.clone(), epoch: seen })
+    }
+
+    /// Resolves once no write that started before the last reset is under way.
+    pub(super) async fn written(&self) {
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.lock().before == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+}
+
+/// A copy's write under way ([`ResetFence::enter`]).
+pub(super) struct FencedWrite {
+    fence: Arc<ResetFence>,
+    epoch: u64,
+}
+
+impl Drop for FencedWrite {
+    fn drop(&mut self) {
+        let mut s = self.fence.lock();
+        if s.epoch == self.epoch {
+            s.current -= 1;
+        } else {
+            // Counted among those before a reset since it started.
+            s.before -= 1;
+            if s.before == 0 {
+                drop(s);
+                self.fence.idle.notify_waiters();
+            }
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -321,6 +414,8 @@ impl LogicalUnit {
         let _running = self.start_copy(nexus, &list)?;
         // Resolve the CSCDs up front (an unreachable one is an error once a segment uses it).
         let directory = self.copy.directory.lock().unwrap_or_else(|e| e.into_inner()).upgrade();
+        // A reset of the copy manager, or of a unit the copy uses, from here on stops it.
+        let epoch = self.copy.fence.epoch();
         let mut units = Vec::with_capacity(list.cscds.len());
         for (i, c) in list.cscds.iter().enumerate() {
             let at = riser_scsi::copy::HEADER_LEN + i * riser_scsi::copy::CSCD_LEN;
@@ -337,12 +432,13 @@ impl LogicalUnit {
             {
                 return Err(Sense::invalid_field_in_parameter_list((at + 29) as u16, None));
             }
-            units.push(unit);
+            let seen = unit.lu().map_or(0, |lu| lu.copy.fence.epoch());
+            units.push((unit, seen));
         }
         let (mut done, mut bytes) = (0usize, 0u64);
         let mut stop = None;
         for (n, seg) in list.segments.iter().enumerate() {
-            match self.copy_segment(seg, n, &units, nexus) {
+            match self.copy_segment(seg, n, &units, epoch, nexus) {
                 Ok(b) => {
                     done += 1;
                     bytes += b;
@@ -391,11 +487,17 @@ impl LogicalUnit {
         Ok(Running { manager: &self.copy, key })
     }
 
-    /// Carry out segment number `n`: the bytes it moved.
-    fn copy_segment(&self, seg: &Segment, n: usize, units: &[Cscd<'_>], nexus: &Nexus) -> Result<u64, Stop> {
+    /// Carry out segment number `n` with the copy's units (each with its [`ResetFence`] epoch
+    /// when the copy started; `epoch`, the copy manager's): the bytes it moved.
+    fn copy_segment(&self, seg: &Segment, n: usize, units: &[(Cscd<'_>, u64)], epoch: u64, nexus: &Nexus) -> Result<u64, Stop> {
         let abort = |asc| aborted(asc, n, seg.at);
-        let unit = |i: u16| units.get(usize::from(i)).and_then(Cscd::lu).ok_or_else(|| abort(AscAscq::COPY_TARGET_DEVICE_NOT_REACHABLE));
-        let (src, dst) = (unit(seg.src)?, unit(seg.dst)?);
+        let unit = |i: u16| {
+            units
+                .get(usize::from(i))
+                .and_then(|(c, seen)| Some((c.lu()?, *seen)))
+                .ok_or_else(|| abort(AscAscq::COPY_TARGET_DEVICE_NOT_REACHABLE))
+        };
+        let ((src, src_seen), (dst, dst_seen)) = (unit(seg.src)?, unit(seg.dst)?);
         let (sbs, dbs) = (u64::from(src.bs()), u64::from(dst.bs()));
         let len = match seg.length {
             SegmentLength::Blocks(b) => u64::from(b) * if seg.dc { dbs } else { sbs },
@@ -447,6 +549,14 @@ impl LogicalUnit {
             let at = if backwards { len - moved - n } else { moved };
             let b = &mut buf[..n as usize];
             src.backend.read(from + at, b).map_err(|_| abort(AscAscq::THIRD_PARTY_DEVICE_FAILURE))?;
+            // A reset of the copy manager, the source or the destination since the copy
+            // started ends it here: the destination's reset may have been answered already,
+            // and waits for a write only once it is under way.
+            let reset = || abort(AscAscq::THIRD_PARTY_DEVICE_FAILURE);
+            if self.copy.fence.epoch() != epoch || src.copy.fence.epoch() != src_seen {
+                return Err(reset().into());
+            }
+            let _writing = dst.copy.fence.enter(dst_seen).ok_or_else(reset)?;
             dst.backend.write(to + at, b).map_err(|_| abort(AscAscq::THIRD_PARTY_DEVICE_FAILURE))?;
             moved += n;
         }

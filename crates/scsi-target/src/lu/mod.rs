@@ -461,6 +461,7 @@ impl LogicalUnit {
     /// here can never land after the host has been told its reset is done.
     pub fn remote_reset(&self) -> TasksEnded {
         self.reset_state();
+        let copies = self.copy.fence.clone();
         let sets: Vec<Arc<dyn TaskSets>> = {
             let mut v = self.task_sets.lock().unwrap_or_else(|e| e.into_inner());
             v.retain(|w| w.strong_count() > 0);
@@ -471,7 +472,18 @@ impl LogicalUnit {
             for e in ended {
                 e.await;
             }
+            copies.written().await;
         }))
+    }
+
+    /// A reset of this unit begins: no copy (EXTENDED COPY, run by this unit or another) that
+    /// started before writes to it any more — each stops with COPY ABORTED at its next write.
+    /// What it returns resolves once their writes under way are over: a reset is answered only
+    /// then. ([`Self::reset`] stops them too, without waiting.)
+    pub(crate) fn copies_fenced(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.copy.fence.reset();
+        let fence = self.copy.fence.clone();
+        async move { fence.written().await }
     }
 
     /// A server runs commands on this unit: told to end them when another gateway resets it
@@ -486,6 +498,7 @@ impl LogicalUnit {
 
     /// What a reset does to the unit's state: see [`Self::reset`].
     fn reset_state(&self) {
+        self.copy.fence.reset();
         let mut s = self.st();
         s.reserved_by = None;
         // That unit attention tells every initiator that what sat in the write cache may be

@@ -224,3 +224,26 @@ fn the_unit_advertises_copy_offload() {
     assert_eq!(one.data[1] & 7, 3, "RECEIVE COPY RESULTS OPERATING PARAMETERS supported");
     assert!(a.may_block(&a.plan(&xcopy_cdb(0), &n()).unwrap()), "copies run off the I/O threads");
 }
+
+#[test]
+fn a_reset_fences_the_copy_writes_that_started_before_it_only() {
+    let fence = Arc::new(copy::ResetFence::default());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let settles = |f: &Arc<copy::ResetFence>| {
+        let f = f.clone();
+        rt.block_on(async move { tokio::time::timeout(std::time::Duration::from_millis(50), f.written()).await.is_ok() })
+    };
+    let before = fence.enter(fence.epoch()).unwrap();
+    assert!(settles(&fence), "no reset yet: nothing to wait for");
+    fence.reset();
+    assert!(fence.enter(0).is_none(), "a copy that started before the reset writes no more");
+    assert!(!settles(&fence), "the reset waits for the write under way");
+    let after = fence.enter(fence.epoch()).unwrap();
+    drop(before);
+    assert!(settles(&fence), "a write started after the reset is not waited for");
+    // Two resets: a write from between them is waited for by the second.
+    fence.reset();
+    assert!(!settles(&fence));
+    drop(after);
+    assert!(settles(&fence));
+}

@@ -746,6 +746,9 @@ impl Session {
                     // Asks answered meanwhile (another session's or gateway's reset) wait for
                     // what this request ended too: those tasks are gone from the machine.
                     lock(&self.reset_asks).own.clone_from(&gates);
+                    // Copies write to the units from other tasks (EXTENDED COPY through another
+                    // unit, or on the blocking pool past their own task's end): they stop.
+                    let copies: Vec<_> = units.iter().map(|lu| lu.copies_fenced()).collect();
                     if !units.is_empty() {
                         gates.extend(self.reset_elsewhere(target, view, &units).await);
                     }
@@ -753,6 +756,9 @@ impl Session {
                     self.serving_resets(view, async {
                         for g in &gates {
                             g.wait_idle().await;
+                        }
+                        for c in copies {
+                            c.await;
                         }
                     })
                     .await;
