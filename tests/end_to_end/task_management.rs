@@ -30,6 +30,8 @@ on_every_transport!(
     a_reset_ends_the_units_commands_under_the_nexus_s_other_luns,
     a_reset_of_a_copys_destination_stops_the_copy_and_waits_for_its_write,
     a_reset_of_a_copys_destination_on_another_gateway_waits_for_its_write,
+    a_reset_of_a_copys_destination_through_its_own_session_stops_it,
+    a_reset_of_the_copy_manager_stops_the_copy_at_its_next_write,
 );
 
 async fn task_management_and_unit_attention(t: Transport) {
@@ -583,9 +585,10 @@ fn reset_through(other: Session) -> tokio::task::JoinHandle<Result<Session, Erro
 /// A target with a 4 MiB RAM disk under LUN 0 (filled) and a [`Gated`] store under LUN 1, a
 /// session, and an EXTENDED COPY sent to LUN 0 (the copy manager) copying 2 MiB from LUN 0 to LUN
 /// 1 — two writes of [`COPY_CHUNK`](riser::target::lu::COPY_CHUNK) — its first write held
-/// in LUN 1's store.
+/// in LUN 1's store. The session's commands time out after `timeout`.
 async fn copy_held_at_its_destination(
     t: Transport,
+    timeout: Duration,
 ) -> (Arc<Gated>, Arc<LogicalUnit>, std::net::SocketAddr, Session, tokio::task::JoinHandle<Result<riser::initiator::CommandResult, Error>>)
 {
     use riser::scsi::copy::{Cscd, ExtendedCopy, Segment};
@@ -595,7 +598,7 @@ async fn copy_held_at_its_destination(
     source.backend().write(0, &vec![0x5a; 2 << 20]).unwrap();
     let dest = Arc::new(LogicalUnit::new(disk.clone(), LuIdentity::random()));
     let (addr, _target) = t.serve(t.config().node(Node::new(TARGET).lun(source.clone()).lun(dest.clone()))).await;
-    let s = t.connect(addr, SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(20))).await.unwrap();
+    let s = t.connect(addr, SessionConfig::new(ME, TARGET).timeout(timeout)).await.unwrap();
     let cscd = |lu: &LogicalUnit| Cscd::block(Designator::naa_locally_assigned(lu.identity().naa()), 512);
     let list = ExtendedCopy {
         list_id: 1,
@@ -630,7 +633,7 @@ async fn copy_stopped(disk: &Gated, copy: tokio::task::JoinHandle<Result<riser::
 /// writes nothing more: it ends with COPY ABORTED. (Before, the reset was answered at once and
 /// the copy went on writing to the unit afterwards.)
 async fn a_reset_of_a_copys_destination_stops_the_copy_and_waits_for_its_write(t: Transport) {
-    let (disk, _dest, addr, s, copy) = copy_held_at_its_destination(t).await;
+    let (disk, _dest, addr, s, copy) = copy_held_at_its_destination(t, Duration::from_secs(20)).await;
     let other = t.connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
     let reset = tokio::spawn({
         let other = other.clone();
@@ -649,7 +652,7 @@ async fn a_reset_of_a_copys_destination_stops_the_copy_and_waits_for_its_write(t
 /// The same when another gateway of the destination's store reset it: acknowledged once the
 /// copy's write is over, and the copy stops.
 async fn a_reset_of_a_copys_destination_on_another_gateway_waits_for_its_write(t: Transport) {
-    let (disk, dest, _addr, s, copy) = copy_held_at_its_destination(t).await;
+    let (disk, dest, _addr, s, copy) = copy_held_at_its_destination(t, Duration::from_secs(20)).await;
     let acknowledged = tokio::spawn(dest.remote_reset());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let early = acknowledged.is_finished();
@@ -658,4 +661,43 @@ async fn a_reset_of_a_copys_destination_on_another_gateway_waits_for_its_write(t
     tokio::time::timeout(WAIT, acknowledged).await.unwrap().unwrap();
     copy_stopped(&disk, copy).await;
     s.logout().await.unwrap();
+}
+
+/// The same through the copy's own session (its task, under LUN 0, goes on: it ends with COPY
+/// ABORTED).
+async fn a_reset_of_a_copys_destination_through_its_own_session_stops_it(t: Transport) {
+    let (disk, _dest, _addr, s, copy) = copy_held_at_its_destination(t, Duration::from_secs(20)).await;
+    let reset = tokio::spawn({
+        let s = s.clone();
+        async move { s.task_management(Lun::from_number(1).unwrap(), TmfFunction::LOGICAL_UNIT_RESET, 0).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let early = reset.is_finished();
+    disk.hold(false);
+    assert!(!early, "the reset was answered while the copy's write to the unit still ran");
+    tokio::time::timeout(WAIT, reset).await.unwrap().unwrap().unwrap();
+    copy_stopped(&disk, copy).await;
+    s.logout().await.unwrap();
+}
+
+/// A reset of the copy manager (the unit the EXTENDED COPY was sent to) ends the copy's task
+/// without a response, and the copy writes nothing after its write under way: the reset is
+/// answered then. (Before, the copy ran on to its end on the blocking pool, the reset waiting
+/// for all of it — up to 2 GiB.)
+async fn a_reset_of_the_copy_manager_stops_the_copy_at_its_next_write(t: Transport) {
+    let (disk, _dest, addr, s, copy) = copy_held_at_its_destination(t, Duration::from_secs(3)).await;
+    let other = t.connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
+    let reset = tokio::spawn({
+        let other = other.clone();
+        async move { other.task_management(Lun::ZERO, TmfFunction::LOGICAL_UNIT_RESET, 0).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let early = reset.is_finished();
+    disk.hold(false);
+    assert!(!early, "the reset was answered while the copy's write still ran");
+    tokio::time::timeout(WAIT, reset).await.unwrap().unwrap().unwrap();
+    assert_eq!(disk.done(), 1, "the copy wrote on after its manager's reset");
+    ended_unanswered(tokio::time::timeout(WAIT, copy).await.unwrap().unwrap(), "copy");
+    s.logout().await.unwrap();
+    other.logout().await.unwrap();
 }

@@ -17,11 +17,13 @@
 //! COPY ABORTED, the segment's offset in the parameter list as the sense-key specific segment
 //! pointer and the segment's number in COMMAND-SPECIFIC INFORMATION.
 //!
-//! A copy runs on the blocking pool, apart from the task that sent it. A reset of any unit it
-//! uses (LOGICAL UNIT RESET, a target reset, another gateway's reset of the store) stops it at
-//! its next write with COPY ABORTED, THIRD PARTY DEVICE FAILURE, and the reset is answered only
-//! once the copy's write under way is over ([`ResetFence`]): nothing a copy writes lands after
-//! its destination's reset was answered.
+//! A copy runs on the blocking pool, apart from the task that sent it. A reset of a unit it
+//! uses — the copy manager, a source or a destination; LOGICAL UNIT RESET, a target reset,
+//! another gateway's reset of the store — made after the session accepted the command stops it
+//! before its next write (or flush) with COPY ABORTED, THIRD PARTY DEVICE FAILURE, and a reset
+//! of a unit is answered only once the copies' writes to it under way are over
+//! ([`ResetFence`]): nothing a copy accepted before a unit's reset writes there lands after the
+//! reset was answered.
 //!
 //! [`Target`]: crate::server::Target
 
@@ -35,7 +37,7 @@ use riser_scsi::copy::{
 use riser_scsi::inquiry::{Designator, association, designator_type};
 use riser_scsi::sense::{AscAscq, Sense, SenseKey};
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 /// Most CSCD (copy source and copy destination) descriptors in one EXTENDED COPY: one per
@@ -181,12 +183,22 @@ pub(super) struct CopyManager {
     pub(super) fence: Arc<ResetFence>,
 }
 
+/// Resets of every unit of the process so far, in order: a copy is told by this count when its
+/// command was accepted ([`resets_so_far`]) which resets came after it.
+static RESETS: AtomicU64 = AtomicU64::new(0);
+
+/// The count of unit resets so far (see [`ResetFence`]): what a copy accepted now is measured by.
+pub(crate) fn resets_so_far() -> u64 {
+    RESETS.load(Ordering::SeqCst)
+}
+
 /// What keeps a copy from writing to a unit once the unit has been reset. A copy runs on the
 /// blocking pool, apart from the task that sent it — often a task of another unit (the copy
 /// manager), which a reset of this one does not end — so without it a copy would go on writing
-/// to a unit whose reset had been answered. Each reset opens a new epoch: a copy checks, before
-/// each write, that no unit it uses was reset since it started (else it stops with COPY
-/// ABORTED), and a reset waits for the writes that started before it ([`Self::written`]).
+/// to a unit whose reset had been answered. A copy carries the count of resets when its command
+/// was accepted ([`resets_so_far`]); before each write it checks that no unit it uses was
+/// reset since (else it stops with COPY ABORTED), and a reset waits for the copies' writes to
+/// the unit that were under way when it came ([`Self::written`]).
 #[derive(Debug, Default)]
 pub(super) struct ResetFence {
     state: Mutex<FenceState>,
@@ -195,11 +207,12 @@ pub(super) struct ResetFence {
 
 #[derive(Debug, Default)]
 struct FenceState {
+    /// The process's reset count at this unit's last reset.
+    last_reset: u64,
+    /// This unit's resets so far.
     epoch: u64,
-    /// Writes under way that started in this epoch.
-    current: usize,
-    /// Writes under way that started before the last reset.
-    before: usize,
+    /// Writes under way, by the unit's epoch they started in (oldest first).
+    writing: VecDeque<(u64, usize)>,
 }
 
 impl ResetFence {
@@ -207,36 +220,45 @@ impl ResetFence {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The unit's resets so far.
-    pub(super) fn epoch(&self) -> u64 {
-        self.lock().epoch
+    /// Whether the unit was reset after a copy accepted at `since` (a [`resets_so_far`]).
+    pub(super) fn reset_since(&self, since: u64) -> bool {
+        self.lock().last_reset > since
     }
 
-    /// The unit was reset: no copy that started before writes to it from now on.
-    pub(super) fn reset(&self) {
+    /// The unit is reset: no copy accepted before writes to it from now on. Returns the mark
+    /// to wait with ([`Self::written`]).
+    pub(super) fn reset(&self) -> u64 {
+        let seq = RESETS.fetch_add(1, Ordering::SeqCst) + 1;
         let mut s = self.lock();
-        s.before += std::mem::take(&mut s.current);
+        s.last_reset = s.last_reset.max(seq);
         s.epoch += 1;
+        s.epoch
     }
 
-    /// A write of a copy that saw epoch `seen` is about to start: `None` if the unit has been
+    /// A write of a copy accepted at `since` is about to start: `None` if the unit has been
     /// reset since. Under way until the guard drops.
-    pub(super) fn enter(self: &Arc<Self>, seen: u64) -> Option<FencedWrite> {
+    pub(super) fn enter(self: &Arc<Self>, since: u64) -> Option<FencedWrite> {
         let mut s = self.lock();
-        if s.epoch != seen {
+        if s.last_reset > since {
             return None;
         }
-        s.current += 1;
-        Some(FencedWrite { fence: self.clone(), epoch: seen })
+        let epoch = s.epoch;
+        match s.writing.back_mut() {
+            Some((e, n)) if *e == epoch => *n += 1,
+            _ => s.writing.push_back((epoch, 1)),
+        }
+        Some(FencedWrite { fence: self.clone(), epoch })
     }
 
-    /// Resolves once no write that started before the last reset is under way.
-    pub(super) async fn written(&self) {
+    /// Resolves once no write that started before the reset that returned `mark` is under
+    /// way (later ones are not waited for: a reset is never held up by copies accepted after
+    /// it).
+    pub(super) async fn written(&self, mark: u64) {
         loop {
             let idle = self.idle.notified();
             tokio::pin!(idle);
             idle.as_mut().enable();
-            if self.lock().before == 0 {
+            if self.lock().writing.front().is_none_or(|(e, _)| *e >= mark) {
                 return;
             }
             idle.await;
@@ -253,12 +275,10 @@ pub(super) struct FencedWrite {
 impl Drop for FencedWrite {
     fn drop(&mut self) {
         let mut s = self.fence.lock();
-        if s.epoch == self.epoch {
-            s.current -= 1;
-        } else {
-            // Counted among those before a reset since it started.
-            s.before -= 1;
-            if s.before == 0 {
+        if let Some(i) = s.writing.iter().position(|(e, _)| *e == self.epoch) {
+            s.writing[i].1 -= 1;
+            if s.writing[i].1 == 0 {
+                s.writing.remove(i);
                 drop(s);
                 self.fence.idle.notify_waiters();
             }
@@ -400,8 +420,9 @@ impl LogicalUnit {
         Ok(Outcome::good(truncate(data, alloc)))
     }
 
-    /// EXTENDED COPY.
-    pub(super) fn extended_copy(&self, sa: u8, out: &[u8], nexus: &Nexus) -> R {
+    /// EXTENDED COPY, its command accepted when the process had seen `since` unit resets
+    /// ([`resets_so_far`]): a reset of a unit it uses after that stops it.
+    pub(super) fn extended_copy(&self, sa: u8, out: &[u8], nexus: &Nexus, since: u64) -> R {
         if sa != riser_scsi::copy::EXTENDED_COPY_LID1 {
             return Err(bad_field(1, Some(4)));
         }
@@ -414,8 +435,6 @@ impl LogicalUnit {
         let _running = self.start_copy(nexus, &list)?;
         // Resolve the CSCDs up front (an unreachable one is an error once a segment uses it).
         let directory = self.copy.directory.lock().unwrap_or_else(|e| e.into_inner()).upgrade();
-        // A reset of the copy manager, or of a unit the copy uses, from here on stops it.
-        let epoch = self.copy.fence.epoch();
         let mut units = Vec::with_capacity(list.cscds.len());
         for (i, c) in list.cscds.iter().enumerate() {
             let at = riser_scsi::copy::HEADER_LEN + i * riser_scsi::copy::CSCD_LEN;
@@ -432,13 +451,12 @@ impl LogicalUnit {
             {
                 return Err(Sense::invalid_field_in_parameter_list((at + 29) as u16, None));
             }
-            let seen = unit.lu().map_or(0, |lu| lu.copy.fence.epoch());
-            units.push((unit, seen));
+            units.push(unit);
         }
         let (mut done, mut bytes) = (0usize, 0u64);
         let mut stop = None;
         for (n, seg) in list.segments.iter().enumerate() {
-            match self.copy_segment(seg, n, &units, epoch, nexus) {
+            match self.copy_segment(seg, n, &units, since, nexus) {
                 Ok(b) => {
                     done += 1;
                     bytes += b;
@@ -487,17 +505,12 @@ impl LogicalUnit {
         Ok(Running { manager: &self.copy, key })
     }
 
-    /// Carry out segment number `n` with the copy's units (each with its [`ResetFence`] epoch
-    /// when the copy started; `epoch`, the copy manager's): the bytes it moved.
-    fn copy_segment(&self, seg: &Segment, n: usize, units: &[(Cscd<'_>, u64)], epoch: u64, nexus: &Nexus) -> Result<u64, Stop> {
+    /// Carry out segment number `n` of a copy accepted at `since` (see [`ResetFence`]): the
+    /// bytes it moved.
+    fn copy_segment(&self, seg: &Segment, n: usize, units: &[Cscd<'_>], since: u64, nexus: &Nexus) -> Result<u64, Stop> {
         let abort = |asc| aborted(asc, n, seg.at);
-        let unit = |i: u16| {
-            units
-                .get(usize::from(i))
-                .and_then(|(c, seen)| Some((c.lu()?, *seen)))
-                .ok_or_else(|| abort(AscAscq::COPY_TARGET_DEVICE_NOT_REACHABLE))
-        };
-        let ((src, src_seen), (dst, dst_seen)) = (unit(seg.src)?, unit(seg.dst)?);
+        let unit = |i: u16| units.get(usize::from(i)).and_then(Cscd::lu).ok_or_else(|| abort(AscAscq::COPY_TARGET_DEVICE_NOT_REACHABLE));
+        let (src, dst) = (unit(seg.src)?, unit(seg.dst)?);
         let (sbs, dbs) = (u64::from(src.bs()), u64::from(dst.bs()));
         let len = match seg.length {
             SegmentLength::Blocks(b) => u64::from(b) * if seg.dc { dbs } else { sbs },
@@ -542,6 +555,16 @@ impl LogicalUnit {
         // Within one unit, a destination just above an overlapping source is copied from the
         // end down, so every block is read before it is overwritten.
         let backwards = std::ptr::eq(src, dst) && to > from && to < from + len;
+        // A reset of the copy manager, the source or the destination since the copy was
+        // accepted ends it before its next write (or flush): the destination's reset may have
+        // been answered already, and waits only for a write under way.
+        let fenced = || {
+            let reset = || abort(AscAscq::THIRD_PARTY_DEVICE_FAILURE);
+            if self.copy.fence.reset_since(since) || src.copy.fence.reset_since(since) {
+                return Err(reset());
+            }
+            dst.copy.fence.enter(since).ok_or_else(reset)
+        };
         let mut buf = vec![0u8; COPY_CHUNK.min(len as usize)];
         let mut moved = 0u64;
         while moved < len {
@@ -549,17 +572,11 @@ impl LogicalUnit {
             let at = if backwards { len - moved - n } else { moved };
             let b = &mut buf[..n as usize];
             src.backend.read(from + at, b).map_err(|_| abort(AscAscq::THIRD_PARTY_DEVICE_FAILURE))?;
-            // A reset of the copy manager, the source or the destination since the copy
-            // started ends it here: the destination's reset may have been answered already,
-            // and waits for a write only once it is under way.
-            let reset = || abort(AscAscq::THIRD_PARTY_DEVICE_FAILURE);
-            if self.copy.fence.epoch() != epoch || src.copy.fence.epoch() != src_seen {
-                return Err(reset().into());
-            }
-            let _writing = dst.copy.fence.enter(dst_seen).ok_or_else(reset)?;
+            let _writing = fenced()?;
             dst.backend.write(to + at, b).map_err(|_| abort(AscAscq::THIRD_PARTY_DEVICE_FAILURE))?;
             moved += n;
         }
+        let _flushing = fenced()?;
         dst.settle(false).map_err(|_| abort(AscAscq::THIRD_PARTY_DEVICE_FAILURE))?;
         Ok(len)
     }

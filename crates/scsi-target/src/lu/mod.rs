@@ -48,6 +48,7 @@ use std::sync::{Arc, Mutex};
 
 pub use aio::Running;
 pub use alua::{AccessState, AluaError, SUPPORTED_STATES, TargetPortGroup};
+pub(crate) use copy::resets_so_far;
 pub use copy::{
     COPY_CHUNK, MAX_CONCURRENT_COPIES, MAX_CSCDS, MAX_DESCRIPTOR_LIST_LEN, MAX_HELD_RESULTS, MAX_SEGMENT_BYTES, MAX_SEGMENTS, UnitDirectory,
 };
@@ -438,8 +439,9 @@ impl LogicalUnit {
 
     /// LOGICAL UNIT RESET / target reset: RESERVE(6/10) reservations are released, a failed
     /// flush is forgiven, and every nexus gets POWER ON, RESET OR BUS DEVICE RESET OCCURRED
-    /// (persistent reservations stay). The other gateways of the unit's store are told
-    /// ([`Self::set_events`]), and reset their unit too.
+    /// (persistent reservations stay), and a copy (EXTENDED COPY, run by this unit or another)
+    /// accepted before writes to the unit no more. The other gateways of the unit's store are
+    /// told ([`Self::set_events`]), and reset their unit too.
     pub fn reset(&self) {
         drop(self.reset_everywhere());
     }
@@ -449,6 +451,12 @@ impl LogicalUnit {
     /// after that, so a host that then asks through another gateway finds it there. `None`
     /// without other gateways.
     pub fn reset_everywhere(&self) -> Option<tokio::sync::oneshot::Receiver<()>> {
+        self.copy.fence.reset();
+        self.reset_told()
+    }
+
+    /// [`Self::reset_everywhere`] but for the copies, stopped already ([`Self::copies_fenced`]).
+    pub(crate) fn reset_told(&self) -> Option<tokio::sync::oneshot::Receiver<()>> {
         self.reset_state();
         self.events.get().and_then(|e| e.reset())
     }
@@ -460,8 +468,8 @@ impl LogicalUnit {
     /// can still run: acknowledge the reset to the other gateway then, so that a write ended
     /// here can never land after the host has been told its reset is done.
     pub fn remote_reset(&self) -> TasksEnded {
+        let copies = self.copies_fenced();
         self.reset_state();
-        let copies = self.copy.fence.clone();
         let sets: Vec<Arc<dyn TaskSets>> = {
             let mut v = self.task_sets.lock().unwrap_or_else(|e| e.into_inner());
             v.retain(|w| w.strong_count() > 0);
@@ -472,18 +480,18 @@ impl LogicalUnit {
             for e in ended {
                 e.await;
             }
-            copies.written().await;
+            copies.await;
         }))
     }
 
-    /// A reset of this unit begins: no copy (EXTENDED COPY, run by this unit or another) that
-    /// started before writes to it any more — each stops with COPY ABORTED at its next write.
-    /// What it returns resolves once their writes under way are over: a reset is answered only
-    /// then. ([`Self::reset`] stops them too, without waiting.)
+    /// A reset of this unit begins: no copy (EXTENDED COPY, run by this unit or another)
+    /// accepted before writes to it any more — each stops with COPY ABORTED at its next write.
+    /// What it returns resolves once their writes to the unit under way are over: a reset is
+    /// answered only then. ([`Self::reset`] stops them too, without waiting.)
     pub(crate) fn copies_fenced(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.copy.fence.reset();
+        let mark = self.copy.fence.reset();
         let fence = self.copy.fence.clone();
-        async move { fence.written().await }
+        async move { fence.written(mark).await }
     }
 
     /// A server runs commands on this unit: told to end them when another gateway resets it
@@ -498,7 +506,6 @@ impl LogicalUnit {
 
     /// What a reset does to the unit's state: see [`Self::reset`].
     fn reset_state(&self) {
-        self.copy.fence.reset();
         let mut s = self.st();
         s.reserved_by = None;
         // That unit attention tells every initiator that what sat in the write cache may be
@@ -618,10 +625,17 @@ impl LogicalUnit {
     /// datamover's pool, of any length: it is resized), so read data is carried in memory the
     /// datamover gets back with `release_task_buffer` once it has sent it.
     pub fn execute_into(&self, plan: &Plan, data_out: &[u8], nexus: &Nexus, read_buf: Vec<u8>) -> Outcome {
+        self.execute_since(plan, data_out, nexus, read_buf, resets_so_far())
+    }
+
+    /// [`execute_into`](Self::execute_into) for a command accepted when the process had seen
+    /// `since` unit resets (`copy::resets_so_far`): an EXTENDED COPY stops at a reset of a unit
+    /// it uses after that, even one made before it started running.
+    pub(crate) fn execute_since(&self, plan: &Plan, data_out: &[u8], nexus: &Nexus, read_buf: Vec<u8>, since: u64) -> Outcome {
         if let Some(refused) = self.refusal(plan, nexus) {
             return refused;
         }
-        match self.run(&plan.cdb, data_out, nexus, read_buf) {
+        match self.run(&plan.cdb, data_out, nexus, read_buf, since) {
             Ok(o) => o,
             Err(s) => self.check(s),
         }
@@ -650,7 +664,7 @@ impl LogicalUnit {
     }
 
     /// Route a command to the handler of its family.
-    fn run(&self, c: &Cdb, out: &[u8], nexus: &Nexus, read_buf: Vec<u8>) -> R {
+    fn run(&self, c: &Cdb, out: &[u8], nexus: &Nexus, read_buf: Vec<u8>, since: u64) -> R {
         if let Some(aio) = &self.aio
             && aio::on_data_path(c)
         {
@@ -709,7 +723,7 @@ impl LogicalUnit {
             Cdb::PersistentReserveIn { service_action, alloc_len, .. } => self.pr_in(*service_action, *alloc_len),
             Cdb::ReportTargetPortGroups { format, alloc_len, .. } => self.report_target_port_groups(*format, *alloc_len, nexus),
             Cdb::PersistentReserveOut { service_action, scope, pr_type, .. } => self.pr_out(*service_action, *scope, *pr_type, out, nexus),
-            Cdb::ExtendedCopy { service_action, .. } => self.extended_copy(*service_action, out, nexus),
+            Cdb::ExtendedCopy { service_action, .. } => self.extended_copy(*service_action, out, nexus, since),
             Cdb::ReceiveCopyResults { service_action, list_id, alloc_len, .. } => {
                 self.receive_copy_results(*service_action, *list_id, *alloc_len, nexus)
             }

@@ -226,24 +226,52 @@ fn the_unit_advertises_copy_offload() {
 }
 
 #[test]
-fn a_reset_fences_the_copy_writes_that_started_before_it_only() {
+fn a_reset_fences_the_copy_writes_accepted_before_it_only() {
     let fence = Arc::new(copy::ResetFence::default());
     let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
-    let settles = |f: &Arc<copy::ResetFence>| {
-        let f = f.clone();
-        rt.block_on(async move { tokio::time::timeout(std::time::Duration::from_millis(50), f.written()).await.is_ok() })
+    let settles = |mark: u64| {
+        let f = fence.clone();
+        rt.block_on(async move { tokio::time::timeout(std::time::Duration::from_millis(50), f.written(mark)).await.is_ok() })
     };
-    let before = fence.enter(fence.epoch()).unwrap();
-    assert!(settles(&fence), "no reset yet: nothing to wait for");
-    fence.reset();
-    assert!(fence.enter(0).is_none(), "a copy that started before the reset writes no more");
-    assert!(!settles(&fence), "the reset waits for the write under way");
-    let after = fence.enter(fence.epoch()).unwrap();
+    let since = resets_so_far();
+    let before = fence.enter(since).unwrap();
+    let mark = fence.reset();
+    assert!(fence.reset_since(since));
+    assert!(fence.enter(since).is_none(), "a copy accepted before the reset writes no more");
+    assert!(!settles(mark), "the reset waits for the write under way");
+    let after = fence.enter(resets_so_far()).unwrap();
     drop(before);
-    assert!(settles(&fence), "a write started after the reset is not waited for");
-    // Two resets: a write from between them is waited for by the second.
-    fence.reset();
-    assert!(!settles(&fence));
+    assert!(settles(mark), "a write of a copy accepted after the reset is not waited for");
+    // A second reset waits for that one; the first still does not.
+    let second = fence.reset();
+    assert!(!settles(second));
+    assert!(settles(mark));
     drop(after);
-    assert!(settles(&fence));
+    assert!(settles(second));
+}
+
+#[test]
+fn a_copy_accepted_before_a_reset_of_a_unit_it_uses_stops() {
+    let (a, b) = (unit(), unit());
+    let dir = UnitDirectory::new();
+    dir.replace([("iqn.target", vec![&a, &b], vec![])]);
+    fill(&a, 0, 8, 0x5a);
+    let l = list(vec![cscd(&a), cscd(&b)], vec![Segment::blocks(0, 1, 8, 0, 0)]).to_bytes();
+    let plan = a.plan(&xcopy_cdb(l.len()), &n()).unwrap();
+    // Accepted, then its destination reset before it ran (waiting for a thread, say).
+    let since = resets_so_far();
+    b.reset();
+    let s = sense_of(&a.execute_since(&plan, &l, &n(), Vec::new(), since));
+    assert_eq!((s.key, s.asc), (SenseKey::COPY_ABORTED, AscAscq::THIRD_PARTY_DEVICE_FAILURE));
+    assert_eq!(read(&b, 0, 8), vec![0; 8 * 512], "nothing written after the reset");
+    // The same for a reset of the copy manager, or of the source.
+    for reset in [&a, &b] {
+        let since = resets_so_far();
+        reset.reset();
+        let s = sense_of(&a.execute_since(&plan, &l, &n(), Vec::new(), since));
+        assert_eq!(s.key, SenseKey::COPY_ABORTED);
+    }
+    // A copy accepted after the resets copies.
+    assert_eq!(a.execute(&plan, &l, &n()).status, Status::GOOD);
+    assert!(read(&b, 0, 8).iter().all(|&x| x == 0x5a));
 }

@@ -108,6 +108,10 @@ pub(super) struct Command {
     /// Its task's I/O gate; `None` when it runs in the session's receiving task (one such
     /// command at a time, and nothing aborts it while it runs).
     pub(super) gate: Option<Arc<IoGate>>,
+    /// An EXTENDED COPY: the unit resets the process had seen when the session took it, so
+    /// that a reset of a unit it uses made before it runs stops it too (0 for any other
+    /// command, which never looks).
+    pub(super) since: u64,
 }
 
 impl Command {
@@ -172,7 +176,7 @@ impl Session {
     /// the unit of the slot's path (or gets LOGICAL UNIT NOT SUPPORTED without one).
     pub(super) async fn command(&self, run: Command, slot: &Slot) {
         let inline = run.inline();
-        let Command { cmd: c, cdb, split, report, gate } = run;
+        let Command { cmd: c, cdb, split, report, gate, since } = run;
         let gate = gate.as_ref();
         let (edtl, immediate) = (c.expected_data_len, split.immediate);
         // The rare answers (REPORT LUNS, no unit, a refusal) are boxed: awaited in place, their
@@ -293,7 +297,7 @@ impl Session {
                 },
                 None => None,
             };
-            (lu.execute_into(&plan, &data_out[..usable], &self.nexus, read_buf), data_out)
+            (lu.execute_since(&plan, &data_out[..usable], &self.nexus, read_buf, since), data_out)
         } else {
             // The blocking pool runs the I/O to its end even if this task is aborted meanwhile:
             // the gate tells task management (and the session's end) when it is over.
@@ -307,7 +311,7 @@ impl Session {
                 return;
             };
             let Ok(r) = tokio::task::spawn_blocking(move || {
-                let r = (lu2.execute_into(&plan2, &data_out[..usable], &nexus, read_buf), data_out);
+                let r = (lu2.execute_since(&plan2, &data_out[..usable], &nexus, read_buf, since), data_out);
                 drop(in_flight);
                 r
             })

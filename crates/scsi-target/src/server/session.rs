@@ -767,8 +767,8 @@ impl Session {
                     // store) before it is answered, so the host finds its unit attention there.
                     let told: Vec<_> = match reset {
                         Reset::None => Vec::new(),
-                        Reset::Unit(lun) => view.find(lun).and_then(|p| p.lu.reset_everywhere()).into_iter().collect(),
-                        Reset::Target => view.paths().filter_map(|p| p.lu.reset_everywhere()).collect(),
+                        Reset::Unit(lun) => view.find(lun).and_then(|p| p.lu.reset_told()).into_iter().collect(),
+                        Reset::Target => view.paths().filter_map(|p| p.lu.reset_told()).collect(),
                     };
                     for t in told {
                         let _ = self.serving_resets(view, tokio::time::timeout(RESET_TOLD_TIMEOUT, t)).await;
@@ -822,7 +822,10 @@ impl Session {
         let inline = runs_inline(&cmd, opcode, split, path.as_ref().map(|p| &*p.path().lu));
         let unit = path.as_ref().map_or(0, |p| unit_id(&p.path().lu));
         let slot = Slot { session: self.clone(), task, held: AtomicBool::new(true), path, op: Op::of(opcode), start: now };
-        let mut run = Command { cmd, cdb: full_cdb, split, report, gate: None };
+        // In the session's loop, in order with its task management (and before another
+        // session's reset of a unit the copy uses could have found it gone or not begun).
+        let since = if opcode == riser_scsi::cdb::op::EXTENDED_COPY { crate::lu::resets_so_far() } else { 0 };
+        let mut run = Command { cmd, cdb: full_cdb, split, report, gate: None, since };
         if inline {
             // Nothing to abort meanwhile (task management is handled after it, in this task):
             // no I/O gate.
