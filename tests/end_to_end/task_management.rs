@@ -32,6 +32,7 @@ on_every_transport!(
     a_reset_of_a_copys_destination_on_another_gateway_waits_for_its_write,
     a_reset_of_a_copys_destination_through_its_own_session_stops_it,
     a_reset_of_the_copy_manager_stops_the_copy_at_its_next_write,
+    a_reset_ends_a_write_whose_lun_was_mapped_away_since_it_started,
 );
 
 async fn task_management_and_unit_attention(t: Transport) {
@@ -698,6 +699,48 @@ async fn a_reset_of_the_copy_manager_stops_the_copy_at_its_next_write(t: Transpo
     tokio::time::timeout(WAIT, reset).await.unwrap().unwrap().unwrap();
     assert_eq!(disk.done(), 1, "the copy wrote on after its manager's reset");
     ended_unanswered(tokio::time::timeout(WAIT, copy).await.unwrap().unwrap(), "copy");
+    s.logout().await.unwrap();
+    other.logout().await.unwrap();
+}
+
+/// A write running on a unit whose LUN was then mapped away from its session (a LUN map changed
+/// live) is still the unit's task: another session's reset of the unit ends it without a
+/// response and is answered only once its I/O is over. (Before, the session matched tasks
+/// through its current view only: the reset was answered at once, and the write landed after.)
+async fn a_reset_ends_a_write_whose_lun_was_mapped_away_since_it_started(t: Transport) {
+    let disk = Gated::new();
+    let lu = Arc::new(LogicalUnit::new(disk.clone(), LuIdentity::random()));
+    let ram = Arc::new(LogicalUnit::new(Arc::new(RamBackend::new(1 << 20, 512)), LuIdentity::random()));
+    let (addr, target) = t.serve(t.config().node(Node::new(TARGET).lun(ram).lun(lu))).await;
+    let s = t.connect(addr, SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(3))).await.unwrap();
+    let other = t.connect(addr, SessionConfig::new("iqn.2026-11.io.riser:another", TARGET)).await.unwrap();
+    disk.hold(true);
+    let write = tokio::spawn({
+        let s = s.clone();
+        async move { s.command_once(Lun::from_number(1).unwrap(), &write10(0, 8), Some(pattern(3, 4096)), 0).await }
+    });
+    until("the write never reached the store", || disk.waiting() > 0).await;
+    // This initiator now sees LUN 0 only; its session learns so at its next command.
+    target
+        .update_node(TARGET, |n| {
+            n.lun_maps.insert(ME.to_ascii_lowercase(), [(0, 0)].into());
+            Ok(())
+        })
+        .await
+        .unwrap();
+    s.test_unit_ready(Lun::ZERO).await.unwrap();
+    let reset = tokio::spawn({
+        let other = other.clone();
+        async move { other.task_management(Lun::from_number(1).unwrap(), TmfFunction::LOGICAL_UNIT_RESET, 0).await }
+    });
+    let ended = no_task_left(&target).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let early = reset.is_finished();
+    disk.hold(false);
+    assert!(ended, "the reset did not end the write");
+    assert!(!early, "the reset was answered while the write still ran");
+    tokio::time::timeout(WAIT, reset).await.unwrap().unwrap().unwrap();
+    ended_unanswered(tokio::time::timeout(WAIT, write).await.unwrap().unwrap(), "write");
     s.logout().await.unwrap();
     other.logout().await.unwrap();
 }

@@ -743,6 +743,10 @@ impl Session {
                         };
                         gates.extend(self.abort_tags(&itts));
                     }
+                    // And its tasks on the units under LUNs that no longer name them.
+                    for lu in &units {
+                        gates.extend(self.end_tasks_off_view(lu));
+                    }
                     // Asks answered meanwhile (another session's or gateway's reset) wait for
                     // what this request ended too: those tasks are gone from the machine.
                     lock(&self.reset_asks).own.clone_from(&gates);
@@ -945,7 +949,8 @@ impl Session {
             if !itts.is_empty() {
                 info!(nexus = %self.nexus, tasks = itts.len(), "tasks ended by another nexus's reset of their unit");
             }
-            let ended = self.abort_tags(&itts);
+            let mut ended = self.abort_tags(&itts);
+            ended.extend(self.end_tasks_off_view(&r.lu));
             // Kept: this session answers nothing before their I/O is over either.
             let handed = {
                 let mut asks = lock(&self.reset_asks);
@@ -958,6 +963,31 @@ impl Session {
             gates.extend(gates_of(&handed, &r.lu));
             let _ = r.done.send(gates);
         }
+    }
+
+    /// End, without a response, this session's tasks running on `lu` that its view no longer
+    /// names there (their LUN unmapped or mapped to another unit since they started: the
+    /// machine knows them by LUN number only); the gates of their backend I/O. Called once the
+    /// unit's tasks the view names have been ended, in the session's loop.
+    fn end_tasks_off_view(&self, lu: &LogicalUnit) -> Vec<Arc<IoGate>> {
+        let unit = unit_id(lu);
+        let tasks: Vec<TaskId> =
+            lock(&self.running).iter().filter(|(_, (h, g))| g.unit == unit && !h.is_finished()).map(|(t, _)| *t).collect();
+        if tasks.is_empty() {
+            return Vec::new();
+        }
+        info!(nexus = %self.nexus, tasks = tasks.len(), "tasks on a reset unit no longer mapped to their LUN ended");
+        {
+            let mut core = lock(&self.core);
+            for t in &tasks {
+                core.drop_task(*t);
+            }
+        }
+        let gates = self.abort(&tasks);
+        for t in &tasks {
+            self.dm.deallocate_task_resources(t.itt);
+        }
+        gates
     }
 
     /// Stop these commands' futures (backend I/O on the blocking pool runs on; the gates
