@@ -44,6 +44,8 @@ pub(super) struct IoGate {
     /// The unit the task's I/O goes to, by address (0: none); an identity only, so a command
     /// touches no shared reference count for it.
     unit: usize,
+    /// The LUN the task was sent to (which may name another unit by the time it is reset).
+    lun: Lun,
 }
 
 /// A unit's identity as [`IoGate`] keeps it.
@@ -745,7 +747,7 @@ impl Session {
                     }
                     // And its tasks on the units under LUNs that no longer name them.
                     for lu in &units {
-                        gates.extend(self.end_tasks_off_view(lu));
+                        gates.extend(self.end_tasks_off_view(view, lu));
                     }
                     // Asks answered meanwhile (another session's or gateway's reset) wait for
                     // what this request ended too: those tasks are gone from the machine.
@@ -836,7 +838,7 @@ impl Session {
             return Some((run, slot));
         }
         let me = self.clone();
-        let gate = Arc::new(IoGate { unit, ..IoGate::default() });
+        let gate = Arc::new(IoGate { unit, lun: cmd.lun, ..IoGate::default() });
         run.gate = Some(gate.clone());
         // The command is spawned before its registration, and does not unregister itself: a
         // lock held across the spawn, and one more at its end, cost a cross-thread wake-up per
@@ -950,7 +952,7 @@ impl Session {
                 info!(nexus = %self.nexus, tasks = itts.len(), "tasks ended by another nexus's reset of their unit");
             }
             let mut ended = self.abort_tags(&itts);
-            ended.extend(self.end_tasks_off_view(&r.lu));
+            ended.extend(self.end_tasks_off_view(view, &r.lu));
             // Kept: this session answers nothing before their I/O is over either.
             let handed = {
                 let mut asks = lock(&self.reset_asks);
@@ -965,14 +967,15 @@ impl Session {
         }
     }
 
-    /// End, without a response, this session's tasks running on `lu` that its view no longer
-    /// names there (their LUN unmapped or mapped to another unit since they started: the
-    /// machine knows them by LUN number only); the gates of their backend I/O. Called once the
-    /// unit's tasks the view names have been ended, in the session's loop.
-    fn end_tasks_off_view(&self, lu: &LogicalUnit) -> Vec<Arc<IoGate>> {
+    /// End, without a response, this session's tasks running on `lu` under a LUN its view no
+    /// longer maps there (unmapped, or mapped to another unit since they started: the machine
+    /// knows tasks by LUN number only, and ends those of the LUNs that name the unit now); the
+    /// gates of their backend I/O. In the session's loop.
+    fn end_tasks_off_view(&self, view: &View, lu: &Arc<LogicalUnit>) -> Vec<Arc<IoGate>> {
         let unit = unit_id(lu);
+        let off_view = |g: &IoGate| g.unit == unit && view.find(g.lun).is_none_or(|p| !Arc::ptr_eq(&p.lu, lu));
         let tasks: Vec<TaskId> =
-            lock(&self.running).iter().filter(|(_, (h, g))| g.unit == unit && !h.is_finished()).map(|(t, _)| *t).collect();
+            lock(&self.running).iter().filter(|(_, (h, g))| off_view(g) && !h.is_finished()).map(|(t, _)| *t).collect();
         if tasks.is_empty() {
             return Vec::new();
         }
