@@ -33,6 +33,7 @@ on_every_transport!(
     a_reset_of_a_copys_destination_through_its_own_session_stops_it,
     a_reset_of_the_copy_manager_stops_the_copy_at_its_next_write,
     a_reset_ends_a_write_whose_lun_was_mapped_away_since_it_started,
+    a_copy_whose_time_is_up_stops_at_its_next_write,
 );
 
 async fn task_management_and_unit_attention(t: Transport) {
@@ -584,12 +585,15 @@ fn reset_through(other: Session) -> tokio::task::JoinHandle<Result<Session, Erro
 }
 
 /// A target with a 4 MiB RAM disk under LUN 0 (filled) and a [`Gated`] store under LUN 1, a
-/// session, and an EXTENDED COPY sent to LUN 0 (the copy manager) copying 2 MiB from LUN 0 to LUN
-/// 1 — two writes of [`COPY_CHUNK`](riser::target::lu::COPY_CHUNK) — its first write held
-/// in LUN 1's store. The session's commands time out after `timeout`.
+/// session, and an EXTENDED COPY copying 2 MiB from LUN 0 to LUN 1 — two writes of
+/// [`COPY_CHUNK`](riser::target::lu::COPY_CHUNK) — its first write held in LUN 1's store.
+/// The copy is sent to LUN 0 (the copy manager is its source), or with `manager_apart` to a
+/// RAM disk under LUN 2 that takes no other part. The session's commands time out after
+/// `timeout`.
 async fn copy_held_at_its_destination(
     t: Transport,
     timeout: Duration,
+    manager_apart: bool,
 ) -> (Arc<Gated>, Arc<LogicalUnit>, std::net::SocketAddr, Session, tokio::task::JoinHandle<Result<riser::initiator::CommandResult, Error>>)
 {
     use riser::scsi::copy::{Cscd, ExtendedCopy, Segment};
@@ -598,7 +602,11 @@ async fn copy_held_at_its_destination(
     let source = Arc::new(LogicalUnit::new(Arc::new(RamBackend::new(4 << 20, 512)), LuIdentity::random()));
     source.backend().write(0, &vec![0x5a; 2 << 20]).unwrap();
     let dest = Arc::new(LogicalUnit::new(disk.clone(), LuIdentity::random()));
-    let (addr, _target) = t.serve(t.config().node(Node::new(TARGET).lun(source.clone()).lun(dest.clone()))).await;
+    let mut node = Node::new(TARGET).lun(source.clone()).lun(dest.clone());
+    if manager_apart {
+        node = node.lun(Arc::new(LogicalUnit::new(Arc::new(RamBackend::new(1 << 20, 512)), LuIdentity::random())));
+    }
+    let (addr, _target) = t.serve(t.config().node(node)).await;
     let s = t.connect(addr, SessionConfig::new(ME, TARGET).timeout(timeout)).await.unwrap();
     let cscd = |lu: &LogicalUnit| Cscd::block(Designator::naa_locally_assigned(lu.identity().naa()), 512);
     let list = ExtendedCopy {
@@ -614,7 +622,8 @@ async fn copy_held_at_its_destination(
     disk.hold(true);
     let copy = tokio::spawn({
         let s = s.clone();
-        async move { s.command_once(Lun::ZERO, &cdb, Some(list.into()), 0).await }
+        let manager = Lun::from_number(if manager_apart { 2 } else { 0 }).unwrap();
+        async move { s.command_once(manager, &cdb, Some(list.into()), 0).await }
     });
     until("the copy's write never reached the store", || disk.waiting() > 0).await;
     (disk, dest, addr, s, copy)
@@ -634,7 +643,7 @@ async fn copy_stopped(disk: &Gated, copy: tokio::task::JoinHandle<Result<riser::
 /// writes nothing more: it ends with COPY ABORTED. (Before, the reset was answered at once and
 /// the copy went on writing to the unit afterwards.)
 async fn a_reset_of_a_copys_destination_stops_the_copy_and_waits_for_its_write(t: Transport) {
-    let (disk, _dest, addr, s, copy) = copy_held_at_its_destination(t, Duration::from_secs(20)).await;
+    let (disk, _dest, addr, s, copy) = copy_held_at_its_destination(t, Duration::from_secs(20), false).await;
     let other = t.connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
     let reset = tokio::spawn({
         let other = other.clone();
@@ -653,7 +662,7 @@ async fn a_reset_of_a_copys_destination_stops_the_copy_and_waits_for_its_write(t
 /// The same when another gateway of the destination's store reset it: acknowledged once the
 /// copy's write is over, and the copy stops.
 async fn a_reset_of_a_copys_destination_on_another_gateway_waits_for_its_write(t: Transport) {
-    let (disk, dest, _addr, s, copy) = copy_held_at_its_destination(t, Duration::from_secs(20)).await;
+    let (disk, dest, _addr, s, copy) = copy_held_at_its_destination(t, Duration::from_secs(20), false).await;
     let acknowledged = tokio::spawn(dest.remote_reset());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let early = acknowledged.is_finished();
@@ -667,7 +676,7 @@ async fn a_reset_of_a_copys_destination_on_another_gateway_waits_for_its_write(t
 /// The same through the copy's own session (its task, under LUN 0, goes on: it ends with COPY
 /// ABORTED).
 async fn a_reset_of_a_copys_destination_through_its_own_session_stops_it(t: Transport) {
-    let (disk, _dest, _addr, s, copy) = copy_held_at_its_destination(t, Duration::from_secs(20)).await;
+    let (disk, _dest, _addr, s, copy) = copy_held_at_its_destination(t, Duration::from_secs(20), false).await;
     let reset = tokio::spawn({
         let s = s.clone();
         async move { s.task_management(Lun::from_number(1).unwrap(), TmfFunction::LOGICAL_UNIT_RESET, 0).await }
@@ -681,16 +690,16 @@ async fn a_reset_of_a_copys_destination_through_its_own_session_stops_it(t: Tran
     s.logout().await.unwrap();
 }
 
-/// A reset of the copy manager (the unit the EXTENDED COPY was sent to) ends the copy's task
-/// without a response, and the copy writes nothing after its write under way: the reset is
-/// answered then. (Before, the copy ran on to its end on the blocking pool, the reset waiting
-/// for all of it — up to 2 GiB.)
+/// A reset of the copy manager (the unit the EXTENDED COPY was sent to, here neither its source
+/// nor its destination) ends the copy's task without a response, and the copy writes nothing
+/// after its write under way: the reset is answered then. (Before, the copy ran on to its end on
+/// the blocking pool, the reset waiting for all of it — up to 2 GiB.)
 async fn a_reset_of_the_copy_manager_stops_the_copy_at_its_next_write(t: Transport) {
-    let (disk, _dest, addr, s, copy) = copy_held_at_its_destination(t, Duration::from_secs(3)).await;
+    let (disk, _dest, addr, s, copy) = copy_held_at_its_destination(t, Duration::from_secs(3), true).await;
     let other = t.connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
     let reset = tokio::spawn({
         let other = other.clone();
-        async move { other.task_management(Lun::ZERO, TmfFunction::LOGICAL_UNIT_RESET, 0).await }
+        async move { other.task_management(Lun::from_number(2).unwrap(), TmfFunction::LOGICAL_UNIT_RESET, 0).await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let early = reset.is_finished();
@@ -712,7 +721,8 @@ async fn a_reset_ends_a_write_whose_lun_was_mapped_away_since_it_started(t: Tran
     let lu = Arc::new(LogicalUnit::new(disk.clone(), LuIdentity::random()));
     let ram = Arc::new(LogicalUnit::new(Arc::new(RamBackend::new(1 << 20, 512)), LuIdentity::random()));
     let (addr, target) = t.serve(t.config().node(Node::new(TARGET).lun(ram).lun(lu))).await;
-    let s = t.connect(addr, SessionConfig::new(ME, TARGET).timeout(Duration::from_secs(3))).await.unwrap();
+    // Its commands time out beyond `WAIT`: only the reset can end the write's task.
+    let s = t.connect(addr, SessionConfig::new(ME, TARGET).timeout(2 * WAIT)).await.unwrap();
     let other = t.connect(addr, SessionConfig::new("iqn.2026-11.io.riser:another", TARGET)).await.unwrap();
     disk.hold(true);
     let write = tokio::spawn({
@@ -740,7 +750,22 @@ async fn a_reset_ends_a_write_whose_lun_was_mapped_away_since_it_started(t: Tran
     assert!(ended, "the reset did not end the write");
     assert!(!early, "the reset was answered while the write still ran");
     tokio::time::timeout(WAIT, reset).await.unwrap().unwrap().unwrap();
-    ended_unanswered(tokio::time::timeout(WAIT, write).await.unwrap().unwrap(), "write");
-    s.logout().await.unwrap();
+    // Its caller would hear only at its timeout (no answer comes): not waited for.
+    write.abort();
     other.logout().await.unwrap();
+}
+
+/// A copy its initiator gives up (its time up: the session aborts it with ABORT TASK) stops
+/// before its next write, so the abort is answered once the write under way is over. (Before,
+/// the copy ran on to its end on the blocking pool, the abort waiting for all of it.)
+async fn a_copy_whose_time_is_up_stops_at_its_next_write(t: Transport) {
+    let (disk, _dest, _addr, s, copy) = copy_held_at_its_destination(t, Duration::from_secs(1), false).await;
+    // Past the timeout: the abort is under way, waiting for the held write.
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    let early = copy.is_finished();
+    disk.hold(false);
+    assert!(!early, "the copy's caller heard before its write was over");
+    ended_unanswered(tokio::time::timeout(WAIT, copy).await.unwrap().unwrap(), "copy");
+    assert_eq!(disk.done(), 1, "the copy wrote on after it was aborted");
+    s.logout().await.unwrap();
 }

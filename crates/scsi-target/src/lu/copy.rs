@@ -22,8 +22,10 @@
 //! another gateway's reset of the store — made after the session accepted the command stops it
 //! before its next write (or flush) with COPY ABORTED, THIRD PARTY DEVICE FAILURE, and a reset
 //! of a unit is answered only once the copies' writes to it under way are over
-//! ([`ResetFence`]): nothing a copy accepted before a unit's reset writes there lands after the
-//! reset was answered.
+//! ([`ResetFence`]; a reset of the copy manager waits through the copy's own task, which it
+//! ends): nothing a copy accepted before a unit's reset writes there lands after the reset was
+//! answered. A copy whose task is given up (aborted) stops before its next write too
+//! ([`Accepted::given_up`]).
 //!
 //! [`Target`]: crate::server::Target
 
@@ -190,6 +192,24 @@ static RESETS: AtomicU64 = AtomicU64::new(0);
 /// The count of unit resets so far (see [`ResetFence`]): what a copy accepted now is measured by.
 pub(crate) fn resets_so_far() -> u64 {
     RESETS.load(Ordering::SeqCst)
+}
+
+/// What a copy knows of its command beyond its parameter list.
+#[derive(Clone, Copy)]
+pub(crate) struct Accepted<'a> {
+    /// The process's unit resets when its session took the command ([`resets_so_far`]): a
+    /// reset of a unit the copy uses after that stops it.
+    pub(crate) since: u64,
+    /// Whether its task has been given up (aborted by task management or the session's end):
+    /// the copy then stops before its next write too, rather than run on unanswered.
+    pub(crate) given_up: &'a (dyn Fn() -> bool + Sync),
+}
+
+impl Accepted<'_> {
+    /// A command taken now, never given up (a caller of `LogicalUnit::execute_into`).
+    pub(crate) fn now() -> Accepted<'static> {
+        Accepted { since: resets_so_far(), given_up: &|| false }
+    }
 }
 
 /// What keeps a copy from writing to a unit once the unit has been reset. A copy runs on the
@@ -420,9 +440,8 @@ impl LogicalUnit {
         Ok(Outcome::good(truncate(data, alloc)))
     }
 
-    /// EXTENDED COPY, its command accepted when the process had seen `since` unit resets
-    /// ([`resets_so_far`]): a reset of a unit it uses after that stops it.
-    pub(super) fn extended_copy(&self, sa: u8, out: &[u8], nexus: &Nexus, since: u64) -> R {
+    /// EXTENDED COPY (see [`Accepted`] for `accepted`).
+    pub(super) fn extended_copy(&self, sa: u8, out: &[u8], nexus: &Nexus, accepted: Accepted<'_>) -> R {
         if sa != riser_scsi::copy::EXTENDED_COPY_LID1 {
             return Err(bad_field(1, Some(4)));
         }
@@ -456,7 +475,7 @@ impl LogicalUnit {
         let (mut done, mut bytes) = (0usize, 0u64);
         let mut stop = None;
         for (n, seg) in list.segments.iter().enumerate() {
-            match self.copy_segment(seg, n, &units, since, nexus) {
+            match self.copy_segment(seg, n, &units, accepted, nexus) {
                 Ok(b) => {
                     done += 1;
                     bytes += b;
@@ -505,9 +524,9 @@ impl LogicalUnit {
         Ok(Running { manager: &self.copy, key })
     }
 
-    /// Carry out segment number `n` of a copy accepted at `since` (see [`ResetFence`]): the
+    /// Carry out segment number `n` of a copy (see [`Accepted`] and [`ResetFence`]): the
     /// bytes it moved.
-    fn copy_segment(&self, seg: &Segment, n: usize, units: &[Cscd<'_>], since: u64, nexus: &Nexus) -> Result<u64, Stop> {
+    fn copy_segment(&self, seg: &Segment, n: usize, units: &[Cscd<'_>], accepted: Accepted<'_>, nexus: &Nexus) -> Result<u64, Stop> {
         let abort = |asc| aborted(asc, n, seg.at);
         let unit = |i: u16| units.get(usize::from(i)).and_then(Cscd::lu).ok_or_else(|| abort(AscAscq::COPY_TARGET_DEVICE_NOT_REACHABLE));
         let (src, dst) = (unit(seg.src)?, unit(seg.dst)?);
@@ -557,10 +576,11 @@ impl LogicalUnit {
         let backwards = std::ptr::eq(src, dst) && to > from && to < from + len;
         // A reset of the copy manager, the source or the destination since the copy was
         // accepted ends it before its next write (or flush): the destination's reset may have
-        // been answered already, and waits only for a write under way.
+        // been answered already, and waits only for a write under way. So does its task's end.
+        let since = accepted.since;
         let fenced = || {
             let reset = || abort(AscAscq::THIRD_PARTY_DEVICE_FAILURE);
-            if self.copy.fence.reset_since(since) || src.copy.fence.reset_since(since) {
+            if (accepted.given_up)() || self.copy.fence.reset_since(since) || src.copy.fence.reset_since(since) {
                 return Err(reset());
             }
             dst.copy.fence.enter(since).ok_or_else(reset)

@@ -48,7 +48,7 @@ use std::sync::{Arc, Mutex};
 
 pub use aio::Running;
 pub use alua::{AccessState, AluaError, SUPPORTED_STATES, TargetPortGroup};
-pub(crate) use copy::resets_so_far;
+pub(crate) use copy::{Accepted, resets_so_far};
 pub use copy::{
     COPY_CHUNK, MAX_CONCURRENT_COPIES, MAX_CSCDS, MAX_DESCRIPTOR_LIST_LEN, MAX_HELD_RESULTS, MAX_SEGMENT_BYTES, MAX_SEGMENTS, UnitDirectory,
 };
@@ -625,17 +625,17 @@ impl LogicalUnit {
     /// datamover's pool, of any length: it is resized), so read data is carried in memory the
     /// datamover gets back with `release_task_buffer` once it has sent it.
     pub fn execute_into(&self, plan: &Plan, data_out: &[u8], nexus: &Nexus, read_buf: Vec<u8>) -> Outcome {
-        self.execute_since(plan, data_out, nexus, read_buf, resets_so_far())
+        self.execute_since(plan, data_out, nexus, read_buf, Accepted::now())
     }
 
-    /// [`execute_into`](Self::execute_into) for a command accepted when the process had seen
-    /// `since` unit resets (`copy::resets_so_far`): an EXTENDED COPY stops at a reset of a unit
-    /// it uses after that, even one made before it started running.
-    pub(crate) fn execute_since(&self, plan: &Plan, data_out: &[u8], nexus: &Nexus, read_buf: Vec<u8>, since: u64) -> Outcome {
+    /// [`execute_into`](Self::execute_into) for a command a server took earlier
+    /// ([`Accepted`]): an EXTENDED COPY stops at a reset of a unit it uses made since —
+    /// even before it started running — or once its task is given up.
+    pub(crate) fn execute_since(&self, plan: &Plan, data_out: &[u8], nexus: &Nexus, read_buf: Vec<u8>, accepted: Accepted<'_>) -> Outcome {
         if let Some(refused) = self.refusal(plan, nexus) {
             return refused;
         }
-        match self.run(&plan.cdb, data_out, nexus, read_buf, since) {
+        match self.run(&plan.cdb, data_out, nexus, read_buf, accepted) {
             Ok(o) => o,
             Err(s) => self.check(s),
         }
@@ -664,7 +664,7 @@ impl LogicalUnit {
     }
 
     /// Route a command to the handler of its family.
-    fn run(&self, c: &Cdb, out: &[u8], nexus: &Nexus, read_buf: Vec<u8>, since: u64) -> R {
+    fn run(&self, c: &Cdb, out: &[u8], nexus: &Nexus, read_buf: Vec<u8>, accepted: Accepted<'_>) -> R {
         if let Some(aio) = &self.aio
             && aio::on_data_path(c)
         {
@@ -723,7 +723,7 @@ impl LogicalUnit {
             Cdb::PersistentReserveIn { service_action, alloc_len, .. } => self.pr_in(*service_action, *alloc_len),
             Cdb::ReportTargetPortGroups { format, alloc_len, .. } => self.report_target_port_groups(*format, *alloc_len, nexus),
             Cdb::PersistentReserveOut { service_action, scope, pr_type, .. } => self.pr_out(*service_action, *scope, *pr_type, out, nexus),
-            Cdb::ExtendedCopy { service_action, .. } => self.extended_copy(*service_action, out, nexus, since),
+            Cdb::ExtendedCopy { service_action, .. } => self.extended_copy(*service_action, out, nexus, accepted),
             Cdb::ReceiveCopyResults { service_action, list_id, alloc_len, .. } => {
                 self.receive_copy_results(*service_action, *list_id, *alloc_len, nexus)
             }

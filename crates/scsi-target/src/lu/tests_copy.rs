@@ -261,16 +261,20 @@ fn a_copy_accepted_before_a_reset_of_a_unit_it_uses_stops() {
     // Accepted, then its destination reset before it ran (waiting for a thread, say).
     let since = resets_so_far();
     b.reset();
-    let s = sense_of(&a.execute_since(&plan, &l, &n(), Vec::new(), since));
+    let s = sense_of(&a.execute_since(&plan, &l, &n(), Vec::new(), Accepted { since, given_up: &|| false }));
     assert_eq!((s.key, s.asc), (SenseKey::COPY_ABORTED, AscAscq::THIRD_PARTY_DEVICE_FAILURE));
     assert_eq!(read(&b, 0, 8), vec![0; 8 * 512], "nothing written after the reset");
     // The same for a reset of the copy manager, or of the source.
     for reset in [&a, &b] {
         let since = resets_so_far();
         reset.reset();
-        let s = sense_of(&a.execute_since(&plan, &l, &n(), Vec::new(), since));
+        let s = sense_of(&a.execute_since(&plan, &l, &n(), Vec::new(), Accepted { since, given_up: &|| false }));
         assert_eq!(s.key, SenseKey::COPY_ABORTED);
     }
+    // A copy whose task was given up writes nothing either.
+    let s = sense_of(&a.execute_since(&plan, &l, &n(), Vec::new(), Accepted { since: resets_so_far(), given_up: &|| true }));
+    assert_eq!(s.key, SenseKey::COPY_ABORTED);
+    assert_eq!(read(&b, 0, 8), vec![0; 8 * 512]);
     // A copy accepted after the resets copies.
     assert_eq!(a.execute(&plan, &l, &n()).status, Status::GOOD);
     assert!(read(&b, 0, 8).iter().all(|&x| x == 0x5a));

@@ -297,13 +297,16 @@ impl Session {
                 },
                 None => None,
             };
-            (lu.execute_since(&plan, &data_out[..usable], &self.nexus, read_buf, since), data_out)
+            let given_up = || gate.is_some_and(|g| g.is_aborted());
+            let accepted = crate::lu::Accepted { since, given_up: &given_up };
+            (lu.execute_since(&plan, &data_out[..usable], &self.nexus, read_buf, accepted), data_out)
         } else {
             // The blocking pool runs the I/O to its end even if this task is aborted meanwhile:
             // the gate tells task management (and the session's end) when it is over.
             let lu2 = lu.clone();
             let nexus = self.nexus.clone();
             let plan2: Plan = plan.clone();
+            let gate2 = gate.cloned();
             // A SANITIZE is not waited for: it goes on across task management and reinstatement
             // by design, and the LU fences the medium while it runs. The I/O holds the path
             // either way: a LUN being removed waits for it even if this task is aborted meanwhile.
@@ -311,7 +314,9 @@ impl Session {
                 return;
             };
             let Ok(r) = tokio::task::spawn_blocking(move || {
-                let r = (lu2.execute_since(&plan2, &data_out[..usable], &nexus, read_buf, since), data_out);
+                let given_up = || gate2.as_ref().is_some_and(|g| g.is_aborted());
+                let accepted = crate::lu::Accepted { since, given_up: &given_up };
+                let r = (lu2.execute_since(&plan2, &data_out[..usable], &nexus, read_buf, accepted), data_out);
                 drop(in_flight);
                 r
             })

@@ -76,6 +76,11 @@ impl IoGate {
         self.idle.notify_waiters();
     }
 
+    /// Whether the task has been aborted.
+    pub(super) fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::SeqCst)
+    }
+
     /// The task is being aborted: no I/O of it starts from now on.
     pub(super) fn abort(&self) {
         self.aborted.store(true, Ordering::SeqCst);
@@ -979,13 +984,16 @@ impl Session {
         if tasks.is_empty() {
             return Vec::new();
         }
-        info!(nexus = %self.nexus, tasks = tasks.len(), "tasks on a reset unit no longer mapped to their LUN ended");
-        {
+        // Only those the machine still held: a command that has taken its status (and may be
+        // sending it) is left to finish.
+        let tasks: Vec<TaskId> = {
             let mut core = lock(&self.core);
-            for t in &tasks {
-                core.drop_task(*t);
-            }
+            tasks.into_iter().filter(|t| core.drop_task(*t)).collect()
+        };
+        if tasks.is_empty() {
+            return Vec::new();
         }
+        info!(nexus = %self.nexus, tasks = tasks.len(), "tasks on a reset unit no longer mapped to their LUN ended");
         let gates = self.abort(&tasks);
         for t in &tasks {
             self.dm.deallocate_task_resources(t.itt);

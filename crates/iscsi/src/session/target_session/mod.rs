@@ -648,9 +648,10 @@ impl TargetSession {
     }
 
     /// Task `itt` ended without a response (its connection or command was given up): its
-    /// slot is free.
-    pub fn drop_task(&mut self, task: TaskId) {
-        self.end(task);
+    /// slot is free. Whether it was still held (a task that has ended already, or a later one
+    /// under the same tag, is left alone).
+    pub fn drop_task(&mut self, task: TaskId) -> bool {
+        self.end(task)
     }
 
     fn abort_where(&mut self, pred: impl Fn(&Task) -> bool) -> Vec<u32> {
