@@ -629,6 +629,20 @@ async fn copy_held_at_its_destination(
     (disk, dest, addr, s, copy)
 }
 
+/// A LOGICAL UNIT RESET of `lun` through `through` while the copy's write is held in `disk`:
+/// not answered before the write is let go (300 ms on), answered once it is.
+async fn reset_while_held(through: &Session, lun: u16, disk: &Gated) {
+    let reset = tokio::spawn({
+        let s = through.clone();
+        async move { s.task_management(Lun::from_number(lun).unwrap(), TmfFunction::LOGICAL_UNIT_RESET, 0).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let early = reset.is_finished();
+    disk.hold(false);
+    assert!(!early, "the reset was answered while the copy's write still ran");
+    tokio::time::timeout(WAIT, reset).await.unwrap().unwrap().unwrap();
+}
+
 /// The copy a reset of its destination stopped: COPY ABORTED, its second write never made.
 async fn copy_stopped(disk: &Gated, copy: tokio::task::JoinHandle<Result<riser::initiator::CommandResult, Error>>) {
     let r = tokio::time::timeout(WAIT, copy).await.unwrap().unwrap().unwrap();
@@ -645,15 +659,7 @@ async fn copy_stopped(disk: &Gated, copy: tokio::task::JoinHandle<Result<riser::
 async fn a_reset_of_a_copys_destination_stops_the_copy_and_waits_for_its_write(t: Transport) {
     let (disk, _dest, addr, s, copy) = copy_held_at_its_destination(t, Duration::from_secs(20), false).await;
     let other = t.connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
-    let reset = tokio::spawn({
-        let other = other.clone();
-        async move { other.task_management(Lun::from_number(1).unwrap(), TmfFunction::LOGICAL_UNIT_RESET, 0).await }
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let early = reset.is_finished();
-    disk.hold(false);
-    assert!(!early, "the reset was answered while the copy's write to the unit still ran");
-    tokio::time::timeout(WAIT, reset).await.unwrap().unwrap().unwrap();
+    reset_while_held(&other, 1, &disk).await;
     copy_stopped(&disk, copy).await;
     s.logout().await.unwrap();
     other.logout().await.unwrap();
@@ -677,15 +683,7 @@ async fn a_reset_of_a_copys_destination_on_another_gateway_waits_for_its_write(t
 /// ABORTED).
 async fn a_reset_of_a_copys_destination_through_its_own_session_stops_it(t: Transport) {
     let (disk, _dest, _addr, s, copy) = copy_held_at_its_destination(t, Duration::from_secs(20), false).await;
-    let reset = tokio::spawn({
-        let s = s.clone();
-        async move { s.task_management(Lun::from_number(1).unwrap(), TmfFunction::LOGICAL_UNIT_RESET, 0).await }
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let early = reset.is_finished();
-    disk.hold(false);
-    assert!(!early, "the reset was answered while the copy's write to the unit still ran");
-    tokio::time::timeout(WAIT, reset).await.unwrap().unwrap().unwrap();
+    reset_while_held(&s, 1, &disk).await;
     copy_stopped(&disk, copy).await;
     s.logout().await.unwrap();
 }
@@ -697,15 +695,7 @@ async fn a_reset_of_a_copys_destination_through_its_own_session_stops_it(t: Tran
 async fn a_reset_of_the_copy_manager_stops_the_copy_at_its_next_write(t: Transport) {
     let (disk, _dest, addr, s, copy) = copy_held_at_its_destination(t, Duration::from_secs(3), true).await;
     let other = t.connect(addr, SessionConfig::new(ME, TARGET)).await.unwrap();
-    let reset = tokio::spawn({
-        let other = other.clone();
-        async move { other.task_management(Lun::from_number(2).unwrap(), TmfFunction::LOGICAL_UNIT_RESET, 0).await }
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let early = reset.is_finished();
-    disk.hold(false);
-    assert!(!early, "the reset was answered while the copy's write still ran");
-    tokio::time::timeout(WAIT, reset).await.unwrap().unwrap().unwrap();
+    reset_while_held(&other, 2, &disk).await;
     assert_eq!(disk.done(), 1, "the copy wrote on after its manager's reset");
     ended_unanswered(tokio::time::timeout(WAIT, copy).await.unwrap().unwrap(), "copy");
     s.logout().await.unwrap();
