@@ -833,8 +833,8 @@ impl Session {
         let inline = runs_inline(&cmd, opcode, split, path.as_ref().map(|p| &*p.path().lu));
         let unit = path.as_ref().map_or(0, |p| unit_id(&p.path().lu));
         let slot = Slot { session: self.clone(), task, held: AtomicBool::new(true), path, op: Op::of(opcode), start: now };
-        // In the session's loop, in order with its task management (and before another
-        // session's reset of a unit the copy uses could have found it gone or not begun).
+        // Taken in the session's loop, in order with its task management: a reset of a unit
+        // the copy uses made from here on stops it, even one made before the copy runs.
         let since = if opcode == riser_scsi::cdb::op::EXTENDED_COPY { crate::lu::resets_so_far() } else { 0 };
         let mut run = Command { cmd, cdb: full_cdb, split, report, gate: None, since };
         if inline {
