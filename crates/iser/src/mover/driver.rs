@@ -350,7 +350,8 @@ impl<P: Provider + 'static> Shared<P> {
         let header = pdu.header;
         tracing::trace!(role = ?self.role, op = ?header.opcode(), itt = header.itt(), len = msg.len(), ?invalidated, "iSER receive");
         let ahs = owned(pdu.ahs);
-        if self.role == Role::Target {
+        // Only a NOP-Out answers a ping (the lock is not taken for every command).
+        if self.role == Role::Target && matches!(header, Header::NopOut(_)) {
             lock(&self.unexpected).received(&header);
         }
         // Every PDU but a target's Data-Out goes up to the iSCSI layer.

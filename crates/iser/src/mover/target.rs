@@ -119,9 +119,11 @@ impl<P: Provider + 'static> IserDatamover<P> {
         room: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> Result<PutDataDone, DmError> {
         let s = &self.s;
-        if lock(&s.remote).get(&desc.itt).is_none_or(|r| r.read.is_none()) {
-            return Err(Violation::NoReadStag { itt: desc.itt }.into());
-        }
+        // Posted under the lock task management takes to end the task: once a task is aborted
+        // (and its TMF response may be on its way) nothing more is posted for it, so the
+        // initiator never sees a write to a key it has revoked.
+        let remote = lock(&s.remote);
+        let Some(rb) = remote.get(&desc.itt).and_then(|r| r.read) else { return Err(Violation::NoReadStag { itt: desc.itt }.into()) };
         if !data.is_empty() {
             // RDMA Write to (read STag, read VA + offset); the SCSI Response Send follows on
             // the same queue pair, so the data is placed before the status arrives. The data
@@ -131,11 +133,6 @@ impl<P: Provider + 'static> IserDatamover<P> {
             let mr = s.pd.register_shared(data.clone(), Access::empty()).map_err(rdma("register read data"))?;
             let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
             let keep = Keep { mr, recycle: Some(data), also: None, counted: room };
-            // Posted under the lock task management takes to end the task: once a task is
-            // aborted (and its TMF response may be on its way) nothing more is posted for
-            // it, so the initiator never sees a write to a key it has revoked.
-            let remote = lock(&s.remote);
-            let Some(rb) = remote.get(&desc.itt).and_then(|r| r.read) else { return Err(DmError::NoTask(desc.itt)) };
             let op = SendOp::RdmaWrite { remote_addr: rb.va.wrapping_add(u64::from(desc.offset)), rkey: rb.stag };
             s.post_unawaited(op, SgList::from_slice(&[sge]), Some(keep), false)?;
         }

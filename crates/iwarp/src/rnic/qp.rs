@@ -112,7 +112,7 @@ pub(super) struct QpShared {
     /// Inbound reads accepted but not yet answered.
     pub(super) ird_in_use: AtomicU32,
     /// Responder side: nothing may be sent before the initiator's first FPDU (RFC 5044).
-    pub(super) may_send: Mutex<bool>,
+    pub(super) may_send: AtomicBool,
     pub(super) may_send_now: tokio::sync::Notify,
     pub(super) terminate_received: Mutex<Option<Term>>,
     pub(super) terminate_sent: Mutex<Option<Term>>,
@@ -193,7 +193,7 @@ impl SoftQp {
                 ird: AtomicU32::new(0),
                 ord: AtomicU32::new(0),
                 ird_in_use: AtomicU32::new(0),
-                may_send: Mutex::new(true),
+                may_send: AtomicBool::new(true),
                 may_send_now: tokio::sync::Notify::new(),
                 terminate_received: Mutex::new(None),
                 terminate_sent: Mutex::new(None),
@@ -232,7 +232,7 @@ impl SoftQp {
         };
         let reads = wrs.iter().filter(|wr| matches!(wr.op, SendOp::RdmaRead { .. })).count();
         let small = wrs.iter().all(|wr| payload(wr) <= INLINE_MAX) && wrs.iter().map(payload).sum::<u64>() <= INLINE_LIST_MAX;
-        if wrs.is_empty() || !small || !*lock(&self.s.may_send) {
+        if wrs.is_empty() || !small || !self.s.may_send.load(Ordering::Acquire) {
             return 0;
         }
         let Ok(mut engine) = self.s.engine.try_lock() else { return 0 };
@@ -355,7 +355,7 @@ impl SoftQp {
         self.s.ord.store(u32::from(est.ord), Ordering::Release);
         *lock(&self.s.established) = Some(est);
         *lock(&self.s.sock) = Some(shut);
-        *lock(&self.s.may_send) = !responder;
+        self.s.may_send.store(!responder, Ordering::Release);
         let (items, mut rxq) = unbounded_channel();
         let txq = TxQueue { items, queued: self.s.queued.clone() };
         if rtr_write {
@@ -404,7 +404,7 @@ impl QpShared {
     /// region; what the socket does not take at once goes to the transmitter as the next item.
     /// False: not taken, queue it.
     pub(super) fn respond_inline(&self, req: &ReadRequest, src: Option<&Arc<SoftMr>>) -> bool {
-        if u64::from(req.size) > READ_RESPONSE_INLINE_MAX || !*lock(&self.may_send) || self.state() != QpState::Connected {
+        if u64::from(req.size) > READ_RESPONSE_INLINE_MAX || !self.may_send.load(Ordering::Acquire) || self.state() != QpState::Connected {
             return false;
         }
         let Ok(mut engine) = self.engine.try_lock() else { return false };
@@ -535,7 +535,7 @@ impl QpShared {
     }
 
     pub(super) fn may_send_release(&self) {
-        *lock(&self.may_send) = true;
+        self.may_send.store(true, Ordering::Release);
         self.may_send_now.notify_waiters();
     }
 
@@ -544,8 +544,7 @@ impl QpShared {
         loop {
             let mut n = std::pin::pin!(self.may_send_now.notified());
             n.as_mut().enable();
-            let ok = *lock(&self.may_send);
-            if ok {
+            if self.may_send.load(Ordering::Acquire) {
                 return;
             }
             n.await;
