@@ -135,7 +135,7 @@ fn rdma(op: &str, size: usize, count: u64, depth: usize, crc: bool) -> f64 {
     while done < count {
         while posted < count && posted - done < depth as u64 {
             let signaled = posted % batch == batch - 1 || posted == count - 1;
-            qp.post_send(SendWr { wr_id: posted, op, sg_list: vec![sge].into(), signaled }).unwrap();
+            qp.post_send(SendWr { wr_id: posted, op, sg_list: vec![sge].into(), unregistered: None, signaled }).unwrap();
             posted += 1;
         }
         for wc in cq.poll(64) {

@@ -165,7 +165,7 @@ impl<P: Provider> Conn<P> {
     fn send_advert(&self, addr: u64, rkey: u32, size: u32) -> Result<(), String> {
         self.send.write(&mut |b| b[..16].copy_from_slice(&advert(addr, rkey, size)));
         self.qp
-            .post_send(SendWr { wr_id: 2, op: SendOp::Send, sg_list: vec![whole(&*self.send)].into(), signaled: true })
+            .post_send(SendWr { wr_id: 2, op: SendOp::Send, sg_list: vec![whole(&*self.send)].into(), unregistered: None, signaled: true })
             .map_err(|e| e.to_string())?;
         self.wait(WcOpcode::Send).map(|_| ())
     }
@@ -224,7 +224,13 @@ fn server<P: Provider>(p: &P, a: &Args) -> Result<(), String> {
         }
         let sink = Sge { addr: rdma.addr(), length: rlen, lkey: rdma.lkey() };
         conn.qp
-            .post_send(SendWr { wr_id: 3, op: SendOp::RdmaRead { remote_addr: raddr, rkey }, sg_list: vec![sink].into(), signaled: true })
+            .post_send(SendWr {
+                wr_id: 3,
+                op: SendOp::RdmaRead { remote_addr: raddr, rkey },
+                sg_list: vec![sink].into(),
+                unregistered: None,
+                signaled: true,
+            })
             .map_err(|e| e.to_string())?;
         conn.wait(WcOpcode::RdmaRead)?;
         if a.verbose {
@@ -239,6 +245,7 @@ fn server<P: Provider>(p: &P, a: &Args) -> Result<(), String> {
                 wr_id: 4,
                 op: SendOp::RdmaWrite { remote_addr: waddr, rkey: wkey },
                 sg_list: vec![Sge { addr: rdma.addr(), length: n, lkey: rdma.lkey() }].into(),
+                unregistered: None,
                 signaled: true,
             })
             .map_err(|e| e.to_string())?;

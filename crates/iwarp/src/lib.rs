@@ -71,7 +71,7 @@
 //! println!("connected: {}", established.description); // MPA revision, CRC, IRD/ORD
 //! let msg = pd.register(b"hello over iWARP".to_vec(), Access::empty()).unwrap();
 //! let sge = Sge { addr: msg.addr(), length: msg.len() as u32, lkey: msg.lkey() };
-//! qp.post_send(SendWr { wr_id: 2, op: SendOp::Send, sg_list: SgList::from_slice(&[sge]), signaled: true }).unwrap();
+//! qp.post_send(SendWr { wr_id: 2, op: SendOp::Send, sg_list: SgList::from_slice(&[sge]), unregistered: None, signaled: true }).unwrap();
 //! let sent = next(&*cq);
 //! assert_eq!((sent.wr_id, sent.opcode, sent.status), (2, WcOpcode::Send, WcStatus::Success));
 //!

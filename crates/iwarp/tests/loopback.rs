@@ -109,8 +109,8 @@ fn messages_of_a_header_and_shared_data_arrive_whole_across_segments() {
                 let sg = vec![sge(&head, 0, 76), sge(&data, 0, n)];
                 // The write first: the Send behind it arrives after it is placed.
                 let write = SendOp::RdmaWrite { remote_addr: sinks[i].addr(), rkey: sinks[i].rkey() };
-                wrs.push(SendWr { wr_id: 2 * i as u64, op: write, sg_list: sg.clone().into(), signaled: true });
-                wrs.push(SendWr { wr_id: 2 * i as u64 + 1, op: SendOp::Send, sg_list: sg.into(), signaled: true });
+                wrs.push(SendWr { wr_id: 2 * i as u64, op: write, sg_list: sg.clone().into(), unregistered: None, signaled: true });
+                wrs.push(SendWr { wr_id: 2 * i as u64 + 1, op: SendOp::Send, sg_list: sg.into(), unregistered: None, signaled: true });
                 want.push([contents(&head), contents(&data)].concat());
                 regions.push((head, data));
             }
@@ -137,6 +137,76 @@ fn messages_of_a_header_and_shared_data_arrive_whole_across_segments() {
         }
         assert!(c.qp.is_connected() && s.qp.is_connected());
     }
+}
+
+/// Sends and RDMA Writes whose payload is unregistered bytes (`SendWr::unregistered`) arrive
+/// whole and in order, small and across segments, with and without CRCs, posted alone, as a
+/// list and from a runtime's task (the transmitter's path); their byte counts are the bytes'.
+#[test]
+fn unregistered_payloads_arrive_whole_across_segments() {
+    let sizes = [1usize, 2047, 2048, 8192, 65_440, 65_536, 70_000, 200_000];
+    for crc in [false, true] {
+        let cfg = RnicConfig::default().crc(crc);
+        let (c, s) = pair_with(cfg.clone(), cfg, |_| {});
+        assert_eq!(c.qp.max_unregistered_payload(), u32::MAX);
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        for how in ["alone", "list", "queued"] {
+            let receives: Vec<_> = sizes.iter().map(|&n| s.mr(vec![0u8; n], Access::LOCAL_WRITE)).collect();
+            let sinks: Vec<_> = sizes.iter().map(|&n| s.mr(vec![0u8; n], ALL)).collect();
+            for (i, r) in receives.iter().enumerate() {
+                s.recv(i as u64, r);
+            }
+            let mut wrs = Vec::new();
+            for (i, &n) in sizes.iter().enumerate() {
+                let data = bytes::Bytes::from(pattern(i as u8 ^ 0x33, n));
+                let write = SendOp::RdmaWrite { remote_addr: sinks[i].addr(), rkey: sinks[i].rkey() };
+                let wr = |wr_id, op| SendWr { wr_id, op, sg_list: Default::default(), unregistered: Some(data.clone()), signaled: true };
+                wrs.push(wr(2 * i as u64, write));
+                wrs.push(wr(2 * i as u64 + 1, SendOp::Send));
+            }
+            match how {
+                "alone" => wrs.into_iter().for_each(|w| c.qp.post_send(w).unwrap()),
+                "list" => c.qp.post_send_list(&mut wrs).unwrap(),
+                _ => {
+                    let _in = rt.enter();
+                    wrs.into_iter().for_each(|w| c.qp.post_send(w).unwrap());
+                }
+            }
+            for id in 0..2 * sizes.len() as u64 {
+                let wc = next(&c.cq);
+                let n = sizes[id as usize / 2] as u32;
+                assert_eq!((wc.wr_id, wc.status, wc.byte_len), (id, WcStatus::Success, n), "{how}, crc {crc}");
+            }
+            for (i, &n) in sizes.iter().enumerate() {
+                let wc = next(&s.rcq);
+                assert_eq!((wc.wr_id, wc.status, wc.byte_len as usize), (i as u64, WcStatus::Success, n), "{how}, crc {crc}");
+                let want = pattern(i as u8 ^ 0x33, n);
+                assert!(contents(&receives[i]) == want, "Send of {n} bytes, {how}, crc {crc}");
+                assert!(contents(&sinks[i]) == want, "RDMA Write of {n} bytes, {how}, crc {crc}");
+            }
+        }
+        assert!(c.qp.is_connected() && s.qp.is_connected());
+    }
+}
+
+/// An unregistered payload beside a gather list, or on an RDMA Read, is refused, saying why;
+/// the queue pair goes on.
+#[test]
+fn unregistered_payloads_are_refused_beside_a_gather_list_and_on_reads() {
+    let (c, s) = pair();
+    let mr = c.mr(vec![0; 64], ALL);
+    let bytes = Some(bytes::Bytes::from_static(b"payload"));
+    for (op, sg) in [(SendOp::Send, vec![sge(&mr, 0, 8)]), (SendOp::RdmaRead { remote_addr: 0, rkey: 0 }, vec![sge(&mr, 0, 8)])] {
+        let e = c.qp.post_send(SendWr { wr_id: 1, op, sg_list: sg.into(), unregistered: bytes.clone(), signaled: true }).unwrap_err();
+        assert!(matches!(e, Error::Invalid(Invalid::UnregisteredPayload { len: 7, .. })), "{e}");
+    }
+    let r = s.mr(vec![0; 8], Access::LOCAL_WRITE);
+    s.recv(5, &r);
+    c.qp.post_send(SendWr { wr_id: 2, op: SendOp::Send, sg_list: Default::default(), unregistered: bytes, signaled: true }).unwrap();
+    assert_eq!(next(&c.cq).status, WcStatus::Success);
+    let wc = next(&s.rcq);
+    assert_eq!((wc.wr_id, wc.byte_len), (5, 7));
+    assert_eq!(&contents(&r)[..7], b"payload");
 }
 
 #[test]
@@ -307,8 +377,14 @@ fn a_peer_that_stops_reading_stalls_only_the_transmitter_and_order_holds() {
         let (qp, src, posted) = (s.qp.clone(), src.clone(), posted.clone());
         std::thread::spawn(move || {
             for i in 0..count {
-                qp.post_send(SendWr { wr_id: i as u64, op: SendOp::Send, sg_list: vec![sge(&src, i * size, size)].into(), signaled: true })
-                    .unwrap();
+                qp.post_send(SendWr {
+                    wr_id: i as u64,
+                    op: SendOp::Send,
+                    sg_list: vec![sge(&src, i * size, size)].into(),
+                    unregistered: None,
+                    signaled: true,
+                })
+                .unwrap();
             }
             posted.store(true, std::sync::atomic::Ordering::Release);
         })
@@ -335,7 +411,13 @@ fn a_peer_that_reads_nothing_fills_the_send_queue_and_then_posts_fail() {
     let size = 3000usize;
     let src = s.mr(pattern(5, 100_000 * size), Access::empty());
     let post = |i: usize| {
-        s.qp.post_send(SendWr { wr_id: i as u64, op: SendOp::Send, sg_list: vec![sge(&src, i * size, size)].into(), signaled: true })
+        s.qp.post_send(SendWr {
+            wr_id: i as u64,
+            op: SendOp::Send,
+            sg_list: vec![sge(&src, i * size, size)].into(),
+            unregistered: None,
+            signaled: true,
+        })
     };
     let mut posted = 0;
     let refused = loop {
@@ -375,7 +457,14 @@ fn gathered_shared_payloads_survive_a_full_socket_in_order() {
         let _in = rt.enter();
         let mut at = 0;
         for (i, &n) in sizes.iter().enumerate() {
-            s.qp.post_send(SendWr { wr_id: i as u64, op: SendOp::Send, sg_list: vec![sge(&src, at, n)].into(), signaled: true }).unwrap();
+            s.qp.post_send(SendWr {
+                wr_id: i as u64,
+                op: SendOp::Send,
+                sg_list: vec![sge(&src, at, n)].into(),
+                unregistered: None,
+                signaled: true,
+            })
+            .unwrap();
             at += n;
         }
     }
@@ -427,14 +516,18 @@ fn refused_work_requests_say_why() {
     let mr = c.mr(vec![0; 64], ALL);
     let max = QpCaps::default().max_sge as usize;
     let many = vec![sge(&mr, 0, 8); max + 1];
-    let e = c.qp.post_send(SendWr { wr_id: 1, op: SendOp::Send, sg_list: many.clone().into(), signaled: true }).unwrap_err();
+    let e =
+        c.qp.post_send(SendWr { wr_id: 1, op: SendOp::Send, sg_list: many.clone().into(), unregistered: None, signaled: true })
+            .unwrap_err();
     assert!(matches!(e, Error::Invalid(Invalid::TooManySge { got, max: m }) if got == max + 1 && m == max), "{e}");
     assert_eq!(e.to_string(), format!("invalid argument: {} scatter/gather elements (at most {max})", max + 1));
     let e = c.qp.post_recv(RecvWr { wr_id: 2, sg_list: many.into() }).unwrap_err();
     assert!(matches!(e, Error::Invalid(Invalid::TooManySge { .. })), "{e}");
     let read = SendOp::RdmaRead { remote_addr: 0, rkey: 0 };
-    let e =
-        c.qp.post_send(SendWr { wr_id: 3, op: read, sg_list: vec![sge(&mr, 0, 8), sge(&mr, 8, 8)].into(), signaled: true }).unwrap_err();
+    let e = c
+        .qp
+        .post_send(SendWr { wr_id: 3, op: read, sg_list: vec![sge(&mr, 0, 8), sge(&mr, 8, 8)].into(), unregistered: None, signaled: true })
+        .unwrap_err();
     assert!(matches!(e, Error::Invalid(Invalid::ReadSinkCount { got: 2 })), "{e}");
     let depth = QpCaps::default().max_recv_wr;
     for id in 0..depth {
@@ -470,7 +563,7 @@ fn lists_and_gathered_requests_keep_their_order() {
         let a = c.mr(pattern(1, 4096), Access::empty());
         let b = c.mr(pattern(2, 300_000), Access::empty());
         let m = c.mr(pattern(3, 64), Access::empty());
-        let wr = |wr_id, op, sg_list: Vec<Sge>| SendWr { wr_id, op, sg_list: sg_list.into(), signaled: true };
+        let wr = |wr_id, op, sg_list: Vec<Sge>| SendWr { wr_id, op, sg_list: sg_list.into(), unregistered: None, signaled: true };
         let mut list = vec![
             wr(1, SendOp::RdmaWrite { remote_addr: small.addr(), rkey: small.rkey() }, vec![sge(&a, 0, 4096)]),
             wr(2, SendOp::RdmaRead { remote_addr: small.addr(), rkey: small.rkey() }, vec![sge(&back, 0, 4096)]),
@@ -495,14 +588,20 @@ fn lists_and_gathered_requests_keep_their_order() {
     }
     // An invalid request fails the whole list before anything is posted.
     let m = c.mr(vec![1u8; 8], Access::empty());
-    let bad = SendWr { wr_id: 9, op: SendOp::Send, sg_list: vec![sge(&m, 0, 1); 9].into(), signaled: true };
-    let ok = SendWr { wr_id: 8, op: SendOp::Send, sg_list: vec![sge(&m, 0, 8)].into(), signaled: true };
+    let bad = SendWr { wr_id: 9, op: SendOp::Send, sg_list: vec![sge(&m, 0, 1); 9].into(), unregistered: None, signaled: true };
+    let ok = SendWr { wr_id: 8, op: SendOp::Send, sg_list: vec![sge(&m, 0, 8)].into(), unregistered: None, signaled: true };
     assert!(matches!(c.qp.post_send_list(&mut vec![ok.clone(), bad]), Err(Error::Invalid(Invalid::TooManySge { .. }))));
     assert!(c.cq.poll(8).is_empty(), "nothing of a refused list was posted");
     // A local error in the middle: what is before it completes, it fails, the rest is flushed.
     let r = s.mr(vec![0u8; 64], Access::LOCAL_WRITE);
     s.recv(60, &r);
-    let stale = SendWr { wr_id: 10, op: SendOp::Send, sg_list: vec![Sge { lkey: m.lkey() ^ 1, ..sge(&m, 0, 8) }].into(), signaled: true };
+    let stale = SendWr {
+        wr_id: 10,
+        op: SendOp::Send,
+        sg_list: vec![Sge { lkey: m.lkey() ^ 1, ..sge(&m, 0, 8) }].into(),
+        unregistered: None,
+        signaled: true,
+    };
     let after = SendWr { wr_id: 11, ..ok.clone() };
     c.qp.post_send_list(&mut vec![ok, stale, after]).unwrap();
     let got: Vec<_> = (0..3).map(|_| next(&c.cq)).map(|wc| (wc.wr_id, wc.status)).collect();

@@ -319,6 +319,17 @@ pub enum Invalid {
         /// The queue pair's limit.
         max: usize,
     },
+    /// A request's unregistered payload ([`SendWr::unregistered`](crate::SendWr::unregistered))
+    /// that the queue pair does not take: longer than its
+    /// [`max_unregistered_payload`](crate::QueuePair::max_unregistered_payload), beside a
+    /// gather list, or on an RDMA Read.
+    #[error("an unregistered payload of {len} bytes is not taken here (at most {max}, with no gather list, and not on an RDMA Read)")]
+    UnregisteredPayload {
+        /// The payload's length.
+        len: usize,
+        /// The queue pair's limit.
+        max: u32,
+    },
     /// An RDMA Read with other than one sink element.
     #[error("an RDMA Read takes exactly one sink element, not {got}")]
     ReadSinkCount {

@@ -50,7 +50,7 @@
 //! fn send_message<P: Provider>(pd: &P::Pd, qp: &P::Qp, send_cq: &P::Cq, msg: &[u8]) -> riser_verbs::Result<()> {
 //!     // Local read is always allowed: a Send's source needs no rights at all.
 //!     let mr = pd.register(msg.to_vec(), Access::empty())?;
-//!     qp.post_send(SendWr { wr_id: 7, op: SendOp::Send, sg_list: SgList::from_slice(&[sge(&*mr, 0, msg.len())]), signaled: true })?;
+//!     qp.post_send(SendWr { wr_id: 7, op: SendOp::Send, sg_list: SgList::from_slice(&[sge(&*mr, 0, msg.len())]), unregistered: None, signaled: true })?;
 //!     loop {
 //!         if let Some(wc) = send_cq.poll(1).pop() {
 //!             assert_eq!((wc.wr_id, wc.opcode), (7, WcOpcode::Send));
@@ -73,6 +73,7 @@
 //!     wr_id: 1,
 //!     op: SendOp::RdmaWrite { remote_addr: 0x7f00_0000_1000, rkey: 0x0203 },
 //!     sg_list: SgList::from_slice(&[Sge { addr: 0x5000, length: 4096, lkey: 0x0100 }]),
+//!     unregistered: None,
 //!     signaled: false, // its completion is implied by a later signaled request's
 //! };
 //! assert_eq!(write.sg_list.iter().map(|s| s.length).sum::<u32>(), 4096);
@@ -173,6 +174,11 @@ pub struct SendWr {
     pub op: SendOp,
     /// Local data (gather list; for RDMA Read the sink, one element).
     pub sg_list: SgList,
+    /// The payload of a Send or RDMA Write given as bytes rather than in registered memory
+    /// (with an empty gather list): no registration, no key. Only on a queue pair whose
+    /// [`QueuePair::max_unregistered_payload`] is at least its length; the provider holds the
+    /// bytes (or a copy) until the request has completed. `None` for most requests.
+    pub unregistered: Option<bytes::Bytes>,
     /// Whether a successful completion is reported (errors always are). The memory of an
     /// unsignaled request is free once a later request of the queue pair has completed, on every
     /// provider (rdma-core signals some on siw to keep that promise, so a completion queue
@@ -415,6 +421,12 @@ pub trait QueuePair: Send + Sync + fmt::Debug {
     /// [`post_send`](Self::post_send) each.
     fn post_send_list(&self, wrs: &mut Vec<SendWr>) -> Result<()> {
         wrs.drain(..).try_for_each(|wr| self.post_send(wr))
+    }
+    /// The longest payload a request may carry as [`SendWr::unregistered`] bytes: unlimited on
+    /// the software RNIC, which writes bytes to its stream as they are; 0 (none) by default —
+    /// on rdma-core every payload is in registered memory.
+    fn max_unregistered_payload(&self) -> u32 {
+        0
     }
     /// Post a receive.
     fn post_recv(&self, wr: RecvWr) -> Result<()>;

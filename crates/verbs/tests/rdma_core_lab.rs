@@ -50,7 +50,7 @@ impl End {
         panic!("no completion within 20 s");
     }
     fn send(&self, op: SendOp, sg: Vec<Sge>) -> Wc {
-        self.qp.post_send(SendWr { wr_id: 7, op, sg_list: sg.into(), signaled: true }).unwrap();
+        self.qp.post_send(SendWr { wr_id: 7, op, sg_list: sg.into(), unregistered: None, signaled: true }).unwrap();
         self.next()
     }
 }
@@ -109,7 +109,8 @@ fn siw_rdma_read_takes_one_element_and_more_are_refused() {
     let a = server.pd.register(vec![0; 4096], Access::LOCAL_WRITE | Access::READ_SINK).unwrap();
     let b = server.pd.register(vec![0; 4096], Access::LOCAL_WRITE | Access::READ_SINK).unwrap();
     let read = SendOp::RdmaRead { remote_addr: src.addr(), rkey: src.rkey() };
-    let two = server.qp.post_send(SendWr { wr_id: 1, op: read, sg_list: vec![sge(&a), sge(&b)].into(), signaled: true });
+    let two =
+        server.qp.post_send(SendWr { wr_id: 1, op: read, sg_list: vec![sge(&a), sge(&b)].into(), unregistered: None, signaled: true });
     match two {
         Err(Error::Invalid(Invalid::TooManyReadSge { got: 2, max: 1, .. })) => {}
         other => panic!("a 2-element RDMA Read on siw must be refused, got {other:?}"),
@@ -183,6 +184,7 @@ fn rxe_windows_fresh_keys_and_remote_invalidation_reported() {
             wr_id: 9,
             op: SendOp::RdmaWrite { remote_addr: b.addr(), rkey: b.rkey() },
             sg_list: vec![sge(&data)].into(),
+            unregistered: None,
             signaled: true,
         })
         .unwrap();
@@ -260,8 +262,11 @@ fn siw_read_completing_after_a_later_send_is_not_lost() {
     let sink = server.pd.register(vec![0; 4 << 20], Access::LOCAL_WRITE | Access::READ_SINK).unwrap();
     let msg = server.pd.register(vec![7; 64], Access::empty()).unwrap();
     let read = SendOp::RdmaRead { remote_addr: src.addr(), rkey: src.rkey() };
-    server.qp.post_send(SendWr { wr_id: 41, op: read, sg_list: vec![sge(&sink)].into(), signaled: true }).unwrap();
-    server.qp.post_send(SendWr { wr_id: 42, op: SendOp::Send, sg_list: vec![sge(&msg)].into(), signaled: true }).unwrap();
+    server.qp.post_send(SendWr { wr_id: 41, op: read, sg_list: vec![sge(&sink)].into(), unregistered: None, signaled: true }).unwrap();
+    server
+        .qp
+        .post_send(SendWr { wr_id: 42, op: SendOp::Send, sg_list: vec![sge(&msg)].into(), unregistered: None, signaled: true })
+        .unwrap();
     let (a, b) = (server.next(), server.next());
     eprintln!("completion order: {} then {}", a.wr_id, b.wr_id);
     let mut got = [(a.wr_id, a.opcode, a.status), (b.wr_id, b.opcode, b.status)];
@@ -299,12 +304,24 @@ fn siw_unsignaled_memory_is_free_once_a_later_request_completed() {
         // The receiving side keeps its socket busy sending.
         for n in 0..K as u64 {
             let op = SendOp::RdmaWrite { remote_addr: scratch.addr(), rkey: scratch.rkey() };
-            server.qp.post_send(SendWr { wr_id: NOISE + n, op, sg_list: vec![sge(&noise)].into(), signaled: n + 1 == K as u64 }).unwrap();
+            server
+                .qp
+                .post_send(SendWr {
+                    wr_id: NOISE + n,
+                    op,
+                    sg_list: vec![sge(&noise)].into(),
+                    unregistered: None,
+                    signaled: n + 1 == K as u64,
+                })
+                .unwrap();
         }
         for (k, b) in bufs.iter().enumerate() {
             b.write(&mut |d| d.iter_mut().enumerate().for_each(|(i, x)| *x = byte(rounds, k, i)));
             let op = SendOp::RdmaWrite { remote_addr: sink.addr() + (k * LEN) as u64, rkey: sink.rkey() };
-            client.qp.post_send(SendWr { wr_id: 100 + k as u64, op, sg_list: vec![sge(b)].into(), signaled: false }).unwrap();
+            client
+                .qp
+                .post_send(SendWr { wr_id: 100 + k as u64, op, sg_list: vec![sge(b)].into(), unregistered: None, signaled: false })
+                .unwrap();
         }
         let wc = client.send(SendOp::Send, vec![sge(&msg)]);
         assert_eq!((wc.wr_id, wc.status), (7, WcStatus::Success), "only the signaled request completes: {wc:?}");

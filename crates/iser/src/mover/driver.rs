@@ -392,7 +392,7 @@ impl<P: Provider + 'static> Shared<P> {
     /// Post a send-queue request now and hand back the receiver of its completion status.
     pub(super) fn post_queued(&self, op: SendOp, sg: SgList, keep: Option<Keep<P>>) -> Result<oneshot::Receiver<WcStatus>, DmError> {
         let (tx, rx) = oneshot::channel();
-        self.post_wr(op, sg, keep, Some(tx), true)?;
+        self.post_wr(op, sg, None, keep, Some(tx), true)?;
         Ok(rx)
     }
 
@@ -403,7 +403,13 @@ impl<P: Provider + 'static> Shared<P> {
     /// that large buffers come back soon; a signaled one is in `waiting` until it completes (see
     /// `terminate`).
     pub(super) fn post_unawaited(&self, op: SendOp, sg: SgList, keep: Option<Keep<P>>, signal: bool) -> Result<(), DmError> {
-        self.post_wr(op, sg, keep, signal.then(|| oneshot::channel().0), false)
+        self.post_wr(op, sg, None, keep, signal.then(|| oneshot::channel().0), false)
+    }
+
+    /// [`post_unawaited`](Self::post_unawaited) of a request whose payload is `data` itself,
+    /// unregistered (the queue pair takes that much: see `QueuePair::max_unregistered_payload`).
+    pub(super) fn post_wr_bytes(&self, op: SendOp, data: Bytes, keep: Option<Keep<P>>, signal: bool) -> Result<(), DmError> {
+        self.post_wr(op, SgList::new(), Some(data), keep, signal.then(|| oneshot::channel().0), false)
     }
 
     /// Initiator: post the commands gathered by `send_command` once the executor's other ready
@@ -465,6 +471,7 @@ impl<P: Provider + 'static> Shared<P> {
         &self,
         op: SendOp,
         sg: SgList,
+        unregistered: Option<Bytes>,
         keep: Option<Keep<P>>,
         done: Option<oneshot::Sender<WcStatus>>,
         awaited: bool,
@@ -478,7 +485,7 @@ impl<P: Provider + 'static> Shared<P> {
         // Payload this request sends (a Read Request sends none, whatever it reads).
         let bytes = match op {
             SendOp::RdmaRead { .. } => 0,
-            _ => sg.iter().map(|e| u64::from(e.length)).sum(),
+            _ => sg.iter().map(|e| u64::from(e.length)).sum::<u64>() + unregistered.as_ref().map_or(0, |b| b.len() as u64),
         };
         u.since_signal += 1;
         u.bytes_since_signal += bytes;
@@ -492,7 +499,7 @@ impl<P: Provider + 'static> Shared<P> {
             u.held.push_back((wr_id, mr));
         }
         tracing::trace!(role = ?self.role, wr_id, ?op, signaled, "iSER post");
-        let wr = SendWr { wr_id, op, sg_list: sg, signaled };
+        let wr = SendWr { wr_id, op, sg_list: sg, unregistered, signaled };
         // What leaves now: this request alone, or a list (what was gathered, with or before it).
         let (one, list) = match u.gathering.as_mut() {
             Some(list) if !awaited => {
@@ -573,6 +580,20 @@ impl<P: Provider + 'static> Shared<P> {
         header.emit(&mut bhs, ahs.len(), dsl as u32);
         let ihb = ih.emit();
         let parts = || [&ihb[..], &bhs[..], ahs].into_iter().chain(data.iter().copied());
+        let op = match invalidate {
+            Some(rkey) => SendOp::SendWithInvalidate { rkey },
+            None => SendOp::Send,
+        };
+        // The traffic of commands goes mostly unsignaled; anything else (login, logout, NOP,
+        // task management, text, reject) is signaled, so a connection's end can wait for it.
+        let routine = matches!(header, Header::ScsiCommand(_) | Header::ScsiResponse(_) | Header::DataOut(_));
+        if tail.is_none() && len as u64 <= u64::from(self.qp.max_unregistered_payload()) {
+            // The message as bytes of its own (the software RNIC): no registered buffer to
+            // find, write under its lock and have looked up again by its key.
+            let mut buf = Vec::with_capacity(len);
+            parts().for_each(|p| buf.extend_from_slice(p));
+            return self.post_wr_bytes(op, Bytes::from(buf), None, !routine);
+        }
         let mr = match self.registered_send_buffer(len) {
             // A registered buffer of the connection's, free again: written in place.
             Some(mr) => {
@@ -601,13 +622,6 @@ impl<P: Provider + 'static> Shared<P> {
             sg.push(sge);
             keep.also = Some(region);
         }
-        let op = match invalidate {
-            Some(rkey) => SendOp::SendWithInvalidate { rkey },
-            None => SendOp::Send,
-        };
-        // The traffic of commands goes mostly unsignaled; anything else (login, logout, NOP,
-        // task management, text, reject) is signaled, so a connection's end can wait for it.
-        let routine = matches!(header, Header::ScsiCommand(_) | Header::ScsiResponse(_) | Header::DataOut(_));
         self.post_unawaited(op, sg, Some(keep), !routine)
     }
 }

@@ -289,7 +289,8 @@ struct Waiter<P: Provider> {
 /// pool once nothing else holds them (the caller's own give-back fails while the request is
 /// in flight).
 struct Keep<P: Provider> {
-    mr: Arc<Mr<P>>,
+    /// None for bytes the request carries unregistered (see `SendWr::unregistered`).
+    mr: Option<Arc<Mr<P>>>,
     recycle: Option<Bytes>,
     /// A second region the request reads (a command's immediate data sent from where it lies,
     /// behind its headers).
@@ -300,7 +301,7 @@ struct Keep<P: Provider> {
 
 impl<P: Provider> Keep<P> {
     fn region(mr: Arc<Mr<P>>) -> Self {
-        Self { mr, recycle: None, also: None, counted: None }
+        Self { mr: Some(mr), recycle: None, also: None, counted: None }
     }
 
     /// The request has completed: the regions go, then its bytes back to `pool` if they are

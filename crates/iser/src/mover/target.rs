@@ -9,7 +9,7 @@ use hashbrown::hash_map::Entry;
 use riser_datamover::{Attempt, ControlPdu, DataInDesc, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer, Violation};
 use riser_iscsi::session::{DataOutTo, WriteIn};
 use riser_iscsi::wire::{DataOut, Header, ScsiCommand};
-use riser_verbs::{Access, MemoryRegion, ProtectionDomain, Provider, SendOp, SgList, Sge};
+use riser_verbs::{Access, MemoryRegion, ProtectionDomain, Provider, QueuePair, SendOp, SgList, Sge};
 use std::sync::atomic::Ordering;
 
 /// The largest single RDMA Read: well within every device's max_msg_sz (2 GiB on rxe, siw and
@@ -127,14 +127,21 @@ impl<P: Provider + 'static> IserDatamover<P> {
         if !data.is_empty() {
             // RDMA Write to (read STag, read VA + offset); the SCSI Response Send follows on
             // the same queue pair, so the data is placed before the status arrives. The data
-            // is registered where it lies (no copy) and the write left queued: nothing waits
-            // for it (a send queue completes in order), and its buffer goes back to the pool
-            // once the write has completed and the caller has let go of it.
-            let mr = s.pd.register_shared(data.clone(), Access::empty()).map_err(rdma("register read data"))?;
-            let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
-            let keep = Keep { mr, recycle: Some(data), also: None, counted: room };
+            // goes from where it lies (no copy): as the request's own bytes where the queue
+            // pair takes them (the software RNIC: no registration, no key to look up), else
+            // registered. The write is left queued: nothing waits for it (a send queue
+            // completes in order), and its buffer goes back to the pool once the write has
+            // completed and the caller has let go of it.
             let op = SendOp::RdmaWrite { remote_addr: rb.va.wrapping_add(u64::from(desc.offset)), rkey: rb.stag };
-            s.post_unawaited(op, SgList::from_slice(&[sge]), Some(keep), false)?;
+            if data.len() as u64 <= u64::from(s.qp.max_unregistered_payload()) {
+                let keep = Keep { mr: None, recycle: Some(data.clone()), also: None, counted: room };
+                s.post_wr_bytes(op, data, Some(keep), false)?;
+            } else {
+                let mr = s.pd.register_shared(data.clone(), Access::empty()).map_err(rdma("register read data"))?;
+                let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
+                let keep = Keep { mr: Some(mr), recycle: Some(data), also: None, counted: room };
+                s.post_unawaited(op, SgList::from_slice(&[sge]), Some(keep), false)?;
+            }
         }
         // No Data-In PDUs (DataSN not consumed) and never a collapsed status.
         Ok(PutDataDone { pdus: 0, status_sent: false })

@@ -319,6 +319,25 @@ impl ProtectionDomain for SoftPd {
     }
 }
 
+impl SoftMr {
+    /// A request's unregistered payload as a region of its own for the transmitter's general
+    /// path: in no table (index 0 names no region), so no key reaches it; only the request
+    /// that carries it reads it.
+    pub(super) fn detached(bytes: bytes::Bytes, table: &Arc<Regions>) -> Arc<Self> {
+        Arc::new(Self {
+            index: 0,
+            key: AtomicU32::new(0),
+            valid: AtomicBool::new(true),
+            pd: table.pd,
+            access: Access::empty(),
+            addr: bytes.as_ptr() as u64,
+            len: bytes.len(),
+            mem: Mutex::new(Storage::Shared(bytes)),
+            table: table.clone(),
+        })
+    }
+}
+
 impl SoftPd {
     fn insert(&self, mem: Storage, addr: u64, access: Access) -> Result<Arc<SoftMr>> {
         let mut t = lock(&self.regions.map);

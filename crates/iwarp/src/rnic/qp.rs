@@ -228,7 +228,7 @@ impl SoftQp {
         // A Read Request is small whatever it reads; the data is placed by the receiver.
         let payload = |wr: &SendWr| match wr.op {
             SendOp::RdmaRead { .. } => 0,
-            _ => wr.sg_list.iter().map(|e| u64::from(e.length)).sum::<u64>(),
+            _ => wr.sg_list.iter().map(|e| u64::from(e.length)).sum::<u64>() + wr.unregistered.as_ref().map_or(0, |b| b.len() as u64),
         };
         let reads = wrs.iter().filter(|wr| matches!(wr.op, SendOp::RdmaRead { .. })).count();
         let small = wrs.iter().all(|wr| payload(wr) <= INLINE_MAX) && wrs.iter().map(payload).sum::<u64>() <= INLINE_LIST_MAX;
@@ -311,6 +311,11 @@ impl SoftQp {
         }
         if matches!(wr.op, SendOp::RdmaRead { .. }) && wr.sg_list.len() != 1 {
             return Err(Error::Invalid(Invalid::ReadSinkCount { got: wr.sg_list.len() }));
+        }
+        if let Some(b) = &wr.unregistered
+            && (!wr.sg_list.is_empty() || matches!(wr.op, SendOp::RdmaRead { .. }) || b.len() > u32::MAX as usize)
+        {
+            return Err(Error::Invalid(Invalid::UnregisteredPayload { len: b.len(), max: u32::MAX }));
         }
         Ok(())
     }
@@ -658,6 +663,12 @@ impl QueuePair for SoftQp {
                 Ok(())
             }
         }
+    }
+
+    /// Any length: the bytes are written to the stream as they are (referred to, not copied,
+    /// when they leave gathered with others).
+    fn max_unregistered_payload(&self) -> u32 {
+        u32::MAX
     }
 
     fn post_recv(&self, wr: RecvWr) -> Result<()> {

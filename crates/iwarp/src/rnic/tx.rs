@@ -56,6 +56,20 @@ pub(super) fn now<F: Future>(f: F) -> Option<F::Output> {
 pub(super) enum Piece<'a> {
     Bytes(&'a [u8]),
     Mem(usize, usize),
+    /// A request's unregistered payload: gathered by reference from [`REF_MIN`], as a shared
+    /// region's bytes are.
+    Shared(&'a bytes::Bytes),
+}
+
+impl Piece<'_> {
+    /// Its length in bytes.
+    fn len(&self) -> usize {
+        match self {
+            Piece::Bytes(b) => b.len(),
+            Piece::Mem(_, n) => *n,
+            Piece::Shared(b) => b.len(),
+        }
+    }
 }
 
 /// Where FPDUs go.
@@ -136,6 +150,14 @@ impl Gathered {
                     self.buf.extend_from_slice(b);
                     self.total += b.len();
                 }
+                (Piece::Shared(b), _) if b.len() >= REF_MIN => {
+                    self.refs.push((self.buf.len(), b.clone()));
+                    self.total += b.len();
+                }
+                (Piece::Shared(b), _) => {
+                    self.buf.extend_from_slice(b);
+                    self.total += b.len();
+                }
                 (Piece::Mem(off, n), Some(Storage::Shared(b))) if n >= REF_MIN => {
                     self.refs.push((self.buf.len(), b.slice(off..off + n)));
                     self.total += n;
@@ -167,6 +189,7 @@ impl Out<'_> {
                     .iter()
                     .map(|p| match *p {
                         Piece::Bytes(b) => b,
+                        Piece::Shared(b) => &b[..],
                         Piece::Mem(off, n) => guard.as_deref().map_or(&[][..], |m| &m[off..off + n]),
                     })
                     .filter(|b| !b.is_empty())
@@ -200,13 +223,7 @@ impl Out<'_> {
         if let Some(r) = self.write_now(mem, pieces) {
             return r;
         }
-        let total: usize = pieces
-            .iter()
-            .map(|p| match p {
-                Piece::Bytes(b) => b.len(),
-                Piece::Mem(_, n) => *n,
-            })
-            .sum();
+        let total: usize = pieces.iter().map(Piece::len).sum();
         let mut done = 0;
         while done < total {
             let r = {
@@ -216,6 +233,7 @@ impl Out<'_> {
                 for p in pieces {
                     let b: &[u8] = match *p {
                         Piece::Bytes(b) => b,
+                        Piece::Shared(b) => &b[..],
                         Piece::Mem(off, n) => guard.as_deref().map_or(&[][..], |m| &m[off..off + n]),
                     };
                     if skip >= b.len() {
@@ -267,10 +285,7 @@ struct Framing {
 impl Framing {
     /// Frame `payload` (`Piece::Mem` of `mem`) behind `header` (after the length field).
     fn new(crc: bool, header: &[u8], mem: Option<&SoftMr>, payload: Piece<'_>) -> Self {
-        let plen = match payload {
-            Piece::Bytes(b) => b.len(),
-            Piece::Mem(_, n) => n,
-        };
+        let plen = payload.len();
         let mpa_len = header.len() + plen;
         let mut f = Self { head: [0; 2 + UNTAGGED_HDR + READ_REQUEST_LEN + 8], head_len: 2 + header.len(), tail: [0; 7], tail_len: 0 };
         f.head[..2].copy_from_slice(&(mpa_len as u16).to_be_bytes());
@@ -282,6 +297,7 @@ impl Framing {
                 let guard = mem.map(|m| m.locked());
                 let body: &[u8] = match payload {
                     Piece::Bytes(b) => b,
+                    Piece::Shared(b) => b,
                     Piece::Mem(off, n) => guard.as_deref().map_or(&[][..], |m| &m[off..off + n]),
                 };
                 wire::fpdu_crc(&[&f.head[..f.head_len], body, &f.tail[..pad]])
@@ -431,6 +447,8 @@ fn gatherable(s: &QpShared, item: &TxItem) -> bool {
                 let ord = s.ord.load(Ordering::Acquire) as usize;
                 lock(&s.orq).len() < ord
             }
+            // Unregistered bytes are gathered by reference, as a shared region's.
+            _ if wr.unregistered.is_some() => true,
             _ => match wr.sg_list.as_slice() {
                 // One large piece is gathered by reference when its region is shared.
                 [sge] if u64::from(sge.length) > GATHER_ITEM_MAX => s.local(sge, Access::empty()).is_some_and(|(mr, _)| mr.is_shared()),
@@ -644,7 +662,9 @@ impl Tx {
         if matches!(w, Out::Wait(_)) || matches!(wr.op, SendOp::RdmaRead { .. }) || wr.sg_list.len() > 1 {
             return None;
         }
-        if wr.sg_list.first().is_some_and(|sge| sge.length as usize > self.max_segment) {
+        if wr.sg_list.first().is_some_and(|sge| sge.length as usize > self.max_segment)
+            || wr.unregistered.as_ref().is_some_and(|b| b.len() > self.max_segment)
+        {
             return None;
         }
         let source = match wr.sg_list.first() {
@@ -654,7 +674,8 @@ impl Tx {
             },
             None => None,
         };
-        if source.as_ref().is_some_and(|(_, _, len)| *len > 0) && stop() {
+        let unregistered = wr.unregistered.as_ref().filter(|b| !b.is_empty());
+        if (source.as_ref().is_some_and(|(_, _, len)| *len > 0) || unregistered.is_some()) && stop() {
             return Some(TxOutcome::Io(stopped()));
         }
         let header = match wr.op {
@@ -666,14 +687,15 @@ impl Tx {
         };
         let mut hb = [0u8; UNTAGGED_HDR];
         let n = header.emit(&mut hb);
-        let (mem, payload) = match &source {
-            Some((mr, off, len)) => (Some(&**mr), Piece::Mem(*off, *len)),
-            None => (None, Piece::Bytes(&[])),
+        let (mem, payload) = match (&source, unregistered) {
+            (Some((mr, off, len)), _) => (Some(&**mr), Piece::Mem(*off, *len)),
+            (None, Some(b)) => (None, Piece::Shared(b)),
+            (None, None) => (None, Piece::Bytes(&[])),
         };
         let f = Framing::new(self.crc, &hb[..n], mem, payload);
         let r = w.write_now(mem, &f.around(payload))?;
         Some(match r {
-            Ok(()) => TxOutcome::Done(source.map_or(0, |(_, _, len)| len as u32)),
+            Ok(()) => TxOutcome::Done(payload.len() as u32),
             Err(e) => TxOutcome::Io(e),
         })
     }
@@ -689,6 +711,9 @@ impl Tx {
                 Some((mr, off)) => sources.push((mr, off, sge.length as usize)),
                 None => return TxOutcome::LocalError(WcStatus::LocalProtErr),
             }
+        }
+        if let Some(b) = wr.unregistered.as_ref().filter(|b| !b.is_empty()) {
+            sources.push((SoftMr::detached(b.clone(), &s.regions), 0, b.len()));
         }
         let total: usize = sources.iter().map(|(_, _, n)| n).sum();
         if total > u32::MAX as usize {

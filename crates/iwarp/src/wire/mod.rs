@@ -322,7 +322,8 @@ impl Header {
             return Err(WireError::Violation(t, "opcode and DDP tagged flag disagree"));
         }
         let last = ctrl & DDP_LAST != 0;
-        let be32 = |o: usize| u32::from_be_bytes([u[o], u[o + 1], u[o + 2], u[o + 3]]);
+        // One bounds check per field (the length was checked above).
+        let be32 = |o: usize| u[o..o + 4].try_into().map_or(0, u32::from_be_bytes);
         Ok(if tagged {
             Self::Tagged { op, last, stag: be32(2), to: (u64::from(be32(6)) << 32) | u64::from(be32(10)) }
         } else {

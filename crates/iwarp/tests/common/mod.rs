@@ -34,7 +34,7 @@ impl End {
     }
     pub(crate) fn send(&self, id: u64, op: SendOp, sg: Vec<Sge>) {
         let sg = riser_verbs::SgList::from_vec(sg);
-        self.qp.post_send(SendWr { wr_id: id, op, sg_list: sg, signaled: true }).unwrap();
+        self.qp.post_send(SendWr { wr_id: id, op, sg_list: sg, unregistered: None, signaled: true }).unwrap();
     }
 }
 

@@ -402,6 +402,10 @@ impl Drop for Teardown {
 
 impl QueuePair for RcQp {
     fn post_send(&self, wr: SendWr) -> Result<()> {
+        if let Some(b) = &wr.unregistered {
+            // Every payload is in registered memory here (`max_unregistered_payload` is 0).
+            return Err(Error::Invalid(Invalid::UnregisteredPayload { len: b.len(), max: 0 }));
+        }
         let n = wr.sg_list.len() as u32;
         if n > self.max_send_sge {
             return Err(Error::Invalid(Invalid::TooManySge { got: wr.sg_list.len(), max: self.max_send_sge as usize }));
