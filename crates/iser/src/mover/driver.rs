@@ -587,9 +587,11 @@ impl<P: Provider + 'static> Shared<P> {
         // The traffic of commands goes mostly unsignaled; anything else (login, logout, NOP,
         // task management, text, reject) is signaled, so a connection's end can wait for it.
         let routine = matches!(header, Header::ScsiCommand(_) | Header::ScsiResponse(_) | Header::DataOut(_));
-        if tail.is_none() && len as u64 <= u64::from(self.qp.max_unregistered_payload()) {
-            // The message as bytes of its own (the software RNIC): no registered buffer to
-            // find, write under its lock and have looked up again by its key.
+        if tail.is_none() && len <= SEND_BUFFERS[0].0 && len as u64 <= u64::from(self.qp.max_unregistered_payload()) {
+            // A small message (headers, mostly) as bytes of its own where the queue pair takes
+            // them (the software RNIC): no registered buffer to find, write under its lock and
+            // have looked up again by its key. A larger one (a command's immediate data) is
+            // copied into a registered buffer still: allocating it cost more than that.
             let mut buf = Vec::with_capacity(len);
             parts().for_each(|p| buf.extend_from_slice(p));
             return self.post_wr_bytes(op, Bytes::from(buf), None, !routine);
