@@ -89,6 +89,19 @@ fn receives_are_taken_oldest_first_or_once_interchangeable_newest_first() {
 /// data), and an RDMA Write of two such pieces, across FPDU boundaries: their FPDUs are gathered,
 /// the payload referred to where it lies, and arrive whole and in order, CRC on and off, posted
 /// alone (inline), in a list, and queued on a runtime behind other requests.
+/// Post `wrs` one by one ("alone"), as one list ("list"), or from a task of `rt` (queued for
+/// the transmitter, which gathers them).
+fn post_as(qp: &riser_iwarp::SoftQp, how: &str, mut wrs: Vec<SendWr>, rt: &tokio::runtime::Runtime) {
+    match how {
+        "alone" => wrs.into_iter().for_each(|w| qp.post_send(w).unwrap()),
+        "list" => qp.post_send_list(&mut wrs).unwrap(),
+        _ => {
+            let _in = rt.enter();
+            wrs.into_iter().for_each(|w| qp.post_send(w).unwrap());
+        }
+    }
+}
+
 #[test]
 fn messages_of_a_header_and_shared_data_arrive_whole_across_segments() {
     let sizes = [1usize, 2047, 2048, 8192, 65_440, 65_516, 65_536, 70_000, 200_000];
@@ -114,14 +127,7 @@ fn messages_of_a_header_and_shared_data_arrive_whole_across_segments() {
                 want.push([contents(&head), contents(&data)].concat());
                 regions.push((head, data));
             }
-            match how {
-                "alone" => wrs.into_iter().for_each(|w| c.qp.post_send(w).unwrap()),
-                "list" => c.qp.post_send_list(&mut wrs).unwrap(),
-                _ => {
-                    let _in = rt.enter();
-                    wrs.into_iter().for_each(|w| c.qp.post_send(w).unwrap());
-                }
-            }
+            post_as(&c.qp, how, wrs, &rt);
             for id in 0..2 * sizes.len() as u64 {
                 let wc = next(&c.cq);
                 assert_eq!((wc.wr_id, wc.status), (id, WcStatus::Success), "{how}, crc {crc}");
@@ -164,14 +170,7 @@ fn unregistered_payloads_arrive_whole_across_segments() {
                 wrs.push(wr(2 * i as u64, write));
                 wrs.push(wr(2 * i as u64 + 1, SendOp::Send));
             }
-            match how {
-                "alone" => wrs.into_iter().for_each(|w| c.qp.post_send(w).unwrap()),
-                "list" => c.qp.post_send_list(&mut wrs).unwrap(),
-                _ => {
-                    let _in = rt.enter();
-                    wrs.into_iter().for_each(|w| c.qp.post_send(w).unwrap());
-                }
-            }
+            post_as(&c.qp, how, wrs, &rt);
             for id in 0..2 * sizes.len() as u64 {
                 let wc = next(&c.cq);
                 let n = sizes[id as usize / 2] as u32;
