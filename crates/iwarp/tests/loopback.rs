@@ -85,10 +85,6 @@ fn receives_are_taken_oldest_first_or_once_interchangeable_newest_first() {
     assert_eq!(contents(&mrs[2])[..16], pattern(1, 16)[..]);
 }
 
-/// A Send of a private header and a shared payload (as iSER sends a command with its immediate
-/// data), and an RDMA Write of two such pieces, across FPDU boundaries: their FPDUs are gathered,
-/// the payload referred to where it lies, and arrive whole and in order, CRC on and off, posted
-/// alone (inline), in a list, and queued on a runtime behind other requests.
 /// Post `wrs` one by one ("alone"), as one list ("list"), or from a task of `rt` (queued for
 /// the transmitter, which gathers them).
 fn post_as(qp: &riser_iwarp::SoftQp, how: &str, mut wrs: Vec<SendWr>, rt: &tokio::runtime::Runtime) {
@@ -102,6 +98,10 @@ fn post_as(qp: &riser_iwarp::SoftQp, how: &str, mut wrs: Vec<SendWr>, rt: &tokio
     }
 }
 
+/// A Send of a private header and a shared payload (as iSER sends a command with its immediate
+/// data), and an RDMA Write of two such pieces, across FPDU boundaries: their FPDUs are gathered,
+/// the payload referred to where it lies, and arrive whole and in order, CRC on and off, posted
+/// alone (inline), in a list, and queued on a runtime behind other requests.
 #[test]
 fn messages_of_a_header_and_shared_data_arrive_whole_across_segments() {
     let sizes = [1usize, 2047, 2048, 8192, 65_440, 65_516, 65_536, 70_000, 200_000];
