@@ -177,7 +177,9 @@ pub struct SendWr {
     /// The payload of a Send or RDMA Write given as bytes rather than in registered memory
     /// (with an empty gather list): no registration, no key. Only on a queue pair whose
     /// [`QueuePair::max_unregistered_payload`] is at least its length; the provider holds the
-    /// bytes (or a copy) until the request has completed. `None` for most requests.
+    /// bytes (or a copy) until the request has completed and lets them go before that
+    /// completion (or, unsignaled, a later request's) can be polled: a consumer seeing it owns
+    /// the bytes again (`Bytes::try_into_mut` succeeds). `None` for most requests.
     pub unregistered: Option<bytes::Bytes>,
     /// Whether a successful completion is reported (errors always are). The memory of an
     /// unsignaled request is free once a later request of the queue pair has completed, on every

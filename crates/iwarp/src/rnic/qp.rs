@@ -224,7 +224,7 @@ impl SoftQp {
     /// transmitter, never the caller. Returns how many of `wrs` were taken, from the front: the
     /// caller queues the rest (a request meeting a local error, a bad key…, is left to the
     /// transmitter's path; nothing of it was framed).
-    fn post_inline(&self, wrs: &[SendWr]) -> usize {
+    fn post_inline(&self, wrs: &mut [SendWr]) -> usize {
         // A Read Request is small whatever it reads; the data is placed by the receiver.
         let payload = |wr: &SendWr| match wr.op {
             SendOp::RdmaRead { .. } => 0,
@@ -257,7 +257,7 @@ impl SoftQp {
             Out::Gather(g)
         };
         let mut taken = 0;
-        for wr in wrs {
+        for wr in wrs.iter() {
             // Never stopped half-way: what the socket refused is owed to the stream. Nothing
             // here waits (the writers never do, the ORD room was checked), so one poll
             // finishes it. A request taken is done (its payload is its byte count) or a read
@@ -274,7 +274,13 @@ impl SoftQp {
             }
             return 0;
         }
-        let owed = || wrs[..taken].iter().filter(|wr| !matches!(wr.op, SendOp::RdmaRead { .. })).map(|wr| (wr, payload(wr) as u32));
+        // Each request's bytes are let go as it is answered for (see `Owed`); the caller
+        // discards the requests taken.
+        let owed = wrs[..taken].iter_mut().filter(|wr| !matches!(wr.op, SendOp::RdmaRead { .. })).map(|wr| {
+            let owed = (Owed::of(wr), payload(wr) as u32);
+            wr.unregistered = None;
+            owed
+        });
         if let Out::Gather(gathered) = out {
             out = Out::NoWait { sock: w, rest: Vec::new() };
             let _ = out.write_now(None, &gathered.pieces());
@@ -282,12 +288,12 @@ impl SoftQp {
         }
         let Out::NoWait { rest, .. } = out else { unreachable!("written without waiting above") };
         if rest.is_empty() {
-            for (wr, n) in owed() {
-                self.s.complete_send(wr, WcStatus::Success, n);
+            for (o, n) in owed {
+                self.s.complete(o, WcStatus::Success, n);
             }
             return taken;
         }
-        let rest = TxItem::Rest { bytes: rest, owed: owed().map(|(wr, n)| (wr.clone(), n)).collect() };
+        let rest = TxItem::Rest { bytes: rest, owed: owed.collect() };
         let refused = match lock(&self.s.tx).as_ref() {
             Some(q) => q.send(rest),
             None => Err(rest),
@@ -296,8 +302,8 @@ impl SoftQp {
             // Part of an FPDU went out and the rest cannot follow: the stream is unusable (a
             // read already queued is flushed by the failure).
             drop(engine);
-            for (wr, _) in &owed {
-                self.s.complete_send(wr, WcStatus::WrFlushErr, 0);
+            for (o, _) in owed {
+                self.s.complete(o, WcStatus::WrFlushErr, 0);
             }
             self.s.fail();
         }
@@ -337,7 +343,7 @@ impl SoftQp {
                 None => Err(TxItem::Wr(wr)),
             };
             if let Err(TxItem::Wr(wr)) = refused {
-                self.s.complete_send(&wr, WcStatus::WrFlushErr, 0);
+                self.s.complete_send(wr, WcStatus::WrFlushErr, 0);
             }
         }
         Ok(())
@@ -593,14 +599,18 @@ impl QpShared {
         }
     }
 
-    pub(super) fn complete_send(&self, wr: &SendWr, status: WcStatus, byte_len: u32) {
-        if status != WcStatus::Success || wr.signaled {
-            let opcode = match wr.op {
-                SendOp::RdmaWrite { .. } => WcOpcode::RdmaWrite,
-                SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
-                _ => WcOpcode::Send,
-            };
-            self.send_cq.push(wc(wr.wr_id, status, opcode, byte_len));
+    /// Complete a send-queue request, taken by value: it is dropped, and its unregistered
+    /// bytes let go, before the completion can be polled (see [`Owed`]).
+    pub(super) fn complete_send(&self, wr: SendWr, status: WcStatus, byte_len: u32) {
+        let owed = Owed::of(&wr);
+        drop(wr);
+        self.complete(owed, status, byte_len);
+    }
+
+    /// Report what a request is owed (if signaled, or failed).
+    pub(super) fn complete(&self, o: Owed, status: WcStatus, byte_len: u32) {
+        if status != WcStatus::Success || o.signaled {
+            self.send_cq.push(wc(o.wr_id, status, o.opcode, byte_len));
         }
     }
 
@@ -618,6 +628,28 @@ impl QpShared {
     }
 }
 
+/// What a send completion needs of its request. The request itself is dropped before its
+/// completion is reported, so a consumer that sees the completion owns the request's
+/// unregistered bytes again (riser-iser takes its buffers back to a pool on seeing it); the
+/// tail of a request begun inline (`TxItem::Rest`) keeps only this.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Owed {
+    wr_id: u64,
+    opcode: WcOpcode,
+    signaled: bool,
+}
+
+impl Owed {
+    pub(super) fn of(wr: &SendWr) -> Self {
+        let opcode = match wr.op {
+            SendOp::RdmaWrite { .. } => WcOpcode::RdmaWrite,
+            SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
+            _ => WcOpcode::Send,
+        };
+        Self { wr_id: wr.wr_id, opcode, signaled: wr.signaled }
+    }
+}
+
 impl QueuePair for SoftQp {
     fn post_send(&self, wr: SendWr) -> Result<()> {
         self.check(&wr)?;
@@ -626,13 +658,14 @@ impl QueuePair for SoftQp {
             QpState::Connected => {
                 // On a runtime the request is queued: the transmitter gathers what the ready
                 // tasks post into one write. A poster outside any runtime writes inline.
-                if tokio::runtime::Handle::try_current().is_err() && self.post_inline(std::slice::from_ref(&wr)) == 1 {
+                let mut wr = wr;
+                if tokio::runtime::Handle::try_current().is_err() && self.post_inline(std::slice::from_mut(&mut wr)) == 1 {
                     return Ok(());
                 }
                 self.queue([wr].into_iter())
             }
             QpState::Terminating | QpState::Error => {
-                self.s.complete_send(&wr, WcStatus::WrFlushErr, 0);
+                self.s.complete_send(wr, WcStatus::WrFlushErr, 0);
                 Ok(())
             }
         }
@@ -658,7 +691,7 @@ impl QueuePair for SoftQp {
             }
             QpState::Terminating | QpState::Error => {
                 for wr in wrs.drain(..) {
-                    self.s.complete_send(&wr, WcStatus::WrFlushErr, 0);
+                    self.s.complete_send(wr, WcStatus::WrFlushErr, 0);
                 }
                 Ok(())
             }

@@ -4,7 +4,7 @@
 //! the socket; a poster's and the fuzzer's never wait (driven by [`now`]).
 
 use super::mr::{SoftMr, Storage};
-use super::qp::{PendingRead, QpShared, QpState};
+use super::qp::{Owed, PendingRead, QpShared, QpState};
 use super::{lock, terminate_for};
 use crate::wire::{self, Header, Opcode, QN_READ, QN_SEND, QN_TERMINATE, READ_REQUEST_LEN, ReadRequest, Term, TerminateMsg, UNTAGGED_HDR};
 use riser_verbs::{Access, SendOp, SendWr, WcStatus};
@@ -28,7 +28,7 @@ pub(super) enum TxItem {
         bytes: Vec<u8>,
         /// The completions (with their byte counts) owed once these bytes are out; reads are
         /// not among them (their responses complete them).
-        owed: Vec<(SendWr, u32)>,
+        owed: Vec<(Owed, u32)>,
     },
     /// Answer a validated Read Request (`src` is None for zero-length reads).
     ReadResponse {
@@ -342,28 +342,28 @@ async fn transmit_item(s: &Arc<QpShared>, engine: &mut Engine, item: TxItem) {
         TxItem::Rest { .. } if state == QpState::Error => flush_item(s, item),
         TxItem::Rest { bytes, owed } => match w.write(None, &[Piece::Bytes(&bytes)]).await {
             Ok(()) => {
-                for (wr, n) in &owed {
-                    s.complete_send(wr, WcStatus::Success, *n);
+                for (o, n) in owed {
+                    s.complete(o, WcStatus::Success, n);
                 }
             }
             Err(e) => {
                 debug!("iwarp transmit: {e}");
-                for (wr, _) in &owed {
-                    s.complete_send(wr, WcStatus::WrFlushErr, 0);
+                for (o, _) in owed {
+                    s.complete(o, WcStatus::WrFlushErr, 0);
                 }
                 s.fail();
             }
         },
         TxItem::Wr(wr) => match tx.work_request(s, w, &wr, &|| s.state() != QpState::Connected).await {
-            TxOutcome::Done(n) => s.complete_send(&wr, WcStatus::Success, n),
+            TxOutcome::Done(n) => s.complete_send(wr, WcStatus::Success, n),
             TxOutcome::Pending => {}
             TxOutcome::LocalError(st) => {
                 // A local protection error moves the queue pair to the error state.
-                s.terminate(terminate_for(Term::RDMAP_CATASTROPHIC), || s.complete_send(&wr, st, 0));
+                s.terminate(terminate_for(Term::RDMAP_CATASTROPHIC), || s.complete_send(wr, st, 0));
             }
             TxOutcome::Io(e) => {
                 debug!("iwarp transmit: {e}");
-                s.complete_send(&wr, WcStatus::WrFlushErr, 0);
+                s.complete_send(wr, WcStatus::WrFlushErr, 0);
                 s.fail();
             }
         },
@@ -584,16 +584,16 @@ pub(super) async fn transmit(s: &Arc<QpShared>, items: &mut UnboundedReceiver<Tx
             s.queued.fetch_sub(count, Ordering::AcqRel);
             let status = if written { WcStatus::Success } else { WcStatus::WrFlushErr };
             for (wr, n) in owed {
-                s.complete_send(&wr, status, if written { n } else { 0 });
+                s.complete_send(wr, status, if written { n } else { 0 });
             }
             if !written {
                 s.fail();
             }
             match halt {
-                Some(Halt::Local(wr, st)) => s.terminate(terminate_for(Term::RDMAP_CATASTROPHIC), || s.complete_send(&wr, st, 0)),
+                Some(Halt::Local(wr, st)) => s.terminate(terminate_for(Term::RDMAP_CATASTROPHIC), || s.complete_send(wr, st, 0)),
                 Some(Halt::Ended(wr)) => {
                     if let Some(wr) = wr {
-                        s.complete_send(&wr, WcStatus::WrFlushErr, 0);
+                        s.complete_send(wr, WcStatus::WrFlushErr, 0);
                     }
                     s.fail();
                 }
@@ -626,8 +626,8 @@ pub(super) async fn transmit(s: &Arc<QpShared>, items: &mut UnboundedReceiver<Tx
 /// inline does not (the read is in the outbound read queue, flushed with it).
 fn flush_item(s: &QpShared, item: TxItem) {
     match item {
-        TxItem::Wr(wr) => s.complete_send(&wr, WcStatus::WrFlushErr, 0),
-        TxItem::Rest { owed, .. } => owed.iter().for_each(|(wr, _)| s.complete_send(wr, WcStatus::WrFlushErr, 0)),
+        TxItem::Wr(wr) => s.complete_send(wr, WcStatus::WrFlushErr, 0),
+        TxItem::Rest { owed, .. } => owed.into_iter().for_each(|(o, _)| s.complete(o, WcStatus::WrFlushErr, 0)),
         _ => {}
     }
 }
