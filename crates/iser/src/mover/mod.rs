@@ -270,8 +270,8 @@ const GATHER_BYTES_MAX: u64 = 320 << 10;
 const COMMANDS_GATHERED_MAX: usize = 8;
 
 /// Payload posted unsignaled at most before a request is signaled, whatever
-/// [`IserConfig::signal_every`] says: an unsignaled request's memory (a read's data, registered
-/// where it lies) goes back to the pool only when a later request completes, and the pool keeps
+/// [`IserConfig::signal_every`] says: an unsignaled request's memory (a read's data, sent from
+/// where it lies, registered or as unregistered bytes) goes back to the pool only when a later request completes, and the pool keeps
 /// 8 MiB (`riser_datamover::POOL_MAX_BYTES`). Sixteen 1 MiB reads held that way left the pool
 /// empty: each read then took fresh memory (page faults, the kernel's zeroing) and dropped it.
 const SIGNAL_BYTES: u64 = 1 << 20;
@@ -285,7 +285,8 @@ struct Waiter<P: Provider> {
 }
 
 /// What a posted request keeps alive until it has completed: the region it reads or writes,
-/// and, for read data registered where it lay, those bytes, given back to the connection's
+/// and, for read data sent from where it lay (registered, or as the request's unregistered
+/// bytes), those bytes, given back to the connection's
 /// pool once nothing else holds them (the caller's own give-back fails while the request is
 /// in flight).
 struct Keep<P: Provider> {
@@ -325,9 +326,9 @@ impl<P: Provider> Keep<P> {
 
 /// Target: read data in RDMA Writes posted and not yet completed (see
 /// [`IserConfig::read_data_in_flight`]), per connection: a fair semaphore of [`WRITE_UNIT`]s.
-/// A write takes its permits before it is registered and keeps them in its [`Keep`] until its
-/// memory is let go (completed, flushed, or its post failed); waiting writes go in order, so
-/// small ones do not starve a large one.
+/// A write takes its permits before it is posted (and registered, if it is) and keeps them in
+/// its [`Keep`] until its memory is let go (completed, flushed, or its post failed); waiting
+/// writes go in order, so small ones do not starve a large one.
 struct WritesInFlight {
     room: Arc<tokio::sync::Semaphore>,
     units: u32,

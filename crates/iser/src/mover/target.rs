@@ -119,6 +119,14 @@ impl<P: Provider + 'static> IserDatamover<P> {
         room: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> Result<PutDataDone, DmError> {
         let s = &self.s;
+        // The data goes from where it lies (no copy): as the request's own bytes where the
+        // queue pair takes them (the software RNIC: no registration, no key to look up), else
+        // registered — before the lock below, as registering is a system call on rdma-core.
+        let mr = if data.is_empty() || data.len() as u64 <= u64::from(s.qp.max_unregistered_payload()) {
+            None
+        } else {
+            Some(s.pd.register_shared(data.clone(), Access::empty()).map_err(rdma("register read data"))?)
+        };
         // Posted under the lock task management takes to end the task: once a task is aborted
         // (and its TMF response may be on its way) nothing more is posted for it, so the
         // initiator never sees a write to a key it has revoked.
@@ -126,21 +134,21 @@ impl<P: Provider + 'static> IserDatamover<P> {
         let Some(rb) = remote.get(&desc.itt).and_then(|r| r.read) else { return Err(Violation::NoReadStag { itt: desc.itt }.into()) };
         if !data.is_empty() {
             // RDMA Write to (read STag, read VA + offset); the SCSI Response Send follows on
-            // the same queue pair, so the data is placed before the status arrives. The data
-            // goes from where it lies (no copy): as the request's own bytes where the queue
-            // pair takes them (the software RNIC: no registration, no key to look up), else
-            // registered. The write is left queued: nothing waits for it (a send queue
-            // completes in order), and its buffer goes back to the pool once the write has
-            // completed and the caller has let go of it.
+            // the same queue pair, so the data is placed before the status arrives. The write
+            // is left queued: nothing waits for it (a send queue completes in order), and its
+            // buffer goes back to the pool once the write has completed and the caller has
+            // let go of it.
             let op = SendOp::RdmaWrite { remote_addr: rb.va.wrapping_add(u64::from(desc.offset)), rkey: rb.stag };
-            if data.len() as u64 <= u64::from(s.qp.max_unregistered_payload()) {
-                let keep = Keep { mr: None, recycle: Some(data.clone()), also: None, counted: room };
-                s.post_wr_bytes(op, data, Some(keep), false)?;
-            } else {
-                let mr = s.pd.register_shared(data.clone(), Access::empty()).map_err(rdma("register read data"))?;
-                let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
-                let keep = Keep { mr: Some(mr), recycle: Some(data), also: None, counted: room };
-                s.post_unawaited(op, SgList::from_slice(&[sge]), Some(keep), false)?;
+            match mr {
+                None => {
+                    let keep = Keep { mr: None, recycle: Some(data.clone()), also: None, counted: room };
+                    s.post_wr_bytes(op, data, Some(keep), false)?;
+                }
+                Some(mr) => {
+                    let sge = Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
+                    let keep = Keep { mr: Some(mr), recycle: Some(data), also: None, counted: room };
+                    s.post_unawaited(op, SgList::from_slice(&[sge]), Some(keep), false)?;
+                }
             }
         }
         // No Data-In PDUs (DataSN not consumed) and never a collapsed status.
