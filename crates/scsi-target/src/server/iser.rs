@@ -24,7 +24,7 @@ impl Target {
         self.iser_threads
             .get_or_init(|| match self.config.iser_threads {
                 0 => None,
-                n => ConnectionThreads::start(n, "riser-iser")
+                n => ConnectionThreads::start(n, self.config.max_connections, "riser-iser")
                     .inspect_err(|e| warn!("iSER connection threads not started ({e}): connections run on the portal's runtime"))
                     .ok(),
             })
