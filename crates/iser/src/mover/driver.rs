@@ -1063,7 +1063,7 @@ mod tests {
     }
 
     /// An initiator's commands wait for the turn's end and leave together, posted by the
-    /// flusher; the eighth gathered, or one with more than 8 KiB of data, posts them at once.
+    /// flusher; the eighth gathered, or one with more than 64 KiB of data, posts them at once.
     /// The target handles them in the order they arrived, large or small. (A current-thread
     /// runtime: nothing else runs until the test yields.)
     #[tokio::test(flavor = "current_thread")]
@@ -1076,8 +1076,8 @@ mod tests {
         let listener = rnic.listen("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = listener.local_addr().unwrap();
         let r = rnic.clone();
-        // The target receives segments of up to 64 KiB (as riser's does on the software RNIC).
-        let cfg = IserConfig::default().recv_dsl(64 << 10);
+        // The target receives segments of up to 128 KiB.
+        let cfg = IserConfig::default().recv_dsl(128 << 10);
         let target = tokio::task::spawn_blocking(move || super::super::accept(&r, listener.get_request().unwrap(), cfg));
         let r = rnic.clone();
         let initiator = tokio::task::spawn_blocking(move || super::super::connect(&r, addr, IserConfig::default())).await.unwrap().unwrap();
@@ -1105,31 +1105,38 @@ mod tests {
             assert!(matches!(ev, DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), .. }) if c.itt == itt), "{ev:?}");
         }
         assert_eq!(gathered(), 0);
-        // A command with more data than is copied behind its headers (here 16 KiB of immediate
-        // data, the target receiving 64 KiB segments) leaves at once, with what was gathered
-        // before it: the target starts on its data while the next command is made.
+        // A command with up to 64 KiB of data (here 16 KiB of immediate data, registered where
+        // it lies) is gathered too; one with more (96 KiB, the target receiving 128 KiB
+        // segments) leaves at once, with what was gathered before it: the target starts on its
+        // data while the next command is made.
         let p = NegotiatedParams {
             transport: Transport::Iser,
             immediate_data: true,
-            target_recv_data_segment_length: 64 << 10,
-            first_burst_length: 64 << 10,
+            target_recv_data_segment_length: 128 << 10,
+            first_burst_length: 128 << 10,
             ..NegotiatedParams::default()
         };
         initiator.notice_key_values(&p);
         initiator.send_command(read(12), Bytes::new(), 512, None).await.unwrap();
         assert_eq!(gathered(), 1);
-        let data = Bytes::from(vec![7u8; 16 << 10]);
-        let write = ScsiCommand { final_: true, write: true, itt: 13, expected_data_len: 16 << 10, cmd_sn: 13, ..ScsiCommand::default() };
-        initiator.send_command(write, Bytes::new(), 0, Some(data)).await.unwrap();
-        assert_eq!(gathered(), 0, "posted at once, with the read gathered before it");
+        let write = |itt: u32, len: usize| {
+            let cmd = ScsiCommand { final_: true, write: true, itt, expected_data_len: len as u32, cmd_sn: itt, ..ScsiCommand::default() };
+            (cmd, Bytes::from(vec![itt as u8; len]))
+        };
+        let (cmd, data) = write(13, 16 << 10);
+        initiator.send_command(cmd, Bytes::new(), 0, Some(data)).await.unwrap();
+        assert_eq!(gathered(), 2, "16 KiB of data: gathered");
+        let (cmd, data) = write(14, 96 << 10);
+        initiator.send_command(cmd, Bytes::new(), 0, Some(data)).await.unwrap();
+        assert_eq!(gathered(), 0, "96 KiB: posted at once, with the commands gathered before it");
         // A small PDU right behind the large one is handled after it (every received message
         // is handled by the driver, in the order it arrived).
-        let ping = NopOut { immediate: true, itt: 14, ttt: RESERVED_TAG, ..NopOut::default() };
+        let ping = NopOut { immediate: true, itt: 15, ttt: RESERVED_TAG, ..NopOut::default() };
         initiator.send_control(ControlPdu::new(Header::NopOut(ping), Bytes::new())).await.unwrap();
-        for itt in 12..15 {
+        for (itt, data) in [(12, 0), (13, 16 << 10), (14, 96 << 10), (15, 0)] {
             let ev = tokio::time::timeout(Duration::from_secs(5), target.next_event()).await.expect("a PDU");
             let DmEvent::Control(ControlPdu { header, immediate, .. }) = &ev else { panic!("{ev:?}") };
-            assert_eq!((header.itt(), *immediate), (itt, if itt == 13 { 16 << 10 } else { 0 }), "{ev:?}");
+            assert_eq!((header.itt(), *immediate), (itt, data), "{ev:?}");
         }
     }
 

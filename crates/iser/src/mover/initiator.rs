@@ -33,6 +33,14 @@ impl<P: Provider + 'static> Shared<P> {
 /// from the caller's bytes (a copy of 8 KiB costs less than a registration on rdma-core).
 const IMMEDIATE_COPY_MAX: usize = 8 << 10;
 
+/// The most data (immediate and unsolicited) a command gathered with others may carry: 64 KiB,
+/// a whole first burst at the default FirstBurstLength, so every write gathers at the
+/// defaults. Sending each command with more than 8 KiB at once (so the target would start on
+/// its data sooner) cost a system call per command; gathered, iSER writes on the 2-core
+/// development VM went from 0.85× to 1.07× TCP's rate with four sessions of 64 KiB (1.01× to
+/// 1.03× with one), and 16 KiB writes with four sessions became 1.26× as fast.
+const GATHERED_DATA_MAX: usize = 64 << 10;
+
 impl<P: Provider + 'static> IserDatamover<P> {
     /// Send_Control for a SCSI Command: its buffers registered (a new key per command and
     /// direction), immediate data in the command, unsolicited Data-Out after it as negotiated.
@@ -92,10 +100,11 @@ impl<P: Provider + 'static> IserDatamover<P> {
         let imm_len = immediate.len() + by_ref.as_ref().map_or(0, |(_, sge)| sge.length as usize);
         let (itt, lun, exp_stat_sn) = (cmd.itt, cmd.lun, cmd.exp_stat_sn);
         lock(&s.tasks).insert(itt, task);
-        // A command with little data waits for the flusher, with the commands of the caller's
-        // other tasks (see `COMMANDS_GATHERED_MAX`); one with more leaves at once (with what was
-        // gathered before it), so the target starts on its data while the next is made.
-        let gathered = imm_len + unsolicited.len() <= IMMEDIATE_COPY_MAX;
+        // A command with at most `GATHERED_DATA_MAX` of data waits for the flusher, with the
+        // commands of the caller's other tasks (see `COMMANDS_GATHERED_MAX`); one with more
+        // leaves at once (with what was gathered before it), so the target starts on its data
+        // while the next is made.
+        let gathered = imm_len + unsolicited.len() <= GATHERED_DATA_MAX;
         if gathered {
             s.gather_commands();
         }

@@ -267,6 +267,7 @@ const GATHER_BYTES_MAX: u64 = 320 << 10;
 /// without waiting for the flusher. Commands the caller's tasks issue in one turn of the
 /// executor are posted together, after it (the software RNIC writes them in one system call);
 /// from this many on they leave at once, so the target starts on them while the next are made.
+/// (Commands with more than 64 KiB of data leave at once too: `GATHERED_DATA_MAX`.)
 const COMMANDS_GATHERED_MAX: usize = 8;
 
 /// Payload posted unsignaled at most before a request is signaled, whatever
