@@ -53,9 +53,10 @@ impl Target {
         cfg.recv_depth = cfg.recv_depth.max(self.config.queue_depth.saturating_mul(per_command).saturating_add(16));
         let portal = listener.local_addr().map_err(std::io::Error::other)?;
         let _serving = self.serving(Portal::iser(portal));
-        // The connection threads start with the portal, not with its first connection: a fixed
-        // part of a serving portal (a runtime's epoll and waker descriptors each), not something
-        // a connection leaves behind.
+        // The kept connection threads start with the portal, not with its first connection: a
+        // fixed part of a serving portal (a runtime's epoll and waker descriptors each), not
+        // something a connection leaves behind (a thread of its own, beyond them, ends with its
+        // connection).
         // On a connection thread, a connection's large reads run on this portal's runtime (see
         // `Session::bulk`): their copies proceed on another core while the connection's thread
         // sends.

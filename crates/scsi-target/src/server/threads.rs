@@ -5,9 +5,9 @@
 //! A connection goes to a kept thread that has none; once every kept thread has one, it gets
 //! a thread of its own, which ends with it (up to a bound, then the kept thread with the
 //! fewest). Two connections sharing a thread queue every hand-off behind the other's tasks:
-//! on the 2-core development VM, four sessions' 4 KiB reads over iSER went from 0.86× TCP's
-//! rate on two shared threads to 1.04× with a thread each, eight sessions from 0.82× to
-//! 1.08×, and four sessions' 64 KiB writes from 0.85× to 0.95× (medians of interleaved runs).
+//! on the 2-core development VM, given a thread each instead of two shared, four sessions'
+//! 4 KiB reads over iSER were 1.10× as fast, eight sessions' 1.16×, four sessions' 256 KiB
+//! reads 1.09×; 64 KiB writes unchanged (medians of interleaved runs).
 //!
 //! An iSER connection is several tasks that hand each message on: the queue pair's receive
 //! and transmit engines (on the software RNIC), the datamover's driver, the session, the
@@ -54,7 +54,8 @@ pub(crate) struct ConnectionThreads {
 /// before its runtime drops them.
 const OWN_THREAD_WIND_DOWN: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Counts a connection on its thread until its future ends or is dropped.
+/// Counts a connection on a kept thread until its future ends or is dropped; a thread of its
+/// own, until the thread ends.
 struct Placed(Arc<AtomicUsize>);
 
 impl Drop for Placed {
@@ -72,10 +73,14 @@ impl ConnectionThreads {
                 let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
                 let handle = rt.handle().clone();
                 let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-                std::thread::Builder::new().name(format!("{name}-{i}")).spawn(move || {
+                spawn_with(format!("{name}-{i}"), rt, move |rt| {
                     // Until stopped: sent, or the sender dropped.
                     let _ = rt.block_on(stopped);
                     rt.shutdown_background();
+                })
+                .map_err(|(e, rt)| {
+                    rt.shutdown_background();
+                    e
                 })?;
                 Ok(Worker { handle, load: Arc::new(AtomicUsize::new(0)), _stop: stop })
             })
@@ -93,7 +98,10 @@ impl ConnectionThreads {
             tokio::spawn(connection);
             return;
         };
-        let connection = if w.load.load(Ordering::Relaxed) > 0 && self.own.load(Ordering::Relaxed) < self.own_max {
+        // A place among the threads of their own, taken at once (two portals may place
+        // connections together).
+        let own_room = || self.own.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.own_max).then_some(n + 1)).is_ok();
+        let connection = if w.load.load(Ordering::Relaxed) > 0 && own_room() {
             match self.spawn_own(connection) {
                 Ok(()) => return,
                 Err((e, connection)) => {
@@ -112,25 +120,19 @@ impl ConnectionThreads {
         });
     }
 
-    /// Run `connection` on a new thread of its own, which ends once the connection's future
-    /// and the tasks it spawned there have (those still running a second after it are
-    /// dropped), or when these threads are dropped. Gives the connection back if the thread
-    /// or its runtime cannot be started.
+    /// Run `connection` on a new thread of its own (its place in `own` already taken), which
+    /// ends once the connection's future and the tasks it spawned there have (those still
+    /// running a second after it are dropped), or when these threads are dropped. Gives the
+    /// connection back (and the place) if the thread or its runtime cannot be started.
     #[allow(clippy::result_large_err)]
     fn spawn_own<F: Future<Output = ()> + Send + 'static>(&self, connection: F) -> Result<(), (std::io::Error, F)> {
+        let placed = Placed(self.own.clone());
         let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
             Ok(rt) => rt,
             Err(e) => return Err((e, connection)),
         };
-        self.own.fetch_add(1, Ordering::Relaxed);
-        let placed = Placed(self.own.clone());
         let mut stop = self.stop_own.subscribe();
-        // The future goes to the thread through a slot, so it comes back if no thread starts.
-        let slot = Arc::new(std::sync::Mutex::new(Some(connection)));
-        let theirs = slot.clone();
-        let started = std::thread::Builder::new().name(format!("{}-o", self.name)).spawn(move || {
-            let _placed = placed;
-            let Some(connection) = theirs.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
+        let started = spawn_with(format!("{}-o", self.name), (rt, connection, placed), move |(rt, connection, _placed)| {
             rt.block_on(async {
                 tokio::select! {
                     _ = connection => {}
@@ -148,14 +150,10 @@ impl ConnectionThreads {
             });
             rt.shutdown_background();
         });
-        match started {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                // The closure (with the count) was dropped unrun; the future is still here.
-                let connection = slot.lock().unwrap_or_else(|e| e.into_inner()).take().expect("no thread took it");
-                Err((e, connection))
-            }
-        }
+        started.map_err(|(e, (rt, connection, _placed))| {
+            rt.shutdown_background();
+            (e, connection)
+        })
     }
 
     /// Threads of their own running now.
@@ -168,6 +166,29 @@ impl ConnectionThreads {
     #[cfg(test)]
     fn loads(&self) -> Vec<usize> {
         self.workers.iter().map(|w| w.load.load(Ordering::Relaxed)).collect()
+    }
+}
+
+/// Start a thread named `name` running `body(value)`; `value` back if the thread cannot be
+/// started (a runtime in it is then the caller's to shut down: dropped in an async context it
+/// would panic).
+#[allow(clippy::result_large_err)]
+fn spawn_with<T: Send + 'static>(name: String, value: T, body: impl FnOnce(T) + Send + 'static) -> Result<(), (std::io::Error, T)> {
+    // Through a slot: `spawn` drops its closure, and what it holds, when it fails.
+    let slot = Arc::new(std::sync::Mutex::new(Some(value)));
+    let theirs = slot.clone();
+    let started = std::thread::Builder::new().name(name).spawn(move || {
+        let value = theirs.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(value) = value {
+            body(value);
+        }
+    });
+    match started {
+        Ok(_) => Ok(()),
+        Err(e) => match slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            Some(value) => Err((e, value)),
+            None => unreachable!("a thread that never started took the value"),
+        },
     }
 }
 
