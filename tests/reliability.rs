@@ -350,7 +350,9 @@ fn reliability_child_target() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
         let node = Node::new(TARGET).lun(file_lun(Path::new(&path), bytes));
-        let t = Target::new(TargetConfig::default().node(node));
+        // iSER connections on connection threads, as the service runs them: two kept, and a
+        // thread of its own for each connection beyond (started and ended with it).
+        let t = Target::new(TargetConfig::default().iser_threads(2).node(node));
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let tcp = l.local_addr().unwrap();
         tokio::spawn(t.clone().serve(l));
@@ -707,7 +709,8 @@ async fn soak() {
     );
     assert!(failures.is_empty(), "{} workers failed, first: {}", failures.len(), failures[0]);
     assert!(ios > sessions * qd, "too little I/O: {ios}");
-    // Bounded: a few descriptors per connection (the software RNIC's connection has its socket),
+    // Bounded: a few descriptors per connection (the software RNIC's connection has its socket;
+    // an iSER connection beyond the two kept threads, its own thread's runtime: about 4 more),
     // and memory within what the commands in flight can claim plus the RNIC's buffers.
     assert!(peak_fds <= idle_fds + 4 * sessions + 16, "descriptors: idle {idle_fds}, peak {peak_fds}");
     let in_flight = sessions * qd * MAX_BLOCKS * BS as u64;

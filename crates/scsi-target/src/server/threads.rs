@@ -134,6 +134,8 @@ impl ConnectionThreads {
         let mut stop = self.stop_own.subscribe();
         let started = spawn_with(format!("{}-o", self.name), (rt, connection, placed), move |(rt, connection, _placed)| {
             rt.block_on(async {
+                // A task, as on a kept thread: a panic in it ends the connection, not the thread.
+                let connection = tokio::spawn(connection);
                 tokio::select! {
                     _ = connection => {}
                     // `Err`: the threads were dropped.
