@@ -191,9 +191,10 @@ fn unregistered_payloads_arrive_whole_across_segments() {
 /// A request's unregistered bytes are let go before its completion can be polled: a consumer
 /// taking the buffer back on seeing the completion (riser-iser pools its buffers that way) finds
 /// it its own, whichever way the request went out — inline by its poster (alone, or two in a
-/// list, gathered by reference), or by the transmitter. The poster runs on a thread of its own while this one polls without
-/// sleeping, so a completion reported before the bytes were dropped is caught in the gap
-/// (before the fix: about 1 in 10 to 1 in 100 inline, more rarely queued).
+/// list, gathered by reference), or by the transmitter. The poster runs on a thread of its own
+/// while this one polls without sleeping, so a completion reported before the bytes were
+/// dropped is caught in the gap (before the fix: about 1 in 10 to 1 in 100 inline, more
+/// rarely queued).
 #[test]
 fn unregistered_bytes_are_released_before_their_completion_is_seen() {
     let (c, s) = pair();

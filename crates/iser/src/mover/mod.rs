@@ -272,8 +272,8 @@ const COMMANDS_GATHERED_MAX: usize = 8;
 
 /// Payload posted unsignaled at most before a request is signaled, whatever
 /// [`IserConfig::signal_every`] says: an unsignaled request's memory (a read's data, sent from
-/// where it lies, registered or as unregistered bytes) goes back to the pool only when a later request completes, and the pool keeps
-/// 8 MiB (`riser_datamover::POOL_MAX_BYTES`). Sixteen 1 MiB reads held that way left the pool
+/// where it lies, registered or as unregistered bytes) goes back to the pool only when a later
+/// request completes, and the pool keeps 8 MiB (`riser_datamover::POOL_MAX_BYTES`). Sixteen 1 MiB reads held that way left the pool
 /// empty: each read then took fresh memory (page faults, the kernel's zeroing) and dropped it.
 const SIGNAL_BYTES: u64 = 1 << 20;
 
@@ -287,9 +287,8 @@ struct Waiter<P: Provider> {
 
 /// What a posted request keeps alive until it has completed: the region it reads or writes,
 /// and, for read data sent from where it lay (registered, or as the request's unregistered
-/// bytes), those bytes, given back to the connection's
-/// pool once nothing else holds them (the caller's own give-back fails while the request is
-/// in flight).
+/// bytes), those bytes, given back to the connection's pool once nothing else holds them (the
+/// caller's own give-back fails while the request is in flight).
 struct Keep<P: Provider> {
     /// None for bytes the request carries unregistered (see `SendWr::unregistered`).
     mr: Option<Arc<Mr<P>>>,

@@ -651,14 +651,13 @@ impl Owed {
 }
 
 impl QueuePair for SoftQp {
-    fn post_send(&self, wr: SendWr) -> Result<()> {
+    fn post_send(&self, mut wr: SendWr) -> Result<()> {
         self.check(&wr)?;
         match self.s.state() {
             QpState::Idle => Err(Error::NotConnected),
             QpState::Connected => {
                 // On a runtime the request is queued: the transmitter gathers what the ready
                 // tasks post into one write. A poster outside any runtime writes inline.
-                let mut wr = wr;
                 if tokio::runtime::Handle::try_current().is_err() && self.post_inline(std::slice::from_mut(&mut wr)) == 1 {
                     return Ok(());
                 }

@@ -229,11 +229,11 @@ pub struct TargetConfig {
     /// iSER: threads kept to run the connections, each a single-threaded runtime of its own; a
     /// new connection goes to one that has none, else to a thread of its own that ends with it
     /// (at most [`TargetConfig::max_connections`] such at once; beyond, the kept thread with
-    /// the fewest), and all of its tasks (the software
-    /// RNIC's engines, the datamover's driver, the session, its commands) stay there, but
-    /// for the reads that get a task of their own (beyond 64 KiB, or from a store not in
-    /// memory): those run on the runtime [`super::Target::serve_iser`] runs on, so a large
-    /// read's copy proceeds on another core while the connection's thread sends. `0` (the
+    /// the fewest), and all of its tasks (the software RNIC's engines, the datamover's
+    /// driver, the session, its commands) stay there, but for the reads that get a task of
+    /// their own (beyond 64 KiB, or from a store not in memory): those run on the runtime
+    /// [`super::Target::serve_iser`] runs on, so a large read's copy proceeds on another core
+    /// while the connection's thread sends. `0` (the
     /// default): connections run on the runtime `serve_iser` runs on.
     ///
     /// Spread over a work-stealing runtime's workers, a connection's tasks hand every message
