@@ -69,18 +69,76 @@ pub(crate) fn bench_rdma(reps: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Where `bench --iser-only` runs the target and the initiators (`--pin`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IserPin {
+    /// Unpinned: the scheduler places them (the default).
+    None,
+    /// Target on CPU 0, initiators on CPU 1: every hand-off between them crosses CPUs.
+    Split,
+    /// Target and initiators on CPU 0: no cross-CPU wake-ups, so each transport's rate is its
+    /// CPU cost per byte (the steadiest ratio on a shared VM).
+    Same,
+}
+
+impl IserPin {
+    pub(crate) fn parse(args: &[String]) -> Result<Self, String> {
+        match arg_value(args, "--pin").unwrap_or("none") {
+            "none" => Ok(Self::None),
+            "split" => Ok(Self::Split),
+            "same" => Ok(Self::Same),
+            other => Err(format!("--pin {other}: none, split or same")),
+        }
+    }
+
+    /// The CPUs (`taskset -c` lists) of the target and of the initiators.
+    fn cpus(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Self::None => None,
+            Self::Split => Some(("0", "1")),
+            Self::Same => Some(("0", "0")),
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Self::None => "nothing pinned",
+            Self::Split => "target pinned to CPU 0, initiators to CPU 1",
+            Self::Same => "target and initiators pinned to CPU 0",
+        }
+    }
+}
+
+/// `taskset` every thread of process `pid` to `cpus`.
+fn taskset(pid: u32, cpus: &str) -> Result<(), String> {
+    let st = Command::new("taskset")
+        .args(["-a", "-p", "-c", cpus, &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("taskset: {e}"))?;
+    if st.success() { Ok(()) } else { Err(format!("taskset -a -p -c {cpus} {pid} failed")) }
+}
+
 /// riser iSER (software iWARP RNIC) against riser TCP: the same target process and the same
 /// initiator program, reads and writes of 4 KiB–16 MiB, throughput and CPU seconds per GiB of
-/// the target and of the initiator; `sessions` initiators at once (each a session of its own).
-pub(crate) fn bench_iser(reps: usize, sessions: usize) -> Result<(), String> {
+/// the target and of the initiator; `sessions` initiators at once (each a session of its own),
+/// placed on the CPUs as `pin` says.
+pub(crate) fn bench_iser(reps: usize, sessions: usize, pin: IserPin) -> Result<(), String> {
     build_examples()?;
     let iqn = "iqn.2026-11.io.riser:bench-iser";
     let iser_portal = format!("127.0.0.1:{}", free_port()?);
     let target = RunningTarget::start(&["--target-name", iqn, "--lun", "ram:1GiB", "--iser-portal", &iser_portal])?;
+    if let Some((target_cpus, initiator_cpus)) = pin.cpus() {
+        ensure_packages(&[("taskset", "util-linux")])?;
+        taskset(target.child.id(), target_cpus)?;
+        // The initiators are this process's children: they start on its CPUs.
+        taskset(std::process::id(), initiator_cpus)?;
+    }
     let urls = [("TCP", format!("iscsi://127.0.0.1:{}/{iqn}/0", target.port)), ("iSER", format!("iser://{iser_portal}/{iqn}/0"))];
     println!(
-        "== riser iSER (software iWARP RNIC) vs riser TCP: same target, same initiator, QD 8, {sessions} session(s) at once; \
-         MiB/s (all sessions) median of {reps} (interleaved; ratio: median of per-run ratios), CPU s/GiB (user + system)"
+        "== riser iSER (software iWARP RNIC) vs riser TCP: same target, same initiator, QD 8, {sessions} session(s) at once, {}; \
+         MiB/s (all sessions) median of {reps} (interleaved; ratio: median of per-run ratios), CPU s/GiB (user + system)",
+        pin.describe()
     );
     println!(
         "{:>6} {:<5} {:>9} {:>9} {:>6} {:>12} {:>12} {:>12} {:>12}",
@@ -141,8 +199,9 @@ pub(crate) fn bench(args: &[String]) -> Result<(), String> {
         return bench_rdma(reps);
     }
     let sessions: usize = arg_value(args, "--sessions").and_then(|r| r.parse().ok()).unwrap_or(1).max(1);
+    let pin = IserPin::parse(args)?;
     if args.iter().any(|a| a == "--iser-only") {
-        return bench_iser(reps, sessions);
+        return bench_iser(reps, sessions, pin);
     }
     ensure_packages(&[("iscsi-perf", "libiscsi-bin"), ("tgtd", "tgt"), ("iperf3", "iperf3")])?;
     // fio with the libiscsi engine (Debian's lacks it); bench-client.sh skips fio rows without it.
@@ -182,5 +241,24 @@ pub(crate) fn bench(args: &[String]) -> Result<(), String> {
     println!();
     bench_rdma(reps)?;
     println!();
-    bench_iser(reps, sessions)
+    bench_iser(reps, sessions, pin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IserPin;
+
+    fn parse(args: &[&str]) -> Result<IserPin, String> {
+        IserPin::parse(&args.iter().map(|a| a.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn iser_placement_defaults_to_unpinned_and_refuses_unknown_ones() {
+        assert_eq!(parse(&["--iser-only"]), Ok(IserPin::None));
+        assert_eq!(parse(&["--pin", "split"]), Ok(IserPin::Split));
+        assert_eq!(parse(&["--pin", "same"]), Ok(IserPin::Same));
+        assert_eq!(parse(&["--pin", "both"]), Err("--pin both: none, split or same".into()));
+        assert_eq!(IserPin::Same.cpus(), Some(("0", "0")));
+        assert_eq!(IserPin::None.cpus(), None);
+    }
 }

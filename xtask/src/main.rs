@@ -9,7 +9,9 @@
 //!   the raw loopback TCP and memcpy ceilings; then RDMA Write / Read / Send over the software
 //!   iWARP RNIC against raw TCP for 4 KiB–4 MiB messages (`--rdma-only`: just that part); then
 //!   riser iSER against riser TCP, same target and initiator, 4 KiB–16 MiB, with CPU seconds per
-//!   GiB of each process (`--iser-only`: just that part).
+//!   GiB of each process (`--iser-only`: just that part; `--sessions N` initiators at once;
+//!   `--pin split`: target on CPU 0 and initiators on CPU 1, `--pin same`: all on CPU 0, where
+//!   each transport's rate is its CPU cost; default `none`).
 //! * `bench --rbd [--reps N] [--runtime S] [--pin split|none]` — a riser gateway serving a Ceph RBD
 //!   image (the example target built with `rbd`) against `rbd bench` straight on librbd, on one
 //!   throw-away cluster of `../shared/ceph` (its own directory and port): 4 KiB random reads and
@@ -118,7 +120,7 @@ fn check_args(sub: &str, args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-const USAGE: &str = "usage: cargo xtask <demo | interop | rbd | lab [--quick] [CELL...] | soak [--minutes N | --seconds N] [--sessions N] [--queue-depth N] | faults [--cuts N] [--kills N] | evaluate [--quick] [--lab] [--reps N] [--out DIR] [--only SECTIONS] [--publish] | evaluate --plot-only DIR [--publish] | bench [--full] [--reps N] [--runtime S] [--rdma-only | --iser-only [--sessions N] | --rbd [--pin split|none] | --against DIR | --live [--seconds S] [--interval-ms MS]] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list | public-api [--bless]>";
+const USAGE: &str = "usage: cargo xtask <demo | interop | rbd | lab [--quick] [CELL...] | soak [--minutes N | --seconds N] [--sessions N] [--queue-depth N] | faults [--cuts N] [--kills N] | evaluate [--quick] [--lab] [--reps N] [--out DIR] [--only SECTIONS] [--publish] | evaluate --plot-only DIR [--publish] | bench [--full] [--reps N] [--runtime S] [--rdma-only | --iser-only [--sessions N] [--pin none|split|same] | --rbd [--pin split|none] | --against DIR | --live [--seconds S] [--interval-ms MS]] | fuzz-seeds | fuzz-smoke [--seconds N] | fuzz-list | public-api [--bless]>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -352,6 +354,7 @@ mod tests {
     #[test]
     fn subcommands_refuse_what_they_do_not_take() {
         assert_eq!(check("bench", &["--iser-only", "--reps", "3", "--sessions", "4"]), Ok(()));
+        assert_eq!(check("bench", &["--iser-only", "--pin", "same"]), Ok(()));
         assert_eq!(check("bench", &["--against", "/tmp/base", "--reps", "4"]), Ok(()));
         assert_eq!(check("lab", &["--quick"]), Ok(()));
         assert_eq!(check("lab", &["7", "fault-tcp"]), Ok(()));
