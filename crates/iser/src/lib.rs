@@ -4,9 +4,10 @@
 //! Every iSCSI PDU travels as one RDMA Send — `[iSER header 28 B | BHS 48 B | data]` — from the
 //! first Login Request on; Data-In, R2T and solicited Data-Out never appear. The target's
 //! Put_Data is an RDMA Write to the read STag and VA the initiator advertised in the command's
-//! iSER header, Get_Data an RDMA Read from the write STag and VA; the initiator registers each
-//! command's buffers afresh (a new key per command and direction) and revokes them when the
-//! command ends. The iSCSI layer above is the same as over TCP: it sees only the
+//! iSER header, Get_Data an RDMA Read from the write STag and VA; the initiator gives each
+//! command's buffers a new key per command and direction (registered afresh, or on a provider
+//! that can swap a region's buffer a kept region re-keyed for a small read) and revokes them
+//! when the command ends. The iSCSI layer above is the same as over TCP: it sees only the
 //! `riser_datamover::Datamover` trait.
 //!
 //! ## Main types

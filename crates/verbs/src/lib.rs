@@ -409,6 +409,21 @@ pub trait ProtectionDomain: Send + Sync + fmt::Debug {
     fn registers_in_place(&self) -> bool {
         false
     }
+    /// Take back the buffer of `mr`, a region registered by
+    /// [`register_for_peer_writes`](Self::register_for_peer_writes), and give it `buf` (of the
+    /// same length) in its place, as that registration would: the region stays registered but
+    /// is invalid, its STag naming nothing, until [`MemoryRegion::rekey`] gives it a new key.
+    /// The buffer taken back is as [`MemoryRegion::into_buffer`] gives it (what no write placed
+    /// reads as zero). A consumer that registers a buffer per read keeps its regions this way
+    /// instead of registering and deregistering one each time.
+    ///
+    /// `Err(buf)` when it is not done: `mr` has another handle (a request or a placement still
+    /// uses it), the lengths differ, the region is not one for peer writes, or the provider does
+    /// not offer this (the default; the caller registers anew).
+    fn swap_for_peer_writes(&self, mr: &Arc<Self::Mr>, buf: Vec<u8>) -> std::result::Result<Vec<u8>, Vec<u8>> {
+        let _ = mr;
+        Err(buf)
+    }
 }
 
 /// A reliable-connected queue pair.

@@ -1140,6 +1140,62 @@ mod tests {
         }
     }
 
+    /// An initiator keeps the regions of its small reads: the next read of that length takes
+    /// one with a fresh buffer and a new key (the same STag index, never an earlier STag), and
+    /// a read the target wrote only part of (or none of) shows zeros where it did not write,
+    /// never an earlier read's bytes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_initiator_reuses_its_read_regions_under_new_keys() {
+        use riser_datamover::{ConnectionResources, DataInDesc, Datamover, TaskBuffer};
+        use riser_iscsi::wire::{ScsiCommand, ScsiResponse};
+        use riser_verbs::Listener;
+        let rnic = riser_iwarp::SoftRnic::default();
+        let listener = rnic.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let r = rnic.clone();
+        let target = tokio::task::spawn_blocking(move || super::super::accept(&r, listener.get_request().unwrap(), IserConfig::default()));
+        let r = rnic.clone();
+        let initiator = tokio::task::spawn_blocking(move || super::super::connect(&r, addr, IserConfig::default())).await.unwrap().unwrap();
+        let (target, _) = target.await.unwrap().unwrap();
+        for dm in [&target, &initiator] {
+            tokio::spawn(dm.driver());
+            dm.allocate_connection_resources(ConnectionResources::default()).unwrap();
+            dm.enable();
+        }
+        let len = 4096usize;
+        let mut stags: Vec<u32> = Vec::new();
+        for (itt, written) in [(1u32, len), (2, 1000), (3, len), (4, 0), (5, len), (6, 3000)] {
+            let cmd = ScsiCommand { final_: true, read: true, itt, expected_data_len: len as u32, cmd_sn: itt, ..ScsiCommand::default() };
+            initiator.send_command(cmd, Bytes::new(), len as u32, None).await.unwrap();
+            let ev = tokio::time::timeout(Duration::from_secs(5), target.next_event()).await.expect("the command");
+            assert!(matches!(ev, DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), .. }) if c.itt == itt), "{ev:?}");
+            let stag = lock(&target.s.remote).get(&itt).and_then(|r| r.read).expect("a read STag").stag;
+            assert!(!stags.contains(&stag), "itt {itt}: an earlier read's STag came back");
+            if itt > 1 {
+                assert!(stags.iter().any(|s| s >> 8 == stag >> 8), "itt {itt}: a kept region, re-keyed");
+            }
+            stags.push(stag);
+            let data: Vec<u8> = (0..written).map(|i| (i as u8).wrapping_mul(7).wrapping_add(itt as u8)).collect();
+            if written > 0 {
+                let desc = DataInDesc { itt, lun: Default::default(), offset: 0, data_sn: 0, collapse_status: None };
+                target.put_data(desc, Bytes::from(data.clone())).await.unwrap();
+            }
+            let r = ScsiResponse { itt, stat_sn: itt, ..ScsiResponse::default() };
+            target.send_control(ControlPdu::new(Header::ScsiResponse(r), Bytes::new())).await.unwrap();
+            let ev = tokio::time::timeout(Duration::from_secs(5), initiator.next_event()).await.expect("the response");
+            assert!(matches!(ev, DmEvent::Control(ControlPdu { header: Header::ScsiResponse(r), .. }) if r.itt == itt), "{ev:?}");
+            let got = initiator.take_read_data(itt).expect("the read's data");
+            assert_eq!(got.len(), len);
+            assert!(got[..written] == data[..], "itt {itt}: the target's data");
+            assert!(got[written..].iter().all(|&b| b == 0), "itt {itt}: zeros where the target wrote nothing");
+            assert_eq!(lock(&initiator.s.read_regions).len(), 1, "itt {itt}: the region kept");
+            initiator.deallocate_task_resources(itt);
+            target.deallocate_task_resources(itt);
+            // Back to the pool dirty: a later read's buffer may be this one.
+            initiator.release_task_buffer(TaskBuffer { data: got });
+        }
+    }
+
     /// The full-feature receives go up once: at allocate_connection_resources, or at enable
     /// for a consumer that skipped it (it used to run on the four login receives, and a burst
     /// of responses ended the connection: Send with no receive posted).

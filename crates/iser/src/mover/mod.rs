@@ -419,6 +419,10 @@ struct Shared<P: Provider> {
     /// Registered send buffers of each size of `driver::SEND_BUFFERS`, reused once free (see
     /// `registered_send_buffer`), and where the next look for a free one starts.
     send_bufs: [Mutex<SendBuffers<P>>; 2],
+    /// Initiator, on a provider whose regions are the buffers themselves: regions of ended
+    /// reads, each holding a fresh buffer and invalid until a read re-keys it (see
+    /// `READ_REGIONS_KEPT`); the oldest is taken first.
+    read_regions: Mutex<std::collections::VecDeque<Arc<Mr<P>>>>,
     /// Initiator: commands were gathered; the flusher posts them once the executor's ready
     /// tasks have run (see `flush_when_due`).
     flush_due: Notify,
@@ -492,6 +496,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             ff_posted: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             send_bufs: Default::default(),
+            read_regions: Mutex::default(),
             flush_due: Notify::new(),
         });
         // Every received message goes through the driver. Handling them on the software

@@ -317,6 +317,29 @@ impl ProtectionDomain for SoftPd {
     fn registers_in_place(&self) -> bool {
         true
     }
+
+    /// The region invalid first, under the domain's table lock, where the receiver finds a
+    /// region by its STag: with no other handle, no placement is under way in it, and one
+    /// looked up from now on fails its key check; only then is its memory swapped.
+    fn swap_for_peer_writes(&self, mr: &Arc<SoftMr>, buf: Vec<u8>) -> std::result::Result<Vec<u8>, Vec<u8>> {
+        let peer_writable = mr.access.contains(Access::REMOTE_WRITE) && !mr.is_shared();
+        if buf.len() != mr.len || !Arc::ptr_eq(&mr.table, &self.regions) || !peer_writable {
+            return Err(buf);
+        }
+        {
+            let _table = lock(&self.regions.map);
+            if Arc::strong_count(mr) != 1 {
+                return Err(buf);
+            }
+            mr.valid.store(false, Ordering::Release);
+        }
+        let mut m = lock(&mr.mem);
+        m.settle();
+        Ok(match std::mem::replace(&mut *m, Storage::Unwritten { buf, high: 0 }) {
+            Storage::Owned(v) | Storage::Unwritten { buf: v, .. } => v,
+            Storage::Shared(b) => b.to_vec(),
+        })
+    }
 }
 
 impl SoftMr {
@@ -411,5 +434,43 @@ mod tests {
         indexes.dedup();
         assert_eq!(indexes.len(), 100);
         assert!(indexes.iter().all(|i| !seen.contains_key(i)), "another domain's indexes are its own");
+    }
+
+    /// A region for peer writes swaps its buffer for another: the one taken back shows only
+    /// what was placed (zeros elsewhere, never what the buffer held before it was registered);
+    /// the region's STag names nothing until it is re-keyed, the old STag never again; the new
+    /// buffer's earlier contents never show either. Refused while another handle is alive, for
+    /// another length or a region without peer write rights.
+    #[test]
+    fn a_region_for_peer_writes_swaps_its_buffer_and_takes_a_new_key() {
+        let rnic = SoftRnic::default();
+        let pd = rnic.alloc_pd().unwrap();
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let mr = pd.register_for_peer_writes(vec![0xaa; 64], rw).unwrap();
+        let old = mr.rkey();
+        // A peer's write of bytes 8..16.
+        {
+            let mut m = lock(&mr.mem);
+            m.placing(8..16).unwrap().fill(0x11);
+            m.placed(16);
+        }
+        let extra = mr.clone();
+        assert_eq!(pd.swap_for_peer_writes(&mr, vec![0xbb; 64]), Err(vec![0xbb; 64]), "another handle is alive");
+        drop(extra);
+        assert_eq!(pd.swap_for_peer_writes(&mr, vec![0xbb; 32]), Err(vec![0xbb; 32]), "another length");
+        let back = pd.swap_for_peer_writes(&mr, vec![0xbb; 64]).unwrap();
+        let mut want = vec![0u8; 64];
+        want[8..16].fill(0x11);
+        assert_eq!(back, want, "what was placed, zeros elsewhere");
+        let checked = |stag: u32| pd.regions.lookup(stag).is_some_and(|m| m.check(stag, m.pd, Access::REMOTE_WRITE, m.addr, 1).is_ok());
+        assert!(!mr.is_valid() && !checked(old), "invalid until re-keyed");
+        let new = mr.rekey().unwrap();
+        assert_ne!(new, old);
+        assert!(checked(new) && !checked(old), "the new key works, the old one no more");
+        let mut seen = Vec::new();
+        mr.read(&mut |b| seen.extend_from_slice(b));
+        assert_eq!(seen, vec![0u8; 64], "the new buffer's earlier bytes never show");
+        let local = pd.register(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+        assert_eq!(pd.swap_for_peer_writes(&local, vec![0; 64]), Err(vec![0; 64]), "no peer write rights");
     }
 }
