@@ -1062,31 +1062,38 @@ mod tests {
         assert_eq!(dm.s.on_message(&old, None, None), Err(Violation::Rfc5046Header.into()));
     }
 
-    /// An initiator's commands wait for the turn's end and leave together, posted by the
-    /// flusher; the eighth gathered, or one with more than 64 KiB of data, posts them at once.
-    /// The target handles them in the order they arrived, large or small. (A current-thread
-    /// runtime: nothing else runs until the test yields.)
-    #[tokio::test(flavor = "current_thread")]
-    async fn an_initiators_commands_leave_after_the_turn_or_at_the_eighth() {
+    /// A target (configured by `cfg`) and an initiator connected over the software RNIC, their
+    /// drivers running, in full feature phase.
+    async fn connected(cfg: IserConfig) -> (IserDatamover<riser_iwarp::SoftRnic>, IserDatamover<riser_iwarp::SoftRnic>) {
         use riser_datamover::{ConnectionResources, Datamover};
-        use riser_iscsi::keys::{NegotiatedParams, Transport};
-        use riser_iscsi::wire::ScsiCommand;
         use riser_verbs::Listener;
         let rnic = riser_iwarp::SoftRnic::default();
         let listener = rnic.listen("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = listener.local_addr().unwrap();
         let r = rnic.clone();
-        // The target receives segments of up to 128 KiB.
-        let cfg = IserConfig::default().recv_dsl(128 << 10);
         let target = tokio::task::spawn_blocking(move || super::super::accept(&r, listener.get_request().unwrap(), cfg));
-        let r = rnic.clone();
-        let initiator = tokio::task::spawn_blocking(move || super::super::connect(&r, addr, IserConfig::default())).await.unwrap().unwrap();
+        let initiator =
+            tokio::task::spawn_blocking(move || super::super::connect(&rnic, addr, IserConfig::default())).await.unwrap().unwrap();
         let (target, _) = target.await.unwrap().unwrap();
         for dm in [&target, &initiator] {
             tokio::spawn(dm.driver());
             dm.allocate_connection_resources(ConnectionResources::default()).unwrap();
             dm.enable();
         }
+        (target, initiator)
+    }
+
+    /// An initiator's commands wait for the turn's end and leave together, posted by the
+    /// flusher; the eighth gathered, or one with more than 64 KiB of data, posts them at once.
+    /// The target handles them in the order they arrived, large or small. (A current-thread
+    /// runtime: nothing else runs until the test yields.)
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_initiators_commands_leave_after_the_turn_or_at_the_eighth() {
+        use riser_datamover::Datamover;
+        use riser_iscsi::keys::{NegotiatedParams, Transport};
+        use riser_iscsi::wire::ScsiCommand;
+        // The target receives segments of up to 128 KiB.
+        let (target, initiator) = connected(IserConfig::default().recv_dsl(128 << 10)).await;
         let gathered = || lock(&initiator.s.unsignaled).gathering.as_ref().map_or(0, Vec::len);
         let read = |itt: u32| ScsiCommand { final_: true, read: true, itt, expected_data_len: 512, cmd_sn: itt, ..ScsiCommand::default() };
         for itt in 1..8 {
@@ -1146,22 +1153,9 @@ mod tests {
     /// never an earlier read's bytes.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_initiator_reuses_its_read_regions_under_new_keys() {
-        use riser_datamover::{ConnectionResources, DataInDesc, Datamover, TaskBuffer};
+        use riser_datamover::{DataInDesc, Datamover, TaskBuffer};
         use riser_iscsi::wire::{ScsiCommand, ScsiResponse};
-        use riser_verbs::Listener;
-        let rnic = riser_iwarp::SoftRnic::default();
-        let listener = rnic.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let r = rnic.clone();
-        let target = tokio::task::spawn_blocking(move || super::super::accept(&r, listener.get_request().unwrap(), IserConfig::default()));
-        let r = rnic.clone();
-        let initiator = tokio::task::spawn_blocking(move || super::super::connect(&r, addr, IserConfig::default())).await.unwrap().unwrap();
-        let (target, _) = target.await.unwrap().unwrap();
-        for dm in [&target, &initiator] {
-            tokio::spawn(dm.driver());
-            dm.allocate_connection_resources(ConnectionResources::default()).unwrap();
-            dm.enable();
-        }
+        let (target, initiator) = connected(IserConfig::default()).await;
         let len = 4096usize;
         let mut stags: Vec<u32> = Vec::new();
         for (itt, written) in [(1u32, len), (2, 1000), (3, len), (4, 0), (5, len), (6, 3000)] {
