@@ -69,7 +69,9 @@ pub(crate) fn bench_rdma(reps: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// Where `bench --iser-only` runs the target and the initiators (`--pin`).
+/// Where `bench --iser-only` runs the target and the initiators (`--pin`): the target's threads
+/// pinned with `taskset`, and this process itself, whose children the initiators are (the iSER
+/// part is the last thing it runs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum IserPin {
     /// Unpinned: the scheduler places them (the default).
@@ -199,9 +201,11 @@ pub(crate) fn bench(args: &[String]) -> Result<(), String> {
         return bench_rdma(reps);
     }
     let sessions: usize = arg_value(args, "--sessions").and_then(|r| r.parse().ok()).unwrap_or(1).max(1);
-    let pin = IserPin::parse(args)?;
     if args.iter().any(|a| a == "--iser-only") {
-        return bench_iser(reps, sessions, pin);
+        return bench_iser(reps, sessions, IserPin::parse(args)?);
+    }
+    if arg_value(args, "--pin").is_some() {
+        return Err("--pin goes with --iser-only or --rbd".into());
     }
     ensure_packages(&[("iscsi-perf", "libiscsi-bin"), ("tgtd", "tgt"), ("iperf3", "iperf3")])?;
     // fio with the libiscsi engine (Debian's lacks it); bench-client.sh skips fio rows without it.
@@ -241,7 +245,7 @@ pub(crate) fn bench(args: &[String]) -> Result<(), String> {
     println!();
     bench_rdma(reps)?;
     println!();
-    bench_iser(reps, sessions, pin)
+    bench_iser(reps, sessions, IserPin::None)
 }
 
 #[cfg(test)]

@@ -412,7 +412,8 @@ pub trait ProtectionDomain: Send + Sync + fmt::Debug {
     /// Take back the buffer of `mr`, a region registered by
     /// [`register_for_peer_writes`](Self::register_for_peer_writes), and give it `buf` (of the
     /// same length) in its place, as that registration would: the region stays registered but
-    /// is invalid, its STag naming nothing, until [`MemoryRegion::rekey`] gives it a new key.
+    /// is invalid (no access with its STag succeeds) until [`MemoryRegion::rekey`] gives it a
+    /// new key.
     /// The buffer taken back is as [`MemoryRegion::into_buffer`] gives it (what no write placed
     /// reads as zero). A consumer that registers a buffer per read keeps its regions this way
     /// instead of registering and deregistering one each time.

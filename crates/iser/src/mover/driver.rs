@@ -212,6 +212,7 @@ impl<P: Provider + 'static> Shared<P> {
         }
         lock(&self.waiting).clear();
         lock(&self.unsignaled).held.clear();
+        self.drop_read_regions();
         lock(&self.recvs).clear();
         if !self.closed.swap(true, Ordering::AcqRel) {
             self.queue_event(DmEvent::Terminated(Terminated::PeerClosed));
@@ -693,7 +694,7 @@ pub fn fuzz_receive<P: Provider + 'static>(pd: Arc<P::Pd>, cq: Arc<P::Cq>, qp: A
                 return;
             };
             keys.extend([read.rkey(), write.rkey()]);
-            lock(&s.tasks).insert(itt, InitTask { read: Some(read), write: Some(write) });
+            lock(&s.tasks).insert(itt, InitTask { read: Some(read), write: Some(write), read_uses: 0 });
         }
     }
     for _ in 0..64 {
@@ -1147,28 +1148,30 @@ mod tests {
         }
     }
 
-    /// An initiator keeps the regions of its small reads: the next read of that length takes
-    /// one with a fresh buffer and a new key (the same STag index, never an earlier STag), and
-    /// a read the target wrote only part of (or none of) shows zeros where it did not write,
-    /// never an earlier read's bytes.
+    /// An initiator keeps the regions of its small reads, one per length: the next read of
+    /// that length takes one with a fresh buffer and a new key (the same STag index, never an
+    /// earlier STag), each serves 16 reads at most before it is let go, and a read the target
+    /// wrote only part of (or none of) shows zeros where it did not write, never an earlier
+    /// read's bytes. The connection's end lets them all go.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_initiator_reuses_its_read_regions_under_new_keys() {
         use riser_datamover::{DataInDesc, Datamover, TaskBuffer};
         use riser_iscsi::wire::{ScsiCommand, ScsiResponse};
         let (target, initiator) = connected(IserConfig::default()).await;
-        let len = 4096usize;
-        let mut stags: Vec<u32> = Vec::new();
-        for (itt, written) in [(1u32, len), (2, 1000), (3, len), (4, 0), (5, len), (6, 3000)] {
+        let mut stags: Vec<(usize, u32)> = Vec::new();
+        let mut reused = 0;
+        for itt in 1u32..=48 {
+            // 4 KiB and 8 KiB reads in turn, written whole, in part or not at all.
+            let len = if itt % 2 == 1 { 4096usize } else { 8192 };
+            let written = [len, 1000, len, 0][(itt as usize / 2) % 4];
             let cmd = ScsiCommand { final_: true, read: true, itt, expected_data_len: len as u32, cmd_sn: itt, ..ScsiCommand::default() };
             initiator.send_command(cmd, Bytes::new(), len as u32, None).await.unwrap();
             let ev = tokio::time::timeout(Duration::from_secs(5), target.next_event()).await.expect("the command");
             assert!(matches!(ev, DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), .. }) if c.itt == itt), "{ev:?}");
             let stag = lock(&target.s.remote).get(&itt).and_then(|r| r.read).expect("a read STag").stag;
-            assert!(!stags.contains(&stag), "itt {itt}: an earlier read's STag came back");
-            if itt > 1 {
-                assert!(stags.iter().any(|s| s >> 8 == stag >> 8), "itt {itt}: a kept region, re-keyed");
-            }
-            stags.push(stag);
+            assert!(stags.iter().all(|&(_, s)| s != stag), "itt {itt}: an earlier read's STag came back");
+            reused += usize::from(stags.iter().any(|&(l, s)| l == len && s >> 8 == stag >> 8));
+            stags.push((len, stag));
             let data: Vec<u8> = (0..written).map(|i| (i as u8).wrapping_mul(7).wrapping_add(itt as u8)).collect();
             if written > 0 {
                 let desc = DataInDesc { itt, lun: Default::default(), offset: 0, data_sn: 0, collapse_status: None };
@@ -1182,12 +1185,21 @@ mod tests {
             assert_eq!(got.len(), len);
             assert!(got[..written] == data[..], "itt {itt}: the target's data");
             assert!(got[written..].iter().all(|&b| b == 0), "itt {itt}: zeros where the target wrote nothing");
-            assert_eq!(lock(&initiator.s.read_regions).len(), 1, "itt {itt}: the region kept");
             initiator.deallocate_task_resources(itt);
             target.deallocate_task_resources(itt);
             // Back to the pool dirty: a later read's buffer may be this one.
             initiator.release_task_buffer(TaskBuffer { data: got });
         }
+        // 24 reads of each length: a region each, let go after 16, so two regions each.
+        assert_eq!(reused, 48 - 4, "every read but the first of each region took a kept one");
+        for len in [4096, 8192] {
+            let mut indexes: Vec<u32> = stags.iter().filter(|&&(l, _)| l == len).map(|&(_, s)| s >> 8).collect();
+            indexes.dedup();
+            assert_eq!(indexes.len(), 2, "{len} bytes: a region serves 16 reads, then another");
+        }
+        assert_eq!(lock(&initiator.s.read_regions).len(), 2, "one region per length kept");
+        initiator.deallocate_connection_resources();
+        assert!(lock(&initiator.s.read_regions).is_empty(), "let go with the connection's resources");
     }
 
     /// The full-feature receives go up once: at allocate_connection_resources, or at enable

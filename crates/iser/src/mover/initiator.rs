@@ -46,39 +46,65 @@ const GATHERED_DATA_MAX: usize = 64 << 10;
 const READ_REGION_MAX: usize = 64 << 10;
 
 /// Regions of ended reads kept per connection, on a provider whose regions are the buffers
-/// themselves (the software RNIC): a read of the same length takes the oldest, swaps in a fresh
-/// buffer and re-keys it instead of registering one and deregistering it after (~550 of the
-/// initiator's 13.1k instructions per 4 KiB read, callgrind). At most 32 × 64 KiB held. Taken
-/// oldest first, so a region's 8-bit key goes round only after 256 reads on each of them.
+/// themselves (the software RNIC): a read takes the oldest of its length, with a fresh buffer
+/// swapped in when the last read ended, and re-keys it, instead of registering one and
+/// deregistering it after (~550 of the initiator's 13.1k instructions per 4 KiB read,
+/// callgrind). At most 32 regions of at most 64 KiB each (the oldest let go for a newer one).
 const READ_REGIONS_KEPT: usize = 32;
+
+/// Reads a kept region serves at most before it is let go: its STag index then goes back to
+/// the domain's free indexes, oldest first, so an (index, key) pair comes back no sooner than
+/// with a registration per read (the 8-bit key goes round only after 256 reads on the index,
+/// with the domain's other indexes in between), and a late write of an abandoned command (a
+/// timed-out one whose target still writes) finds no later read's buffer under its STag.
+const READ_REGION_USES: u8 = 16;
 
 impl<P: Provider + 'static> Shared<P> {
     /// A region for a read of `len` bytes, for the target's writes: a kept one of that length,
     /// re-keyed, else a new registration of a pooled buffer (as it is: what the target's writes
-    /// do not reach reads as zeros, never as an earlier command's bytes).
-    fn read_region(&self, len: usize) -> Result<Arc<Mr<P>>, DmError> {
+    /// do not reach reads as zeros, never as an earlier command's bytes). With how many reads
+    /// it served before.
+    fn read_region(&self, len: usize) -> Result<(Arc<Mr<P>>, u8), DmError> {
         if len <= READ_REGION_MAX {
-            let kept = lock(&self.read_regions).pop_front();
-            match kept {
-                Some(mr) if mr.len() == len && mr.rekey().is_ok() => return Ok(mr),
-                _ => {}
+            let kept = {
+                let mut kept = lock(&self.read_regions);
+                kept.iter().position(|(mr, _)| mr.len() == len).and_then(|i| kept.remove(i))
+            };
+            if let Some((mr, uses)) = kept
+                && mr.rekey().is_ok()
+            {
+                return Ok((mr, uses));
             }
         }
-        self.pd
+        let mr = self
+            .pd
             .register_for_peer_writes(self.pool.take_dirty_vec(len), Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-            .map_err(rdma("register a read buffer"))
+            .map_err(rdma("register a read buffer"))?;
+        Ok((mr, 0))
     }
 
     /// The data of an ended read (its region invalidated): its buffer itself, the region kept
-    /// with a fresh one in its place when it can be (see `READ_REGIONS_KEPT`), else let go.
-    fn read_data(&self, mr: Arc<Mr<P>>) -> BytesMut {
+    /// with a fresh buffer in its place when it can be (see `READ_REGIONS_KEPT`), else let go.
+    fn read_data(&self, mr: Arc<Mr<P>>, uses: u8) -> BytesMut {
         let len = mr.len();
-        if len <= READ_REGION_MAX && self.pd.registers_in_place() && lock(&self.read_regions).len() < READ_REGIONS_KEPT {
-            match self.pd.swap_for_peer_writes(&mr, self.pool.take_dirty_vec(len)) {
+        if len <= READ_REGION_MAX && uses + 1 < READ_REGION_USES && self.pd.registers_in_place() {
+            // A pooled buffer of no more room than a kept region may hold.
+            let fresh = self.pool.take_dirty_vec(len);
+            let fresh = if fresh.capacity() <= READ_REGION_MAX {
+                fresh
+            } else {
+                self.pool.give_vec(fresh);
+                vec![0; len]
+            };
+            match self.pd.swap_for_peer_writes(&mr, fresh) {
                 Ok(data) => {
-                    let mut kept = lock(&self.read_regions);
-                    if kept.len() < READ_REGIONS_KEPT {
-                        kept.push_back(mr);
+                    let oldest = {
+                        let mut kept = lock(&self.read_regions);
+                        kept.push_back((mr, uses + 1));
+                        (kept.len() > READ_REGIONS_KEPT).then(|| kept.pop_front()).flatten()
+                    };
+                    if let Some((old, _)) = oldest {
+                        self.let_go(old);
                     }
                     return riser_datamover::into_bytes_mut(data);
                 }
@@ -86,6 +112,19 @@ impl<P: Provider + 'static> Shared<P> {
             }
         }
         copy_out(mr)
+    }
+
+    /// A kept region deregistered, its buffer back to the pool.
+    fn let_go(&self, mr: Arc<Mr<P>>) {
+        if let Ok(buf) = mr.into_buffer() {
+            self.pool.give_vec(buf);
+        }
+    }
+
+    /// The kept regions let go (the connection's resources end).
+    pub(super) fn drop_read_regions(&self) {
+        let kept = std::mem::take(&mut *lock(&self.read_regions));
+        kept.into_iter().for_each(|(mr, _)| self.let_go(mr));
     }
 }
 
@@ -103,13 +142,14 @@ impl<P: Provider + 'static> IserDatamover<P> {
         let s = &self.s;
         let l = *lock(&s.limits);
         let mut ih = IserHeader::CONTROL;
-        let mut task = InitTask::<P> { read: None, write: None };
+        let mut task = InitTask::<P> { read: None, write: None, read_uses: 0 };
         if read_len > 0 {
             // A new key per command and direction: a kept region re-keyed or a fresh
             // registration (see `read_region`).
-            let mr = s.read_region(read_len as usize)?;
+            let (mr, uses) = s.read_region(read_len as usize)?;
             ih.read = Some(RemoteBuf { stag: mr.rkey(), va: mr.addr() });
             task.read = Some(mr);
+            task.read_uses = uses;
         }
         let mut immediate = Bytes::new();
         let mut by_ref = None;
@@ -180,6 +220,6 @@ impl<P: Provider + 'static> IserDatamover<P> {
         }
         let r = t.read?;
         r.invalidate();
-        Some(self.s.read_data(r))
+        Some(self.s.read_data(r, t.read_uses))
     }
 }

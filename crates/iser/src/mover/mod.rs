@@ -210,6 +210,8 @@ struct WriteTask {
 struct InitTask<P: Provider> {
     read: Option<Arc<Mr<P>>>,
     write: Option<Arc<Mr<P>>>,
+    /// Reads the read region served before this one (a kept region, see `READ_REGION_USES`).
+    read_uses: u8,
 }
 
 /// Memory of unsignaled requests, released in order as later requests complete; and the
@@ -420,9 +422,9 @@ struct Shared<P: Provider> {
     /// `registered_send_buffer`), and where the next look for a free one starts.
     send_bufs: [Mutex<SendBuffers<P>>; 2],
     /// Initiator, on a provider whose regions are the buffers themselves: regions of ended
-    /// reads, each holding a fresh buffer and invalid until a read re-keys it (see
-    /// `READ_REGIONS_KEPT`); the oldest is taken first.
-    read_regions: Mutex<std::collections::VecDeque<Arc<Mr<P>>>>,
+    /// reads, each holding a fresh buffer and invalid until a read re-keys it, with how many
+    /// reads each served (see `READ_REGIONS_KEPT`); the oldest of a length is taken first.
+    read_regions: Mutex<std::collections::VecDeque<(Arc<Mr<P>>, u8)>>,
     /// Initiator: commands were gathered; the flusher posts them once the executor's ready
     /// tasks have run (see `flush_when_due`).
     flush_due: Notify,
@@ -614,6 +616,7 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
         lock(&self.s.writes).clear();
         lock(&self.s.remote).clear();
         lock(&self.s.tasks).clear();
+        self.s.drop_read_regions();
     }
 
     fn enable(&self) {
@@ -662,6 +665,7 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
         let _ = self.s.release_sends();
         // Read data waiting for room learns of the end.
         self.s.writes_in_flight.room.close();
+        self.s.drop_read_regions();
         // Sends return once queued: let the signaled ones (a Logout Response, a Reject, a
         // failed Login Response) and with them all posted before leave, then disconnect.
         let s = self.s.clone();

@@ -180,7 +180,10 @@ impl SoftMr {
     /// Check an access of `len` bytes at virtual address `to` with STag `stag` from domain
     /// `pd` needing `need`; on failure, which check failed.
     pub(super) fn check(&self, stag: u32, pd: u64, need: Access, to: u64, len: u64) -> std::result::Result<usize, Denied> {
-        if stag != self.stag() || !self.valid.load(Ordering::Acquire) {
+        // Validity before the key: `rekey` stores the key before it makes the region valid,
+        // so a region seen valid is seen with its new key (a region swapped for a later read
+        // never takes bytes under the key it had).
+        if !self.valid.load(Ordering::Acquire) || stag != self.stag() {
             return Err(Denied::Stag);
         }
         if pd != self.pd {
