@@ -413,10 +413,9 @@ pub trait ProtectionDomain: Send + Sync + fmt::Debug {
     /// [`register_for_peer_writes`](Self::register_for_peer_writes), and give it `buf` (of the
     /// same length) in its place, as that registration would: the region stays registered but
     /// is invalid (no access with its STag succeeds) until [`MemoryRegion::rekey`] gives it a
-    /// new key.
-    /// The buffer taken back is as [`MemoryRegion::into_buffer`] gives it (what no write placed
-    /// reads as zero). A consumer that registers a buffer per read keeps its regions this way
-    /// instead of registering and deregistering one each time.
+    /// new key. The buffer taken back is as [`MemoryRegion::into_buffer`] gives it (what no
+    /// write placed reads as zero). A consumer that registers a buffer per read keeps its
+    /// regions this way instead of registering and deregistering one each time.
     ///
     /// `Err(buf)` when it is not done: `mr` has another handle (a request or a placement still
     /// uses it), the lengths differ, the region is not one for peer writes, or the provider does

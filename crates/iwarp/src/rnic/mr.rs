@@ -441,7 +441,7 @@ mod tests {
 
     /// A region for peer writes swaps its buffer for another: the one taken back shows only
     /// what was placed (zeros elsewhere, never what the buffer held before it was registered);
-    /// the region's STag names nothing until it is re-keyed, the old STag never again; the new
+    /// no access succeeds until the region is re-keyed, none with the old STag after; the new
     /// buffer's earlier contents never show either. Refused while another handle is alive, for
     /// another length or a region without peer write rights.
     #[test]
