@@ -112,7 +112,7 @@ impl IserPin {
 }
 
 /// `taskset` every thread of process `pid` to `cpus`.
-fn taskset(pid: u32, cpus: &str) -> Result<(), String> {
+pub(crate) fn taskset(pid: u32, cpus: &str) -> Result<(), String> {
     let st = Command::new("taskset")
         .args(["-a", "-p", "-c", cpus, &pid.to_string()])
         .stdout(std::process::Stdio::null())

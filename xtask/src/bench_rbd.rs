@@ -161,12 +161,7 @@ impl Placement {
     /// Pin every thread of process `pid` to the cluster's CPU (`ceph`) or the other one.
     fn pin(&self, pid: u32, ceph: bool) -> Result<(), String> {
         let Some((c, r)) = self.cpus else { return Ok(()) };
-        let st = Command::new("taskset")
-            .args(["-a", "-p", "-c", if ceph { c } else { r }, &pid.to_string()])
-            .stdout(std::process::Stdio::null())
-            .status()
-            .map_err(|e| format!("taskset: {e}"))?;
-        if st.success() { Ok(()) } else { Err(format!("taskset -a -p {pid} failed")) }
+        crate::bench::taskset(pid, if ceph { c } else { r })
     }
 
     /// `cmd ARGS`, started on the client's CPU.

@@ -140,6 +140,16 @@ impl Storage {
         }
     }
 
+    /// The bytes as a local reader sees them (what no write reached cleared; shared bytes
+    /// copied), `next` in their place.
+    fn take(&mut self, next: Self) -> Vec<u8> {
+        self.settle();
+        match std::mem::replace(self, next) {
+            Self::Owned(v) | Self::Unwritten { buf: v, .. } => v,
+            Self::Shared(b) => b.to_vec(),
+        }
+    }
+
     /// Clear what no write reached: an `Unwritten` region becomes an owned one.
     fn settle(&mut self) {
         if let Self::Unwritten { buf, high } = self {
@@ -169,12 +179,7 @@ impl SoftMr {
     /// The buffer back (deregistering).
     pub fn into_inner(self: Arc<Self>) -> std::result::Result<Vec<u8>, Arc<Self>> {
         let mut m = Arc::try_unwrap(self)?;
-        let mem = m.mem.get_mut().unwrap_or_else(|e| e.into_inner());
-        mem.settle();
-        Ok(match std::mem::replace(mem, Storage::Owned(Vec::new())) {
-            Storage::Owned(v) | Storage::Unwritten { buf: v, .. } => v,
-            Storage::Shared(b) => b.to_vec(),
-        })
+        Ok(m.mem.get_mut().unwrap_or_else(|e| e.into_inner()).take(Storage::Owned(Vec::new())))
     }
 
     /// Check an access of `len` bytes at virtual address `to` with STag `stag` from domain
@@ -336,12 +341,7 @@ impl ProtectionDomain for SoftPd {
             }
             mr.valid.store(false, Ordering::Release);
         }
-        let mut m = lock(&mr.mem);
-        m.settle();
-        Ok(match std::mem::replace(&mut *m, Storage::Unwritten { buf, high: 0 }) {
-            Storage::Owned(v) | Storage::Unwritten { buf: v, .. } => v,
-            Storage::Shared(b) => b.to_vec(),
-        })
+        Ok(lock(&mr.mem).take(Storage::Unwritten { buf, high: 0 }))
     }
 }
 
