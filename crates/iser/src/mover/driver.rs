@@ -4,7 +4,7 @@
 
 use super::{GATHER_BYTES_MAX, InitTask, IserConfig, IserDatamover, Keep, Mr, Recv, Remote, Shared, Waiter, lock, rdma, signal_interval};
 use crate::header::{ISER_HDR_LEN, ISER_HEADERS_LEN, IserHeader, IserOpcode, RFC5046_HDR_LEN};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use riser_datamover::{ControlPdu, DmError, DmEvent, Terminated, Violation};
 use riser_iscsi::keys::Role;
 use riser_iscsi::wire::{BHS_LEN, Bhs, DecodeError, Header, Pdu, PduLayout, Reaction};
@@ -593,9 +593,8 @@ impl<P: Provider + 'static> Shared<P> {
             // them (the software RNIC): no registered buffer to find, write under its lock and
             // have looked up again by its key. A larger one (a command's immediate data) is
             // copied into a registered buffer still: allocating it cost more than that.
-            let mut buf = Vec::with_capacity(len);
-            parts().for_each(|p| buf.extend_from_slice(p));
-            return self.post_wr_bytes(op, Bytes::from(buf), None, !routine);
+            let bytes = self.small_send(len, &ihb, &bhs, std::iter::once(ahs).chain(data.iter().copied()));
+            return self.post_wr_bytes(op, bytes, None, !routine);
         }
         let mr = match self.registered_send_buffer(len) {
             // A registered buffer of the connection's, free again: written in place.
@@ -626,6 +625,27 @@ impl<P: Provider + 'static> Shared<P> {
             keep.also = Some(region);
         }
         self.post_unawaited(op, sg, Some(keep), !routine)
+    }
+}
+
+/// Room in which small Sends are put together: a message's bytes are a slice of it (no
+/// allocation of their own), and it is let go once its room is used up and its last message sent.
+/// Small: a message still queued keeps its chunk.
+const SMALL_SEND_CHUNK: usize = 4 << 10;
+
+impl<P: Provider + 'static> Shared<P> {
+    /// A small message's `len` bytes: the iSER header, the BHS, then `rest`.
+    fn small_send<'a>(&self, len: usize, ih: &[u8; ISER_HDR_LEN], bhs: &[u8; 48], rest: impl Iterator<Item = &'a [u8]>) -> Bytes {
+        let mut room = lock(&self.small_sends);
+        if room.capacity() < len {
+            *room = BytesMut::with_capacity(SMALL_SEND_CHUNK.max(len));
+        }
+        room.extend_from_slice(ih);
+        room.extend_from_slice(bhs);
+        for p in rest.filter(|p| !p.is_empty()) {
+            room.extend_from_slice(p);
+        }
+        room.split().freeze()
     }
 }
 

@@ -425,6 +425,8 @@ struct Shared<P: Provider> {
     /// reads, each holding a fresh buffer and invalid until a read re-keys it, with how many
     /// reads each served (see `READ_REGIONS_KEPT`); the oldest of a length is taken first.
     read_regions: Mutex<std::collections::VecDeque<(Arc<Mr<P>>, u8)>>,
+    /// Where small Sends' bytes are put together (see `Shared::small_send`).
+    small_sends: Mutex<BytesMut>,
     /// Initiator: commands were gathered; the flusher posts them once the executor's ready
     /// tasks have run (see `flush_when_due`).
     flush_due: Notify,
@@ -499,6 +501,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             closed: AtomicBool::new(false),
             send_bufs: Default::default(),
             read_regions: Mutex::default(),
+            small_sends: Mutex::default(),
             flush_due: Notify::new(),
         });
         // Every received message goes through the driver. Handling them on the software

@@ -338,8 +338,45 @@ pub fn detached_qp() -> (SoftRnic, Arc<SoftPd>, Arc<SoftCq>, Arc<SoftQp>) {
 }
 
 /// Feed `bytes` to a connected queue pair's receive engine (no socket; what it would send is
-/// discarded): the fuzz target for the FPDU state machine.
+/// discarded): the fuzz target for the FPDU state machine. The bytes go in twice, all at once
+/// and in pieces of a few bytes (the engine's path for FPDUs read ahead whole, and the one for
+/// FPDUs arriving in parts): both must come to the same completions and Terminate, and, when
+/// the stream ended without a Terminate, the same memory. Panics where they do not.
 pub fn fuzz_receive(bytes: &[u8], crc: bool) {
+    let per_read = 1 + bytes.first().map_or(0, |b| usize::from(b % 13));
+    receive_both_ways(crc, per_read, true, &|_| bytes.to_vec());
+}
+
+/// [`fuzz_receive`] of the stream `stream` makes for the engine's three regions (each as an
+/// element: address, length, STag); memory compared only if `memory` (it cannot be where a
+/// corrupted stream places bytes that differ between the runs, such as an STag).
+fn receive_both_ways(crc: bool, per_read: usize, memory: bool, stream: &dyn Fn(&[Sge]) -> Vec<u8>) {
+    let whole = receive_memory(crc, usize::MAX, stream);
+    let pieces = receive_memory(crc, per_read, stream);
+    assert_eq!(whole.completions, pieces.completions, "completions, {per_read} bytes per read");
+    assert_eq!(whole.terminated, pieces.terminated, "Terminate, {per_read} bytes per read");
+    assert_eq!(whole.read_requests, pieces.read_requests, "Read Requests answered, {per_read} bytes per read");
+    if memory && whole.terminated.is_none() {
+        for (i, (a, b)) in whole.memory.iter().zip(&pieces.memory).enumerate() {
+            if let Some(at) = a.iter().zip(b).position(|(x, y)| x != y) {
+                panic!("region {i} differs from byte {at}, {per_read} bytes per read");
+            }
+        }
+    }
+}
+
+/// What a receive engine made of a stream (see [`receive_memory`]).
+struct Received {
+    completions: Vec<Wc>,
+    terminated: Option<Term>,
+    read_requests: Vec<crate::wire::ReadRequest>,
+    memory: Vec<Vec<u8>>,
+}
+
+/// Run a connected queue pair's receive engine over the bytes `stream` makes for its regions,
+/// read `per_read` at most at a time. The regions' STags are given as their index (0 to 2) in
+/// what is returned: they differ from one run to the next.
+fn receive_memory(crc: bool, per_read: usize, stream: &dyn Fn(&[Sge]) -> Vec<u8>) -> Received {
     let rnic = SoftRnic::default();
     let pd = rnic.alloc_pd().expect("pd");
     let cq = rnic.create_cq(64).expect("cq");
@@ -359,6 +396,9 @@ pub fn fuzz_receive(bytes: &[u8], crc: bool) {
             sg_list: SgList::from_slice(&[Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() }]),
         });
     }
+    // A receive in two elements, the ends of the first and second regions.
+    let ends = [(&regions[0], 128), (&regions[1], 448)].map(|(mr, at)| Sge { addr: mr.addr() + at, length: 64, lkey: mr.lkey() });
+    let _ = qp.post_recv(RecvWr { wr_id: 3, sg_list: SgList::from_slice(&ends) });
     qp.s.ird.store(4, Ordering::Release);
     qp.s.ord.store(4, Ordering::Release);
     *lock(&qp.s.state) = QpState::Connected;
@@ -366,17 +406,129 @@ pub fn fuzz_receive(bytes: &[u8], crc: bool) {
     let txq = TxQueue { items: items_tx, queued: qp.s.queued.clone() };
     *lock(&qp.s.tx) = Some(txq.clone());
     // Reading from memory never waits: one poll runs the receiver to the end of the bytes.
-    let _ = now(receive(&qp.s, RxStream::memory(bytes), crc, &txq));
+    let elements: Vec<_> = regions.iter().map(|mr| Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() }).collect();
+    let index = |stag: u32| elements.iter().position(|e| e.lkey == stag).map_or(stag, |i| i as u32);
+    let bytes = stream(&elements);
+    let _ = now(receive(&qp.s, RxStream::memory(&bytes, per_read), crc, &txq));
     // No transmitter writes a Terminate here: close now rather than at the Terminate deadline.
     qp.s.close();
     // Run the transmitter over what the receiver queued, into a sink.
     drop(txq);
     let _ = lock(&qp.s.tx).take();
     let tx = Tx { crc, max_segment: 65516, msn_send: 0, msn_read: 0 };
+    let mut read_requests = Vec::new();
     while let Ok(item) = items.try_recv() {
         if let TxItem::ReadResponse { req, src } = item {
+            // The source as region and offset, when it is one of the regions.
+            let src_to = elements.iter().find(|e| e.lkey == req.src_stag).map_or(req.src_to, |e| req.src_to.wrapping_sub(e.addr));
+            read_requests.push(crate::wire::ReadRequest { src_stag: index(req.src_stag), src_to, ..req });
             let _ = now(tx.read_response(&mut Out::Sink, &req, src.as_ref(), &mut || {}, &|| false));
         }
     }
-    regions[1].read(&mut |_| {});
+    let memory = regions
+        .iter()
+        .map(|mr| {
+            let mut m = Vec::new();
+            mr.read(&mut |b| m.extend_from_slice(b));
+            m
+        })
+        .collect();
+    let completions = riser_verbs::CompletionQueue::poll(&*cq, usize::MAX)
+        .into_iter()
+        .map(|wc| Wc { invalidated_rkey: wc.invalidated_rkey.map(index), ..wc })
+        .collect();
+    Received { completions, terminated: *lock(&qp.s.terminate_sent), read_requests, memory }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{Header, Opcode, QN_READ, QN_SEND, ReadRequest, fpdu_crc, fpdu_pad};
+
+    /// One FPDU: length, `h`, `body`, pad, CRC (zero when off).
+    fn fpdu(crc: bool, h: Header, body: &[u8]) -> Vec<u8> {
+        let mut hb = [0u8; 32];
+        let n = h.emit(&mut hb);
+        let mpa_len = n + body.len();
+        let mut f = (mpa_len as u16).to_be_bytes().to_vec();
+        f.extend_from_slice(&hb[..n]);
+        f.extend_from_slice(body);
+        f.resize(f.len() + fpdu_pad(mpa_len), 0);
+        let sum = if crc { fpdu_crc(&[&f]) } else { [0; 4] };
+        f.extend_from_slice(&sum);
+        f
+    }
+
+    fn send(op: Opcode, msn: u32, mo: u32, last: bool, inv_stag: u32) -> Header {
+        Header::Untagged { op, last, inv_stag, qn: QN_SEND, msn, mo }
+    }
+
+    /// Every kind of segment the engine takes, whole and in parts, over the three regions of
+    /// `receive_memory` (`e`).
+    fn stream(crc: bool, e: &[Sge]) -> Vec<u8> {
+        let bytes = |n: usize, seed: u8| (0..n).map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed)).collect::<Vec<u8>>();
+        let write = |stag: u32, to: u64, last: bool| Header::Tagged { op: Opcode::Write, last, stag, to };
+        let req = ReadRequest { sink_stag: 0x1234, sink_to: 0, size: 64, src_stag: e[2].lkey, src_to: e[2].addr + 8 };
+        [
+            fpdu(crc, send(Opcode::Send, 1, 0, true, 0), &bytes(100, 1)),
+            fpdu(crc, write(e[2].lkey, e[2].addr + 10, true), &bytes(300, 2)),
+            fpdu(crc, write(e[1].lkey, e[1].addr + 100, false), &bytes(50, 3)),
+            fpdu(crc, write(e[1].lkey, e[1].addr + 150, true), &bytes(21, 4)),
+            fpdu(crc, send(Opcode::SendSe, 2, 0, false, 0), &bytes(40, 5)),
+            fpdu(crc, send(Opcode::SendSe, 2, 40, true, 0), &bytes(31, 6)),
+            fpdu(crc, Header::Untagged { op: Opcode::ReadRequest, last: true, inv_stag: 0, qn: QN_READ, msn: 1, mo: 0 }, &req.emit()),
+            fpdu(crc, write(e[0].lkey, e[0].addr, true), &[]),
+            fpdu(crc, send(Opcode::SendInvalidate, 3, 0, true, e[2].lkey), &bytes(9, 7)),
+            fpdu(crc, send(Opcode::Send, 4, 0, false, 0), &bytes(50, 8)),
+            fpdu(crc, send(Opcode::Send, 4, 50, true, 0), &bytes(60, 9)),
+        ]
+        .concat()
+    }
+
+    /// The engine's path for FPDUs read ahead whole and its path for FPDUs arriving in parts
+    /// come to the same completions, Terminate, Read Responses and memory: for a stream of
+    /// every kind of segment, read in pieces of every size, and for every truncation and every
+    /// corrupted byte of it, CRC on and off.
+    #[test]
+    fn fpdus_read_ahead_whole_and_in_parts_are_received_alike() {
+        for crc in [false, true] {
+            let clean = receive_memory(crc, usize::MAX, &|e| stream(crc, e));
+            assert_eq!(clean.terminated, None, "crc {crc}");
+            let recvs: Vec<_> = clean.completions.iter().map(|wc| (wc.wr_id, wc.status, wc.byte_len, wc.invalidated_rkey)).collect();
+            assert_eq!(
+                recvs,
+                [
+                    (0, WcStatus::Success, 100, None),
+                    (1, WcStatus::Success, 71, None),
+                    (2, WcStatus::Success, 9, Some(2)),
+                    (3, WcStatus::Success, 110, None)
+                ]
+            );
+            assert_eq!(clean.read_requests.len(), 1, "crc {crc}");
+            for per_read in (1..=24).chain([63, 64, 65, 1000]) {
+                receive_both_ways(crc, per_read, true, &|e| stream(crc, e));
+            }
+            // Bytes that name a region (an STag, an address, and the CRC over them) differ from
+            // one run to the next, as the regions do: a change to one of them lands elsewhere
+            // in each. The others are corrupted one at a time (memory not compared: a changed
+            // length can make bytes that name a region payload).
+            let fake = |k: u64| -> Vec<Sge> {
+                (0..3)
+                    .map(|i| Sge { addr: 0x0101_0101_0101_0101 * k + (i << 4), length: 0, lkey: 0x0101_0101 * k as u32 + i as u32 })
+                    .collect()
+            };
+            let (a, b) = (stream(crc, &fake(1)), stream(crc, &fake(2)));
+            let n = a.len();
+            for cut in 0..n {
+                receive_both_ways(crc, 1 + cut % 7, true, &|e| stream(crc, e)[..cut].to_vec());
+            }
+            for at in (0..n).filter(|&at| a[at] == b[at]) {
+                receive_both_ways(crc, 1 + at % 5, false, &|e| {
+                    let mut s = stream(crc, e);
+                    s[at] ^= 0x5a;
+                    s
+                });
+            }
+        }
+    }
 }

@@ -8,6 +8,7 @@ use super::tx::TxItem;
 use super::{lock, terminate_for, wc};
 use crate::wire::{self, Header, Opcode, QN_READ, QN_SEND, READ_REQUEST_LEN, ReadRequest, Term, TerminateMsg, UNTAGGED_HDR};
 use riser_verbs::{Access, RecvWr, Sge, Wc, WcOpcode, WcStatus};
+use smallvec::SmallVec;
 use std::io::{self, IoSliceMut, Read};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -15,10 +16,11 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
-/// Where the bytes come from: the socket (waiting for them), or memory (fuzzing: never waits).
+/// Where the bytes come from: the socket (waiting for them), or memory (fuzzing: never waits),
+/// at most so many bytes per read.
 enum Source<'a> {
     Socket(Arc<TcpStream>),
-    Memory(io::Cursor<&'a [u8]>),
+    Memory(io::Cursor<&'a [u8]>, usize),
 }
 
 /// Spill buffer: room for a turn's worth of small messages (a 4 KiB RDMA Write and the Send
@@ -78,8 +80,22 @@ impl<'a> RxStream<'a> {
         self
     }
 
-    pub(super) fn memory(bytes: &'a [u8]) -> Self {
-        Self::new(Source::Memory(io::Cursor::new(bytes)))
+    /// `bytes`, at most `per_read` of them per read (a stream arriving in pieces).
+    pub(super) fn memory(bytes: &'a [u8], per_read: usize) -> Self {
+        Self::new(Source::Memory(io::Cursor::new(bytes), per_read.max(1)))
+    }
+
+    /// A segment's `len` payload bytes are being placed: the spill's size follows the sizes of
+    /// the segments.
+    fn note_placement(&mut self, len: usize) {
+        if len >= BULK_SEGMENT {
+            (self.spill, self.small_run) = (SPILL_BULK, 0);
+        } else {
+            self.small_run = self.small_run.saturating_add(1);
+            if self.small_run >= SMALL_RUN {
+                self.spill = SPILL;
+            }
+        }
     }
 
     /// Bytes read ahead and not yet taken.
@@ -126,7 +142,13 @@ impl<'a> RxStream<'a> {
                     Err(e) => short.ok_or(e)?,
                 }
             }
-            Source::Memory(c) => c.read_vectored(&mut iov)?,
+            Source::Memory(c, per_read) => {
+                let [dst, spill] = &mut iov;
+                let first = dst.len().min(*per_read);
+                let n = c.read(&mut dst[..first])?;
+                let more = (*per_read - first).min(spill.len());
+                if n == first && more > 0 { n + c.read(&mut spill[..more])? } else { n }
+            }
         };
         let direct = got.min(iov[0].len());
         (self.start, self.end) = (0, got - direct);
@@ -149,7 +171,7 @@ impl<'a> RxStream<'a> {
                 }
                 s.readable().await
             }
-            Source::Memory(_) => Ok(()),
+            Source::Memory(..) => Ok(()),
         }
     }
 
@@ -208,7 +230,11 @@ impl From<io::Error> for RxError {
 pub(super) async fn receive(s: &Arc<QpShared>, mut r: RxStream<'_>, crc: bool, tx: &TxQueue) {
     let mut rx = Rx { crc, msn_send: 1, msn_read: 1, send: None, tagged: None, first_seen: false, failed: None };
     loop {
-        match rx.fpdu(s, &mut r, tx).await {
+        let done = match rx.fpdu_now(s, &mut r, tx) {
+            Some(done) => done,
+            None => rx.fpdu(s, &mut r, tx).await,
+        };
+        match done {
             Ok(()) => {
                 if !rx.first_seen {
                     rx.first_seen = true;
@@ -301,25 +327,11 @@ impl Rx {
         if !whole {
             r.read_exact(&mut hb[..2]).await?;
         }
-        let tagged = hb[0] & 0x80 != 0;
-        let base = if tagged { wire::TAGGED_HDR } else { UNTAGGED_HDR };
-        if mpa_len < base {
-            return Err(RxError::Term(Term::MPA_FRAMING, "FPDU shorter than its DDP header"));
-        }
+        let base = ddp_header_len(mpa_len, hb[0])?;
         if !whole {
             r.read_exact(&mut hb[2..base]).await?;
         }
-        let h = Header::parse(&hb[..base]).map_err(|e| match e {
-            wire::WireError::Violation(t, why) => RxError::Term(t, why),
-            _ => RxError::Term(Term::MPA_FRAMING, "bad DDP header"),
-        })?;
-        let extra = match h.op() {
-            Opcode::ReadRequest => READ_REQUEST_LEN,
-            _ => 0,
-        };
-        if mpa_len < base + extra {
-            return Err(RxError::Term(Term::MPA_FRAMING, "FPDU shorter than its RDMAP header"));
-        }
+        let (h, extra) = parse_header(&hb[..base], mpa_len)?;
         if extra > 0 {
             r.read_exact(&mut hb[base..base + extra]).await?;
         }
@@ -339,6 +351,61 @@ impl Rx {
         self.commit(s, commit, tx)
     }
 
+    /// An FPDU that was read ahead whole (the common case once one read has taken several small
+    /// ones), handled without waiting: no future, no copy of its framing. `None`: it is not all
+    /// there, or it is one `fpdu` is left to (a Terminate, or framing it refuses); nothing was
+    /// taken. The same checks, placement, state and completions as `fpdu`, except that the CRC
+    /// is checked before anything is placed rather than after.
+    fn fpdu_now(&mut self, s: &QpShared, r: &mut RxStream<'_>, tx: &TxQueue) -> Option<Result<(), RxError>> {
+        let ahead = r.buffered();
+        if ahead.len() < 2 + wire::TAGGED_HDR {
+            return None;
+        }
+        let mpa_len = usize::from(u16::from_be_bytes([ahead[0], ahead[1]]));
+        let pad = wire::fpdu_pad(mpa_len);
+        let total = 2 + mpa_len + pad + 4;
+        if ahead.len() < total || mpa_len < 2 {
+            return None;
+        }
+        let fpdu = &ahead[..total];
+        let base = ddp_header_len(mpa_len, fpdu[2]).ok()?;
+        let (h, extra) = parse_header(&fpdu[2..2 + base], mpa_len).ok()?;
+        if h.op() == Opcode::Terminate {
+            return None;
+        }
+        let body = &fpdu[2 + base..2 + base + extra];
+        let payload = &fpdu[2 + base + extra..2 + mpa_len];
+        let payload_len = payload.len();
+        let (dest, commit) = match self.admit(s, &h, body, payload.len()) {
+            Ok(admitted) => admitted,
+            Err(e) => return Some(Err(e)),
+        };
+        if self.crc && wire::fpdu_crc(&[&fpdu[..2 + mpa_len + pad]])[..] != fpdu[2 + mpa_len + pad..] {
+            return Some(Err(RxError::Term(Term::MPA_CRC, "FPDU CRC mismatch")));
+        }
+        let placed = match &dest {
+            Dest::Nothing | Dest::Terminate => Ok(()),
+            Dest::Region(mr, off) => place_now(mr, *off, payload),
+            Dest::Scatter(parts) => {
+                let mut at = 0;
+                parts.iter().try_for_each(|(mr, off, n)| {
+                    at += n;
+                    place_now(mr, *off, &payload[at - n..at])
+                })
+            }
+        };
+        if let Err(e) = placed {
+            return Some(Err(e));
+        }
+        r.start += total;
+        match &dest {
+            Dest::Nothing | Dest::Terminate => {}
+            Dest::Region(..) => r.note_placement(payload_len),
+            Dest::Scatter(parts) => parts.iter().for_each(|(_, _, n)| r.note_placement(*n)),
+        }
+        Some(self.commit(s, commit, tx))
+    }
+
     /// Validate a segment and place its payload; what to do once its CRC checked out is returned.
     async fn segment(
         &mut self,
@@ -349,6 +416,30 @@ impl Rx {
         payload: usize,
         crc: &mut Crc,
     ) -> Result<Commit, RxError> {
+        let (dest, commit) = self.admit(s, h, body, payload)?;
+        match dest {
+            Dest::Nothing => {}
+            Dest::Region(mr, off) => place(r, &mr, off, payload, crc).await?,
+            Dest::Scatter(parts) => {
+                for (mr, off, n) in &parts {
+                    place(r, mr, *off, *n, crc).await?;
+                }
+            }
+            Dest::Terminate => {
+                let mut b = vec![0u8; payload];
+                r.read_exact(&mut b).await?;
+                crc.add(&b);
+                let t = TerminateMsg::parse(&b).map(|t| t.term).unwrap_or(Term::RDMAP_CATASTROPHIC);
+                return Ok(Commit::Terminated(t));
+            }
+        }
+        Ok(commit)
+    }
+
+    /// Check a segment of `payload` bytes against the stream's state and the memory it names,
+    /// and advance that state: where its payload goes, and what to do once it is placed and its
+    /// CRC checked out. Nothing is placed here.
+    fn admit(&mut self, s: &QpShared, h: &Header, body: &[u8], payload: usize) -> Result<(Dest, Commit), RxError> {
         match *h {
             Header::Tagged { op: Opcode::Write, last, stag, to } => {
                 if let Some((cur, next)) = self.tagged {
@@ -357,15 +448,14 @@ impl Rx {
                     }
                 } else if payload == 0 {
                     // A zero-length Write (e.g. the peer-to-peer ready-to-receive) touches nothing.
-                    return Ok(Commit::None);
+                    return Ok((Dest::Nothing, Commit::None));
                 }
                 let mr = s.lookup(stag).ok_or(RxError::Term(Term::DDP_TAGGED_INVALID_STAG, "RDMA Write to an unknown STag"))?;
                 let off = mr
                     .check(stag, s.pd, Access::REMOTE_WRITE, to, payload as u64)
                     .map_err(|d| RxError::Term(denied_tagged(d), "RDMA Write refused"))?;
-                place(r, &mr, off, payload, crc).await?;
                 self.tagged = if last { None } else { Some((stag, to + payload as u64)) };
-                Ok(Commit::None)
+                Ok((Dest::Region(mr, off), Commit::None))
             }
             Header::Tagged { op: Opcode::ReadResponse, last, stag, to } => {
                 let (sink, received, size) = {
@@ -382,14 +472,16 @@ impl Rx {
                 if last && u64::from(received) + payload as u64 != u64::from(size) {
                     return Err(RxError::Term(Term::DDP_TAGGED_BOUNDS, "Read Response shorter than requested"));
                 }
-                if payload > 0 {
+                let dest = if payload > 0 {
                     let part = Sge { addr: to, length: payload as u32, lkey: stag };
                     let (mr, off) = s
                         .local(&part, Access::LOCAL_WRITE)
                         .ok_or(RxError::Term(Term::DDP_TAGGED_INVALID_STAG, "Read sink no longer valid"))?;
-                    place(r, &mr, off, payload, crc).await?;
-                }
-                Ok(Commit::ReadProgress { bytes: payload as u32, last })
+                    Dest::Region(mr, off)
+                } else {
+                    Dest::Nothing
+                };
+                Ok((dest, Commit::ReadProgress { bytes: payload as u32, last }))
             }
             Header::Untagged { op, last, inv_stag, qn, msn, mo } if op.is_send() => {
                 if qn != QN_SEND {
@@ -413,7 +505,8 @@ impl Rx {
                 if u64::from(inb.received) + payload as u64 > inb.capacity {
                     return Err(RxError::Term(Term::DDP_UNTAGGED_NO_BUFFER, "Send larger than the posted receive"));
                 }
-                // Scatter into the receive's elements.
+                // Scattered over the receive's elements, from where the message has got to.
+                let mut parts: SmallVec<[_; 2]> = SmallVec::new();
                 let mut at = u64::from(inb.received);
                 let mut left = payload;
                 for sge in &inb.wr.sg_list {
@@ -429,12 +522,20 @@ impl Rx {
                     let part = Sge { addr: sge.addr + at, length: take as u32, lkey: sge.lkey };
                     let (mr, off) =
                         s.local(&part, Access::LOCAL_WRITE).ok_or(RxError::Term(Term::DDP_CATASTROPHIC, "receive buffer not usable"))?;
-                    place(r, &mr, off, take, crc).await?;
+                    parts.push((mr, off, take));
                     left -= take;
                     at = 0;
                 }
                 inb.received += payload as u32;
-                Ok(if last { Commit::SendDone { op, inv_stag } } else { Commit::None })
+                let dest = match parts.len() {
+                    0 => Dest::Nothing,
+                    1 => {
+                        let (mr, off, _) = parts.pop().expect("one part");
+                        Dest::Region(mr, off)
+                    }
+                    _ => Dest::Scatter(parts),
+                };
+                Ok((dest, if last { Commit::SendDone { op, inv_stag } } else { Commit::None }))
             }
             Header::Untagged { op: Opcode::ReadRequest, qn, msn, mo, .. } => {
                 if qn != QN_READ {
@@ -447,15 +548,9 @@ impl Rx {
                     return Err(RxError::Term(Term::MPA_FRAMING, "Read Request with a payload"));
                 }
                 let req = ReadRequest::parse(body).map_err(|_| RxError::Term(Term::MPA_FRAMING, "short Read Request"))?;
-                Ok(Commit::Read(req))
+                Ok((Dest::Nothing, Commit::Read(req)))
             }
-            Header::Untagged { op: Opcode::Terminate, .. } => {
-                let mut b = vec![0u8; payload];
-                r.read_exact(&mut b).await?;
-                crc.add(&b);
-                let t = TerminateMsg::parse(&b).map(|t| t.term).unwrap_or(Term::RDMAP_CATASTROPHIC);
-                Ok(Commit::Terminated(t))
-            }
+            Header::Untagged { op: Opcode::Terminate, .. } => Ok((Dest::Terminate, Commit::None)),
             _ => Err(RxError::Term(Term::RDMAP_BAD_OPCODE, "unexpected opcode")),
         }
     }
@@ -551,14 +646,7 @@ enum Commit {
 /// Read `len` payload bytes from the stream straight into `mr` at `off` (the region locked
 /// for each read, never across a wait).
 async fn place(r: &mut RxStream<'_>, mr: &SoftMr, off: usize, len: usize, crc: &mut Crc) -> Result<(), RxError> {
-    if len >= BULK_SEGMENT {
-        (r.spill, r.small_run) = (SPILL_BULK, 0);
-    } else {
-        r.small_run = r.small_run.saturating_add(1);
-        if r.small_run >= SMALL_RUN {
-            r.spill = SPILL;
-        }
-    }
+    r.note_placement(len);
     let mut done = 0;
     while done < len {
         let got = {
@@ -584,4 +672,57 @@ async fn place(r: &mut RxStream<'_>, mr: &SoftMr, off: usize, len: usize, crc: &
         }
     }
     Ok(())
+}
+
+/// Place `bytes` (read ahead) into `mr` at `off`.
+fn place_now(mr: &SoftMr, off: usize, bytes: &[u8]) -> Result<(), RxError> {
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    let mut mem = lock(&mr.mem);
+    let Some(dst) = mem.placing(off..off + bytes.len()) else {
+        return Err(RxError::Term(Term::DDP_CATASTROPHIC, "placement into read-only memory"));
+    };
+    dst.copy_from_slice(bytes);
+    mem.placed(off + bytes.len());
+    Ok(())
+}
+
+/// Where an admitted segment's payload goes (see `Rx::admit`): every check done, nothing
+/// placed yet.
+enum Dest {
+    /// Nowhere: no payload, or a Read Request's.
+    Nothing,
+    /// Into a region, from an offset (an RDMA Write, a Read Response).
+    Region(Arc<SoftMr>, usize),
+    /// A Send's, over its receive's elements in order: region, offset and bytes each.
+    Scatter(SmallVec<[(Arc<SoftMr>, usize, usize); 2]>),
+    /// A Terminate's, to be parsed.
+    Terminate,
+}
+
+/// The length of the DDP header that starts with `first` in an FPDU of `mpa_len` bytes.
+fn ddp_header_len(mpa_len: usize, first: u8) -> Result<usize, RxError> {
+    let base = if first & 0x80 != 0 { wire::TAGGED_HDR } else { UNTAGGED_HDR };
+    if mpa_len < base {
+        return Err(RxError::Term(Term::MPA_FRAMING, "FPDU shorter than its DDP header"));
+    }
+    Ok(base)
+}
+
+/// The DDP and RDMAP header in `hb` (all of the DDP header), and how many bytes of RDMAP header
+/// follow it (a Read Request's), checked against the FPDU's `mpa_len`.
+fn parse_header(hb: &[u8], mpa_len: usize) -> Result<(Header, usize), RxError> {
+    let h = Header::parse(hb).map_err(|e| match e {
+        wire::WireError::Violation(t, why) => RxError::Term(t, why),
+        _ => RxError::Term(Term::MPA_FRAMING, "bad DDP header"),
+    })?;
+    let extra = match h.op() {
+        Opcode::ReadRequest => READ_REQUEST_LEN,
+        _ => 0,
+    };
+    if mpa_len < hb.len() + extra {
+        return Err(RxError::Term(Term::MPA_FRAMING, "FPDU shorter than its RDMAP header"));
+    }
+    Ok((h, extra))
 }

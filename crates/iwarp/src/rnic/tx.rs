@@ -141,6 +141,20 @@ impl Gathered {
         })
     }
 
+    /// One FPDU of a connection without CRC, framed where it is gathered: the length field
+    /// and `header` (after it), the payload (copied or referred to, as [`Gathered::add`] does),
+    /// then pad and the CRC field (zero). The bytes [`Framing`] gives, without its copies.
+    fn fpdu(&mut self, header: &[u8], mem: Option<&SoftMr>, payload: Piece<'_>) {
+        let mpa_len = header.len() + payload.len();
+        self.buf.extend_from_slice(&(mpa_len as u16).to_be_bytes());
+        self.buf.extend_from_slice(header);
+        self.total += 2 + header.len();
+        self.add(mem, &[payload]);
+        let tail = wire::fpdu_pad(mpa_len) + 4;
+        self.buf.extend_from_slice(&[0u8; 7][..tail]);
+        self.total += tail;
+    }
+
     /// Add `pieces` (`Piece::Mem` ranges of `mem`).
     fn add(&mut self, mem: Option<&SoftMr>, pieces: &[Piece<'_>]) {
         let guard = mem.map(|m| m.locked());
@@ -692,6 +706,10 @@ impl Tx {
             (None, Some(b)) => (None, Piece::Shared(b)),
             (None, None) => (None, Piece::Bytes(&[])),
         };
+        if let (Out::Gather(g), false) = (&mut *w, self.crc) {
+            g.fpdu(&hb[..n], mem, payload);
+            return Some(TxOutcome::Done(payload.len() as u32));
+        }
         let f = Framing::new(self.crc, &hb[..n], mem, payload);
         let r = w.write_now(mem, &f.around(payload))?;
         Some(match r {
@@ -940,5 +958,39 @@ impl Tx {
                 self.stream_region(w, mr, off, req.size as usize, header, done, stop).await
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Framing in place while gathering (connections without CRC) gives the bytes `Framing`
+    /// gives: length, header, payload copied or referred to, pad and a zero CRC field.
+    #[test]
+    fn fpdus_framed_while_gathered_are_framed_as_alone() {
+        let header = Header::Untagged { op: Opcode::Send, last: true, inv_stag: 0, qn: QN_SEND, msn: 7, mo: 0 };
+        let mut hb = [0u8; UNTAGGED_HDR];
+        let n = header.emit(&mut hb);
+        let small = bytes::Bytes::from(vec![3u8; 45]);
+        let large = bytes::Bytes::from((0..REF_MIN + 3).map(|i| i as u8).collect::<Vec<u8>>());
+        let payloads = [Piece::Bytes(&[]), Piece::Bytes(&[1, 2, 3]), Piece::Shared(&small), Piece::Shared(&large)];
+        let mut g = Gathered::default();
+        let mut alone = Vec::new();
+        for p in payloads {
+            let f = Framing::new(false, &hb[..n], None, p);
+            for piece in f.around(p) {
+                alone.extend_from_slice(match piece {
+                    Piece::Bytes(b) => b,
+                    Piece::Shared(b) => b,
+                    Piece::Mem(..) => unreachable!("no region"),
+                });
+            }
+            g.fpdu(&hb[..n], None, p);
+        }
+        let gathered: Vec<u8> = g.pieces().iter().flat_map(|p| if let Piece::Bytes(b) = p { b.to_vec() } else { unreachable!() }).collect();
+        assert_eq!(gathered, alone);
+        assert_eq!(g.total, alone.len());
+        assert_eq!(g.refs.len(), 1, "the large payload referred to, not copied");
     }
 }
