@@ -463,10 +463,19 @@ mod tests {
         Header::Untagged { op, last, inv_stag, qn: QN_SEND, msn, mo }
     }
 
+    /// `n` bytes of a pattern of `seed`'s.
+    fn bytes(n: usize, seed: u8) -> Vec<u8> {
+        (0..n).map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed)).collect()
+    }
+
     /// Every kind of segment the engine takes, whole and in parts, over the three regions of
     /// `receive_memory` (`e`).
     fn stream(crc: bool, e: &[Sge]) -> Vec<u8> {
-        let bytes = |n: usize, seed: u8| (0..n).map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed)).collect::<Vec<u8>>();
+        fpdus(crc, e).concat()
+    }
+
+    /// [`stream`]'s FPDUs.
+    fn fpdus(crc: bool, e: &[Sge]) -> Vec<Vec<u8>> {
         let write = |stag: u32, to: u64, last: bool| Header::Tagged { op: Opcode::Write, last, stag, to };
         let req = ReadRequest { sink_stag: 0x1234, sink_to: 0, size: 64, src_stag: e[2].lkey, src_to: e[2].addr + 8 };
         [
@@ -482,7 +491,7 @@ mod tests {
             fpdu(crc, send(Opcode::Send, 4, 0, false, 0), &bytes(50, 8)),
             fpdu(crc, send(Opcode::Send, 4, 50, true, 0), &bytes(60, 9)),
         ]
-        .concat()
+        .to_vec()
     }
 
     /// The engine's path for FPDUs read ahead whole and its path for FPDUs arriving in parts
@@ -492,7 +501,9 @@ mod tests {
     #[test]
     fn fpdus_read_ahead_whole_and_in_parts_are_received_alike() {
         for crc in [false, true] {
+            let fast = rx::FAST_FPDUS.load(Ordering::Relaxed);
             let clean = receive_memory(crc, usize::MAX, &|e| stream(crc, e));
+            assert!(rx::FAST_FPDUS.load(Ordering::Relaxed) >= fast + 10, "the stream read ahead is taken without waiting");
             assert_eq!(clean.terminated, None, "crc {crc}");
             let recvs: Vec<_> = clean.completions.iter().map(|wc| (wc.wr_id, wc.status, wc.byte_len, wc.invalidated_rkey)).collect();
             assert_eq!(
@@ -504,7 +515,25 @@ mod tests {
                     (3, WcStatus::Success, 110, None)
                 ]
             );
-            assert_eq!(clean.read_requests.len(), 1, "crc {crc}");
+            let r = clean.read_requests[0];
+            assert_eq!((clean.read_requests.len(), r.src_stag, r.src_to, r.sink_to, r.size), (1, 2, 8, 0, 64), "crc {crc}");
+            // Every byte where the stream put it; the second region's unwritten bytes cleared.
+            let mut want = [vec![0u8; 256], vec![0u8; 512], vec![0u8; 1024]];
+            let sends = [bytes(40, 5), bytes(31, 6)].concat();
+            let two = [bytes(50, 8), bytes(60, 9)].concat();
+            for (region, at, b) in [
+                (0, 0, &bytes(100, 1)[..]),
+                (2, 10, &bytes(300, 2)),
+                (1, 100, &bytes(50, 3)),
+                (1, 150, &bytes(21, 4)),
+                (1, 0, &sends),
+                (2, 0, &bytes(9, 7)),
+                (0, 128, &two[..64]),
+                (1, 448, &two[64..]),
+            ] {
+                want[region][at..at + b.len()].copy_from_slice(b);
+            }
+            assert!(clean.memory == want, "memory, crc {crc}");
             for per_read in (1..=24).chain([63, 64, 65, 1000]) {
                 receive_both_ways(crc, per_read, true, &|e| stream(crc, e));
             }
@@ -519,10 +548,23 @@ mod tests {
             };
             let (a, b) = (stream(crc, &fake(1)), stream(crc, &fake(2)));
             let n = a.len();
+            // A stream that ends inside a Send: its receive is flushed with those still queued.
+            let cut = fpdus(crc, &fake(1))[..5].concat().len();
+            let ended = receive_memory(crc, usize::MAX, &|e| stream(crc, e)[..cut].to_vec());
+            let mut flushed: Vec<_> = ended.completions.iter().filter(|wc| wc.status == WcStatus::WrFlushErr).map(|wc| wc.wr_id).collect();
+            flushed.sort_unstable();
+            assert_eq!(flushed, [1, 2, 3], "crc {crc}");
             for cut in 0..n {
                 receive_both_ways(crc, 1 + cut % 7, true, &|e| stream(crc, e)[..cut].to_vec());
             }
-            for at in (0..n).filter(|&at| a[at] == b[at]) {
+            // A changed length field makes bytes further on a length: perhaps an address's.
+            let mut lengths = Vec::new();
+            let mut at = 0;
+            for f in fpdus(crc, &fake(1)) {
+                lengths.extend([at, at + 1]);
+                at += f.len();
+            }
+            for at in (0..n).filter(|&at| a[at] == b[at] && !lengths.contains(&at)) {
                 receive_both_ways(crc, 1 + at % 5, false, &|e| {
                     let mut s = stream(crc, e);
                     s[at] ^= 0x5a;

@@ -190,6 +190,10 @@ impl<'a> RxStream<'a> {
     }
 }
 
+/// FPDUs `Rx::fpdu_now` took (tests: that the path they compare runs at all).
+#[cfg(test)]
+pub(super) static FAST_FPDUS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// A Send being received across segments.
 struct InboundSend {
     wr: RecvWr,
@@ -243,6 +247,11 @@ pub(super) async fn receive(s: &Arc<QpShared>, mut r: RxStream<'_>, crc: bool, t
             }
             Err(RxError::Closed) => {
                 s.fail();
+                // A Send under way when the stream ended: its receive is flushed like those
+                // still queued, not left without a completion.
+                if let Some(inb) = rx.send.take() {
+                    s.recv_cq.push(wc(inb.wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0));
+                }
                 break;
             }
             Err(RxError::Term(t, why)) => {
@@ -397,7 +406,19 @@ impl Rx {
         if let Err(e) = placed {
             return Some(Err(e));
         }
+        // What the slow path reads is what it places: the payload, all of it.
+        debug_assert_eq!(
+            match &dest {
+                Dest::Nothing | Dest::Terminate => 0,
+                Dest::Region(..) => payload_len,
+                Dest::Scatter(parts) => parts.iter().map(|(_, _, n)| n).sum(),
+            },
+            payload_len,
+            "a payload placed in part"
+        );
         r.start += total;
+        #[cfg(test)]
+        FAST_FPDUS.fetch_add(1, Ordering::Relaxed);
         match &dest {
             Dest::Nothing | Dest::Terminate => {}
             Dest::Region(..) => r.note_placement(payload_len),

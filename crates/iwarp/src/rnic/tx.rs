@@ -974,19 +974,29 @@ mod tests {
         let n = header.emit(&mut hb);
         let small = bytes::Bytes::from(vec![3u8; 45]);
         let large = bytes::Bytes::from((0..REF_MIN + 3).map(|i| i as u8).collect::<Vec<u8>>());
-        let payloads = [Piece::Bytes(&[]), Piece::Bytes(&[1, 2, 3]), Piece::Shared(&small), Piece::Shared(&large)];
+        // A region's bytes, as a request's element names them.
+        let rnic = crate::SoftRnic::default();
+        let pd = riser_verbs::Provider::alloc_pd(&rnic).expect("pd");
+        let mr = riser_verbs::ProtectionDomain::register(&*pd, (0..100u8).collect(), Access::LOCAL_WRITE).expect("mr");
+        let payloads = [
+            (None, Piece::Bytes(&[])),
+            (None, Piece::Bytes(&[1, 2, 3])),
+            (None, Piece::Shared(&small)),
+            (None, Piece::Shared(&large)),
+            (Some(&*mr), Piece::Mem(10, 50)),
+        ];
         let mut g = Gathered::default();
         let mut alone = Vec::new();
-        for p in payloads {
-            let f = Framing::new(false, &hb[..n], None, p);
+        for (mem, p) in payloads {
+            let f = Framing::new(false, &hb[..n], mem, p);
             for piece in f.around(p) {
-                alone.extend_from_slice(match piece {
-                    Piece::Bytes(b) => b,
-                    Piece::Shared(b) => b,
-                    Piece::Mem(..) => unreachable!("no region"),
-                });
+                match piece {
+                    Piece::Bytes(b) => alone.extend_from_slice(b),
+                    Piece::Shared(b) => alone.extend_from_slice(b),
+                    Piece::Mem(off, len) => alone.extend_from_slice(&mem.expect("a region").locked()[off..off + len]),
+                }
             }
-            g.fpdu(&hb[..n], None, p);
+            g.fpdu(&hb[..n], mem, p);
         }
         let gathered: Vec<u8> = g.pieces().iter().flat_map(|p| if let Piece::Bytes(b) = p { b.to_vec() } else { unreachable!() }).collect();
         assert_eq!(gathered, alone);
