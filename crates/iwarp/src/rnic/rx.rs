@@ -373,7 +373,7 @@ impl Rx {
         let mpa_len = usize::from(u16::from_be_bytes([ahead[0], ahead[1]]));
         let pad = wire::fpdu_pad(mpa_len);
         let total = 2 + mpa_len + pad + 4;
-        if ahead.len() < total || mpa_len < 2 {
+        if ahead.len() < total {
             return None;
         }
         let fpdu = &ahead[..total];
@@ -385,7 +385,7 @@ impl Rx {
         let body = &fpdu[2 + base..2 + base + extra];
         let payload = &fpdu[2 + base + extra..2 + mpa_len];
         let payload_len = payload.len();
-        let (dest, commit) = match self.admit(s, &h, body, payload.len()) {
+        let (dest, commit) = match self.admit(s, &h, body, payload_len) {
             Ok(admitted) => admitted,
             Err(e) => return Some(Err(e)),
         };
