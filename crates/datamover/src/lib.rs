@@ -95,7 +95,7 @@ mod pool;
 
 pub use backlog::{BACKLOG_DEFAULT, BACKLOG_SLACK, Backlog};
 pub use duplicates::{DUPLICATE_TAGS_MAX, DuplicateCommands};
-pub use pool::{BufferPool, POOL_MAX_BYTES, into_bytes_mut};
+pub use pool::{BufferPool, POOL_MAX_BYTES, SHARED_POOL_MAX_BYTES, into_bytes_mut};
 /// Largest write buffer a datamover allocates for one command (EDTL above this is refused by
 /// the target core with CHECK CONDITION before any data is solicited).
 pub const MAX_TASK_BUFFER: u32 = 64 << 20;
