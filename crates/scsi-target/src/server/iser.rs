@@ -57,10 +57,7 @@ impl Target {
         // fixed part of a serving portal (a runtime's epoll and waker descriptors each), not
         // something a connection leaves behind (a thread of its own, beyond them, ends with its
         // connection).
-        // On a connection thread, a connection's large reads run on this portal's runtime (see
-        // `Session::bulk`): their copies proceed on another core while the connection's thread
-        // sends.
-        let bulk = self.iser_threads().map(|_| tokio::runtime::Handle::current());
+        self.iser_threads();
         // The provider's listener blocks: it runs on a thread of its own (not the blocking pool,
         // which a runtime waits for at shutdown) and hands requests over. When this future is
         // dropped the listener is closed: the thread's wait ends, and the address is free once
@@ -90,7 +87,7 @@ impl Target {
                 req.reject(&[]);
                 continue;
             };
-            let (p, me, bulk) = (provider.clone(), self.clone(), bulk.clone());
+            let (p, me) = (provider.clone(), self.clone());
             // Everything of the connection runs where this future does: the accept (on that
             // runtime's blocking pool) starts the software RNIC's engines on its runtime, and
             // the driver, the session and its commands are spawned on it.
@@ -98,7 +95,7 @@ impl Target {
                 match tokio::task::spawn_blocking(move || riser_iser::accept(&p, req, cfg)).await {
                     Ok(Ok((dm, peer))) => {
                         tokio::spawn(dm.driver());
-                        me.connection_on(Arc::new(dm), Transport::Iser, peer, portal, bulk).await;
+                        me.connection(Arc::new(dm), Transport::Iser, peer, portal).await;
                         drop(permit);
                     }
                     Ok(Err(e)) => warn!("iSER accept failed: {e}"),

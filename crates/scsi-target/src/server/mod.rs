@@ -309,19 +309,6 @@ impl Target {
     /// with portal groups of their own list theirs), and leaves the datamover's settings (the TCP
     /// datamover's segment timeout, [`TargetConfig::data_timeout`]) as they are.
     pub async fn connection(self: Arc<Self>, dm: SharedDatamover, transport: Transport, peer: SocketAddr, local: SocketAddr) {
-        self.connection_on(dm, transport, peer, local, None).await;
-    }
-
-    /// [`Target::connection`], its reads that get a task of their own spawned on `bulk`
-    /// (`None`: the caller's runtime; see `Session::start_command`).
-    pub(crate) async fn connection_on(
-        self: Arc<Self>,
-        dm: SharedDatamover,
-        transport: Transport,
-        peer: SocketAddr,
-        local: SocketAddr,
-        bulk: Option<tokio::runtime::Handle>,
-    ) {
         let _open = ConnectionCount::open(&self.counters, transport);
         let Some(outcome) = self.login(&dm, transport, peer, local).await else {
             dm.terminate();
@@ -359,7 +346,7 @@ impl Target {
             None
         };
         let at = session::Endpoint { peer, local, transport };
-        let session = Arc::new(Session::new(dm.clone(), outcome, port, at, &self.config, self.budget.clone(), bulk));
+        let session = Arc::new(Session::new(dm.clone(), outcome, port, at, &self.config, self.budget.clone()));
         let key = (p.initiator_name.to_ascii_lowercase(), session.isid(), p.target_name.to_ascii_lowercase());
         if normal {
             let old = lock(&self.sessions).insert(key.clone(), session.clone());
