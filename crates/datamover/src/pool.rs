@@ -103,10 +103,10 @@ enum Fit {
 
 impl BufferPool {
     /// A pooled buffer with room for `len` bytes, if there is one: the connection's own, else
-    /// (1 MiB or more) the shared tier's (see [`Free::take`]).
-    fn pooled(&self, len: usize, fit: Fit) -> Option<Vec<u8>> {
+    /// (1 MiB or more, and `shared`) the shared tier's (see [`Free::take`]).
+    fn pooled(&self, len: usize, fit: Fit, shared: bool) -> Option<Vec<u8>> {
         let own = self.free.lock().unwrap_or_else(|e| e.into_inner()).take(len, fit);
-        if own.is_some() || len < SHARED_MIN_BUFFER {
+        if own.is_some() || !shared || len < SHARED_MIN_BUFFER {
             return own;
         }
         SHARED.lock().unwrap_or_else(|e| e.into_inner()).take(len, fit)
@@ -114,7 +114,7 @@ impl BufferPool {
 
     /// A zeroed buffer of `len` bytes, from the pool when one is large enough.
     pub fn take_vec(&self, len: usize) -> Vec<u8> {
-        let Some(mut b) = self.pooled(len, Fit::Room) else { return vec![0; len] };
+        let Some(mut b) = self.pooled(len, Fit::Room, true) else { return vec![0; len] };
         b.clear();
         b.resize(len, 0);
         b
@@ -125,17 +125,19 @@ impl BufferPool {
     /// write task buffer whose data-in-order checks guarantee full coverage); spares a memset
     /// of the whole buffer per command.
     pub fn take_dirty_vec(&self, len: usize) -> Vec<u8> {
-        let Some(mut b) = self.pooled(len, Fit::PreferFilled) else { return vec![0; len] };
+        let Some(mut b) = self.pooled(len, Fit::PreferFilled, true) else { return vec![0; len] };
         b.truncate(len);
         b.resize(len, 0);
         b
     }
 
-    /// [`take_dirty_vec`](Self::take_dirty_vec) only from a pooled buffer holding `len` bytes
-    /// already (nothing allocated, nothing zeroed), else `None`. For memory a caller may take
-    /// ahead of its budget: what the pool holds is bounded and already allocated.
+    /// [`take_dirty_vec`](Self::take_dirty_vec) only from a buffer of the connection's own
+    /// pool holding `len` bytes already (nothing allocated, nothing zeroed), else `None`. For
+    /// memory a caller may take ahead of its budget: what the connection's pool holds is
+    /// bounded and already allocated (the shared tier is not looked in: a connection's commands
+    /// waiting for their budget could empty it).
     pub fn take_dirty_pooled(&self, len: usize) -> Option<Vec<u8>> {
-        let mut b = self.pooled(len, Fit::Filled)?;
+        let mut b = self.pooled(len, Fit::Filled, false)?;
         b.truncate(len);
         Some(b)
     }
@@ -144,7 +146,7 @@ impl BufferPool {
     /// enough: for a caller that appends what it fills it with (a READ's data, which every
     /// store writes after clearing the buffer). Nothing is zeroed, whatever the buffer held.
     pub fn take_room(&self, len: usize) -> Vec<u8> {
-        match self.pooled(len, Fit::Room) {
+        match self.pooled(len, Fit::Room, true) {
             Some(mut b) => {
                 b.clear();
                 b
@@ -199,6 +201,14 @@ pub fn into_bytes_mut(v: Vec<u8>) -> BytesMut {
 mod tests {
     use super::*;
 
+    /// Held by the tests that put buffers in the shared tier or look at it (the tests of this
+    /// binary run in parallel, and the tier is the process's).
+    static SHARED_TESTS: Mutex<()> = Mutex::new(());
+
+    fn shared_tests() -> std::sync::MutexGuard<'static, ()> {
+        SHARED_TESTS.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     #[test]
     fn room_is_empty_and_reused_without_zeroing() {
         let pool = BufferPool::default();
@@ -216,6 +226,7 @@ mod tests {
 
     #[test]
     fn reused_buffers_come_back_zeroed_and_sized() {
+        let _shared = shared_tests();
         let pool = BufferPool::default();
         let mut b = pool.take(4096);
         b.fill(0xaa);
@@ -274,6 +285,7 @@ mod tests {
     /// (32 buffers of 8 MiB used to stay: 256 MiB per connection, outside every budget).
     #[test]
     fn the_pool_keeps_at_most_its_byte_bound() {
+        let _shared = shared_tests();
         let pool = BufferPool::default();
         let kept = |p: &BufferPool| {
             let f = p.free.lock().unwrap();
@@ -300,6 +312,7 @@ mod tests {
     /// in at the target, every time); small takes never look there.
     #[test]
     fn large_buffers_are_shared_by_connections_within_a_bound() {
+        let _shared = shared_tests();
         // A size no other test here uses, so the shared tier's other buffers do not interfere.
         let len = POOL_MAX_BUFFER + 12_345;
         let (a, b) = (BufferPool::default(), BufferPool::default());
@@ -308,7 +321,10 @@ mod tests {
         let ptr = big.as_ptr();
         a.give_vec(big);
         assert!(a.free.lock().unwrap().buffers.is_empty(), "too large for the connection's pool");
-        let again = b.take_dirty_pooled(len).expect("kept for the process");
+        assert!(SHARED.lock().unwrap().buffers.iter().any(|b| b.as_ptr() == ptr), "kept for the process");
+        // Not for memory taken ahead of a budget: that comes from the connection's own pool.
+        assert_eq!(b.take_dirty_pooled(len), None);
+        let again = b.take_dirty_vec(len);
         assert_eq!(again.as_ptr(), ptr, "another connection reuses it");
         assert!(again.iter().all(|&x| x == 0x5a), "a dirty take spares the memset");
         b.give_vec(again);
@@ -316,20 +332,23 @@ mod tests {
         assert_eq!(zeroed.as_ptr(), ptr);
         assert!(zeroed.iter().all(|&x| x == 0), "a zeroed take from the shared tier is zeroed");
         a.give_vec(zeroed);
-        // A take below 1 MiB does not find it (nor lock the tier).
+        // A take below 1 MiB does not look there: whatever the tier holds stays.
+        let before: Vec<_> = SHARED.lock().unwrap().buffers.iter().map(|b| b.as_ptr()).collect();
         let small = b.take_room(SHARED_MIN_BUFFER - 1);
-        assert!(small.as_ptr() != ptr);
-        assert_eq!(b.take_dirty_pooled(SHARED_MIN_BUFFER - 1), None);
-        assert_eq!(b.take_dirty_pooled(len).map(|v| v.as_ptr()), Some(ptr));
+        let zeroed_small = b.take_vec(SHARED_MIN_BUFFER - 1);
+        let after: Vec<_> = SHARED.lock().unwrap().buffers.iter().map(|b| b.as_ptr()).collect();
+        assert_eq!(before, after, "the shared tier untouched by small takes");
+        drop((small, zeroed_small));
         // A connection's pool overflows into the shared tier only with buffers of 1 MiB or more.
         let full = BufferPool::default();
         for _ in 0..POOL_BUFFERS {
             full.give_vec(vec![0; 4096]);
         }
-        let small = vec![0u8; 8192];
-        let small_ptr = small.as_ptr();
-        full.give_vec(small);
-        assert!(full.free.lock().unwrap().buffers.iter().all(|b| b.as_ptr() != small_ptr));
+        full.give_vec(vec![0u8; 8192]);
+        full.give_vec(vec![0u8; SHARED_MIN_BUFFER - 1]);
+        assert!(SHARED.lock().unwrap().buffers.iter().all(|b| b.capacity() >= SHARED_MIN_BUFFER));
+        let last = b.take_vec(len);
+        assert_eq!(last.as_ptr(), ptr, "still there");
     }
 
     /// The shared tier's bounds, as `Free::keep` applies them.

@@ -230,19 +230,17 @@ pub struct TargetConfig {
     /// new connection goes to one that has none, else to a thread of its own that ends with it
     /// (at most [`TargetConfig::max_connections`] such at once; beyond, the kept thread with
     /// the fewest), and all of its tasks (the software RNIC's engines, the datamover's
-    /// driver, the session, its commands) stay there, but for the reads that get a task of
-    /// their own (beyond 64 KiB, or from a store not in memory): those run on the runtime
-    /// [`super::Target::serve_iser`] runs on, so a large read's copy proceeds on another core
-    /// while the connection's thread sends. `0` (the
-    /// default): connections run on the runtime `serve_iser` runs on.
+    /// driver, the session, its commands) stay there. `0` (the default): connections run on
+    /// the runtime [`super::Target::serve_iser`] runs on.
     ///
     /// Spread over a work-stealing runtime's workers, a connection's tasks hand every message
     /// across threads. On the development VM (2 cores, software RNIC, QD 8) two threads took
     /// four sessions' 256 KiB writes from 2,013 to 2,429 MiB/s (medians of 3 interleaved runs)
-    /// and iSER from 0.76–0.79× TCP's throughput to 0.88–0.92× there. With every task of a
-    /// connection on its thread, one session's large reads were bound to one core (1 MiB reads
-    /// 2,808 MiB/s; their commands on the portal's runtime: 3,273 MiB/s); large writes moved
-    /// there cost the target CPU and four sessions' 256 KiB writes 8 %, so they stay. Two
+    /// and iSER from 0.76–0.79× TCP's throughput to 0.88–0.92× there. Large reads moved to the
+    /// runtime `serve_iser` runs on (to copy on another core) cost four sessions' 256 KiB reads
+    /// about a fifth of their rate (3,865–4,495 against 4,670–5,242 MiB/s) and gained one
+    /// session nothing measurable; large writes moved there cost the target CPU and four
+    /// sessions' 256 KiB writes 8 %: nothing moves. Two
     /// connections sharing a thread queue each hand-off behind the other's tasks: a thread
     /// each for four sessions on two kept threads took their 4 KiB reads 1.10× as fast
     /// (eight sessions 1.16×, four sessions' 256 KiB reads 1.09×; 64 KiB writes unchanged;

@@ -848,7 +848,7 @@ impl Session {
         // (~1 700 instructions of memcpy per command).
         // On the session's runtime: an iSER connection's thread runs all of its commands (its
         // large reads on the portal's work-stealing runtime instead cost a cross-thread wake-up
-        // each way and, with as many connections as cores, a fifth of four sessions' 256 KiB
+        // each way and, with as many connections as cores, about a fifth of four sessions' 256 KiB
         // reads; with one session they gained nothing measurable).
         let handle = tokio::spawn(Box::pin(async move {
             me.command(run, &slot).await;
