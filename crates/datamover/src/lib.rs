@@ -167,12 +167,13 @@ pub struct DataInDesc {
     pub offset: u32,
     /// First DataSN to use.
     pub data_sn: u32,
-    /// When the range ends the command and the status is GOOD without sense, the TCP
-    /// datamover may collapse it into the last Data-In (S bit); iSER never does.
+    /// When the range ends the command and the status is GOOD without sense, a datamover
+    /// that [collapses status](Datamover::collapses_status) sends the status with the data:
+    /// TCP in the last Data-In (S bit), iSER as the SCSI Response Send behind the data.
     pub collapse_status: Option<CollapsedStatus>,
 }
 
-/// Status carried in the last Data-In (phase collapse).
+/// A status sent with a read's last data (phase collapse; see [`Datamover::collapses_status`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CollapsedStatus {
     /// SCSI status (GOOD or CONDITION MET).
@@ -196,7 +197,8 @@ pub struct CollapsedStatus {
 pub struct PutDataDone {
     /// Data-In PDUs sent (DataSN consumed); 0 on iSER.
     pub pdus: u32,
-    /// Whether the status went out collapsed in the last Data-In.
+    /// Whether the status went out with the data (TCP: in the last Data-In; iSER: its SCSI
+    /// Response, posted behind the data).
     pub status_sent: bool,
 }
 
@@ -587,8 +589,12 @@ pub trait Datamover: Send + Sync + core::fmt::Debug {
         None
     }
 
-    /// Whether Put_Data may carry the status in its last PDU (phase collapse: TCP yes, iSER
-    /// never). When it cannot, the target sends a separate SCSI Response.
+    /// Whether Put_Data may send the status of a read with its last data
+    /// ([`DataInDesc::collapse_status`]): TCP in its last Data-In (phase collapse, RFC 7143
+    /// §11.7.4); iSER, which never sends Data-In, as the SCSI Response Send posted right behind
+    /// the data's RDMA Writes (the same messages as a separate Send_Control, one call instead
+    /// of two; LIO's isert chains them in one post likewise). When it does not (the default),
+    /// the target sends a separate SCSI Response.
     fn collapses_status(&self) -> bool {
         false
     }

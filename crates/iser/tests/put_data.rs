@@ -175,3 +175,55 @@ async fn a_large_reads_buffer_comes_back_without_waiting_for_later_requests() {
     assert!(matches!(ev, DmEvent::Control(ControlPdu { header: Header::ScsiResponse(r), .. }) if r.itt == itt), "{ev:?}");
     assert!(initiator.take_read_data(itt).expect("the read's data")[..] == pattern(itt, len)[..]);
 }
+
+/// A read's status given with its data (`collapses_status`): no Data-In exists on iSER, so it
+/// leaves as the SCSI Response Send right behind the RDMA Write — the response the initiator
+/// gets carries the status, residual and sequence numbers given, ExpDataSN 0 (no Data-In
+/// PDUs), and arrives after the data; the command's keys end with it, so nothing more can be
+/// put for the task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_given_with_the_data_leaves_as_the_response_behind_it() {
+    let rnic = SoftRnic::default();
+    let (target, initiator) = pair(&rnic).await;
+    assert!(target.collapses_status());
+    for (itt, len, sent) in [(60u32, 4096usize, 4096usize), (61, 300_000, 300_000), (62, 8192, 6000)] {
+        read_command(&initiator, &target, itt, len).await;
+        let residual = (len - sent) as u32;
+        // CONDITION MET goes with data too (PRE-FETCH's), so the field is carried, not assumed.
+        let scsi = if itt == 62 { riser_scsi::sense::Status::CONDITION_MET } else { riser_scsi::sense::Status::GOOD };
+        let status = riser_datamover::CollapsedStatus {
+            status: scsi,
+            underflow: residual > 0,
+            overflow: false,
+            residual,
+            stat_sn: 700 + itt,
+            exp_cmd_sn: 800 + itt,
+            max_cmd_sn: 900 + itt,
+        };
+        let desc = DataInDesc { itt, lun: Default::default(), offset: 0, data_sn: 0, collapse_status: Some(status) };
+        let done = target.put_data(desc, Bytes::from(pattern(itt, sent))).await.unwrap();
+        assert!(done.status_sent, "the status left with the data");
+        assert_eq!(done.pdus, 0, "no Data-In PDUs");
+        let ev = tokio::time::timeout(Duration::from_secs(5), initiator.next_event()).await.unwrap();
+        let DmEvent::Control(ControlPdu { header: Header::ScsiResponse(r), data, .. }) = ev else { panic!("{ev:?}") };
+        let want = ScsiResponse {
+            underflow: residual > 0,
+            status: scsi,
+            itt,
+            stat_sn: 700 + itt,
+            exp_cmd_sn: 800 + itt,
+            max_cmd_sn: 900 + itt,
+            residual,
+            ..ScsiResponse::default()
+        };
+        assert_eq!(r, want);
+        assert!(data.is_empty(), "no sense");
+        let got = initiator.take_read_data(itt).expect("the read's data");
+        assert!(got[..sent] == pattern(itt, sent)[..], "itt {itt}: the data placed before its response");
+        // The task's keys ended with its response: a later Put_Data has nowhere to go.
+        let again = DataInDesc { itt, lun: Default::default(), offset: 0, data_sn: 0, collapse_status: None };
+        assert!(target.put_data(again, Bytes::from(vec![1u8; 512])).await.is_err(), "itt {itt}: put after the response");
+        initiator.deallocate_task_resources(itt);
+        target.deallocate_task_resources(itt);
+    }
+}

@@ -543,6 +543,16 @@ impl<P: Provider + 'static> IserDatamover<P> {
     }
 }
 
+impl<P: Provider + 'static> Shared<P> {
+    /// The key a command's SCSI Response invalidates, given what the command's iSER header
+    /// named (taken out of `remote`: the command's STags end with its response): with remote
+    /// invalidation negotiated, the one key the initiator gave (read, else write).
+    fn response_invalidates(&self, remote: Option<Remote>) -> Option<u32> {
+        let rm = remote.filter(|_| self.send_inv.load(Ordering::Acquire))?;
+        rm.read.or(rm.write).map(|b| b.stag).filter(|&k| k != 0)
+    }
+}
+
 impl<P: Provider + 'static> IserDatamover<P> {
     /// Send_Control: a Send, posted (nothing here waits: the send queue is sized for the window).
     fn post_control(&self, pdu: ControlPdu) -> Result<(), DmError> {
@@ -551,14 +561,8 @@ impl<P: Provider + 'static> IserDatamover<P> {
         match &pdu.header {
             Header::NopIn(_) | Header::AsyncMessage(_) if s.role == Role::Target => lock(&s.unexpected).sending(&pdu.header)?,
             Header::ScsiResponse(r) => {
-                // The command's STags end with it; with remote invalidation negotiated the
-                // response invalidates the one key the initiator gave (read, else write).
                 let remote = lock(&s.remote).remove(&r.itt);
-                if s.send_inv.load(Ordering::Acquire)
-                    && let Some(rm) = remote
-                {
-                    invalidate = rm.read.or(rm.write).map(|b| b.stag).filter(|&k| k != 0);
-                }
+                invalidate = s.response_invalidates(remote);
             }
             _ => {}
         }
@@ -740,6 +744,12 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
     /// immediate requests.
     fn max_outstanding_commands(&self) -> Option<u32> {
         (self.s.role == Role::Initiator).then(|| commands_for(self.s.cfg.recv_depth))
+    }
+
+    /// A read's GOOD status goes as the SCSI Response Send posted behind its data (see
+    /// `put_data_by_write`): no Data-In, the same messages as Send_Control would post.
+    fn collapses_status(&self) -> bool {
+        true
     }
 
     fn can_put_data(&self, itt: u32) -> bool {

@@ -4,11 +4,12 @@
 
 use super::driver::completion;
 use super::{IserDatamover, Keep, Shared, WriteTask, copy_out, lock, rdma};
+use crate::header::IserHeader;
 use bytes::{Bytes, BytesMut};
 use hashbrown::hash_map::Entry;
 use riser_datamover::{Attempt, ControlPdu, DataInDesc, DmError, DmEvent, PutDataDone, R2tPlan, SequenceError, TaskBuffer, Violation};
 use riser_iscsi::session::{DataOutTo, WriteIn};
-use riser_iscsi::wire::{DataOut, Header, ScsiCommand};
+use riser_iscsi::wire::{DataOut, Header, ScsiCommand, ScsiResponse};
 use riser_verbs::{Access, MemoryRegion, ProtectionDomain, Provider, QueuePair, SendOp, SgList, Sge};
 use std::sync::atomic::Ordering;
 
@@ -130,7 +131,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
         // Posted under the lock task management takes to end the task: once a task is aborted
         // (and its TMF response may be on its way) nothing more is posted for it, so the
         // initiator never sees a write to a key it has revoked.
-        let remote = lock(&s.remote);
+        let mut remote = lock(&s.remote);
         let Some(rb) = remote.get(&desc.itt).and_then(|r| r.read) else { return Err(Violation::NoReadStag { itt: desc.itt }.into()) };
         if !data.is_empty() {
             // RDMA Write to (read STag, read VA + offset); the SCSI Response Send follows on
@@ -151,8 +152,27 @@ impl<P: Provider + 'static> IserDatamover<P> {
                 }
             }
         }
-        // No Data-In PDUs (DataSN not consumed) and never a collapsed status.
-        Ok(PutDataDone { pdus: 0, status_sent: false })
+        // No Data-In PDUs (DataSN not consumed).
+        let Some(cs) = desc.collapse_status else { return Ok(PutDataDone { pdus: 0, status_sent: false }) };
+        // A status with the last data: iSER sends no Data-In (RFC 7145), so it leaves as the
+        // SCSI Response Send that Send_Control would post (ExpDataSN 0, the read STag
+        // invalidated where negotiated), right behind the data on the same queue pair and
+        // still under the lock — the same messages on the wire, one call of the core instead
+        // of two.
+        let response = ScsiResponse {
+            overflow: cs.overflow,
+            underflow: cs.underflow,
+            status: cs.status,
+            itt: desc.itt,
+            stat_sn: cs.stat_sn,
+            exp_cmd_sn: cs.exp_cmd_sn,
+            max_cmd_sn: cs.max_cmd_sn,
+            residual: cs.residual,
+            ..ScsiResponse::default()
+        };
+        let invalidate = s.response_invalidates(remote.remove(&desc.itt));
+        s.send_pdu_from(IserHeader::CONTROL, &Header::ScsiResponse(response), &[], &[], None, invalidate)?;
+        Ok(PutDataDone { pdus: 0, status_sent: true })
     }
 
     /// Room for `len` bytes of read data (see
