@@ -283,7 +283,7 @@ impl SoftQp {
         });
         if let Out::Gather(gathered) = out {
             out = Out::NoWait { sock: w, rest: Vec::new() };
-            let _ = out.write_now(None, &gathered.pieces());
+            let _ = out.write_gathered_now(&gathered);
             *gather = gathered.recycle().unwrap_or_default();
         }
         let Out::NoWait { rest, .. } = out else { unreachable!("written without waiting above") };

@@ -72,6 +72,33 @@ impl Piece<'_> {
     }
 }
 
+/// A writer that never waits: `bufs` (no empty one among them) written as far as the socket
+/// takes them at once, and whatever did not go out kept in `rest` — all of it once anything is
+/// kept (the stream's order).
+fn write_or_keep(sock: &TcpStream, rest: &mut Vec<u8>, bufs: &[IoSlice<'_>]) {
+    let mut sent = 0;
+    while rest.is_empty() && !bufs.is_empty() {
+        match sock.try_write_vectored(bufs) {
+            Ok(n) => {
+                sent = n;
+                break;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // Would block, or broken: everything is left to the transmitter.
+            Err(_) => break,
+        }
+    }
+    // Keep whatever did not go out.
+    for b in bufs {
+        if sent >= b.len() {
+            sent -= b.len();
+            continue;
+        }
+        rest.extend_from_slice(&b[sent..]);
+        sent = 0;
+    }
+}
+
 /// Where FPDUs go.
 pub(super) enum Out<'a> {
     /// The transmitter: all of it, waiting for room in the socket as long as it takes.
@@ -115,6 +142,27 @@ impl Gathered {
     /// Whether it should be written now: large enough, or as many slices as one write takes.
     fn full(&self) -> bool {
         self.total >= GATHER_MAX || 2 * self.refs.len() + 1 >= GATHER_SLICES
+    }
+
+    /// What to write, in order, as the slices of one vectored write (empty ones left out):
+    /// what [`pieces`](Self::pieces) holds, without a list of pieces in between (a writer that
+    /// does not wait for the socket takes these at once).
+    pub(super) fn io_slices(&self) -> SmallVec<[IoSlice<'_>; 32]> {
+        let mut out = SmallVec::with_capacity(2 * self.refs.len() + 1);
+        let mut at = 0;
+        for (off, b) in &self.refs {
+            if *off > at {
+                out.push(IoSlice::new(&self.buf[at..*off]));
+            }
+            if !b.is_empty() {
+                out.push(IoSlice::new(b));
+            }
+            at = *off;
+        }
+        if self.buf.len() > at {
+            out.push(IoSlice::new(&self.buf[at..]));
+        }
+        out
     }
 
     /// What to write, in order.
@@ -209,26 +257,20 @@ impl Out<'_> {
                     .filter(|b| !b.is_empty())
                     .map(IoSlice::new)
                     .collect();
-                let mut sent = 0;
-                while rest.is_empty() && !bufs.is_empty() {
-                    match sock.try_write_vectored(&bufs) {
-                        Ok(n) => {
-                            sent = n;
-                            break;
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        // Would block, or broken: everything is left to the transmitter.
-                        Err(_) => break,
-                    }
-                }
-                // Keep whatever did not go out.
-                for b in &bufs {
-                    let take = sent.min(b.len());
-                    sent -= take;
-                    rest.extend_from_slice(&b[take..]);
-                }
+                write_or_keep(sock, rest, &bufs);
                 Some(Ok(()))
             }
+        }
+    }
+
+    /// [`write_now`](Self::write_now) of what was gathered.
+    pub(super) fn write_gathered_now(&mut self, g: &Gathered) -> Option<io::Result<()>> {
+        match self {
+            Out::NoWait { sock, rest } => {
+                write_or_keep(sock, rest, &g.io_slices());
+                Some(Ok(()))
+            }
+            _ => self.write_now(None, &g.pieces()),
         }
     }
 
@@ -1002,5 +1044,34 @@ mod tests {
         assert_eq!(gathered, alone);
         assert_eq!(g.total, alone.len());
         assert_eq!(g.refs.len(), 1, "the large payload referred to, not copied");
+        // The slices a writer that never waits writes: the same bytes, none of them empty.
+        let slices = g.io_slices();
+        assert!(slices.iter().all(|s| !s.is_empty()));
+        assert_eq!(slices.iter().flat_map(|s| s.to_vec()).collect::<Vec<u8>>(), alone);
+    }
+
+    /// What the socket does not take at once is kept, from the first byte not written on, in
+    /// order — whatever the slices' boundaries (`write_or_keep`).
+    #[tokio::test]
+    async fn a_writer_that_never_waits_keeps_what_the_socket_refused_in_order() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("listen");
+        let (client, server) = tokio::join!(TcpStream::connect(listener.local_addr().expect("addr")), listener.accept());
+        let (client, (server, _)) = (client.expect("connect"), server.expect("accept"));
+        // More than the socket buffers hold, in uneven slices: the socket refuses some.
+        let chunks: Vec<Vec<u8>> = (0..200u32).map(|i| (0..(1000 + 997 * i as usize)).map(|j| (j as u32 ^ i) as u8).collect()).collect();
+        let all: Vec<u8> = chunks.concat();
+        let mut rest = Vec::new();
+        write_or_keep(&client, &mut rest, &chunks.iter().map(|c| IoSlice::new(c)).collect::<Vec<_>>());
+        assert!(!rest.is_empty(), "the socket took {} bytes: nothing was kept, the test shows nothing", all.len());
+        // Once something is kept, everything after it is too (nothing may overtake it).
+        write_or_keep(&client, &mut rest, &[IoSlice::new(b"after")]);
+        let written = all.len() + 5 - rest.len();
+        let mut got = vec![0u8; written];
+        let mut server = server.into_std().expect("std socket");
+        server.set_nonblocking(false).expect("blocking");
+        std::io::Read::read_exact(&mut server, &mut got).expect("read");
+        got.extend_from_slice(&rest);
+        assert_eq!(&got[..all.len()], &all[..]);
+        assert_eq!(&got[all.len()..], b"after");
     }
 }
