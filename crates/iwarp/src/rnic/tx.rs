@@ -1069,7 +1069,7 @@ mod tests {
         let mut got = vec![0u8; written];
         let mut server = server.into_std().expect("std socket");
         server.set_nonblocking(false).expect("blocking");
-        std::io::Read::read_exact(&mut server, &mut got).expect("read");
+        io::Read::read_exact(&mut server, &mut got).expect("read");
         got.extend_from_slice(&rest);
         assert_eq!(&got[..all.len()], &all[..]);
         assert_eq!(&got[all.len()..], b"after");
