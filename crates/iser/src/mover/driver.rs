@@ -2,7 +2,10 @@
 //! them unsignaled) and their completions awaited, the completion driver, and the receive path
 //! that handles each received Send in place.
 
-use super::{GATHER_BYTES_MAX, InitTask, IserConfig, IserDatamover, Keep, Mr, Recv, Remote, Shared, Waiter, lock, rdma, signal_interval};
+use super::{
+    GATHER_BYTES_MAX, InitTask, IserConfig, IserDatamover, Keep, Mr, Post, Recv, Remote, Shared, Unsignaled, Waiter, lock, rdma,
+    signal_interval,
+};
 use crate::header::{ISER_HDR_LEN, ISER_HEADERS_LEN, IserHeader, IserOpcode, RFC5046_HDR_LEN};
 use bytes::{Bytes, BytesMut};
 use riser_datamover::{ControlPdu, DmError, DmEvent, Terminated, Violation};
@@ -12,8 +15,8 @@ use riser_verbs::{
     Access, CompletionQueue, MemoryRegion, ProtectionDomain, Provider, QueuePair, RecvWr, SendOp, SendWr, SgList, Sge, Wc, WcOpcode,
     WcStatus,
 };
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tracing::warn;
@@ -446,17 +449,12 @@ impl<P: Provider + 'static> Shared<P> {
     pub(super) fn release_sends(&self) -> Result<(), DmError> {
         let mut u = lock(&self.unsignaled);
         u.gathered_bytes = 0;
-        let Some(mut list) = u.gathering.take() else { return Ok(()) };
+        let Some(list) = u.gathering.take() else { return Ok(()) };
         if list.is_empty() {
             u.give_back(list);
             return Ok(());
         }
-        let order = lock(&self.posting);
-        drop(u);
-        let posted = self.qp.post_send_list(&mut list);
-        drop(order);
-        lock(&self.unsignaled).give_back(list);
-        if let Err(e) = posted {
+        if let Err(e) = self.post_in_turn(u, Post::List(list)) {
             // Their bookkeeping cannot be told apart any more: the connection ends.
             let e = rdma("post gathered work requests")(e);
             self.fail(e);
@@ -527,21 +525,11 @@ impl<P: Provider + 'static> Shared<P> {
             _ => (Some(wr), Vec::new()),
         };
         let alone = one.is_some();
-        let order = lock(&self.posting);
-        drop(guard);
-        let mut list = list;
-        let posted = match one {
-            // Someone waits for it (Get_Data's RDMA Read): as a list, which a provider may
-            // transmit on the spot, rather than through its transmitter.
-            Some(wr) if awaited => self.qp.post_send_list(&mut vec![wr]),
-            Some(wr) => self.qp.post_send(wr),
-            None => self.qp.post_send_list(&mut list),
+        let post = match one {
+            Some(wr) => Post::One { wr, awaited },
+            None => Post::List(list),
         };
-        drop(order);
-        if !alone {
-            lock(&self.unsignaled).give_back(list);
-        }
-        let Err(e) = posted else { return Ok(()) };
+        let Err(e) = self.post_in_turn(guard, post) else { return Ok(()) };
         // A full send queue: the peer takes nothing of what is sent (the transmitter cannot
         // write), as a TCP peer that stops reading — its connection ends, as over TCP once
         // `send_timeout` passes, rather than every command after failing unanswered.
@@ -559,6 +547,55 @@ impl<P: Provider + 'static> Shared<P> {
         let e = rdma(if full { "post: the send queue is full (the peer takes nothing)" } else { "post gathered work requests" })(e);
         self.fail(e);
         Err(e)
+    }
+
+    /// Post `post` (taken under `u`, in id order) now, unless another thread is posting: then
+    /// it is left in `ready` for that thread, which posts it after its own (see `Unsignaled`).
+    /// A thread that posted goes on to post what others left meanwhile, in order, before it
+    /// stops. The error of this thread's own post, if it made it; a failure of a post it made
+    /// for another thread ends the connection (that request's bookkeeping is not its own).
+    fn post_in_turn(&self, mut u: MutexGuard<'_, Unsignaled<P>>, post: Post) -> Result<(), riser_verbs::Error> {
+        if u.posting {
+            u.ready.push_back(post);
+            return Ok(());
+        }
+        u.posting = true;
+        drop(u);
+        let (mine, memory) = self.post_as(post);
+        self.post_ready(memory);
+        mine
+    }
+
+    /// The posting thread, its own post made: post what others left in `ready` meanwhile, in
+    /// order, until none is left, then stop posting (`memory`: a posted list's, for the next).
+    fn post_ready(&self, mut memory: Option<Vec<SendWr>>) {
+        loop {
+            let mut u = lock(&self.unsignaled);
+            if let Some(list) = memory.take() {
+                u.give_back(list);
+            }
+            let Some(next) = u.ready.pop_front() else {
+                u.posting = false;
+                return;
+            };
+            drop(u);
+            let (posted, list) = self.post_as(next);
+            memory = list;
+            if let Err(e) = posted {
+                self.fail(rdma("post work requests of another poster")(e));
+            }
+        }
+    }
+
+    /// Post as `post` says: one request alone or as a list of one (someone waits for it —
+    /// Get_Data's RDMA Read — so a provider may transmit it on the spot rather than through
+    /// its transmitter), or a gathered list, whose memory (emptied) comes back for the next.
+    fn post_as(&self, post: Post) -> (Result<(), riser_verbs::Error>, Option<Vec<SendWr>>) {
+        match post {
+            Post::One { wr, awaited: true } => (self.qp.post_send_list(&mut vec![wr]), None),
+            Post::One { wr, awaited: false } => (self.qp.post_send(wr), None),
+            Post::List(mut list) => (self.qp.post_send_list(&mut list), Some(list)),
+        }
     }
 
     /// One PDU as one Send: [iSER header | BHS | AHS | data], the data segment ending with
@@ -1166,6 +1203,63 @@ mod tests {
             let DmEvent::Control(ControlPdu { header, immediate, .. }) = &ev else { panic!("{ev:?}") };
             assert_eq!((header.itt(), *immediate), (itt, data), "{ev:?}");
         }
+    }
+
+    /// While a thread posts, another's requests never wait for it: they are left, in the order
+    /// their ids were drawn, to the posting thread, which posts them after its own before it
+    /// stops (here the test plays the posting thread). Single requests and a gathered list
+    /// alike; every PDU arrives, in that order.
+    #[tokio::test(flavor = "current_thread")]
+    async fn requests_taken_while_another_thread_posts_are_left_to_it_in_order() {
+        use riser_datamover::{Attempt, Datamover};
+        let (target, initiator) = connected(IserConfig::default()).await;
+        let ping = |itt: u32| {
+            ControlPdu::new(Header::NopOut(NopOut { immediate: true, itt, ttt: RESERVED_TAG, ..NopOut::default() }), Bytes::new())
+        };
+        let read = |itt: u32| ScsiCommand { final_: true, read: true, itt, expected_data_len: 512, cmd_sn: itt, ..ScsiCommand::default() };
+        // Another thread is posting (and never finishes while the test looks).
+        lock(&initiator.s.unsignaled).posting = true;
+        std::thread::scope(|t| {
+            t.spawn(|| {
+                for itt in 1..=3 {
+                    assert!(matches!(initiator.try_send_control(ping(itt)), Attempt::Done(Ok(()))), "returns at once");
+                }
+                // Two commands gathered, then released as one list.
+                for itt in 4..=5 {
+                    assert!(matches!(initiator.try_send_command(read(itt), Bytes::new(), 512, None), Attempt::Done(Ok(()))));
+                }
+                initiator.s.release_sends().expect("left to the posting thread");
+                assert!(matches!(initiator.try_send_control(ping(6)), Attempt::Done(Ok(()))));
+            });
+        });
+        let left: Vec<usize> = lock(&initiator.s.unsignaled)
+            .ready
+            .iter()
+            .map(|p| match p {
+                Post::One { .. } => 1,
+                Post::List(l) => l.len(),
+            })
+            .collect();
+        assert_eq!(left, [1, 1, 1, 2, 1], "left in order, as they were to be posted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(target.try_next_event().is_none(), "nothing posted yet");
+        // The posting thread, its own post done, posts what was left and stops.
+        initiator.s.post_ready(None);
+        let idle = {
+            let u = lock(&initiator.s.unsignaled);
+            !u.posting && u.ready.is_empty()
+        };
+        assert!(idle, "posting stopped, nothing left");
+        for itt in 1..=6 {
+            let ev = tokio::time::timeout(Duration::from_secs(5), target.next_event()).await.expect("a PDU");
+            let DmEvent::Control(ControlPdu { header, .. }) = &ev else { panic!("{ev:?}") };
+            assert_eq!(header.itt(), itt, "{ev:?}");
+        }
+        // Nobody posting now: a request is posted by its own thread at once.
+        assert!(matches!(initiator.try_send_control(ping(7)), Attempt::Done(Ok(()))));
+        assert!(lock(&initiator.s.unsignaled).ready.is_empty());
+        let ev = tokio::time::timeout(Duration::from_secs(5), target.next_event()).await.expect("a PDU");
+        assert!(matches!(&ev, DmEvent::Control(ControlPdu { header, .. }) if header.itt() == 7), "{ev:?}");
     }
 
     /// An initiator keeps the regions of its small reads, one per length: the next read of
