@@ -1262,6 +1262,28 @@ mod tests {
         assert!(matches!(&ev, DmEvent::Control(ControlPdu { header, .. }) if header.itt() == 7), "{ev:?}");
     }
 
+    /// A connection ended while another thread posts waits for that thread to post what was
+    /// left to it: a command sent before the end (unsignaled: nothing in `waiting` holds the
+    /// end back for it) arrives before the end.
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_end_waits_for_what_was_left_to_a_thread_still_posting() {
+        use riser_datamover::{Attempt, Datamover};
+        let (target, initiator) = connected(IserConfig::default()).await;
+        let read = ScsiCommand { final_: true, read: true, itt: 1, expected_data_len: 512, cmd_sn: 1, ..ScsiCommand::default() };
+        lock(&initiator.s.unsignaled).posting = true;
+        assert!(matches!(initiator.try_send_command(read, Bytes::new(), 512, None), Attempt::Done(Ok(()))));
+        initiator.s.release_sends().expect("left to the posting thread");
+        assert!(lock(&initiator.s.waiting).is_empty(), "nothing signaled to wait for");
+        initiator.terminate();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(initiator.s.qp.is_connected(), "the end waits for the posting thread");
+        initiator.s.post_ready(None);
+        let ev = tokio::time::timeout(Duration::from_secs(5), target.next_event()).await.expect("the command");
+        assert!(matches!(&ev, DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), .. }) if c.itt == 1), "{ev:?}");
+        let ev = tokio::time::timeout(Duration::from_secs(5), target.next_event()).await.expect("the end");
+        assert!(matches!(ev, DmEvent::Terminated(_)), "{ev:?}");
+    }
+
     /// An initiator keeps the regions of its small reads, one per length: the next read of
     /// that length takes one with a fresh buffer and a new key (the same STag index, never an
     /// earlier STag), each serves 16 reads at most before it is let go, and a read the target

@@ -689,13 +689,15 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
         self.s.writes_in_flight.room.close();
         self.s.drop_read_regions();
         // Sends return once queued: let the signaled ones (a Logout Response, a Reject, a
-        // failed Login Response) and with them all posted before leave, then disconnect.
+        // failed Login Response) and with them all posted before leave, then disconnect. What
+        // was left to a thread still posting (see `Unsignaled`) is posted first: that thread
+        // never waits, so it is soon done.
         let s = self.s.clone();
         match tokio::runtime::Handle::try_current() {
             Ok(h) => {
                 h.spawn(async move {
                     for _ in 0..200 {
-                        if lock(&s.waiting).is_empty() || !s.qp.is_connected() {
+                        if (lock(&s.waiting).is_empty() && !lock(&s.unsignaled).posting) || !s.qp.is_connected() {
                             break;
                         }
                         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -703,7 +705,15 @@ impl<P: Provider + 'static> Datamover for IserDatamover<P> {
                     s.qp.disconnect();
                 });
             }
-            Err(_) => s.qp.disconnect(),
+            Err(_) => {
+                for _ in 0..10_000 {
+                    if !lock(&s.unsignaled).posting {
+                        break;
+                    }
+                    std::thread::yield_now();
+                }
+                s.qp.disconnect();
+            }
         }
     }
 
