@@ -189,7 +189,8 @@ async fn a_status_given_with_the_data_leaves_as_the_response_behind_it() {
     for (itt, len, sent) in [(60u32, 4096usize, 4096usize), (61, 300_000, 300_000), (62, 8192, 6000)] {
         read_command(&initiator, &target, itt, len).await;
         let residual = (len - sent) as u32;
-        // CONDITION MET goes with data too (PRE-FETCH's), so the field is carried, not assumed.
+        // A collapsed status may be other than GOOD (RFC 7143 §11.7.4 allows CONDITION MET):
+        // the field is carried, not assumed.
         let scsi = if itt == 62 { riser_scsi::sense::Status::CONDITION_MET } else { riser_scsi::sense::Status::GOOD };
         let status = riser_datamover::CollapsedStatus {
             status: scsi,

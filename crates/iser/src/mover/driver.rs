@@ -561,8 +561,10 @@ impl<P: Provider + 'static> Shared<P> {
         }
         u.posting = true;
         drop(u);
+        let turn = PostingTurn(self);
         let (mine, memory) = self.post_as(post);
         self.post_ready(memory);
+        std::mem::forget(turn);
         mine
     }
 
@@ -662,6 +664,23 @@ impl<P: Provider + 'static> Shared<P> {
             keep.also = Some(region);
         }
         self.post_unawaited(op, sg, Some(keep), !routine)
+    }
+}
+
+/// A thread's turn at posting, should a post panic: the turn ends and the connection with it
+/// (what others left in `ready` cannot be posted in order any more), rather than every later
+/// request waiting in `ready` for a poster that is gone. Forgotten when the turn ends normally.
+struct PostingTurn<'a, P: Provider + 'static>(&'a Shared<P>);
+
+impl<P: Provider + 'static> Drop for PostingTurn<'_, P> {
+    fn drop(&mut self) {
+        let left = {
+            let mut u = lock(&self.0.unsignaled);
+            u.posting = false;
+            std::mem::take(&mut u.ready)
+        };
+        drop(left);
+        self.0.fail(DmError::Resources { what: "post work requests (a post panicked)" });
     }
 }
 
@@ -1282,6 +1301,47 @@ mod tests {
         assert!(matches!(&ev, DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), .. }) if c.itt == 1), "{ev:?}");
         let ev = tokio::time::timeout(Duration::from_secs(5), target.next_event()).await.expect("the end");
         assert!(matches!(ev, DmEvent::Terminated(_)), "{ev:?}");
+    }
+
+    /// Read data waiting for room always gets it: the room that unsignaled writes with no
+    /// signaled request behind them may hold (whose completion may never come) is kept out of
+    /// what one write takes, their rounding to whole units included. Seven reads of 146 KiB and
+    /// their responses (14 requests, just under 1 MiB, none signaled) held 259 units of 4 KiB,
+    /// and a 1 MiB read then asked for 256 of the 253 left: it waited for a completion that
+    /// could not come, and its connection was given up.
+    #[tokio::test(flavor = "current_thread")]
+    async fn read_data_waiting_for_room_gets_it_whatever_unsignaled_writes_round_up_to() {
+        use riser_datamover::{DataInDesc, Datamover};
+        use riser_iscsi::wire::ScsiResponse;
+        let (target, initiator) = connected(IserConfig::default().read_data_in_flight(2 << 20)).await;
+        let read = |itt: u32, len: usize| ScsiCommand {
+            final_: true,
+            read: true,
+            itt,
+            expected_data_len: len as u32,
+            cmd_sn: itt,
+            ..ScsiCommand::default()
+        };
+        let command = async |itt: u32, len: usize| {
+            initiator.send_command(read(itt, len), Bytes::new(), len as u32, None).await.unwrap();
+            let ev = tokio::time::timeout(Duration::from_secs(5), target.next_event()).await.expect("the command");
+            assert!(matches!(&ev, DmEvent::Control(ControlPdu { header: Header::ScsiCommand(c), .. }) if c.itt == itt), "{ev:?}");
+        };
+        let small = 149_504;
+        for itt in 1..=7 {
+            command(itt, small).await;
+            let desc = DataInDesc { itt, lun: Default::default(), offset: 0, data_sn: 0, collapse_status: None };
+            target.put_data(desc, Bytes::from(vec![itt as u8; small])).await.unwrap();
+            let r = ScsiResponse { itt, stat_sn: itt, ..ScsiResponse::default() };
+            target.send_control(ControlPdu::new(Header::ScsiResponse(r), Bytes::new())).await.unwrap();
+        }
+        assert!(lock(&target.s.waiting).is_empty(), "nothing signaled: no completion comes for what they hold");
+        assert_eq!(target.s.writes_in_flight.held(), 7 * 37 * super::super::WRITE_UNIT, "more than 1 MiB held, in whole units");
+        let big = 1 << 20;
+        command(8, big).await;
+        let desc = DataInDesc { itt: 8, lun: Default::default(), offset: 0, data_sn: 0, collapse_status: None };
+        let put = tokio::time::timeout(Duration::from_secs(3), target.put_data(desc, Bytes::from(vec![8u8; big]))).await;
+        assert!(matches!(put, Ok(Ok(_))), "the 1 MiB read got no room: {put:?}");
     }
 
     /// An initiator keeps the regions of its small reads, one per length: the next read of

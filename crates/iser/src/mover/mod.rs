@@ -79,11 +79,12 @@ pub struct IserConfig {
     /// until a later one completes: it is lowered to a quarter of the send queue if larger.
     pub signal_every: u32,
     /// Target: read data posted in RDMA Writes that have not completed, at most (default
-    /// [`DEFAULT_READ_DATA_IN_FLIGHT`], 64 MiB; at least 2 MiB). Beyond it, Put_Data waits, in
-    /// turn, for earlier writes to complete (riser's target gives up on the connection after
-    /// its `send_timeout`): an initiator that reads nothing while it keeps sending READs cannot
-    /// make the target hold more. A write within 1 MiB of this or larger goes once at most
-    /// 1 MiB is held (what unsignaled requests may hold with no signaled one behind them).
+    /// [`DEFAULT_READ_DATA_IN_FLIGHT`], 64 MiB; at least twice what unsignaled requests may
+    /// hold with no signaled one behind them: 1 MiB and 4 KiB per request of `signal_every`,
+    /// 2.125 MiB at the default). Beyond it, Put_Data waits, in turn, for earlier writes to
+    /// complete (riser's target gives up on the connection after its `send_timeout`): an
+    /// initiator that reads nothing while it keeps sending READs cannot make the target hold
+    /// more. A write within that much of this, or larger, goes once at most that much is held.
     pub read_data_in_flight: u64,
 }
 
@@ -349,26 +350,39 @@ impl<P: Provider> Keep<P> {
 /// writes go in order, so small ones do not starve a large one.
 struct WritesInFlight {
     room: Arc<tokio::sync::Semaphore>,
+    /// All the room, in units (tests).
+    #[cfg(test)]
     units: u32,
+    /// The most a write takes: all the room but what unsignaled writes with no signaled request
+    /// behind them may hold (their completion may never come).
+    most: u32,
 }
 
 /// The unit [`WritesInFlight`] counts in.
 const WRITE_UNIT: u64 = 4096;
 
 impl WritesInFlight {
-    /// Room for `cap` bytes, at least twice [`SIGNAL_BYTES`].
-    fn new(cap: u64) -> Self {
-        let cap = cap.max(2 * SIGNAL_BYTES);
+    /// Room for `cap` bytes, at least twice what unsignaled writes with no signaled request
+    /// behind them may hold: under [`SIGNAL_BYTES`] of payload in fewer than `interval`
+    /// requests (see `signal_interval`), each rounded up to a whole [`WRITE_UNIT`].
+    fn new(cap: u64, interval: u32) -> Self {
+        let trailing = (SIGNAL_BYTES / WRITE_UNIT) as u32 + interval;
         let units = (cap / WRITE_UNIT).min(tokio::sync::Semaphore::MAX_PERMITS as u64).min(u64::from(u32::MAX)) as u32;
-        Self { room: Arc::new(tokio::sync::Semaphore::new(units as usize)), units }
+        let units = units.max(2 * trailing);
+        Self {
+            room: Arc::new(tokio::sync::Semaphore::new(units as usize)),
+            #[cfg(test)]
+            units,
+            most: units - trailing,
+        }
     }
 
     /// The permits a write of `len` bytes takes: its size, but never more than the room left
-    /// when [`SIGNAL_BYTES`] are held by unsignaled requests with no signaled one behind them
-    /// (whose completion may never come): a write larger than that goes alone.
+    /// while unsignaled requests with no signaled one behind them hold all they may (whose
+    /// completion may never come): a write larger than that goes alone. So a write waiting for
+    /// room always gets it from completions that come.
     fn units_for(&self, len: u64) -> u32 {
-        let most = self.units - (SIGNAL_BYTES / WRITE_UNIT) as u32;
-        len.div_ceil(WRITE_UNIT).min(u64::from(most)) as u32
+        len.div_ceil(WRITE_UNIT).min(u64::from(self.most)) as u32
     }
 
     /// Room for a write of `len` bytes now, if there is (none needed for no data).
@@ -508,7 +522,7 @@ impl<P: Provider + 'static> IserDatamover<P> {
             pool: riser_datamover::BufferPool::default(),
             recv_spares: Arc::default(),
             writes_changed: Notify::new(),
-            writes_in_flight: WritesInFlight::new(cfg.read_data_in_flight),
+            writes_in_flight: WritesInFlight::new(cfg.read_data_in_flight, signal_interval(&cfg)),
             tasks: Mutex::new(HashMap::new()),
             limits: Mutex::new(TransferLimits::default()),
             unexpected: Mutex::new(Unexpected::default()),

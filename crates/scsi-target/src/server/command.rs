@@ -342,8 +342,10 @@ impl Session {
             let send = produced.min(edtl);
             residual = Residual::between(edtl, produced);
             if send > 0 && c.read && o.status == Status::GOOD && o.sense.is_none() && self.dm.collapses_status() {
-                // Phase collapse (RFC 7143 §11.7.4): GOOD status rides in the last Data-In, which
-                // then takes the next StatSN; everything stamped before it leaves first.
+                // GOOD status goes with the data (`collapses_status`): over TCP in the last
+                // Data-In (phase collapse, RFC 7143 §11.7.4), over iSER as the SCSI Response
+                // posted behind the RDMA Write; it takes the next StatSN, and everything
+                // stamped before it leaves first.
                 let sent = {
                     let collapsed = std::pin::pin!(async {
                         let _order = self.tx.lock().await;
