@@ -163,7 +163,8 @@ pub fn set_operational(cfg: &mut riser_iscsi::keys::OperationalConfig, kv: &str)
 /// from two per posted receive plus 16 (272 by default) to 65536) and `recv_dsl` (the data
 /// segment this side receives, 8 KiB to 1 MiB: every posted receive is this large) and
 /// `read_data_in_flight` (a target's read data in RDMA Writes not yet completed, a size from
-/// 2 MiB to 64 GiB: beyond it a read waits for room).
+/// 2 MiB to 64 GiB: beyond it a read waits for room; the datamover raises it to twice what
+/// unsignaled writes may hold, 2.125 MiB at the default `signal_every`).
 pub fn set_iser(cfg: &mut riser_iser::IserConfig, kv: &str) -> Result<(), String> {
     let (key, value) = kv.split_once('=').ok_or_else(|| format!("--iser-param {kv:?}: expected KEY=VALUE"))?;
     let (key, value) = (key.trim(), value.trim());

@@ -1339,9 +1339,17 @@ mod tests {
         assert_eq!(target.s.writes_in_flight.held(), 7 * 37 * super::super::WRITE_UNIT, "more than 1 MiB held, in whole units");
         let big = 1 << 20;
         command(8, big).await;
+        command(9, big).await;
+        assert_eq!(target.s.writes_in_flight.held(), 7 * 37 * super::super::WRITE_UNIT, "nothing completed meanwhile");
         let desc = DataInDesc { itt: 8, lun: Default::default(), offset: 0, data_sn: 0, collapse_status: None };
         let put = tokio::time::timeout(Duration::from_secs(3), target.put_data(desc, Bytes::from(vec![8u8; big]))).await;
         assert!(matches!(put, Ok(Ok(_))), "the 1 MiB read got no room: {put:?}");
+        // The next 1 MiB read finds too little room left and waits: the completions that come
+        // (the 1 MiB write is signaled, its megabyte) give it back.
+        assert!(target.s.writes_in_flight.try_take(big as u64).is_err(), "no room for it yet: the test would show nothing");
+        let desc = DataInDesc { itt: 9, lun: Default::default(), offset: 0, data_sn: 0, collapse_status: None };
+        let put = tokio::time::timeout(Duration::from_secs(3), target.put_data(desc, Bytes::from(vec![9u8; big]))).await;
+        assert!(matches!(put, Ok(Ok(_))), "the second 1 MiB read waited for room that never came: {put:?}");
     }
 
     /// An initiator keeps the regions of its small reads, one per length: the next read of
