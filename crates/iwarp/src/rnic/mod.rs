@@ -494,6 +494,195 @@ mod tests {
         .to_vec()
     }
 
+    /// What [`bulk_receive`] ends with: completions (work request, status, bytes), the
+    /// Terminate sent if any, the receives' data parts and the Read's sink as a local reader
+    /// sees them.
+    type Bulk = (Vec<(u64, WcStatus, u32)>, Option<Term>, Vec<u8>, Vec<u8>);
+
+    /// The data part of each bulk receive in [`bulk_receive`].
+    const BULK_PART: usize = 320 << 10;
+
+    /// A connected queue pair's receive engine, read `per_read` bytes at most at a time, over
+    /// the FPDUs `stream` makes (given the elements: a receive's header part of 76 bytes, the
+    /// data parts of two receives, 320 KiB each, in one region, a small receive of 1 KiB, a
+    /// Read's 300 KiB sink, as address, length and STag). Posted in this order: receive 1 (the
+    /// header part, the first data part), receive 2 (1 KiB), receive 3 (the header part, the
+    /// second data part); Read 9 into the sink outstanding. The sink is registered as a pooled
+    /// read buffer (bytes nothing placed read as zero); the data parts hold 0xaa first.
+    fn bulk_receive(crc: bool, per_read: usize, stream: &dyn Fn(&[Sge]) -> Vec<u8>) -> Bulk {
+        let rnic = SoftRnic::default();
+        let pd = rnic.alloc_pd().expect("pd");
+        let cq = rnic.create_cq(64).expect("cq");
+        let qp = SoftQp::new(&rnic.shared, &pd, &cq, &cq, QpCaps::default()).expect("qp");
+        let head = pd.register(vec![0u8; 76], Access::LOCAL_WRITE).expect("mr");
+        let data = pd.register(vec![0xaa; 2 * BULK_PART], Access::LOCAL_WRITE).expect("mr");
+        let small = pd.register(vec![0u8; 1024], Access::LOCAL_WRITE).expect("mr");
+        let sink = pd.register_for_peer_writes(vec![0xbb; 300 << 10], Access::LOCAL_WRITE | Access::READ_SINK).expect("mr");
+        let whole = |mr: &Arc<SoftMr>| Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
+        let part = |i: u64| Sge { addr: data.addr() + i * BULK_PART as u64, length: BULK_PART as u32, lkey: data.lkey() };
+        let e = [whole(&head), part(0), part(1), whole(&small), whole(&sink)];
+        for (wr_id, sg) in [(1, [e[0], e[1]].as_slice()), (2, &e[3..4]), (3, &[e[0], e[2]])] {
+            qp.post_recv(RecvWr { wr_id, sg_list: SgList::from_slice(sg) }).expect("recv");
+        }
+        lock(&qp.s.orq).push_back(qp::PendingRead {
+            wr_id: 9,
+            signaled: true,
+            sink: e[4],
+            size: e[4].length,
+            received: 0,
+            internal: false,
+        });
+        *lock(&qp.s.state) = QpState::Connected;
+        let (items_tx, _items) = tokio::sync::mpsc::unbounded_channel();
+        let txq = TxQueue { items: items_tx, queued: qp.s.queued.clone() };
+        *lock(&qp.s.tx) = Some(txq.clone());
+        let bytes = stream(&e);
+        let _ = now(receive(&qp.s, RxStream::memory(&bytes, per_read), crc, &txq));
+        qp.s.close();
+        let completions =
+            riser_verbs::CompletionQueue::poll(&*cq, usize::MAX).into_iter().map(|wc| (wc.wr_id, wc.status, wc.byte_len)).collect();
+        let read = |mr: &Arc<SoftMr>| {
+            let mut m = Vec::new();
+            mr.read(&mut |b| m.extend_from_slice(b));
+            m
+        };
+        (completions, *lock(&qp.s.terminate_sent), read(&data), read(&sink))
+    }
+
+    /// A message's FPDUs, cut into segments of the sizes `cuts` gives in turn (the last size
+    /// repeated), each with the header `msg(offset, last)`.
+    fn cut(crc: bool, payload: &[u8], cuts: &[usize], msg: &dyn Fn(usize, bool) -> Header) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        let mut i = 0;
+        while at < payload.len() || out.is_empty() {
+            let n = cuts[i.min(cuts.len() - 1)].min(payload.len() - at);
+            out.push(fpdu(crc, msg(at, at + n == payload.len()), &payload[at..at + n]));
+            at += n;
+            i += 1;
+        }
+        out
+    }
+
+    /// A bulk message's next segments are read ahead into where they would go, and taken as
+    /// placed once their headers say they go there: the same completions and bytes as when
+    /// each is read on its own, whatever the sender's cuts, the bytes per read and what comes
+    /// between or after them (segments cut shorter or longer, a Send between a Read's
+    /// segments, a Send right after, a bulk Send longer or shorter than the one before). A
+    /// corrupted CRC in a segment read ahead still ends the stream.
+    #[test]
+    fn bulk_segments_read_ahead_into_place_are_received_as_read_one_by_one() {
+        let first = bytes(76 + (250 << 10), 11);
+        let read_data = bytes(300 << 10, 12);
+        let small = bytes(300, 13);
+        let (longer, shorter) = (bytes(76 + (300 << 10), 14), bytes(76 + (100 << 10), 15));
+        let send = |msn: u32| {
+            move |mo: usize, last: bool| Header::Untagged { op: Opcode::Send, last, inv_stag: 0, qn: QN_SEND, msn, mo: mo as u32 }
+        };
+        let resp = |e: &[Sge]| {
+            let sink = e[4];
+            move |at: usize, last: bool| Header::Tagged { op: Opcode::ReadResponse, last, stag: sink.lkey, to: sink.addr + at as u64 }
+        };
+        let m = 65516;
+        // (name, the stream, the third Send's bytes)
+        type Streams<'a> = Vec<(&'a str, Box<dyn Fn(bool, &[Sge]) -> Vec<u8> + 'a>, &'a [u8])>;
+        let streams: Streams<'_> = vec![
+            (
+                "regular cuts",
+                Box::new(|crc, e| {
+                    let [a, b, c, d] = [
+                        cut(crc, &first, &[m], &send(1)),
+                        cut(crc, &read_data, &[m], &resp(e)),
+                        cut(crc, &small, &[m], &send(2)),
+                        cut(crc, &longer, &[m], &send(3)),
+                    ];
+                    [a, b, c, d].concat().concat()
+                }),
+                &longer,
+            ),
+            (
+                "cuts that shrink",
+                Box::new(|crc, e| {
+                    let [a, b, c, d] = [
+                        cut(crc, &first, &[m, 30000, 9000, m], &send(1)),
+                        cut(crc, &read_data, &[m, m, 12000, m - 4], &resp(e)),
+                        cut(crc, &small, &[m], &send(2)),
+                        cut(crc, &shorter, &[m], &send(3)),
+                    ];
+                    [a, b, c, d].concat().concat()
+                }),
+                &shorter,
+            ),
+            (
+                "cuts that grow",
+                Box::new(|crc, e| {
+                    let [a, b, c, d] = [
+                        cut(crc, &first, &[9000, m], &send(1)),
+                        cut(crc, &read_data, &[8192, 8193, m], &resp(e)),
+                        cut(crc, &small, &[m], &send(2)),
+                        cut(crc, &longer, &[9000, 20000, m], &send(3)),
+                    ];
+                    [a, b, c, d].concat().concat()
+                }),
+                &longer,
+            ),
+            (
+                "a Send between a Read's segments",
+                Box::new(|crc, e| {
+                    let r = cut(crc, &read_data, &[m], &resp(e));
+                    let [a, b, c] =
+                        [cut(crc, &first, &[m], &send(1)), cut(crc, &small, &[m], &send(2)), cut(crc, &shorter, &[m], &send(3))];
+                    [&r[..2], &a[..], &r[2..], &b[..], &c[..]].concat().concat()
+                }),
+                &shorter,
+            ),
+        ];
+        for crc in [false, true] {
+            for (name, stream, third) in &streams {
+                let mut seen = None;
+                for per_read in [usize::MAX, 1 << 20, 100_000, 65536, 4096, 1000, 7] {
+                    let taken = rx::AHEAD_TAKEN.load(Ordering::Relaxed);
+                    let got = bulk_receive(crc, per_read, &|e| stream(crc, e));
+                    if per_read == usize::MAX {
+                        assert!(rx::AHEAD_TAKEN.load(Ordering::Relaxed) > taken, "{name}: segments taken as read ahead");
+                    }
+                    let at = format!("{name}, crc {crc}, {per_read} bytes per read");
+                    let (completions, terminated, data, sink) = &got;
+                    assert_eq!(*terminated, None, "{at}");
+                    let mut done = completions.clone();
+                    done.sort_unstable_by_key(|c| c.0);
+                    let want = [(1, first.len()), (2, small.len()), (3, third.len()), (9, read_data.len())]
+                        .map(|(id, n)| (id, WcStatus::Success, n as u32));
+                    assert_eq!(done, want, "{at}");
+                    let differs = |a: &[u8], b: &[u8]| a.iter().zip(b).position(|(x, y)| x != y);
+                    assert_eq!(differs(sink, &read_data), None, "{at}: the Read's sink differs from this byte on");
+                    assert_eq!(differs(&data[..first.len() - 76], &first[76..]), None, "{at}: the first Send's data");
+                    assert_eq!(differs(&data[BULK_PART..BULK_PART + third.len() - 76], &third[76..]), None, "{at}: the third Send's data");
+                    // Read in pieces or in one go: the same outcome (the bytes past each Send's
+                    // end in its element are not compared: they may hold bytes read ahead).
+                    match &seen {
+                        None => seen = Some(got),
+                        Some(s) => assert!(s.0 == got.0 && s.1 == got.1 && s.3 == got.3, "{at}: as read in one go"),
+                    }
+                }
+            }
+            // A segment read ahead with a bad CRC ends the stream as one read on its own does.
+            if crc {
+                let bad = |e: &[Sge]| {
+                    let mut s = [cut(true, &read_data, &[m], &resp(e)), cut(true, &small, &[m], &send(1))].concat();
+                    let last = s[2].len() - 1;
+                    s[2][last] ^= 1;
+                    s.concat()
+                };
+                for per_read in [usize::MAX, 100_000, 4096] {
+                    let (completions, terminated, _, _) = bulk_receive(true, per_read, &bad);
+                    assert_eq!(terminated, Some(Term::MPA_CRC), "{per_read} bytes per read");
+                    assert!(!completions.iter().any(|c| c.0 == 9 && c.1 == WcStatus::Success), "the Read does not complete");
+                }
+            }
+        }
+    }
+
     /// The engine's path for FPDUs read ahead whole and its path for FPDUs arriving in parts
     /// come to the same completions, Terminate, Read Responses and memory: for a stream of
     /// every kind of segment, read in pieces of every size, and for every truncation and every

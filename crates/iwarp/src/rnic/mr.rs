@@ -133,6 +133,15 @@ impl Storage {
         }
     }
 
+    /// The bytes at `range` as they are, written or not: stream bytes a read put there ahead
+    /// of their header's checks (see rx's `Ahead`). `None` when outside or shared.
+    pub(super) fn unchecked(&self, range: std::ops::Range<usize>) -> Option<&[u8]> {
+        match self {
+            Self::Owned(v) | Self::Unwritten { buf: v, .. } => v.get(range),
+            Self::Shared(_) => None,
+        }
+    }
+
     /// A peer's write placed bytes up to `end`.
     pub(super) fn placed(&mut self, end: usize) {
         if let Self::Unwritten { high, .. } = self {

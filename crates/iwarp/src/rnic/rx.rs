@@ -9,6 +9,7 @@ use super::{lock, terminate_for, wc};
 use crate::wire::{self, Header, Opcode, QN_READ, QN_SEND, READ_REQUEST_LEN, ReadRequest, Term, TerminateMsg, UNTAGGED_HDR};
 use riser_verbs::{Access, RecvWr, Sge, Wc, WcOpcode, WcStatus};
 use smallvec::SmallVec;
+use std::collections::VecDeque;
 use std::io::{self, IoSliceMut, Read};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -27,6 +28,9 @@ enum Source<'a> {
 /// behind it, several commands' worth) in one read.
 const SPILL: usize = 64 << 10;
 
+/// The most a stream's buffer is kept at (larger only while read-ahead put back needs it).
+const BUF_MAX: usize = 4 * SPILL;
+
 /// Spill used while large payloads stream in: their bytes should land in place, not here.
 const SPILL_BULK: usize = 512;
 
@@ -37,6 +41,19 @@ const BULK_SEGMENT: usize = 8 << 10;
 /// responses between its large segments do not, so its payload never lands in the spill.
 const SMALL_RUN: u32 = 8;
 
+/// Most of a message one read takes beyond the segment being placed (see
+/// `RxStream::try_read_ahead`), in bytes and in segments.
+const AHEAD_BYTES: usize = 1 << 20;
+const AHEAD_SEGMENTS: usize = 16;
+// A read's pieces fit `try_read_ahead`'s inline vectors: `dst`, two a segment, the spill.
+const _: () = assert!(2 * AHEAD_SEGMENTS + 2 <= 36);
+
+/// What a stream holds between an FPDU's payload and the next one's: the first's pad and CRC,
+/// the second's length and its header of `hdr` bytes.
+const fn between(pad: usize, hdr: usize) -> usize {
+    pad + 4 + 2 + hdr
+}
+
 /// The receive side of the socket. Each read fills the caller's destination first (a region's
 /// memory, for payload) and spills what follows (the FPDU's pad and CRC, the next headers) into
 /// a buffer, so one system call per FPDU suffices. While segments are large the spill is small,
@@ -44,7 +61,9 @@ const SMALL_RUN: u32 = 8;
 /// takes several FPDUs at once (copying a few KiB costs less than a system call).
 pub(super) struct RxStream<'a> {
     inner: Source<'a>,
-    buf: Box<[u8]>,
+    buf: Vec<u8>,
+    /// The buffer `unahead` builds the next one in (the one before, kept: not cleared again).
+    spare: Vec<u8>,
     start: usize,
     end: usize,
     /// The spill's size for the next read.
@@ -55,19 +74,62 @@ pub(super) struct RxStream<'a> {
     busy_poll: Option<std::time::Duration>,
     /// When the stream last ran dry (while polling).
     dry_since: Option<std::time::Instant>,
+    /// Stream bytes a read put straight where a message's next segments would place them (see
+    /// `try_read_ahead`), in stream order: each comes before the buffer's bytes from its `at`.
+    ahead: VecDeque<Ahead>,
+}
+
+/// `len` bytes of the stream read into `mr` at `off`, before the header that says where they
+/// go was seen: taken as placed if that header names this place (`RxStream::take_ahead`),
+/// otherwise copied back into the stream (`RxStream::unahead`) before anything else is placed
+/// (it could overwrite them) and before the message completes. They lie in memory the message
+/// in progress was given and has not reached yet: the rest of a Read's sink, which its segments
+/// still to come must cover before the Read completes, or the rest of a Send's receive element,
+/// past the Send's end if it ends sooner (bytes a receive's completion does not count, which
+/// verbs consumers do not read; a pooled region's bytes there still read as zero). Until taken
+/// they do not count as written (`Storage::placed`).
+struct Ahead {
+    at: usize,
+    mr: Arc<SoftMr>,
+    off: usize,
+    len: usize,
+}
+
+/// The rest of a message's memory after the segment being placed, for
+/// `RxStream::try_read_ahead`.
+struct Expected<'m> {
+    /// Its memory, from the end of this segment's payload.
+    rest: &'m mut [u8],
+    mr: &'m Arc<SoftMr>,
+    /// Where `rest` starts in `mr`.
+    off: usize,
+    /// This segment's pad (its FPDU's).
+    pad: usize,
+    /// Payload per segment, as the sender cut this one.
+    seg: usize,
+    /// Header bytes of each segment after its MPA length.
+    hdr: usize,
+}
+
+/// A piece of a read that reaches ahead: buffer bytes or a message's memory (ranges in each).
+enum Piece {
+    Buf(std::ops::Range<usize>),
+    Mem(std::ops::Range<usize>),
 }
 
 impl<'a> RxStream<'a> {
     fn new(inner: Source<'a>) -> Self {
         Self {
             inner,
-            buf: vec![0; SPILL].into_boxed_slice(),
+            buf: vec![0; SPILL],
+            spare: Vec::new(),
             start: 0,
             end: 0,
             spill: SPILL,
             small_run: 0,
             busy_poll: None,
             dry_since: None,
+            ahead: VecDeque::new(),
         }
     }
 
@@ -98,14 +160,20 @@ impl<'a> RxStream<'a> {
         }
     }
 
-    /// Bytes read ahead and not yet taken.
+    /// Where the buffer's bytes stop being the stream's next ones: at the first bytes read
+    /// into memory ahead, if any.
+    fn limit(&self) -> usize {
+        self.ahead.front().map_or(self.end, |a| a.at)
+    }
+
+    /// Bytes read ahead into the buffer and not yet taken (up to any read into memory).
     fn buffered(&self) -> &[u8] {
-        &self.buf[self.start..self.end]
+        &self.buf[self.start..self.limit()]
     }
 
     /// Fill `dst` from what was read ahead, if all of it is there (`false`: nothing taken).
     fn take_buffered(&mut self, dst: &mut [u8]) -> bool {
-        if self.end - self.start < dst.len() {
+        if self.limit() - self.start < dst.len() {
             return false;
         }
         dst.copy_from_slice(&self.buf[self.start..self.start + dst.len()]);
@@ -116,44 +184,150 @@ impl<'a> RxStream<'a> {
     /// Read what is there into `dst` (not empty) without waiting: `Ok(0)` at the stream's end,
     /// `WouldBlock` when nothing is there yet.
     fn try_read(&mut self, dst: &mut [u8]) -> io::Result<usize> {
-        if self.start < self.end {
-            let n = dst.len().min(self.end - self.start);
+        self.try_read_ahead(dst, None)
+    }
+
+    /// [`Self::try_read`], and when `next` is given and nothing was read ahead, the same read
+    /// goes on into where the message's next segments (a Read Response's, a Send's) would
+    /// place their payload if the sender cuts them like this one: the bytes between payloads
+    /// into the buffer, the payloads into memory. One system call takes many segments of a
+    /// bulk message instead of one each (a 256 KiB Send: one `readv` instead of four). What
+    /// it got in memory is held as [`Ahead`] until their headers have been checked.
+    fn try_read_ahead(&mut self, dst: &mut [u8], next: Option<Expected<'_>>) -> io::Result<usize> {
+        if self.start < self.limit() {
+            let n = dst.len().min(self.limit() - self.start);
             dst[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
             self.start += n;
             return Ok(n);
         }
-        let mut iov = [IoSliceMut::new(dst), IoSliceMut::new(&mut self.buf[..self.spill])];
-        let got = match &mut self.inner {
-            Source::Socket(s) => {
-                // A short read has drained the socket: its readiness is cleared with it (as
-                // tokio's own `poll_read` does), by the readiness seen before the read, so the
-                // next wait sleeps at once instead of trying a read that finds nothing (one
-                // system call less per wake-up) and data arriving meanwhile still wakes it.
-                let want = iov.iter().map(|b| b.len()).sum::<usize>();
-                let mut short = None;
-                match s.try_io(Interest::READABLE, || match s.try_read_vectored(&mut iov) {
-                    Ok(n) if n > 0 && n < want => {
-                        short = Some(n);
-                        Err(io::ErrorKind::WouldBlock.into())
-                    }
-                    r => r,
-                }) {
-                    Ok(n) => n,
-                    Err(e) => short.ok_or(e)?,
+        if !self.ahead.is_empty() {
+            // The stream's next bytes are some read into memory, yet they are wanted here:
+            // they were not the segment expected there. (No caller holds their region's lock
+            // here: `place` takes them or puts them back before it locks one.)
+            self.unahead()?;
+            return self.try_read(dst);
+        }
+        if self.buf.len() > BUF_MAX {
+            // Grown for much read ahead put back (rare): no more kept than usual.
+            self.buf.truncate(SPILL);
+            self.buf.shrink_to_fit();
+        }
+        let Some(Expected { rest, mr, off, pad, seg, hdr }) = next else {
+            let mut iov = [IoSliceMut::new(dst), IoSliceMut::new(&mut self.buf[..self.spill])];
+            let got = read_vectored(&mut self.inner, &mut iov)?;
+            let direct = got.min(iov[0].len());
+            (self.start, self.end) = (0, got - direct);
+            self.dry_since = None;
+            return Ok(direct);
+        };
+        // The pieces after `dst`, in stream order: for each expected segment the bytes between
+        // payloads (into the buffer) and its payload (into memory); then the spill.
+        let mut pieces: SmallVec<[Piece; 36]> = SmallVec::new();
+        let (mut at, mut pad, mut placed) = (0, pad, 0);
+        while placed < rest.len() && pieces.len() < 2 * AHEAD_SEGMENTS {
+            let n = seg.min(rest.len() - placed);
+            pieces.push(Piece::Buf(at..at + between(pad, hdr)));
+            pieces.push(Piece::Mem(placed..placed + n));
+            at += between(pad, hdr);
+            placed += n;
+            pad = wire::fpdu_pad(hdr + n);
+        }
+        pieces.push(Piece::Buf(at..(at + self.spill).min(self.buf.len())));
+        let got = {
+            let mut iov: SmallVec<[IoSliceMut<'_>; 36]> = SmallVec::new();
+            iov.push(IoSliceMut::new(dst));
+            let (mut buf, mut rest): (&mut [u8], &mut [u8]) = (&mut self.buf, rest);
+            for p in &pieces {
+                let (part, tail) = match p {
+                    Piece::Buf(r) => std::mem::take(&mut buf).split_at_mut(r.len()),
+                    Piece::Mem(r) => std::mem::take(&mut rest).split_at_mut(r.len()),
+                };
+                iov.push(IoSliceMut::new(part));
+                match p {
+                    Piece::Buf(_) => buf = tail,
+                    Piece::Mem(_) => rest = tail,
                 }
             }
-            Source::Memory(c, per_read) => {
-                let [dst, spill] = &mut iov;
-                let first = dst.len().min(*per_read);
-                let n = c.read(&mut dst[..first])?;
-                let more = (*per_read - first).min(spill.len());
-                if n == first && more > 0 { n + c.read(&mut spill[..more])? } else { n }
-            }
+            let got = read_vectored(&mut self.inner, &mut iov)?;
+            let direct = got.min(iov[0].len());
+            (direct, got - direct)
         };
-        let direct = got.min(iov[0].len());
-        (self.start, self.end) = (0, got - direct);
+        let (direct, mut beyond) = got;
+        self.start = 0;
+        self.end = 0;
+        for p in &pieces {
+            if beyond == 0 {
+                break;
+            }
+            match p {
+                Piece::Buf(r) => {
+                    let n = beyond.min(r.len());
+                    self.end = r.start + n;
+                    beyond -= n;
+                }
+                Piece::Mem(r) => {
+                    let n = beyond.min(r.len());
+                    self.ahead.push_back(Ahead { at: self.end, mr: Arc::clone(mr), off: off + r.start, len: n });
+                    beyond -= n;
+                }
+            }
+        }
         self.dry_since = None;
         Ok(direct)
+    }
+
+    /// Whether the stream's next bytes are some read ahead into memory.
+    fn ahead_next(&self) -> bool {
+        self.ahead.front().is_some_and(|a| a.at == self.start)
+    }
+
+    /// The stream's next bytes, when they were read ahead into `mr` at `off` (up to `max` of
+    /// them): taken, as if read into place now. `None`: the stream's next bytes are not there.
+    fn take_ahead(&mut self, mr: &Arc<SoftMr>, off: usize, max: usize) -> Option<usize> {
+        if !self.ahead_next() {
+            return None;
+        }
+        let a = self.ahead.front_mut()?;
+        if !Arc::ptr_eq(&a.mr, mr) || a.off != off {
+            return None;
+        }
+        let n = a.len.min(max);
+        if n == a.len {
+            self.ahead.pop_front();
+        } else {
+            (a.off, a.len) = (a.off + n, a.len - n);
+        }
+        Some(n)
+    }
+
+    /// Copy every byte read ahead into memory back into the stream's buffer, in stream order.
+    fn unahead(&mut self) -> io::Result<()> {
+        let need = self.end - self.start + self.ahead.iter().map(|a| a.len).sum::<usize>();
+        let mut v = std::mem::take(&mut self.spare);
+        if v.len() < need.max(SPILL) {
+            v.resize(need.max(SPILL), 0);
+        }
+        let mut w = 0;
+        let mut put = |b: &[u8]| {
+            v[w..w + b.len()].copy_from_slice(b);
+            w += b.len();
+        };
+        let mut from = self.start;
+        for a in self.ahead.drain(..) {
+            put(&self.buf[from..a.at]);
+            from = a.at;
+            let mem = lock(&a.mr.mem);
+            put(mem.unchecked(a.off..a.off + a.len).ok_or_else(|| io::Error::other("read-ahead memory gone"))?);
+        }
+        put(&self.buf[from..self.end]);
+        (self.start, self.end) = (0, w);
+        self.spare = std::mem::replace(&mut self.buf, v);
+        if self.spare.len() > BUF_MAX {
+            self.spare = Vec::new();
+        }
+        #[cfg(test)]
+        UNAHEAD.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Wait until the socket has something to read: while busy polling and within its budget
@@ -190,9 +364,53 @@ impl<'a> RxStream<'a> {
     }
 }
 
+/// One read from `src` into `iov` in order: a socket's without waiting (a short read clears its
+/// readiness), memory's at most its `per_read` bytes.
+fn read_vectored(src: &mut Source<'_>, iov: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+    match src {
+        Source::Socket(s) => {
+            // A short read has drained the socket: its readiness is cleared with it (as tokio's
+            // own `poll_read` does), by the readiness seen before the read, so the next wait
+            // sleeps at once instead of trying a read that finds nothing (one system call less
+            // per wake-up) and data arriving meanwhile still wakes it.
+            let want = iov.iter().map(|b| b.len()).sum::<usize>();
+            let mut short = None;
+            match s.try_io(Interest::READABLE, || match s.try_read_vectored(iov) {
+                Ok(n) if n > 0 && n < want => {
+                    short = Some(n);
+                    Err(io::ErrorKind::WouldBlock.into())
+                }
+                r => r,
+            }) {
+                Ok(n) => Ok(n),
+                Err(e) => short.ok_or(e),
+            }
+        }
+        Source::Memory(c, per_read) => {
+            let mut budget = *per_read;
+            let mut got = 0;
+            for b in iov.iter_mut() {
+                let want = b.len().min(budget);
+                let n = c.read(&mut b[..want])?;
+                (got, budget) = (got + n, budget - n);
+                if n < b.len() {
+                    break;
+                }
+            }
+            Ok(got)
+        }
+    }
+}
+
 /// FPDUs `Rx::fpdu_now` took (tests: that the path they compare runs at all).
 #[cfg(test)]
 pub(super) static FAST_FPDUS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Segments taken as read ahead into their place, and times bytes read ahead were not (tests).
+#[cfg(test)]
+pub(super) static AHEAD_TAKEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+#[cfg(test)]
+pub(super) static UNAHEAD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// A Send being received across segments.
 struct InboundSend {
@@ -214,6 +432,9 @@ struct Rx {
     /// The completion of a receive a violation ended (when not the one in `send`): pushed once
     /// the stream is terminating.
     failed: Option<Wc>,
+    /// The length of the last bulk Send received: how long the next is expected to be, so
+    /// that reading it ahead stops at its end (see `Dest::Region`).
+    send_len: u32,
 }
 
 enum RxError {
@@ -232,7 +453,7 @@ impl From<io::Error> for RxError {
 /// The receiver task: handle FPDUs until the stream ends or a violation ends it with a
 /// Terminate.
 pub(super) async fn receive(s: &Arc<QpShared>, mut r: RxStream<'_>, crc: bool, tx: &TxQueue) {
-    let mut rx = Rx { crc, msn_send: 1, msn_read: 1, send: None, tagged: None, first_seen: false, failed: None };
+    let mut rx = Rx { crc, msn_send: 1, msn_read: 1, send: None, tagged: None, first_seen: false, failed: None, send_len: 0 };
     loop {
         let done = match rx.fpdu_now(s, &mut r, tx) {
             Some(done) => done,
@@ -346,10 +567,10 @@ impl Rx {
         }
         crc.add(&hb[..base + extra]);
         let payload = mpa_len - base - extra;
-        let commit = self.segment(s, r, &h, &hb[base..base + extra], payload, &mut crc).await?;
+        let pad = wire::fpdu_pad(mpa_len);
+        let commit = self.segment(s, r, &h, &hb[base..base + extra], payload, pad, &mut crc).await?;
         // Pad and CRC.
         let mut tail = [0u8; 7];
-        let pad = wire::fpdu_pad(mpa_len);
         if !r.take_buffered(&mut tail[..pad + 4]) {
             r.read_exact(&mut tail[..pad + 4]).await?;
         }
@@ -366,6 +587,11 @@ impl Rx {
     /// taken. The same checks, placement, state and completions as `fpdu`, except that the CRC
     /// is checked before anything is placed rather than after.
     fn fpdu_now(&mut self, s: &QpShared, r: &mut RxStream<'_>, tx: &TxQueue) -> Option<Result<(), RxError>> {
+        if !r.ahead.is_empty() {
+            // Bytes read ahead into memory are pending: an FPDU before them that is whole goes
+            // through `place`, which puts them back before it writes anywhere.
+            return None;
+        }
         let ahead = r.buffered();
         if ahead.len() < 2 + wire::TAGGED_HDR {
             return None;
@@ -394,8 +620,8 @@ impl Rx {
         }
         let placed = match &dest {
             Dest::Nothing | Dest::Terminate => Ok(()),
-            Dest::Region(mr, off) => place_now(mr, *off, payload),
-            Dest::Scatter(parts) => {
+            Dest::Region(mr, off, _) => place_now(mr, *off, payload),
+            Dest::Scatter(parts, _) => {
                 let mut at = 0;
                 parts.iter().try_for_each(|(mr, off, n)| {
                     at += n;
@@ -411,7 +637,7 @@ impl Rx {
             match &dest {
                 Dest::Nothing | Dest::Terminate => 0,
                 Dest::Region(..) => payload_len,
-                Dest::Scatter(parts) => parts.iter().map(|(_, _, n)| n).sum(),
+                Dest::Scatter(parts, _) => parts.iter().map(|(_, _, n)| n).sum(),
             },
             payload_len,
             "a payload placed in part"
@@ -422,12 +648,14 @@ impl Rx {
         match &dest {
             Dest::Nothing | Dest::Terminate => {}
             Dest::Region(..) => r.note_placement(payload_len),
-            Dest::Scatter(parts) => parts.iter().for_each(|(_, _, n)| r.note_placement(*n)),
+            Dest::Scatter(parts, _) => parts.iter().for_each(|(_, _, n)| r.note_placement(*n)),
         }
         Some(self.commit(s, commit, tx))
     }
 
-    /// Validate a segment and place its payload; what to do once its CRC checked out is returned.
+    /// Validate a segment (its FPDU padded with `pad` bytes) and place its payload; what to do
+    /// once its CRC checked out is returned.
+    #[allow(clippy::too_many_arguments)]
     async fn segment(
         &mut self,
         s: &QpShared,
@@ -435,15 +663,27 @@ impl Rx {
         h: &Header,
         body: &[u8],
         payload: usize,
+        pad: usize,
         crc: &mut Crc,
     ) -> Result<Commit, RxError> {
         let (dest, commit) = self.admit(s, h, body, payload)?;
+        // A bulk message with more to come: its next segments are likely cut like this one
+        // (see `RxStream::try_read_ahead`).
+        let next = |then: usize| {
+            (then > 0 && payload >= BULK_SEGMENT).then_some(Next {
+                then: then.min(AHEAD_BYTES),
+                pad,
+                seg: payload,
+                hdr: h.op().header_len(),
+            })
+        };
         match dest {
             Dest::Nothing => {}
-            Dest::Region(mr, off) => place(r, &mr, off, payload, crc).await?,
-            Dest::Scatter(parts) => {
-                for (mr, off, n) in &parts {
-                    place(r, mr, *off, *n, crc).await?;
+            Dest::Region(mr, off, then) => place(r, &mr, off, payload, next(then), crc).await?,
+            Dest::Scatter(parts, then) => {
+                let last = parts.len() - 1;
+                for (i, (mr, off, n)) in parts.iter().enumerate() {
+                    place(r, mr, *off, *n, if i == last { next(then) } else { None }, crc).await?;
                 }
             }
             Dest::Terminate => {
@@ -476,7 +716,7 @@ impl Rx {
                     .check(stag, s.pd, Access::REMOTE_WRITE, to, payload as u64)
                     .map_err(|d| RxError::Term(denied_tagged(d), "RDMA Write refused"))?;
                 self.tagged = if last { None } else { Some((stag, to + payload as u64)) };
-                Ok((Dest::Region(mr, off), Commit::None))
+                Ok((Dest::Region(mr, off, 0), Commit::None))
             }
             Header::Tagged { op: Opcode::ReadResponse, last, stag, to } => {
                 let (sink, received, size) = {
@@ -498,7 +738,7 @@ impl Rx {
                     let (mr, off) = s
                         .local(&part, Access::LOCAL_WRITE)
                         .ok_or(RxError::Term(Term::DDP_TAGGED_INVALID_STAG, "Read sink no longer valid"))?;
-                    Dest::Region(mr, off)
+                    Dest::Region(mr, off, (size - received) as usize - payload)
                 } else {
                     Dest::Nothing
                 };
@@ -530,6 +770,9 @@ impl Rx {
                 let mut parts: SmallVec<[_; 2]> = SmallVec::new();
                 let mut at = u64::from(inb.received);
                 let mut left = payload;
+                // Room left after the last part in its element: where the message's next
+                // segment goes, if it has one.
+                let mut room = 0;
                 for sge in &inb.wr.sg_list {
                     if left == 0 {
                         break;
@@ -544,17 +787,25 @@ impl Rx {
                     let (mr, off) =
                         s.local(&part, Access::LOCAL_WRITE).ok_or(RxError::Term(Term::DDP_CATASTROPHIC, "receive buffer not usable"))?;
                     parts.push((mr, off, take));
+                    room = (len - at) as usize - take;
                     left -= take;
                     at = 0;
                 }
                 inb.received += payload as u32;
+                // A Send's length is not on the wire: expected to be the last bulk one's, and
+                // if it is not, up to the element's end.
+                let then = match self.send_len.checked_sub(inb.received) {
+                    _ if last => 0,
+                    Some(more) if more > 0 => room.min(more as usize),
+                    _ => room,
+                };
                 let dest = match parts.len() {
                     0 => Dest::Nothing,
                     1 => {
                         let (mr, off, _) = parts.pop().expect("one part");
-                        Dest::Region(mr, off)
+                        Dest::Region(mr, off, then)
                     }
-                    _ => Dest::Scatter(parts),
+                    _ => Dest::Scatter(parts, then),
                 };
                 Ok((dest, if last { Commit::SendDone { op, inv_stag } } else { Commit::None }))
             }
@@ -597,6 +848,9 @@ impl Rx {
             Commit::SendDone { op, inv_stag } => {
                 let inb = self.send.take().expect("a Send in progress");
                 self.msn_send = self.msn_send.wrapping_add(1);
+                if inb.received as usize > BULK_SEGMENT {
+                    self.send_len = inb.received;
+                }
                 let mut invalidated = None;
                 if matches!(op, Opcode::SendInvalidate | Opcode::SendSeInvalidate) {
                     let refused = match s.lookup(inv_stag) {
@@ -664,18 +918,58 @@ enum Commit {
     Terminated(Term),
 }
 
+/// A segment's message may go on after it: into `then` more bytes (what a read may reach for
+/// of them), in segments of `seg` payload bytes as this one (its FPDU padded with `pad`
+/// bytes), each behind a header of `hdr` bytes.
+struct Next {
+    then: usize,
+    pad: usize,
+    seg: usize,
+    hdr: usize,
+}
+
 /// Read `len` payload bytes from the stream straight into `mr` at `off` (the region locked
-/// for each read, never across a wait).
-async fn place(r: &mut RxStream<'_>, mr: &SoftMr, off: usize, len: usize, crc: &mut Crc) -> Result<(), RxError> {
+/// for each read, never across a wait). With `next`, each read goes on into where the message's
+/// next segments would go (see `RxStream::try_read_ahead`).
+async fn place(r: &mut RxStream<'_>, mr: &Arc<SoftMr>, off: usize, len: usize, next: Option<Next>, crc: &mut Crc) -> Result<(), RxError> {
     r.note_placement(len);
     let mut done = 0;
     while done < len {
+        // Bytes read ahead are taken here if they are this segment's next ones; otherwise all
+        // go back into the stream before anything is placed (into memory that may hold them).
+        if !r.ahead.is_empty() {
+            match r.take_ahead(mr, off + done, len - done) {
+                Some(n) => {
+                    // Read here ahead of the header that has now said they go here.
+                    let mut mem = lock(&mr.mem);
+                    let Some(b) = mem.placing(off + done..off + done + n) else {
+                        return Err(RxError::Term(Term::DDP_CATASTROPHIC, "placement into read-only memory"));
+                    };
+                    crc.add(b);
+                    mem.placed(off + done + n);
+                    #[cfg(test)]
+                    AHEAD_TAKEN.fetch_add(1, Ordering::Relaxed);
+                    done += n;
+                    continue;
+                }
+                // Not this segment's: back into the stream, before the region is locked (they
+                // may lie in it).
+                None => r.unahead()?,
+            }
+        }
         let got = {
             let mut mem = lock(&mr.mem);
-            let Some(dst) = mem.placing(off + done..off + len) else {
+            // The message's rest, if the region holds it (it should: the Read's sink was
+            // checked when posted).
+            let then = next.as_ref().map_or(0, |x| x.then);
+            let reach = if then > 0 && mem.placing(off + len..off + len + then).is_some() { then } else { 0 };
+            let Some(all) = mem.placing(off + done..off + len + reach) else {
                 return Err(RxError::Term(Term::DDP_CATASTROPHIC, "placement into read-only memory"));
             };
-            match r.try_read(dst) {
+            let (dst, rest) = all.split_at_mut(len - done);
+            let expected =
+                next.as_ref().filter(|_| reach > 0).map(|x| Expected { rest, mr, off: off + len, pad: x.pad, seg: x.seg, hdr: x.hdr });
+            match r.try_read_ahead(dst, expected) {
                 Ok(0) => return Err(RxError::Closed),
                 Ok(n) => {
                     crc.add(&dst[..n]);
@@ -714,10 +1008,15 @@ fn place_now(mr: &SoftMr, off: usize, bytes: &[u8]) -> Result<(), RxError> {
 enum Dest {
     /// Nowhere: no payload, or a Read Request's.
     Nothing,
-    /// Into a region, from an offset (an RDMA Write, a Read Response).
-    Region(Arc<SoftMr>, usize),
-    /// A Send's, over its receive's elements in order: region, offset and bytes each.
-    Scatter(SmallVec<[(Arc<SoftMr>, usize, usize); 2]>),
+    /// Into a region, from an offset (an RDMA Write, a Read Response, a Send's into one
+    /// element), and how many bytes after it the same message is expected to fill, contiguous
+    /// in the same region: a Read Response's rest; when a Send goes on, the room left in its
+    /// element, up to where the Send would end if as long as the last bulk one; 0 otherwise
+    /// (see `RxStream::try_read_ahead`).
+    Region(Arc<SoftMr>, usize, usize),
+    /// A Send's, over its receive's elements in order: region, offset and bytes each; and how
+    /// many bytes after the last the Send may still fill (as for `Region`).
+    Scatter(SmallVec<[(Arc<SoftMr>, usize, usize); 2]>, usize),
     /// A Terminate's, to be parsed.
     Terminate,
 }
