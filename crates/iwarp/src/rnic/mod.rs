@@ -507,8 +507,8 @@ mod tests {
     /// data parts of two receives, 320 KiB each, in one region, a small receive of 1 KiB, a
     /// Read's 300 KiB sink, as address, length and STag). Posted in this order: receive 1 (the
     /// header part, the first data part), receive 2 (1 KiB), receive 3 (the header part, the
-    /// second data part); Read 9 into the sink outstanding. The sink is registered as a pooled
-    /// read buffer (bytes nothing placed read as zero); the data parts hold 0xaa first.
+    /// second data part); Read 9 into the sink outstanding. The data parts hold 0xaa first, the
+    /// sink 0xbb.
     fn bulk_receive(crc: bool, per_read: usize, stream: &dyn Fn(&[Sge]) -> Vec<u8>) -> Bulk {
         let rnic = SoftRnic::default();
         let pd = rnic.alloc_pd().expect("pd");
@@ -517,7 +517,7 @@ mod tests {
         let head = pd.register(vec![0u8; 76], Access::LOCAL_WRITE).expect("mr");
         let data = pd.register(vec![0xaa; 2 * BULK_PART], Access::LOCAL_WRITE).expect("mr");
         let small = pd.register(vec![0u8; 1024], Access::LOCAL_WRITE).expect("mr");
-        let sink = pd.register_for_peer_writes(vec![0xbb; 300 << 10], Access::LOCAL_WRITE | Access::READ_SINK).expect("mr");
+        let sink = pd.register(vec![0xbb; 300 << 10], Access::LOCAL_WRITE | Access::READ_SINK).expect("mr");
         let whole = |mr: &Arc<SoftMr>| Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() };
         let part = |i: u64| Sge { addr: data.addr() + i * BULK_PART as u64, length: BULK_PART as u32, lkey: data.lkey() };
         let e = [whole(&head), part(0), part(1), whole(&small), whole(&sink)];
@@ -584,8 +584,10 @@ mod tests {
             move |at: usize, last: bool| Header::Tagged { op: Opcode::ReadResponse, last, stag: sink.lkey, to: sink.addr + at as u64 }
         };
         let m = 65516;
-        // (name, the stream, the third Send's bytes)
-        type Streams<'a> = Vec<(&'a str, Box<dyn Fn(bool, &[Sge]) -> Vec<u8> + 'a>, &'a [u8])>;
+        // A Send of whole segments: it ends where its last segment read ahead ends.
+        let whole = bytes(3 * m, 16);
+        // (name, the stream, the first Send's bytes, the third's)
+        type Streams<'a> = Vec<(&'a str, Box<dyn Fn(bool, &[Sge]) -> Vec<u8> + 'a>, &'a [u8], &'a [u8])>;
         let streams: Streams<'_> = vec![
             (
                 "regular cuts",
@@ -598,6 +600,7 @@ mod tests {
                     ];
                     [a, b, c, d].concat().concat()
                 }),
+                &first,
                 &longer,
             ),
             (
@@ -611,6 +614,7 @@ mod tests {
                     ];
                     [a, b, c, d].concat().concat()
                 }),
+                &first,
                 &shorter,
             ),
             (
@@ -624,7 +628,22 @@ mod tests {
                     ];
                     [a, b, c, d].concat().concat()
                 }),
+                &first,
                 &longer,
+            ),
+            (
+                "a Send of whole segments, another message right behind",
+                Box::new(|crc, e| {
+                    let [a, b, c, d] = [
+                        cut(crc, &whole, &[m], &send(1)),
+                        cut(crc, &small, &[m], &send(2)),
+                        cut(crc, &read_data, &[m], &resp(e)),
+                        cut(crc, &whole, &[m], &send(3)),
+                    ];
+                    [a, b, c, d].concat().concat()
+                }),
+                &whole,
+                &whole,
             ),
             (
                 "a Send between a Read's segments",
@@ -634,17 +653,19 @@ mod tests {
                         [cut(crc, &first, &[m], &send(1)), cut(crc, &small, &[m], &send(2)), cut(crc, &shorter, &[m], &send(3))];
                     [&r[..2], &a[..], &r[2..], &b[..], &c[..]].concat().concat()
                 }),
+                &first,
                 &shorter,
             ),
         ];
         for crc in [false, true] {
-            for (name, stream, third) in &streams {
+            for (name, stream, first, third) in &streams {
                 let mut seen = None;
                 for per_read in [usize::MAX, 1 << 20, 100_000, 65536, 4096, 1000, 7] {
-                    let taken = rx::AHEAD_TAKEN.load(Ordering::Relaxed);
+                    let (taken, back) = (rx::AHEAD_TAKEN.load(Ordering::Relaxed), rx::UNAHEAD.load(Ordering::Relaxed));
                     let got = bulk_receive(crc, per_read, &|e| stream(crc, e));
                     if per_read == usize::MAX {
                         assert!(rx::AHEAD_TAKEN.load(Ordering::Relaxed) > taken, "{name}: segments taken as read ahead");
+                        assert!(rx::UNAHEAD.load(Ordering::Relaxed) > back, "{name}: bytes read ahead put back");
                     }
                     let at = format!("{name}, crc {crc}, {per_read} bytes per read");
                     let (completions, terminated, data, sink) = &got;

@@ -133,6 +133,12 @@ impl Storage {
         }
     }
 
+    /// Whether bytes put in it stay as they are until something is placed over them: not an
+    /// `Unwritten` region's past what was written (cleared when it is read or written locally).
+    pub(super) fn keeps_bytes(&self) -> bool {
+        matches!(self, Self::Owned(_))
+    }
+
     /// The bytes at `range` as they are, written or not: stream bytes a read put there ahead
     /// of their header's checks (see rx's `Ahead`). `None` when outside or shared.
     pub(super) fn unchecked(&self, range: std::ops::Range<usize>) -> Option<&[u8]> {

@@ -82,12 +82,13 @@ pub(super) struct RxStream<'a> {
 /// `len` bytes of the stream read into `mr` at `off`, before the header that says where they
 /// go was seen: taken as placed if that header names this place (`RxStream::take_ahead`),
 /// otherwise copied back into the stream (`RxStream::unahead`) before anything else is placed
-/// (it could overwrite them) and before the message completes. They lie in memory the message
-/// in progress was given and has not reached yet: the rest of a Read's sink, which its segments
-/// still to come must cover before the Read completes, or the rest of a Send's receive element,
-/// past the Send's end if it ends sooner (bytes a receive's completion does not count, which
-/// verbs consumers do not read; a pooled region's bytes there still read as zero). Until taken
-/// they do not count as written (`Storage::placed`).
+/// (it could overwrite them) and before the message completes (its memory goes back to the
+/// consumer). They lie in memory the message in progress was given and has not reached yet:
+/// the rest of a Read's sink, which its segments still to come must cover before the Read
+/// completes, or the rest of a Send's receive element, past the Send's end if it ends sooner
+/// (bytes a receive's completion does not count, which verbs consumers do not read). Never in
+/// a pooled region's (`Storage::Unwritten`: its unwritten bytes are cleared when it is read or
+/// written locally, which could happen meanwhile). Until taken they do not count as written.
 struct Ahead {
     at: usize,
     mr: Arc<SoftMr>,
@@ -578,6 +579,15 @@ impl Rx {
         if self.crc && crc.value.to_le_bytes() != tail[pad..pad + 4] {
             return Err(RxError::Term(Term::MPA_CRC, "FPDU CRC mismatch"));
         }
+        if matches!(commit, Commit::SendDone { .. } | Commit::ReadProgress { last: true, .. }) && !r.ahead.is_empty() {
+            // Read ahead past the message's end (the next message's bytes where this one's
+            // did not reach): back into the stream before the memory is handed back.
+            r.unahead()?;
+        }
+        debug_assert!(
+            !matches!(commit, Commit::SendDone { .. } | Commit::ReadProgress { last: true, .. }) || r.ahead.is_empty(),
+            "a message completes with bytes read ahead into its memory"
+        );
         self.commit(s, commit, tx)
     }
 
@@ -961,7 +971,10 @@ async fn place(r: &mut RxStream<'_>, mr: &Arc<SoftMr>, off: usize, len: usize, n
             let mut mem = lock(&mr.mem);
             // The message's rest, if the region holds it (it should: the Read's sink was
             // checked when posted).
-            let then = next.as_ref().map_or(0, |x| x.then);
+            // Only into memory that holds what it holds until placed over: not into a pooled
+            // region's, whose bytes past what was written are cleared when it is read or
+            // written locally (`Storage::Unwritten`), which would clear bytes read ahead.
+            let then = next.as_ref().filter(|_| mem.keeps_bytes()).map_or(0, |x| x.then);
             let reach = if then > 0 && mem.placing(off + len..off + len + then).is_some() { then } else { 0 };
             let Some(all) = mem.placing(off + done..off + len + reach) else {
                 return Err(RxError::Term(Term::DDP_CATASTROPHIC, "placement into read-only memory"));
