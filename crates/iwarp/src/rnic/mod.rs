@@ -704,6 +704,48 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(40))]
+
+        /// Reading ahead, whatever the sender's cuts, the bytes per read and where a small Send
+        /// comes between a Read's segments: a bulk Send, the Read, the small Send and a second
+        /// bulk Send all complete with their bytes where they belong.
+        #[test]
+        fn bulk_messages_cut_any_way_arrive_whole(
+            first_len in 1usize..76 + BULK_PART,
+            third_len in 1usize..76 + BULK_PART,
+            send_cuts in proptest::collection::vec(1usize..=65516, 1..6),
+            read_cuts in proptest::collection::vec(1usize..=65516, 1..6),
+            between in 0usize..8,
+            per_read in proptest::prop_oneof![proptest::strategy::Just(usize::MAX), 1000usize..300_000],
+            crc: bool,
+        ) {
+            let (first, third) = (bytes(first_len, 21), bytes(third_len, 22));
+            let (read_data, small) = (bytes(300 << 10, 23), bytes(300, 24));
+            let send = |msn: u32| move |mo: usize, last: bool| Header::Untagged { op: Opcode::Send, last, inv_stag: 0, qn: QN_SEND, msn, mo: mo as u32 };
+            let stream = |e: &[Sge]| {
+                let sink = e[4];
+                let resp = move |at: usize, last: bool| Header::Tagged { op: Opcode::ReadResponse, last, stag: sink.lkey, to: sink.addr + at as u64 };
+                let r = cut(crc, &read_data, &read_cuts, &resp);
+                let at = between.min(r.len());
+                let rev: Vec<usize> = send_cuts.iter().rev().copied().collect();
+                [cut(crc, &first, &send_cuts, &send(1)), r[..at].to_vec(), cut(crc, &small, &[65516], &send(2)), r[at..].to_vec(), cut(crc, &third, &rev, &send(3))]
+                    .concat()
+                    .concat()
+            };
+            let (completions, terminated, data, sink) = bulk_receive(crc, per_read, &stream);
+            proptest::prop_assert_eq!(terminated, None);
+            let mut done = completions;
+            done.sort_unstable_by_key(|c| c.0);
+            let want = [(1, first_len), (2, small.len()), (3, third_len), (9, read_data.len())].map(|(id, n)| (id, WcStatus::Success, n as u32));
+            proptest::prop_assert_eq!(done, want);
+            proptest::prop_assert!(sink == read_data, "the Read's sink");
+            let body = |b: &[u8]| b.get(76..).map(<[u8]>::to_vec).unwrap_or_default();
+            proptest::prop_assert!(data[..body(&first).len()] == body(&first)[..], "the first Send's data");
+            proptest::prop_assert!(data[BULK_PART..BULK_PART + body(&third).len()] == body(&third)[..], "the third Send's data");
+        }
+    }
+
     /// The engine's path for FPDUs read ahead whole and its path for FPDUs arriving in parts
     /// come to the same completions, Terminate, Read Responses and memory: for a stream of
     /// every kind of segment, read in pieces of every size, and for every truncation and every
