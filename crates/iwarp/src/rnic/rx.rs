@@ -969,11 +969,10 @@ async fn place(r: &mut RxStream<'_>, mr: &Arc<SoftMr>, off: usize, len: usize, n
         }
         let got = {
             let mut mem = lock(&mr.mem);
-            // The message's rest, if the region holds it (it should: the Read's sink was
-            // checked when posted).
-            // Only into memory that holds what it holds until placed over: not into a pooled
-            // region's, whose bytes past what was written are cleared when it is read or
-            // written locally (`Storage::Unwritten`), which would clear bytes read ahead.
+            // Reading ahead reaches into the message's rest if the region holds it (it should:
+            // a Read's sink and a receive's elements were checked when posted), and only if its
+            // memory keeps what is put there until placed over: not a pooled region's, whose
+            // bytes past what was written a local read or write clears (`Storage::Unwritten`).
             let then = next.as_ref().filter(|_| mem.keeps_bytes()).map_or(0, |x| x.then);
             let reach = if then > 0 && mem.placing(off + len..off + len + then).is_some() { then } else { 0 };
             let Some(all) = mem.placing(off + done..off + len + reach) else {
