@@ -588,46 +588,28 @@ mod tests {
         let whole = bytes(3 * m, 16);
         // (name, the stream, the first Send's bytes, the third's)
         type Streams<'a> = Vec<(&'a str, Box<dyn Fn(bool, &[Sge]) -> Vec<u8> + 'a>, &'a [u8], &'a [u8])>;
+        // The first Send, the Read, the small Send and the third Send in that order, each cut
+        // as given.
+        let in_order = |crc: bool, e: &[Sge], cuts: [&[usize]; 3], third: &[u8]| {
+            let [a, b, c, d] = [
+                cut(crc, &first, cuts[0], &send(1)),
+                cut(crc, &read_data, cuts[1], &resp(e)),
+                cut(crc, &small, &[m], &send(2)),
+                cut(crc, third, cuts[2], &send(3)),
+            ];
+            [a, b, c, d].concat().concat()
+        };
         let streams: Streams<'_> = vec![
-            (
-                "regular cuts",
-                Box::new(|crc, e| {
-                    let [a, b, c, d] = [
-                        cut(crc, &first, &[m], &send(1)),
-                        cut(crc, &read_data, &[m], &resp(e)),
-                        cut(crc, &small, &[m], &send(2)),
-                        cut(crc, &longer, &[m], &send(3)),
-                    ];
-                    [a, b, c, d].concat().concat()
-                }),
-                &first,
-                &longer,
-            ),
+            ("regular cuts", Box::new(|crc, e| in_order(crc, e, [&[m], &[m], &[m]], &longer)), &first, &longer),
             (
                 "cuts that shrink",
-                Box::new(|crc, e| {
-                    let [a, b, c, d] = [
-                        cut(crc, &first, &[m, 30000, 9000, m], &send(1)),
-                        cut(crc, &read_data, &[m, m, 12000, m - 4], &resp(e)),
-                        cut(crc, &small, &[m], &send(2)),
-                        cut(crc, &shorter, &[m], &send(3)),
-                    ];
-                    [a, b, c, d].concat().concat()
-                }),
+                Box::new(|crc, e| in_order(crc, e, [&[m, 30000, 9000, m], &[m, m, 12000, m - 4], &[m]], &shorter)),
                 &first,
                 &shorter,
             ),
             (
                 "cuts that grow",
-                Box::new(|crc, e| {
-                    let [a, b, c, d] = [
-                        cut(crc, &first, &[9000, m], &send(1)),
-                        cut(crc, &read_data, &[8192, 8193, m], &resp(e)),
-                        cut(crc, &small, &[m], &send(2)),
-                        cut(crc, &longer, &[9000, 20000, m], &send(3)),
-                    ];
-                    [a, b, c, d].concat().concat()
-                }),
+                Box::new(|crc, e| in_order(crc, e, [&[9000, m], &[8192, 8193, m], &[9000, 20000, m]], &longer)),
                 &first,
                 &longer,
             ),
