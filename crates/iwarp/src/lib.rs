@@ -4,9 +4,9 @@
 //! wire protocol as Linux's soft-iWARP (siw) and iWARP hardware, so riser's iSER runs on any
 //! machine and interoperates with kernel peers.
 //!
-//! Each connected queue pair runs two tasks on the tokio runtime current when it connects (or,
-//! outside any runtime, on a runtime the RNIC starts once for all such queue pairs): a
-//! receiver that parses FPDUs from the socket and places tagged data straight from the socket
+//! Each connected queue pair runs one task on the tokio runtime current when it connects (or,
+//! outside any runtime, on a runtime the RNIC starts once for all such queue pairs), which
+//! drives its two engines in turn: a receiver that parses FPDUs from the socket and places tagged data straight from the socket
 //! into registered memory after checking the STag, protection domain, access rights and bounds
 //! (a violation gets a Terminate and error completions, never a write outside a region), and a
 //! transmitter that segments work requests and Read Responses into FPDUs written with vectored

@@ -206,7 +206,7 @@ impl Hasher for IndexHasher {
 
 /// The software RNIC (a [`Provider`]).
 ///
-/// A connected queue pair's engines (its receiver and its transmitter) are tasks on the tokio
+/// A connected queue pair's engines (its receiver and its transmitter) are one task on the tokio
 /// runtime current where it connects — which must have I/O enabled, as riser's target and
 /// initiator runtimes do (tokio panics registering a socket on one without) — or, connected
 /// outside any runtime, on a runtime the RNIC starts once for the process.

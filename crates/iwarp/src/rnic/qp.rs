@@ -349,8 +349,8 @@ impl SoftQp {
         Ok(())
     }
 
-    /// Start the engines on an established stream: a receiver task and a transmitter task on
-    /// the caller's tokio runtime, or on the RNIC's own when no runtime is current.
+    /// Start the engines on an established stream: the receiver and the transmitter, one task
+    /// on the caller's tokio runtime, or on the RNIC's own when no runtime is current.
     pub(super) fn start(&self, stream: TcpStream, crc: bool, responder: bool, est: Established, rtr_write: bool) -> Result<()> {
         stream.set_read_timeout(None)?;
         stream.set_write_timeout(None)?;
@@ -379,14 +379,20 @@ impl SoftQp {
         *lock(&self.s.state) = QpState::Connected;
         self.s.own_runtime.store(own, Ordering::Release);
         *lock(&self.s.engines) = 2;
-        let running = EngineRunning(self.s.clone());
+        let (sending, receiving) = (EngineRunning(self.s.clone()), EngineRunning(self.s.clone()));
+        let transmitter = async move {
+            transmit(&sending.0, &mut rxq).await;
+        };
+        let receiver = async move {
+            let busy_poll = receiving.0.rnic.config.busy_poll;
+            receive(&receiving.0, RxStream::socket(sock).busy_poll(busy_poll), crc, &txq).await;
+        };
+        // One task for both: they take turns on the socket. As two tasks on a multi-threaded
+        // runtime they ran at once on two threads, and the receiver's `readv` slept in the
+        // kernel for the socket's lock whenever the transmitter's `writev` of a large message
+        // held it (a sleep and a wake-up per message, the receiving thread idle meanwhile).
         rt.spawn(async move {
-            transmit(&running.0, &mut rxq).await;
-        });
-        let running = EngineRunning(self.s.clone());
-        rt.spawn(async move {
-            let busy_poll = running.0.rnic.config.busy_poll;
-            receive(&running.0, RxStream::socket(sock).busy_poll(busy_poll), crc, &txq).await;
+            tokio::join!(transmitter, receiver);
         });
         Ok(())
     }

@@ -1,4 +1,4 @@
-//! The receive engine: the receiver task parses FPDUs from the socket, checks each segment
+//! The receive engine: the receiver (one task with the transmitter) parses FPDUs from the socket, checks each segment
 //! (STag, domain, access, bounds, MSN, MO) and places its payload straight into registered
 //! memory; a violation becomes a Terminate (the `denied_*` mappings name which).
 
@@ -451,13 +451,19 @@ impl From<io::Error> for RxError {
     }
 }
 
-/// The receiver task: handle FPDUs until the stream ends or a violation ends it with a
+/// The receiver: handle FPDUs until the stream ends or a violation ends it with a
 /// Terminate.
 pub(super) async fn receive(s: &Arc<QpShared>, mut r: RxStream<'_>, crc: bool, tx: &TxQueue) {
     let mut rx = Rx { crc, msn_send: 1, msn_read: 1, send: None, tagged: None, first_seen: false, failed: None, send_len: 0 };
     loop {
         let done = match rx.fpdu_now(s, &mut r, tx) {
-            Some(done) => done,
+            Some(done) => {
+                // FPDUs handled without waiting count against the task's budget, so a stream
+                // that never runs dry still lets the transmitter (the same task) and the
+                // runtime's other tasks take their turns.
+                tokio::task::coop::consume_budget().await;
+                done
+            }
             None => rx.fpdu(s, &mut r, tx).await,
         };
         match done {

@@ -1,4 +1,4 @@
-//! The transmit engine: the transmitter task, which turns work requests and Read Responses
+//! The transmit engine: the transmitter (one task with the receiver), which turns work requests and Read Responses
 //! into FPDUs written from registered memory, and the non-blocking writer posters use inline.
 //! The framing is written once, as futures over an [`Out`]: the transmitter's waits for room in
 //! the socket; a poster's and the fuzzer's never wait (driven by [`now`]).
@@ -571,7 +571,7 @@ async fn gather_item(s: &Arc<QpShared>, tx: &mut Tx, out: &mut Out<'_>, item: Tx
     }
 }
 
-/// The transmitter task: send the queued items in order until told to stop, then flush what
+/// The transmitter: send the queued items in order until told to stop, then flush what
 /// is left. Small requests are gathered: once the runtime's ready tasks have run (each may
 /// post), every small item queued is framed into one buffer that leaves in one write, and
 /// their completions follow it; anything else is written straight from its region.
