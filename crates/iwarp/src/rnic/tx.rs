@@ -901,13 +901,13 @@ impl Tx {
         stop: Stop<'_>,
     ) -> io::Result<()> {
         const BATCH: usize = 16;
-        // Room for the FPDUs of one write: inline for the one most messages are (no room for
-        // sixteen zeroed per call), on the heap for a large message.
+        // Room for the FPDUs of one write, inline (only `room` of them written): a 64 KiB
+        // message is two FPDUs, and with room for one these took four allocations per message.
         let room = total.div_ceil(self.max_segment).min(BATCH);
         let mut sent = 0usize;
-        let mut heads: SmallVec<[[u8; 2 + UNTAGGED_HDR]; 1]> = smallvec![[0u8; 2 + UNTAGGED_HDR]; room];
-        let mut tails: SmallVec<[[u8; 7]; 1]> = smallvec![[0u8; 7]; room];
-        let mut frames: SmallVec<[(usize, usize, usize, usize); 1]> = smallvec![(0, 0, 0, 0); room];
+        let mut heads: SmallVec<[[u8; 2 + UNTAGGED_HDR]; BATCH]> = smallvec![[0u8; 2 + UNTAGGED_HDR]; room];
+        let mut tails: SmallVec<[[u8; 7]; BATCH]> = smallvec![[0u8; 7]; room];
+        let mut frames: SmallVec<[(usize, usize, usize, usize); BATCH]> = smallvec![(0, 0, 0, 0); room];
         while sent < total {
             // Between writes the stream is at an FPDU boundary: the only place to stop.
             if stop() {
@@ -939,7 +939,7 @@ impl Tx {
                     n += 1;
                 }
             }
-            let mut pieces: SmallVec<[Piece<'_>; 3]> = SmallVec::with_capacity(3 * n);
+            let mut pieces: SmallVec<[Piece<'_>; 3 * BATCH]> = SmallVec::with_capacity(3 * n);
             for (k, &(hl, off, seg, tl)) in frames[..n].iter().enumerate() {
                 pieces.push(Piece::Bytes(&heads[k][..hl]));
                 pieces.push(Piece::Mem(base + off, seg));
