@@ -4,8 +4,9 @@
 //! - `mr`: memory regions and protection domains, and the STag checks every access passes;
 //! - `cq`: completion queues;
 //! - `qp`: queue pairs, their shared state, the verbs on them and their teardown;
-//! - `tx`: the transmit engine (work requests and Read Responses into FPDUs), a task;
-//! - `rx`: the receive engine (FPDUs parsed and placed, violations mapped to Terminates), a task;
+//! - `tx`: the transmit engine (work requests and Read Responses into FPDUs);
+//! - `rx`: the receive engine (FPDUs parsed and placed, violations mapped to Terminates); the
+//!   two engines of a queue pair are one task (`SoftQp::start`);
 //! - `cm`: connection setup (MPA request/reply, the listener and its handshake threads).
 
 mod cm;
@@ -409,7 +410,7 @@ fn receive_memory(crc: bool, per_read: usize, stream: &dyn Fn(&[Sge]) -> Vec<u8>
     let elements: Vec<_> = regions.iter().map(|mr| Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() }).collect();
     let index = |stag: u32| elements.iter().position(|e| e.lkey == stag).map_or(stag, |i| i as u32);
     let bytes = stream(&elements);
-    let _ = now(receive(&qp.s, RxStream::memory(&bytes, per_read), crc, &txq));
+    let _ = now(tokio::task::unconstrained(receive(&qp.s, RxStream::memory(&bytes, per_read), crc, &txq)));
     // No transmitter writes a Terminate here: close now rather than at the Terminate deadline.
     qp.s.close();
     // Run the transmitter over what the receiver queued, into a sink.
@@ -537,7 +538,7 @@ mod tests {
         let txq = TxQueue { items: items_tx, queued: qp.s.queued.clone() };
         *lock(&qp.s.tx) = Some(txq.clone());
         let bytes = stream(&e);
-        let _ = now(receive(&qp.s, RxStream::memory(&bytes, per_read), crc, &txq));
+        let _ = now(tokio::task::unconstrained(receive(&qp.s, RxStream::memory(&bytes, per_read), crc, &txq)));
         qp.s.close();
         let completions =
             riser_verbs::CompletionQueue::poll(&*cq, usize::MAX).into_iter().map(|wc| (wc.wr_id, wc.status, wc.byte_len)).collect();
@@ -547,6 +548,47 @@ mod tests {
             m
         };
         (completions, *lock(&qp.s.terminate_sent), read(&data), read(&sink))
+    }
+
+    /// A receiver whose stream never runs dry still lets the rest of its task take turns (the
+    /// transmitter is the same task, see `SoftQp::start`): every FPDU counts against the
+    /// task's tokio budget, also one read in pieces (before, only one found whole in the
+    /// buffer did, and a stream of larger FPDUs held the task until it ended).
+    #[test]
+    fn a_receiver_whose_stream_never_runs_dry_lets_its_task_take_turns() {
+        const SENDS: u64 = 400;
+        let rnic = SoftRnic::default();
+        let pd = rnic.alloc_pd().expect("pd");
+        let cq = rnic.create_cq(1024).expect("cq");
+        let qp = SoftQp::new(&rnic.shared, &pd, &cq, &cq, QpCaps { max_recv_wr: 512, ..QpCaps::default() }).expect("qp");
+        let mr = pd.register(vec![0u8; 256 * SENDS as usize], Access::LOCAL_WRITE).expect("mr");
+        for i in 0..SENDS {
+            let sge = Sge { addr: mr.addr() + i * 256, length: 256, lkey: mr.lkey() };
+            qp.post_recv(RecvWr { wr_id: i, sg_list: SgList::from_slice(&[sge]) }).expect("recv");
+        }
+        *lock(&qp.s.state) = QpState::Connected;
+        let (items_tx, _items) = tokio::sync::mpsc::unbounded_channel();
+        let txq = TxQueue { items: items_tx, queued: qp.s.queued.clone() };
+        *lock(&qp.s.tx) = Some(txq.clone());
+        // Sends of 200 bytes read 64 bytes at a time: none is ever whole in the buffer.
+        let bytes: Vec<u8> = (0..SENDS)
+            .flat_map(|i| {
+                let h = Header::Untagged { op: Opcode::Send, last: true, inv_stag: 0, qn: QN_SEND, msn: i as u32 + 1, mo: 0 };
+                fpdu(false, h, &[7u8; 200])
+            })
+            .collect();
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let (turn, all) = rt.block_on(async {
+            // The rest of the task: asks for its next turn, then counts the Sends received.
+            let rest = async {
+                tokio::task::yield_now().await;
+                riser_verbs::CompletionQueue::poll(&*cq, usize::MAX).len()
+            };
+            let ((), turn) = tokio::join!(receive(&qp.s, RxStream::memory(&bytes, 64), false, &txq), rest);
+            (turn, turn + riser_verbs::CompletionQueue::poll(&*cq, usize::MAX).len())
+        });
+        assert_eq!(all, SENDS as usize, "every Send received");
+        assert!(turn > 0 && turn < SENDS as usize, "the rest of the task had its turn after {turn} of {SENDS} Sends");
     }
 
     /// A message's FPDUs, cut into segments of the sizes `cuts` gives in turn (the last size

@@ -118,7 +118,7 @@ pub(super) struct QpShared {
     pub(super) terminate_sent: Mutex<Option<Term>>,
     /// The Terminate watchdog's thread.
     pub(super) threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
-    /// Engine tasks (receiver, transmitter) still running, and the signal of each ending.
+    /// Engines (receiver, transmitter: one task) still running, and the signal of each ending.
     pub(super) engines: Mutex<usize>,
     pub(super) engines_cv: Condvar,
     /// The engines run on the RNIC's own runtime (no runtime was current at the start).
@@ -398,8 +398,8 @@ impl SoftQp {
     }
 }
 
-/// Held by an engine task while it runs. Its end, however it comes (the task returned, or the
-/// runtime dropped it), is counted; an engine that ends before the stream did fails the queue
+/// Held by an engine while it runs. Its end, however it comes (the engine returned, or the
+/// runtime dropped its task), is counted; an engine that ends before the stream did fails the queue
 /// pair, so nothing waits for completions that cannot come.
 struct EngineRunning(Arc<QpShared>);
 

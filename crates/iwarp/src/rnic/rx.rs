@@ -457,15 +457,13 @@ pub(super) async fn receive(s: &Arc<QpShared>, mut r: RxStream<'_>, crc: bool, t
     let mut rx = Rx { crc, msn_send: 1, msn_read: 1, send: None, tagged: None, first_seen: false, failed: None, send_len: 0 };
     loop {
         let done = match rx.fpdu_now(s, &mut r, tx) {
-            Some(done) => {
-                // FPDUs handled without waiting count against the task's budget, so a stream
-                // that never runs dry still lets the transmitter (the same task) and the
-                // runtime's other tasks take their turns.
-                tokio::task::coop::consume_budget().await;
-                done
-            }
+            Some(done) => done,
             None => rx.fpdu(s, &mut r, tx).await,
         };
+        // Every FPDU counts against the task's budget (the socket's reads and readiness waits
+        // do not), so a stream that never runs dry still lets the transmitter (the same task)
+        // and the runtime's other tasks take their turns.
+        tokio::task::coop::consume_budget().await;
         match done {
             Ok(()) => {
                 if !rx.first_seen {

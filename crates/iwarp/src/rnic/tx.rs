@@ -42,7 +42,8 @@ pub(super) enum TxItem {
 }
 
 /// Poll `f` once: its output if it is ready. For futures that never wait (an [`Out`] other
-/// than [`Out::Wait`], a receiver reading from memory).
+/// than [`Out::Wait`], a receiver reading from memory — outside a runtime's task, or
+/// `unconstrained`: the receiver spends the task's budget, and a spent budget waits).
 pub(super) fn now<F: Future>(f: F) -> Option<F::Output> {
     match pin!(f).poll(&mut Context::from_waker(Waker::noop())) {
         Poll::Ready(v) => Some(v),
@@ -247,7 +248,7 @@ impl Out<'_> {
             }
             Out::NoWait { sock, rest } => {
                 let guard = mem.map(|m| m.locked());
-                let bufs: SmallVec<[IoSlice<'_>; 4]> = pieces
+                let bufs: SmallVec<[IoSlice<'_>; 48]> = pieces
                     .iter()
                     .map(|p| match *p {
                         Piece::Bytes(b) => b,
@@ -285,7 +286,7 @@ impl Out<'_> {
             let r = {
                 let guard = mem.map(|m| m.locked());
                 let mut skip = done;
-                let mut bufs: SmallVec<[IoSlice<'_>; 4]> = SmallVec::with_capacity(pieces.len());
+                let mut bufs: SmallVec<[IoSlice<'_>; 48]> = SmallVec::with_capacity(pieces.len());
                 for p in pieces {
                     let b: &[u8] = match *p {
                         Piece::Bytes(b) => b,
@@ -320,7 +321,7 @@ impl Out<'_> {
     }
 }
 
-/// What writes to the stream: the transmitter task, or a poster sending inline.
+/// What writes to the stream: the transmitter, or a poster sending inline.
 #[derive(Debug)]
 pub(super) struct Engine {
     pub(super) w: Arc<TcpStream>,
