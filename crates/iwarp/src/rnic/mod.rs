@@ -377,6 +377,16 @@ struct Received {
 /// Run a connected queue pair's receive engine over the bytes `stream` makes for its regions,
 /// read `per_read` at most at a time. The regions' STags are given as their index (0 to 2) in
 /// what is returned: they differ from one run to the next.
+/// A queue pair made connected without a stream, for engines driven over memory: its
+/// transmit queue installed, and the receiving end of it.
+fn connected_in_memory(qp: &SoftQp) -> (TxQueue, tokio::sync::mpsc::UnboundedReceiver<TxItem>) {
+    *lock(&qp.s.state) = QpState::Connected;
+    let (items_tx, items) = tokio::sync::mpsc::unbounded_channel();
+    let txq = TxQueue { items: items_tx, queued: qp.s.queued.clone() };
+    *lock(&qp.s.tx) = Some(txq.clone());
+    (txq, items)
+}
+
 fn receive_memory(crc: bool, per_read: usize, stream: &dyn Fn(&[Sge]) -> Vec<u8>) -> Received {
     let rnic = SoftRnic::default();
     let pd = rnic.alloc_pd().expect("pd");
@@ -402,10 +412,7 @@ fn receive_memory(crc: bool, per_read: usize, stream: &dyn Fn(&[Sge]) -> Vec<u8>
     let _ = qp.post_recv(RecvWr { wr_id: 3, sg_list: SgList::from_slice(&ends) });
     qp.s.ird.store(4, Ordering::Release);
     qp.s.ord.store(4, Ordering::Release);
-    *lock(&qp.s.state) = QpState::Connected;
-    let (items_tx, mut items) = tokio::sync::mpsc::unbounded_channel();
-    let txq = TxQueue { items: items_tx, queued: qp.s.queued.clone() };
-    *lock(&qp.s.tx) = Some(txq.clone());
+    let (txq, mut items) = connected_in_memory(&qp);
     // Reading from memory never waits: one poll runs the receiver to the end of the bytes.
     let elements: Vec<_> = regions.iter().map(|mr| Sge { addr: mr.addr(), length: mr.len() as u32, lkey: mr.lkey() }).collect();
     let index = |stag: u32| elements.iter().position(|e| e.lkey == stag).map_or(stag, |i| i as u32);
@@ -533,10 +540,7 @@ mod tests {
             received: 0,
             internal: false,
         });
-        *lock(&qp.s.state) = QpState::Connected;
-        let (items_tx, _items) = tokio::sync::mpsc::unbounded_channel();
-        let txq = TxQueue { items: items_tx, queued: qp.s.queued.clone() };
-        *lock(&qp.s.tx) = Some(txq.clone());
+        let (txq, _items) = connected_in_memory(&qp);
         let bytes = stream(&e);
         let _ = now(tokio::task::unconstrained(receive(&qp.s, RxStream::memory(&bytes, per_read), crc, &txq)));
         qp.s.close();
@@ -566,10 +570,7 @@ mod tests {
             let sge = Sge { addr: mr.addr() + i * 256, length: 256, lkey: mr.lkey() };
             qp.post_recv(RecvWr { wr_id: i, sg_list: SgList::from_slice(&[sge]) }).expect("recv");
         }
-        *lock(&qp.s.state) = QpState::Connected;
-        let (items_tx, _items) = tokio::sync::mpsc::unbounded_channel();
-        let txq = TxQueue { items: items_tx, queued: qp.s.queued.clone() };
-        *lock(&qp.s.tx) = Some(txq.clone());
+        let (txq, _items) = connected_in_memory(&qp);
         // Sends of 200 bytes read 64 bytes at a time: none is ever whole in the buffer.
         let bytes: Vec<u8> = (0..SENDS)
             .flat_map(|i| {
