@@ -319,8 +319,10 @@ pub(crate) fn bench_rbd(args: &[String]) -> Result<(), String> {
     // Every object written once, so reads on both sides find data (not a thin image's holes).
     rewrite(&ceph, &place)?;
     let lun = format!("rbd:{IMAGE},conf={}", ceph.conf.display());
-    let target = RunningTarget::start_from(&examples, &["--target-name", IQN, "--lun", &lun])?;
-    place.pin(target.child.id(), false)?;
+    // Started on its CPU, as an operator pinning a gateway would (systemd's CPUAffinity=): its
+    // runtime has a worker per CPU it may use. Pinned only once running, it had two workers
+    // taking turns on one CPU.
+    let target = RunningTarget::start_on(&examples, &["--target-name", IQN, "--lun", &lun], place.cpus.map(|(_, r)| r))?;
     let b = Bench { ceph: &ceph, daemons, target: &target, examples: &examples, place: &place, fio, runtime };
 
     println!(

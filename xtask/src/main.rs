@@ -262,8 +262,24 @@ impl RunningTarget {
 
     /// The example target of the build in `examples` (a directory holding `target`).
     fn start_from(examples: &Path, args: &[&str]) -> Result<Self, String> {
+        Self::start_on(examples, args, None)
+    }
+
+    /// [`start_from`](Self::start_from), started on the CPUs of the `taskset -c` list `cpus`
+    /// if given: its threads, and the number of workers its runtime sizes itself to, are
+    /// theirs from the start (as under systemd's `CPUAffinity=`).
+    fn start_on(examples: &Path, args: &[&str], cpus: Option<&str>) -> Result<Self, String> {
         let port = free_port()?;
-        Self::spawn(Command::new(examples.join("target")).args(["--portal", &format!("127.0.0.1:{port}")]).args(args), port)
+        let program = examples.join("target");
+        let mut cmd = match cpus {
+            Some(cpus) => {
+                let mut c = Command::new("taskset");
+                c.args(["-c", cpus]).arg(program);
+                c
+            }
+            None => Command::new(program),
+        };
+        Self::spawn(cmd.args(["--portal", &format!("127.0.0.1:{port}")]).args(args), port)
     }
 
     /// Start `cmd`, a target that is to listen on 127.0.0.1:`port`, and wait until it does.
