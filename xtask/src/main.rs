@@ -19,7 +19,7 @@
 //!   through the gateway with iscsi-perf, fio's libiscsi engine and the riser initiator; runs
 //!   interleaved, medians and ratios to the `rbd bench` run beside each, and the CPU each process
 //!   spent. `--pin split` (default): Ceph's mon and OSD on CPU 0, gateway and client (or rbd bench)
-//!   on CPU 1; `--pin none`: nothing pinned.
+//!   on CPU 1, each started there; `--pin none`: nothing pinned.
 //! * `lab [--quick] [CELL...]` — build with the rdma-core provider, check it fails cleanly on this
 //!   host (no RDMA), boot the RDMA lab VM once (../shared/lab/rdma-lab.sh: soft-RoCE rxe and
 //!   soft-iWARP siw) and run the interop matrix of xtask/lab/matrix.sh inside it: riser on
