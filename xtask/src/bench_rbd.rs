@@ -158,10 +158,11 @@ impl Placement {
         }
     }
 
-    /// Pin every thread of process `pid` to the cluster's CPU (`ceph`) or the other one.
-    fn pin(&self, pid: u32, ceph: bool) -> Result<(), String> {
-        let Some((c, r)) = self.cpus else { return Ok(()) };
-        crate::bench::taskset(pid, if ceph { c } else { r })
+    /// Pin every thread of process `pid`, one of the cluster's daemons, to the cluster's CPU (the
+    /// gateway and the clients are started on theirs).
+    fn pin_to_cluster(&self, pid: u32) -> Result<(), String> {
+        let Some((c, _)) = self.cpus else { return Ok(()) };
+        crate::bench::taskset(pid, c)
     }
 
     /// `cmd ARGS`, started on the client's CPU.
@@ -313,7 +314,7 @@ pub(crate) fn bench_rbd(args: &[String]) -> Result<(), String> {
     let ceph = Ceph::up_at(CEPH_DIR, CEPH_PORT)?;
     let daemons = ceph.daemon_pids();
     for &pid in &daemons {
-        place.pin(pid, true)?;
+        place.pin_to_cluster(pid)?;
     }
     ceph.rbd(&["create", "--size", &format!("{}M", IMAGE_SIZE >> 20), IMAGE])?;
     // Every object written once, so reads on both sides find data (not a thin image's holes).
